@@ -1,0 +1,18 @@
+"""robustbench_fm: how frozen foundation encoders' feature geometry treats a finding and its
+acquisition confounders, before any head is trained (CANDOR, CRoMa, SPAR-Bench).
+
+Importing the package downloads nothing and imports no deep-learning library; see
+``robustbench_fm.evaluate``, ``robustbench_fm.data.build_manifest`` and
+``robustbench_fm.encoders``.
+"""
+from importlib.metadata import PackageNotFoundError, version as _version
+
+try:
+    __version__ = _version("robustbench_fm")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+from .api import evaluate  # noqa: E402
+from .results import Results  # noqa: E402
+
+__all__ = ["Results", "evaluate", "__version__"]

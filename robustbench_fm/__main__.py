@@ -1,0 +1,54 @@
+"""Command line: ``python -m robustbench_fm [hydra overrides]`` runs a job (default
+``experiment=demo``); ``python -m robustbench_fm list [encoders|datasets|stages|experiments]``
+lists what is registered."""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def listing(what: str | None = None) -> str:
+    """Registered encoders, datasets, stages and shipped experiments, one per line."""
+    from . import data, encoders, stages
+
+    sections = {
+        "encoders": [f"{n:16s} {encoders.get(n).library:12s} {encoders.get(n).hub_id}" for n in encoders.names()],
+        "datasets": [f"{n:16s} {data.get(n).description}" for n in data.names()],
+        "stages": stages.names(),
+        "experiments": sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml")),
+    }
+    if what is not None and what not in sections:
+        raise SystemExit(f"list: unknown section '{what}'; choose one of {', '.join(sections)}")
+    keys = [what] if what else list(sections)
+    return "\n".join(f"{k}:\n" + "\n".join(f"  {line}" for line in sections[k]) for k in keys)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "list":
+        print(listing(sys.argv[2] if len(sys.argv) > 2 else None))
+        return
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig, OmegaConf
+
+    @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
+    def _job(cfg: DictConfig) -> None:
+        from . import app
+
+        hc = HydraConfig.get()
+        overrides = list(hc.overrides.task)
+        if cfg.dry_run:
+            print(OmegaConf.to_yaml(cfg))
+            print(app.plan(cfg, overrides))
+            return
+        app.run(cfg, Path(hc.runtime.output_dir), overrides)
+
+    logging.getLogger("robustbench_fm").setLevel(logging.INFO)
+    _job()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""What one Hydra job does: dataset → manifest → (per encoder) features → stage → results.
+
+Kept apart from ``__main__`` so tests can compose a config and call :func:`plan` / :func:`run`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from . import manifest as mf
+from .results import to_markdown, write_atomic
+
+log = logging.getLogger("robustbench_fm")
+
+#: Columns the console table shows for each stage (all columns are saved).
+CONSOLE_COLUMNS = {
+    "candor": ["encoder", "finding", "acq_group", "n_queries", "bank_size", "d", "d_sd", "d_ci_low",
+               "d_ci_high", "d_all", "margin_auroc"],
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The resolved work of one job, checked before any heavy step starts."""
+
+    dataset: str | None
+    root: Path | None
+    encoders: list[str]
+    stage: str
+    findings: list[str]
+    features_file: Path | None
+
+
+def panel(cfg: DictConfig, cli_overrides: list[str] | None = None) -> list[str]:
+    """The encoders of this job: an explicit ``encoder=`` override wins over a panel."""
+    if cli_overrides and any(o.split("=")[0].lstrip("+~") == "encoder" for o in cli_overrides):
+        return [cfg.encoder.name]
+    return list(cfg.encoders) if cfg.get("encoders") else [cfg.encoder.name]
+
+
+def plan(cfg: DictConfig, cli_overrides: list[str] | None = None) -> Plan:
+    """Validate names and options (one-line errors) without touching data or models."""
+    from . import data, encoders, stages
+
+    stages.get(cfg.stage.name)
+    findings = list(cfg.stage.findings)
+    if cfg.get("features_file"):
+        return Plan(None, None, [], cfg.stage.name, findings, Path(cfg.features_file))
+    data.get(cfg.dataset.name)
+    names = panel(cfg, cli_overrides)
+    for name in names:
+        encoders.get(name)
+    return Plan(cfg.dataset.name, Path(cfg.dataset.root), names, cfg.stage.name, findings, None)
+
+
+def _stage_results(stage: str, features, manifest: pd.DataFrame, cfg: DictConfig, out: Path,
+                   encoder: str, dataset: str) -> list[pd.DataFrame]:
+    from .api import evaluate
+
+    params = OmegaConf.to_container(cfg.stage.params, resolve=True)
+    summaries = []
+    for finding in cfg.stage.findings:
+        res = evaluate(stage, features, manifest, finding=finding, **params)
+        res.summary.insert(0, "encoder", encoder)
+        res.summary.insert(1, "dataset", dataset)
+        res.save(out / "results" / encoder / dataset / stage / str(finding))
+        summaries.append(res.summary)
+    return summaries
+
+
+def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None) -> pd.DataFrame:
+    """Run the job, write everything under ``out_dir`` and return the combined summary."""
+    job = plan(cfg, cli_overrides)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(out_dir / "config.yaml", lambda p: Path(p).write_text(OmegaConf.to_yaml(cfg, resolve=True)))
+    started = time.perf_counter()
+    summaries = []
+    if job.features_file is not None:
+        manifest = mf.read(cfg.manifest_file, findings=job.findings)
+        summaries += _stage_results(job.stage, str(job.features_file), manifest, cfg, out_dir,
+                                    encoder=job.features_file.stem, dataset=Path(cfg.manifest_file).stem)
+    else:
+        from . import data, encoders
+        from .features import extract
+
+        adapter = data.get(job.dataset)
+        options = OmegaConf.to_container(cfg.dataset.get("options") or {}, resolve=True)
+        if cfg.dataset.get("generate") and adapter.generate is not None:
+            adapter.generate(job.root, **options)
+        manifest = data.build_manifest(job.dataset, job.root, verify_images=cfg.dataset.verify_images)
+        log.info("dataset %s: %d rows from %s", job.dataset, len(manifest), job.root)
+        for name in job.encoders:
+            enc_cfg = cfg.encoder if name == cfg.encoder.name else {}
+            encoder = encoders.load(name, weights=enc_cfg.get("weights"), device=cfg.device,
+                                    allow_remote_code=cfg.security.allow_remote_code)
+            feats = extract(encoder, manifest, job.root, cfg.paths.cache_dir,
+                            batch_size=enc_cfg.get("batch_size") or cfg.extract.batch_size,
+                            num_workers=cfg.extract.num_workers, shard_size=cfg.extract.shard_size)
+            log.info("%s: %d images embedded, %d forward passes, %.1f images/s, cache %s", name,
+                     feats.n_images_embedded, feats.n_forward, feats.images_per_s, feats.path)
+            summaries += _stage_results(job.stage, feats.embeddings, manifest, cfg, out_dir, name, job.dataset)
+            del encoder
+    summary = pd.concat(summaries, ignore_index=True)
+    write_atomic(out_dir / "summary.parquet", lambda p: summary.to_parquet(p, index=False))
+    shown = summary[[c for c in CONSOLE_COLUMNS.get(job.stage, summary.columns) if c in summary.columns]]
+    table = to_markdown(shown)
+    write_atomic(out_dir / "summary.md", lambda p: Path(p).write_text(table))
+    print(f"\n{job.stage} on {job.dataset or job.features_file} "
+          f"({time.perf_counter() - started:.1f} s) -> {out_dir}\n\n{table}")
+    return summary

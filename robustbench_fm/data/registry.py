@@ -1,0 +1,70 @@
+"""Dataset adapter registry: registry name -> function(root, **options) -> manifest."""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from .. import manifest as mf
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One dataset family member as its official distribution lays it out.
+
+    ``build(root, **options)`` reads the label/metadata files under ``root`` and returns the
+    canonical manifest; ``findings`` are its binary finding columns; ``generate(root, **options)``
+    (synthetic datasets only) writes the dataset's files first.
+    """
+
+    name: str
+    build: Callable[..., pd.DataFrame]
+    findings: tuple[str, ...] = ()
+    description: str = ""
+    generate: Callable[..., Path] | None = None
+
+
+_ADAPTERS: dict[str, Adapter] = {}
+
+
+def register(adapter: Adapter) -> Adapter:
+    if adapter.name in _ADAPTERS:
+        raise ValueError(f"dataset '{adapter.name}' registered twice")
+    _ADAPTERS[adapter.name] = adapter
+    return adapter
+
+
+def names() -> list[str]:
+    return sorted(_ADAPTERS)
+
+
+def get(name: str) -> Adapter:
+    if name not in _ADAPTERS:
+        close = difflib.get_close_matches(name, _ADAPTERS, n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else "run 'python -m robustbench_fm list datasets'"
+        raise KeyError(f"unknown dataset '{name}'; {hint}")
+    return _ADAPTERS[name]
+
+
+def build_manifest(name: str, root: str | Path, verify_images: bool = True, **options) -> pd.DataFrame:
+    """Build and validate the canonical manifest of dataset ``name`` stored under ``root``.
+
+    With ``verify_images`` every ``path`` must exist under ``root``; the error names the first
+    missing file and how many are missing.
+    """
+    adapter = get(name)
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"dataset '{name}': root '{root}' does not exist; "
+                                f"set dataset.root to the folder holding the dataset")
+    df = mf.validate(adapter.build(root, **options), source=f"{name}@{root}", findings=adapter.findings)
+    if verify_images and "path" in df.columns:
+        exists = df["path"].map(lambda p: (root / p).is_file())
+        if not exists.all():
+            first = df["path"][~exists].iloc[0]
+            raise FileNotFoundError(f"dataset '{name}': {int((~exists).sum())} of {len(df)} images missing "
+                                    f"under '{root}', first '{first}'; fix dataset.root or pass verify_images=False")
+    return df

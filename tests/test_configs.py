@@ -1,0 +1,57 @@
+"""Every shipped config composes, every group option is a registered name, and the plan of each
+experiment resolves (the dry run) without touching data or models."""
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from robustbench_fm import app, data, encoders, stages
+from robustbench_fm.__main__ import CONFIG_DIR, listing
+
+EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+REQUIRED = {"from_features": ["features_file=f.parquet", "manifest_file=m.csv", "stage.findings=[marker]"]}
+
+
+def compose_cfg(overrides, tmp_path):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", overrides=[f"paths.root={tmp_path}", *overrides])
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_plans(experiment, tmp_path):
+    cfg = compose_cfg([f"experiment={experiment}", *REQUIRED.get(experiment, [])], tmp_path)
+    OmegaConf.to_yaml(cfg, resolve=True)
+    job = app.plan(cfg)
+    assert job.stage in stages.names()
+    assert job.findings
+
+
+def test_group_options_match_the_registries():
+    assert sorted(p.stem for p in (CONFIG_DIR / "encoder").glob("*.yaml")) == encoders.names()
+    for p in (CONFIG_DIR / "encoder").glob("*.yaml"):
+        assert OmegaConf.load(p).name == p.stem
+    for p in (CONFIG_DIR / "dataset").glob("*.yaml"):
+        assert OmegaConf.load(p).name in data.names()
+    assert sorted(p.stem for p in (CONFIG_DIR / "stage").glob("*.yaml")) == stages.names()
+
+
+def test_demo_is_the_default_and_explicit_encoder_wins(tmp_path):
+    cfg = compose_cfg([], tmp_path)
+    assert app.plan(cfg).encoders == ["planted_blur", "planted_sharp", "random_vit_s"]
+    override = ["dataset=planted", "encoder=planted_sharp", "stage=candor"]
+    cfg = compose_cfg(override, tmp_path)
+    assert app.plan(cfg, override).encoders == ["planted_sharp"]
+    assert Path(cfg.dataset.root) == tmp_path / "outputs" / "demo_data" / "planted"
+
+
+def test_unknown_names_fail_with_a_suggestion(tmp_path):
+    cfg = compose_cfg(["encoders=[planted_blurr]"], tmp_path)
+    with pytest.raises(KeyError, match="did you mean planted_blur"):
+        app.plan(cfg)
+
+
+def test_listing_names_every_registry():
+    text = listing()
+    for name in encoders.names() + data.names() + stages.names() + EXPERIMENTS:
+        assert name in text
