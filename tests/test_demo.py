@@ -71,8 +71,8 @@ def test_from_features_cli_matches_the_pipeline(demo, tmp_path):
 
 def test_multirun_over_encoders(demo, tmp_path):
     out, *_ = demo
-    cli(f"paths.output_root={tmp_path}", f"paths.cache_dir={out / 'cache' / 'features'}",
-        f"dataset.root={out / 'demo_data' / 'planted'}", "-m", "encoder=planted_blur,planted_sharp")
+    cli("-m", "encoder=planted_blur,planted_sharp", f"paths.output_root={tmp_path}",
+        f"paths.cache_dir={out / 'cache' / 'features'}", f"dataset.root={out / 'demo_data' / 'planted'}")
     jobs = sorted(p for p in latest_run(tmp_path, "multirun").iterdir() if p.is_dir())
     assert [j.name for j in jobs] == ["0_planted_blur-planted-candor", "1_planted_sharp-planted-candor"]
     for job, name in zip(jobs, ["planted_blur", "planted_sharp"]):

@@ -18,7 +18,7 @@ def register(spec: EncoderSpec) -> EncoderSpec:
 
 
 def register_loader(library: str):
-    """Decorator: ``fn(spec, weights, device) -> Encoder`` loads every entry of ``library``."""
+    """Decorator: ``fn(spec, weights, device, allow_remote_code) -> Encoder`` loads ``library``'s entries."""
     def deco(fn):
         _LOADERS[library] = fn
         return fn
