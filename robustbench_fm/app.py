@@ -13,7 +13,8 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from . import manifest as mf
-from .results import to_markdown, write_atomic
+from .atomic import write_atomic, write_text_atomic
+from .results import to_markdown
 
 log = logging.getLogger("robustbench_fm")
 
@@ -77,7 +78,7 @@ def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None) 
     """Run the job, write everything under ``out_dir`` and return the combined summary."""
     job = plan(cfg, cli_overrides)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(out_dir / "config.yaml", lambda p: Path(p).write_text(OmegaConf.to_yaml(cfg, resolve=True)))
+    write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     started = time.perf_counter()
     summaries = []
     if job.features_file is not None:
@@ -106,10 +107,10 @@ def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None) 
             summaries += _stage_results(job.stage, feats.embeddings, manifest, cfg, out_dir, name, job.dataset)
             del encoder
     summary = pd.concat(summaries, ignore_index=True)
-    write_atomic(out_dir / "summary.parquet", lambda p: summary.to_parquet(p, index=False))
+    write_atomic(out_dir / "summary.parquet", lambda f: summary.to_parquet(f, index=False))
     shown = summary[[c for c in CONSOLE_COLUMNS.get(job.stage, summary.columns) if c in summary.columns]]
     table = to_markdown(shown)
-    write_atomic(out_dir / "summary.md", lambda p: Path(p).write_text(table))
+    write_text_atomic(out_dir / "summary.md", table)
     print(f"\n{job.stage} on {job.dataset or job.features_file} "
           f"({time.perf_counter() - started:.1f} s) -> {out_dir}\n\n{table}")
     return summary

@@ -3,25 +3,12 @@ per-sample methods, ``per_sample`` (one row per query/anchor)."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-
-def write_atomic(path: Path, write) -> None:
-    """Call ``write(tmp_path)`` then rename onto ``path``, so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+from .atomic import write_atomic, write_text_atomic
 
 
 def to_markdown(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
@@ -47,11 +34,10 @@ class Results:
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        write_atomic(directory / "summary.parquet", lambda p: self.summary.to_parquet(p, index=False))
+        write_atomic(directory / "summary.parquet", lambda f: self.summary.to_parquet(f, index=False))
         if self.per_sample is not None:
             write_atomic(directory / "per_sample.parquet",
-                         lambda p: self.per_sample.to_parquet(p, index=False))
-        write_atomic(directory / "summary.md", lambda p: Path(p).write_text(to_markdown(self.summary)))
-        write_atomic(directory / "params.json",
-                     lambda p: Path(p).write_text(json.dumps(self.params, indent=2, default=str)))
+                         lambda f: self.per_sample.to_parquet(f, index=False))
+        write_text_atomic(directory / "summary.md", to_markdown(self.summary))
+        write_text_atomic(directory / "params.json", json.dumps(self.params, indent=2, default=str))
         return directory

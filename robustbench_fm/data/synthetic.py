@@ -18,13 +18,13 @@ Layout under ``root``::
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from PIL import Image
 
+from ..atomic import write_atomic, write_text_atomic
 from .registry import Adapter, register
 
 #: Bumped whenever the drawing procedure changes, so old folders are regenerated.
@@ -71,16 +71,6 @@ def _draw_image(rng: np.random.Generator, size: int, marker: bool) -> np.ndarray
     return np.clip(np.rint(img * 255.0), 0, 255).astype(np.uint8)
 
 
-def _atomic_write_bytes(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def _is_complete(root: Path, params: dict) -> bool:
     meta, labels = root / "generator.json", root / "labels.csv"
     if not (meta.is_file() and labels.is_file()):
@@ -120,16 +110,15 @@ def generate_planted(root: str | Path, n: int = 200, size: int = 224, seed: int 
     names = [f"img_{i:0{width}d}.png" for i in range(n)]
     for name, ss, lab in zip(names, image_ss, labels):
         arr = _draw_image(np.random.default_rng(ss), size, bool(lab))
-        _atomic_write_bytes(images / name, lambda p: Image.fromarray(arr).save(p, format="PNG"))
+        write_atomic(images / name, lambda f: Image.fromarray(arr).save(f, format="PNG"))
     keep = set(names)
     for stale in images.glob("img_*.png"):
         if stale.name not in keep:
             stale.unlink()
 
-    _atomic_write_bytes(root / "generator.json",
-                        lambda p: p.write_text(json.dumps(params, indent=1, sort_keys=True) + "\n"))
+    write_text_atomic(root / "generator.json", json.dumps(params, indent=1, sort_keys=True) + "\n")
     table = pd.DataFrame({"image": names, "marker": labels})
-    _atomic_write_bytes(root / "labels.csv", lambda p: table.to_csv(p, index=False))
+    write_text_atomic(root / "labels.csv", table.to_csv(index=False))
     return root
 
 
