@@ -8,6 +8,7 @@ the package's stage, with k = 5 and the banks "all other positives" / "all negat
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -256,3 +257,11 @@ def test_blur_chance_level_over_seeds(margins):
     ds = [float((margins("planted_blur", s) > 0).mean()) for s in CALIBRATION_SEEDS]
     print(f"planted_blur D over seeds {CALIBRATION_SEEDS}: {ds}, mean={np.mean(ds):.3f}")
     assert abs(np.mean(ds) - 0.5) <= 0.08
+
+
+def test_shipped_demo_manifest_is_what_the_adapter_builds(tmp_path):
+    """data_manifests/demo/planted.csv round-trips exactly through the generator + adapter."""
+    shipped = mf.read(Path(__file__).resolve().parent.parent / "data_manifests/demo/planted.csv",
+                      findings=["marker"])
+    root = generate_planted(tmp_path / "planted")
+    pd.testing.assert_frame_equal(build_manifest("planted", root), shipped)
