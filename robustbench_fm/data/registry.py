@@ -1,7 +1,6 @@
 """Dataset adapter registry: registry name -> function(root, **options) -> manifest."""
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -9,6 +8,7 @@ from typing import Callable
 import pandas as pd
 
 from .. import manifest as mf
+from ..registry import Registry
 
 
 @dataclass(frozen=True)
@@ -27,26 +27,12 @@ class Adapter:
     generate: Callable[..., Path] | None = None
 
 
-_ADAPTERS: dict[str, Adapter] = {}
+ADAPTERS: Registry[Adapter] = Registry("dataset")
+names, get = ADAPTERS.names, ADAPTERS.get
 
 
 def register(adapter: Adapter) -> Adapter:
-    if adapter.name in _ADAPTERS:
-        raise ValueError(f"dataset '{adapter.name}' registered twice")
-    _ADAPTERS[adapter.name] = adapter
-    return adapter
-
-
-def names() -> list[str]:
-    return sorted(_ADAPTERS)
-
-
-def get(name: str) -> Adapter:
-    if name not in _ADAPTERS:
-        close = difflib.get_close_matches(name, _ADAPTERS, n=3)
-        hint = f"did you mean {', '.join(close)}?" if close else "run 'python -m robustbench_fm list datasets'"
-        raise KeyError(f"unknown dataset '{name}'; {hint}")
-    return _ADAPTERS[name]
+    return ADAPTERS.register(adapter.name, adapter)
 
 
 def build_manifest(name: str, root: str | Path, verify_images: bool = True, **options) -> pd.DataFrame:

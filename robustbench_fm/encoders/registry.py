@@ -1,20 +1,17 @@
 """Name -> EncoderSpec registry, and the library loaders that turn a spec into an Encoder."""
 from __future__ import annotations
 
-import difflib
 from typing import Callable
 
+from ..registry import Registry
 from .spec import EncoderSpec
 
-_SPECS: dict[str, EncoderSpec] = {}
+SPECS: Registry[EncoderSpec] = Registry("encoder")
 _LOADERS: dict[str, Callable] = {}
 
 
 def register(spec: EncoderSpec) -> EncoderSpec:
-    if spec.name in _SPECS:
-        raise ValueError(f"encoder '{spec.name}' registered twice")
-    _SPECS[spec.name] = spec
-    return spec
+    return SPECS.register(spec.name, spec)
 
 
 def register_loader(library: str):
@@ -25,16 +22,7 @@ def register_loader(library: str):
     return deco
 
 
-def names() -> list[str]:
-    return sorted(_SPECS)
-
-
-def get(name: str) -> EncoderSpec:
-    if name not in _SPECS:
-        close = difflib.get_close_matches(name, _SPECS, n=3)
-        hint = f"did you mean {', '.join(close)}?" if close else "run 'python -m robustbench_fm list encoders'"
-        raise KeyError(f"unknown encoder '{name}'; {hint}")
-    return _SPECS[name]
+names, get = SPECS.names, SPECS.get
 
 
 def loader(library: str) -> Callable:

@@ -1,22 +1,12 @@
-"""Metric stages. Each module exposes ``run(features, manifest, **params) -> Results`` and
-``DEFAULTS`` (its parameters with their paper values)."""
+"""Metric stages. Each module exposes ``run(features, manifest, **params) -> Results`` whose
+keyword defaults are the paper's values."""
 from __future__ import annotations
 
-import difflib
 from types import ModuleType
 
+from ..registry import Registry
 from . import candor
 
-STAGES: dict[str, ModuleType] = {"candor": candor}
-
-
-def names() -> list[str]:
-    return sorted(STAGES)
-
-
-def get(name: str) -> ModuleType:
-    if name not in STAGES:
-        close = difflib.get_close_matches(name, STAGES, n=3)
-        hint = f"did you mean {', '.join(close)}?" if close else f"known stages: {', '.join(names())}"
-        raise KeyError(f"unknown stage '{name}'; {hint}")
-    return STAGES[name]
+STAGES: Registry[ModuleType] = Registry("stage")
+STAGES.register("candor", candor)
+names, get = STAGES.names, STAGES.get

@@ -41,8 +41,6 @@ from ..results import Results
 from ..stats import cluster_bootstrap_ratio, summarize_bootstrap
 
 POOLED = "__pooled__"
-DEFAULTS = dict(k=5, bank_size=4000, max_group_sample=4000, seed=42, group_col="acq_group",
-                cluster_col="patient_id", n_boot=1000, device="auto", block_size=4096)
 
 
 def group_rng(seed: int, group: str) -> np.random.Generator:
