@@ -40,11 +40,18 @@ def main() -> None:
 
         hc = HydraConfig.get()
         overrides = list(hc.overrides.task)
-        if cfg.dry_run:
-            print(OmegaConf.to_yaml(cfg))
-            print(app.plan(cfg, overrides))
-            return
-        app.run(cfg, Path(hc.runtime.output_dir), overrides)
+        try:
+            if cfg.dry_run:
+                print(OmegaConf.to_yaml(cfg))
+                print(app.plan(cfg, overrides))
+                return
+            app.run(cfg, Path(hc.runtime.output_dir), overrides)
+        except app.USER_ERRORS as exc:
+            if cfg.get("debug"):
+                raise
+            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            print(f"error: {message}", file=sys.stderr)
+            sys.exit(2)
 
     logging.getLogger("robustbench_fm").setLevel(logging.INFO)
     _job()

@@ -14,9 +14,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import manifest as mf
 from .atomic import write_atomic, write_text_atomic
+from .errors import UserError
 from .results import to_markdown
 
 log = logging.getLogger("robustbench_fm")
+
+#: Errors caused by the user's input (names, files, options): the CLI prints them as one line;
+#: anything else is a bug and keeps its traceback (``debug=true`` shows it for these too).
+USER_ERRORS = (UserError, KeyError, ValueError, FileNotFoundError, PermissionError)
 
 #: Columns the console table shows for each stage (all columns are saved).
 CONSOLE_COLUMNS = {
@@ -48,15 +53,20 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None) -> Plan:
     """Validate names and options (one-line errors) without touching data or models."""
     from . import data, encoders, stages
 
-    stages.get(cfg.stage.name)
+    stage = stages.get(cfg.stage.name)
     findings = list(cfg.stage.findings)
+    stage.check_params(**OmegaConf.to_container(cfg.stage.params, resolve=True))
     if cfg.get("features_file"):
         return Plan(None, None, [], cfg.stage.name, findings, Path(cfg.features_file))
     data.get(cfg.dataset.name)
+    root = Path(cfg.dataset.root)
+    if not root.is_dir() and not (cfg.dataset.get("generate") and data.get(cfg.dataset.name).generate):
+        raise FileNotFoundError(f"dataset '{cfg.dataset.name}': root '{root}' does not exist; "
+                                "set dataset.root=<folder holding the dataset>")
     names = panel(cfg, cli_overrides)
     for name in names:
         encoders.get(name)
-    return Plan(cfg.dataset.name, Path(cfg.dataset.root), names, cfg.stage.name, findings, None)
+    return Plan(cfg.dataset.name, root, names, cfg.stage.name, findings, None)
 
 
 def _stage_results(stage: str, features, manifest: pd.DataFrame, cfg: DictConfig, out: Path,

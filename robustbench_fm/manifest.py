@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .errors import UserError
+
 #: The 12 harmonised chest findings of CANDOR (candor.md, "Scope"), lower_snake_case.
 CHEST_FINDINGS = (
     "pneumothorax", "pneumonia", "consolidation", "edema", "lung_lesion", "pleural_effusion",
@@ -28,7 +30,7 @@ LOCATOR_COLUMNS = ("sample_id", "path")
 SPLITS = ("train", "val", "test")
 
 
-class ManifestError(ValueError):
+class ManifestError(UserError, ValueError):
     """A manifest violates the canonical schema; the message is one line."""
 
 

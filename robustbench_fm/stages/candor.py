@@ -73,11 +73,26 @@ def _score_group(feats, pos, neg, queries, bank_pos, bank_neg, k, block_size):
     return c_pos, c_neg, c_pos_all, c_neg_all, float(auroc)
 
 
+def check_params(k: int = 5, bank_size: int = 4000, max_group_sample: int = 4000, n_boot: int = 1000,
+                 **_) -> None:
+    """Refuse inconsistent options before any heavy work (one line each)."""
+    if k < 1:
+        raise ValueError(f"candor: k={k} must be at least 1")
+    if bank_size < k + 1:
+        raise ValueError(f"candor: bank_size={bank_size} must exceed k={k} (a query in R+ meets "
+                         f"bank_size-1 positives); raise bank_size or lower k")
+    if max_group_sample < 1:
+        raise ValueError(f"candor: max_group_sample={max_group_sample} must be at least 1")
+    if n_boot < 0:
+        raise ValueError(f"candor: n_boot={n_boot} must be 0 or more")
+
+
 def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, k: int = 5, bank_size: int = 4000,
         max_group_sample: int = 4000, seed: int = 42, group_col: str = "acq_group",
         cluster_col: str = "patient_id", n_boot: int = 1000, device="auto",
         block_size: int = 4096) -> Results:
     """Discordance of the positives of ``finding`` per matched group and pooled (see module doc)."""
+    check_params(k=k, bank_size=bank_size, max_group_sample=max_group_sample, n_boot=n_boot)
     for col in (finding, group_col, cluster_col):
         if col not in manifest.columns:
             raise ValueError(f"candor: manifest has no column '{col}'; "

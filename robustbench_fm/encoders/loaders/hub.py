@@ -13,13 +13,14 @@ import os
 import re
 from pathlib import Path
 
+from ...errors import UserError
 from ..spec import EncoderSpec
 
 _TRUE = {"1", "on", "yes", "true"}
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
-class WeightsUnavailableError(RuntimeError):
+class WeightsUnavailableError(UserError, RuntimeError):
     """The hub weights of an entry cannot be obtained (offline, gated, network)."""
 
 
