@@ -32,17 +32,19 @@ def main() -> None:
         return
     import hydra
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _job(cfg: DictConfig) -> None:
         from . import app
+        from .redact import install_log_redaction, redacted_yaml
 
+        install_log_redaction()
         hc = HydraConfig.get()
         overrides = list(hc.overrides.task)
         try:
             if cfg.dry_run:
-                print(OmegaConf.to_yaml(cfg))
+                print(redacted_yaml(cfg))
                 print(app.plan(cfg, overrides))
                 return
             app.run(cfg, Path(hc.runtime.output_dir), overrides)

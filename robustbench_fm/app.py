@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import manifest as mf
 from .atomic import write_atomic, write_text_atomic
 from .errors import UserError
+from .redact import redacted_yaml
 from .results import to_markdown
 
 log = logging.getLogger("robustbench_fm")
@@ -88,7 +89,9 @@ def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None) 
     """Run the job, write everything under ``out_dir`` and return the combined summary."""
     job = plan(cfg, cli_overrides)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    write_text_atomic(out_dir / "config.yaml", redacted_yaml(cfg))
+    if cli_overrides:
+        write_text_atomic(out_dir / "overrides.yaml", redacted_yaml(OmegaConf.create(cli_overrides)))
     started = time.perf_counter()
     summaries = []
     if job.features_file is not None:
