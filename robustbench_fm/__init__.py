@@ -5,7 +5,8 @@ Importing the package downloads nothing and imports no deep-learning library; se
 ``robustbench_fm.evaluate``, ``robustbench_fm.data.build_manifest`` and
 ``robustbench_fm.encoders``.
 """
-from importlib.metadata import PackageNotFoundError, version as _version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 
 try:
     __version__ = _version("robustbench_fm")

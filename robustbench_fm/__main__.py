@@ -1,6 +1,7 @@
 """Command line: ``python -m robustbench_fm [hydra overrides]`` runs a job (default
 ``experiment=demo``); ``python -m robustbench_fm list [encoders|datasets|stages|experiments]``
-lists what is registered."""
+lists what is registered; ``python -m robustbench_fm verify <cache entry or root> [manifest]``
+re-checks feature-cache shards against their checksums, row counts and the manifest."""
 from __future__ import annotations
 
 import logging
@@ -26,10 +27,33 @@ def listing(what: str | None = None) -> str:
     return "\n".join(f"{k}:\n" + "\n".join(f"  {line}" for line in sections[k]) for k in keys)
 
 
+def verify(path: str, manifest: str | None = None) -> int:
+    """Print one line per cache entry (plus its problems and notes); 1 when any entry is bad."""
+    from .features import verify_cache, verify_entry
+
+    target = Path(path)
+    reports = [verify_entry(target, manifest)] if manifest or (target / "meta.json").exists() \
+        else verify_cache(target)
+    if not reports:
+        print(f"{target}: no cache entry found")
+        return 1
+    for report in reports:
+        print(report.summary())
+        for line in report.problems:
+            print(f"  problem: {line}")
+        for line in report.notes:
+            print(f"  note: {line}")
+    return 0 if all(r.ok for r in reports) else 1
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "list":
         print(listing(sys.argv[2] if len(sys.argv) > 2 else None))
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "verify":
+        if len(sys.argv) not in (3, 4):
+            raise SystemExit("usage: python -m robustbench_fm verify <cache entry or cache root> [manifest]")
+        sys.exit(verify(*sys.argv[2:]))
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig

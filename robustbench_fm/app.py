@@ -85,10 +85,43 @@ def _stage_results(stage: str, features, manifest: pd.DataFrame, cfg: DictConfig
     return summaries
 
 
+def _extract_panel(job: Plan, cfg: DictConfig, manifest: pd.DataFrame) -> tuple[list, list[str]]:
+    """Fill the feature cache for every encoder; returns (encoder, cache entry) pairs and the
+    sample_ids any encoder had to skip (unreadable images under ``on_bad_image=skip``)."""
+    from . import encoders
+    from .features import extract
+
+    entries, skipped = [], set()
+    for name in job.encoders:
+        enc_cfg = cfg.encoder if name == cfg.encoder.name else {}
+        encoder = encoders.load(name, weights=enc_cfg.get("weights"), device=cfg.device,
+                                allow_remote_code=cfg.security.allow_remote_code)
+        feats = extract(encoder, manifest, job.root, cfg.paths.cache_dir,
+                        batch_size=enc_cfg.get("batch_size") or cfg.extract.batch_size,
+                        num_workers=cfg.extract.num_workers, shard_size=cfg.extract.shard_size,
+                        on_bad_image=cfg.extract.on_bad_image)
+        log.info("%s: %d images embedded, %d forward passes, %.1f images/s, cache %s", name,
+                 feats.n_images_embedded, feats.n_forward, feats.images_per_s, feats.path)
+        entries.append((name, feats.path))
+        skipped.update(feats.skipped)
+        del encoder, feats
+    return entries, sorted(skipped)
+
+
 def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None) -> pd.DataFrame:
-    """Run the job, write everything under ``out_dir`` and return the combined summary."""
+    """Run the job, write everything under ``out_dir`` and return the combined summary.
+
+    The output folder is locked for the run (a second run aimed at it fails at once). Rows that
+    any encoder skipped are dropped for every encoder, so comparisons stay paired.
+    """
+    from .locks import FileLock
+
     job = plan(cfg, cli_overrides)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(out_dir / ".lock", timeout=0):
+        return _run(job, cfg, out_dir, cli_overrides)
+
+
+def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFrame:
     write_text_atomic(out_dir / "config.yaml", redacted_yaml(cfg))
     if cli_overrides:
         write_text_atomic(out_dir / "overrides.yaml", redacted_yaml(OmegaConf.create(cli_overrides)))
@@ -99,8 +132,9 @@ def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None) 
         summaries += _stage_results(job.stage, str(job.features_file), manifest, cfg, out_dir,
                                     encoder=job.features_file.stem, dataset=Path(cfg.manifest_file).stem)
     else:
-        from . import data, encoders
-        from .features import extract
+        from . import data
+        from .api import align_features
+        from .features import load_features
 
         adapter = data.get(job.dataset)
         options = OmegaConf.to_container(cfg.dataset.get("options") or {}, resolve=True)
@@ -108,17 +142,17 @@ def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None) 
             adapter.generate(job.root, **options)
         manifest = data.build_manifest(job.dataset, job.root, verify_images=cfg.dataset.verify_images)
         log.info("dataset %s: %d rows from %s", job.dataset, len(manifest), job.root)
-        for name in job.encoders:
-            enc_cfg = cfg.encoder if name == cfg.encoder.name else {}
-            encoder = encoders.load(name, weights=enc_cfg.get("weights"), device=cfg.device,
-                                    allow_remote_code=cfg.security.allow_remote_code)
-            feats = extract(encoder, manifest, job.root, cfg.paths.cache_dir,
-                            batch_size=enc_cfg.get("batch_size") or cfg.extract.batch_size,
-                            num_workers=cfg.extract.num_workers, shard_size=cfg.extract.shard_size)
-            log.info("%s: %d images embedded, %d forward passes, %.1f images/s, cache %s", name,
-                     feats.n_images_embedded, feats.n_forward, feats.images_per_s, feats.path)
-            summaries += _stage_results(job.stage, feats.embeddings, manifest, cfg, out_dir, name, job.dataset)
-            del encoder
+        entries, skipped = _extract_panel(job, cfg, manifest)
+        if skipped:
+            log.warning("%d unreadable images skipped for every encoder (listed in %s)", len(skipped),
+                        out_dir / "skipped.csv")
+            write_text_atomic(out_dir / "skipped.csv",
+                              pd.DataFrame({"sample_id": skipped}).to_csv(index=False))
+            manifest = manifest[~manifest["sample_id"].isin(skipped)].reset_index(drop=True)
+        for name, entry in entries:
+            ids, emb = load_features(entry)
+            features = align_features(ids, emb, manifest, str(entry))
+            summaries += _stage_results(job.stage, features, manifest, cfg, out_dir, name, job.dataset)
     summary = pd.concat(summaries, ignore_index=True)
     write_atomic(out_dir / "summary.parquet", lambda f: summary.to_parquet(f, index=False))
     shown = summary[[c for c in CONSOLE_COLUMNS.get(job.stage, summary.columns) if c in summary.columns]]

@@ -197,7 +197,12 @@ def test_timm_checkpoint_roundtrip(tmp_path):
 
 
 def _tiny_dinov2(folder, registers: bool = False, **pre):
-    from transformers import Dinov2Config, Dinov2Model, Dinov2WithRegistersConfig, Dinov2WithRegistersModel
+    from transformers import (
+        Dinov2Config,
+        Dinov2Model,
+        Dinov2WithRegistersConfig,
+        Dinov2WithRegistersModel,
+    )
     kw = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, mlp_ratio=2, patch_size=14, image_size=28)
     with loaders.seeded(5):
         model = (Dinov2WithRegistersModel(Dinov2WithRegistersConfig(num_register_tokens=2, **kw)) if registers

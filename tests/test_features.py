@@ -1,62 +1,39 @@
-"""Feature extraction and the parquet feature cache: key, resume, warm hits, alignment, errors.
+"""Feature extraction and the parquet feature cache: key, warm hits, alignment, errors.
 
 Uses a tiny random conv encoder built in place and a few dozen small PNGs; no downloads.
-Run as a script (``python tests/test_features.py child ...``) it is the child process of the
-kill-and-resume test.
+Kill-and-resume tests live in ``tests/reliability/test_resume.py``, unreadable images in
+``test_bad_images.py`` and ``verify`` in ``test_verify.py``.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-import torch
+from feature_fixtures import tiny_encoder, write_images
 from PIL import Image
 
-from robustbench_fm.encoders.base import Encoder
-from robustbench_fm.encoders.spec import EncoderSpec
-from robustbench_fm.features import (FeatureCache, FeatureCacheError, ImageReadError, cache_key,
-                                     cache_key_fields, extract, load_features)
+from robustbench_fm.errors import UserError
+from robustbench_fm.features import (
+    FeatureCache,
+    FeatureCacheError,
+    ImageReadError,
+    cache_key,
+    cache_key_fields,
+    extract,
+    load_features,
+)
 from robustbench_fm.features.cache import PARQUET_META_KEY
 
 N_IMAGES, SHARD, BATCH = 40, 8, 3  # 5 shards; batches of 3 do not divide a shard
-REPO = Path(__file__).resolve().parents[1]
 
 
-def tiny_encoder(weights_id: str = "test", **spec_changes) -> Encoder:
-    spec = EncoderSpec(name="tiny", library="timm", hub_id="test", input_size=32, mean=(0.5,) * 3,
-                       std=(0.5,) * 3, embedding="pooled", embed_dim=8, params_m=0.0, pretrained=False,
-                       seed=0).replace(**spec_changes)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.ReLU(),
-                                    torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 8))
-    return Encoder(spec=spec, model=model, forward=model, weights_id=weights_id, device=torch.device("cpu"))
-
-
-def make_dataset(root: Path, n: int = N_IMAGES) -> pd.DataFrame:
-    rng = np.random.default_rng(0)
-    (root / "img").mkdir(parents=True, exist_ok=True)
-    rows = []
-    for i in range(n):
-        h, w = (40, 48) if i % 2 else (36, 36)
-        arr = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
-        Image.fromarray(arr).save(root / "img" / f"{i:03d}.png")
-        rows.append({"sample_id": f"s{i:03d}", "path": f"img/{i:03d}.png", "pneumothorax": float(i % 2)})
-    return pd.DataFrame(rows)
-
-
-def shard_bytes(entry: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(entry.glob("shard-*.parquet"))}
+def make_dataset(root, n: int = N_IMAGES) -> pd.DataFrame:
+    return write_images(root, n)
 
 
 @pytest.fixture(scope="module")
@@ -113,79 +90,6 @@ def test_key_tracks_what_changes_features(data, encoder):
     assert key_of(man=relabelled) == key
 
 
-# ---- (b) kill and resume ----------------------------------------------------------------------
-
-
-def test_crash_and_resume_is_byte_identical(data, encoder, reference, tmp_path):
-    root, manifest = data
-    seen = []
-
-    def crashing_reader(image_root, row):
-        if len(seen) == 19:
-            raise OSError("simulated crash")
-        seen.append(row["sample_id"])
-        with Image.open(image_root / row["path"]) as im:
-            im.load()
-            return im
-
-    with pytest.raises(ImageReadError, match="simulated crash"):
-        extract(encoder, manifest, root, tmp_path, batch_size=BATCH, shard_size=SHARD, progress=False,
-                reader=crashing_reader)
-    entry = tmp_path / "tiny" / reference.key
-    assert sorted(shard_bytes(entry)) == ["shard-00000.parquet", "shard-00001.parquet"]
-    cache = FeatureCache(tmp_path, reference.fields)
-    assert cache.done_ids(manifest) == set(manifest["sample_id"][:16])
-    assert cache.missing_shards() == [2, 3, 4]
-    with pytest.raises(FeatureCacheError, match=r"24 of 40 rows in 3 of 5 shards missing"):
-        cache.read(manifest)
-    # a half-written temp file of a killed run must be ignored
-    (entry / ".shard-00002.parquet.tmp-99999-abc").write_bytes(b"PAR1 half written")
-
-    resumed = extract(encoder, manifest, root, tmp_path, batch_size=BATCH, shard_size=SHARD, progress=False)
-    assert resumed.n_images_embedded == N_IMAGES - 16
-    assert resumed.n_forward == 3 * 3  # 3 shards x ceil(8 / 3) batches
-    assert shard_bytes(entry) == shard_bytes(reference.path)
-    assert (entry / "meta.json").read_bytes() == (reference.path / "meta.json").read_bytes()
-    np.testing.assert_array_equal(resumed.embeddings, reference.embeddings)
-
-
-def test_sigkill_and_resume_is_byte_identical(data, encoder, reference, tmp_path):
-    root, manifest = data
-    manifest.to_csv(tmp_path / "manifest.csv", index=False)
-    cache_root = tmp_path / "cache"
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    child = subprocess.Popen([sys.executable, __file__, "child", str(root), str(tmp_path / "manifest.csv"),
-                              str(cache_root)], env=env, stderr=subprocess.PIPE)
-    entry = cache_root / "tiny" / reference.key
-    deadline = time.monotonic() + 60
-    try:
-        while not (entry / "shard-00001.parquet").exists():
-            assert child.poll() is None, child.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "child wrote no shards within 60 s"
-            time.sleep(0.005)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-    done = FeatureCache(cache_root, reference.fields).complete_shards()
-    assert 2 <= len(done) < 5, done
-    resumed = extract(encoder, manifest, root, cache_root, batch_size=BATCH, shard_size=SHARD, progress=False)
-    assert resumed.n_images_embedded == N_IMAGES - SHARD * len(done)
-    assert shard_bytes(entry) == shard_bytes(reference.path)
-    np.testing.assert_array_equal(resumed.embeddings, reference.embeddings)
-
-
-def _child(root: str, manifest_csv: str, cache_root: str) -> None:
-    def slow_reader(image_root, row):
-        time.sleep(0.05)
-        with Image.open(image_root / row["path"]) as im:
-            im.load()
-            return im
-
-    manifest = pd.read_csv(manifest_csv, dtype={"sample_id": str, "path": str})
-    extract(tiny_encoder(), manifest, Path(root), Path(cache_root), batch_size=BATCH, shard_size=SHARD,
-            progress=False, reader=slow_reader)
-
-
 # ---- (c) warm re-run --------------------------------------------------------------------------
 
 
@@ -205,6 +109,14 @@ def test_warm_rerun_does_no_forward_pass(data, encoder, reference, caplog):
     assert meta["status"] == "complete" and meta["n_rows"] == N_IMAGES and meta["shard_size"] == SHARD
     schema_meta = pq.read_schema(reference.path / "shard-00000.parquet").metadata[PARQUET_META_KEY]
     assert json.loads(schema_meta)["fields"] == reference.fields
+    # every shard's checksum and row count, sorted, no timestamps
+    assert [s["file"] for s in meta["shards"]] == [f"shard-{i:05d}.parquet" for i in range(5)]
+    for rec in meta["shards"]:
+        data = (reference.path / rec["file"]).read_bytes()
+        assert rec["sha256"] == hashlib.sha256(data).hexdigest() and rec["rows"] == SHARD and rec["skipped"] == 0
+    assert set(meta) == {"format", "key", "fields", "shard_size", "n_rows", "n_shards", "embed_dim", "status",
+                         "shards"}
+    assert warm.skipped == [] and warm.kept.all() and not (reference.path / "skipped.csv").exists()
 
 
 # ---- (d) alignment with the manifest -------------------------------------------------------------
@@ -288,5 +200,6 @@ def test_corrupted_or_foreign_shard_is_named(data, encoder, reference, tmp_path)
         extract(encoder, manifest, root, tmp_path, batch_size=BATCH, shard_size=SHARD, progress=False)
 
 
-if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "child":
-    _child(*sys.argv[2:])
+def test_cache_errors_are_user_errors():
+    assert issubclass(FeatureCacheError, UserError) and issubclass(FeatureCacheError, RuntimeError)
+    assert issubclass(ImageReadError, UserError) and issubclass(ImageReadError, RuntimeError)

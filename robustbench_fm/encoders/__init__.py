@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import loaders  # noqa: F401  (registers one loader per library)
-from . import catalog, synthetic  # noqa: F401  (register the entries)
+from . import (  # noqa: F401  (register the entries)
+    catalog,
+    loaders,  # noqa: F401  (registers one loader per library)
+    synthetic,
+)
 from .base import Encoder, build_transform, resolve_device
-from .registry import get, names, loader
+from .registry import get, loader, names
 from .spec import EncoderSpec
 
 __all__ = ["Encoder", "EncoderSpec", "build_transform", "get", "load", "names", "resolve_device"]

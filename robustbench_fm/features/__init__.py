@@ -2,11 +2,31 @@
 
 ``extract(encoder, manifest, image_root, cache_root)`` embeds a manifest once and reuses the
 cache afterwards; ``load_features(path_or_dir, manifest)`` reads any features parquet (a cache
-entry folder, or your own file with ``sample_id`` and ``embedding`` columns).
+entry folder, or your own file with ``sample_id`` and ``embedding`` columns);
+``skipped_ids(entry)`` names the rows skipped as unreadable (``on_bad_image="skip"``);
+``verify_entry(entry, manifest)`` / ``verify_cache(root)`` re-check checksums and row counts.
 """
-from .cache import (CACHE_FORMAT, FeatureCache, FeatureCacheError, cache_key, cache_key_fields,
-                    load_features)
-from .extract import FeatureSet, ImageReadError, default_num_workers, extract
+from .cache import (
+                    CACHE_FORMAT,
+                    SKIPPED_NAME,
+                    FeatureCache,
+                    FeatureCacheError,
+                    cache_key,
+                    cache_key_fields,
+                    load_features,
+                    read_skipped,
+                    skipped_ids,
+)
+from .extract import (
+                    BAD_IMAGE_POLICIES,
+                    FeatureSet,
+                    ImageReadError,
+                    default_num_workers,
+                    extract,
+)
+from .verify import VerifyReport, verify_cache, verify_entry
 
-__all__ = ["CACHE_FORMAT", "FeatureCache", "FeatureCacheError", "FeatureSet", "ImageReadError",
-           "cache_key", "cache_key_fields", "default_num_workers", "extract", "load_features"]
+__all__ = ["BAD_IMAGE_POLICIES", "CACHE_FORMAT", "SKIPPED_NAME", "FeatureCache", "FeatureCacheError",
+           "FeatureSet", "ImageReadError", "VerifyReport", "cache_key", "cache_key_fields",
+           "default_num_workers", "extract", "load_features", "read_skipped", "skipped_ids",
+           "verify_cache", "verify_entry"]

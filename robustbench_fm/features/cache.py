@@ -3,30 +3,45 @@
 Layout of one entry::
 
     <root>/<encoder name>/<key>/
-        meta.json              key fields + shard_size + n_rows + n_shards + status
+        meta.json              key fields, shard_size, n_rows, n_shards, status and, per complete
+                               shard, its file name, row count, SHA-256 and number of skipped rows
         shard-00000.parquet    manifest rows [0, shard_size)
         shard-00001.parquet    manifest rows [shard_size, 2 * shard_size)
         ...
+        skipped.csv            only when rows were skipped (``on_bad_image="skip"``): one line per
+                               skipped row, columns sample_id,row,path,error, sorted by row
 
 ``key`` is the first 16 hex digits of the SHA-256 of the canonical JSON of
 :func:`cache_key_fields`: encoder identity, weights identity, resolved preprocessing, pooling,
 precision, the manifest's locator hash (``sample_id`` and ``path`` in row order, so relabelling a
 dataset keeps its features while adding, removing, moving or reordering rows does not), the
-package and library versions and the cache format. Any change makes a new entry; nothing is ever
-overwritten in place.
+package and library versions and the cache format. Any change makes a new entry (a new folder;
+the old one is left untouched); nothing is ever overwritten in place. A ``meta.json`` inside the
+key's folder that records another cache format, another key or other key fields is never reused:
+opening the entry raises :class:`FeatureCacheError` naming the folder to delete.
 
 Shard ``i`` always holds manifest rows ``[i * shard_size, (i + 1) * shard_size)`` in manifest
 order, with columns ``sample_id`` (string) and ``embedding`` (``fixed_size_list<float32>[D]``);
 its schema metadata repeats the key fields. Shards are written whole and atomically (temp file
 in the same folder, fsync, ``os.replace``) with byte-deterministic parquet settings, so a run
 killed at any point leaves only complete shards, and resuming it yields the same bytes as a run
-that was never interrupted. Temp files (``.shard-*.tmp-*``) are never read.
+that was never interrupted (shards, ``meta.json`` and ``skipped.csv``; ``meta.json`` holds no
+timestamps). Temp files (``.<name>.tmp-*``) are never read.
+
+Skipped rows (an image that could not be read or transformed, with ``on_bad_image="skip"``) keep
+their place in their shard with an all-NaN embedding, so shards stay complete and fixed; they are
+listed in ``skipped.csv``, which is written *before* the shard holding them, so every NaN row of a
+complete shard is listed. Only listed rows may hold non-finite values; anything else is refused
+on write and reported as corruption on read. ``robustbench_fm.features.verify`` re-checks all of
+this (checksums, row counts, sample_ids, NaN rows against ``skipped.csv``).
 """
 from __future__ import annotations
 
+import csv
 import hashlib
 import importlib.metadata
 import importlib.util
+import io
 import json
 import logging
 import re
@@ -41,16 +56,22 @@ import pyarrow.parquet as pq
 
 from .. import manifest as mf
 from ..atomic import write_atomic
+from ..errors import UserError
 
 log = logging.getLogger("robustbench_fm.features")
 
 #: Bump when the on-disk layout or the meaning of a key field changes.
-CACHE_FORMAT = 1
+#: 2: per-shard SHA-256 and row counts in meta.json; skipped rows (NaN + skipped.csv).
+CACHE_FORMAT = 2
 DEFAULT_SHARD_SIZE = 1024
 META_NAME = "meta.json"
+SKIPPED_NAME = "skipped.csv"
+SKIPPED_COLUMNS = ("sample_id", "row", "path", "error")
 #: Parquet schema-metadata key holding the cache key fields (JSON).
 PARQUET_META_KEY = b"robustbench_fm.features"
 _SHARD_RE = re.compile(r"^shard-(\d{5,})\.parquet$")
+#: Temp files of :func:`robustbench_fm.atomic.write_atomic` (left behind by a killed write).
+TEMP_GLOB = ".*.tmp-*"
 #: Libraries whose version can change features (module to import, distribution name).
 _LIBRARIES = (("torch", "torch"), ("torchvision", "torchvision"), ("PIL", "pillow"),
               ("timm", "timm"), ("open_clip", "open_clip_torch"), ("transformers", "transformers"))
@@ -60,7 +81,7 @@ _WRITE_OPTIONS = dict(compression={"sample_id": "zstd", "embedding": "none"}, us
                       store_schema=True)
 
 
-class FeatureCacheError(RuntimeError):
+class FeatureCacheError(UserError, RuntimeError):
     """The cache is incomplete, corrupted or does not belong to the given manifest (one line)."""
 
 
@@ -140,6 +161,69 @@ def _safe_name(name: str) -> str:
 
 def _json_bytes(obj) -> bytes:
     return (json.dumps(obj, sort_keys=True, indent=1) + "\n").encode()
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file's bytes, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk)
+            if not block:
+                break
+            h.update(block)
+    return h.hexdigest()
+
+
+def shard_index(name: str) -> int | None:
+    """``shard-00012.parquet`` -> 12; any other name (temp files included) -> None."""
+    m = _SHARD_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def skipped_csv_bytes(records: dict[int, dict]) -> bytes:
+    """``skipped.csv`` for ``{row: {"sample_id", "path", "error"}}``, sorted by row."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(SKIPPED_COLUMNS)
+    for row in sorted(records):
+        r = records[row]
+        w.writerow([str(r["sample_id"]), int(row), _one_line(r.get("path", "")), _one_line(r.get("error", ""))])
+    return buf.getvalue().encode()
+
+
+def parse_skipped_csv(path: str | Path, n_rows: int | None = None) -> dict[int, dict]:
+    """Read a ``skipped.csv``: ``{row: {"sample_id", "row", "path", "error"}}``.
+
+    Raises :class:`FeatureCacheError` (one line, naming the file) on a malformed file.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FeatureCacheError(f"{path}: unreadable ({_one_line(exc)}); delete the cache entry folder "
+                                f"{path.parent} to rebuild it") from None
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, None)
+    if header is None or tuple(header) != SKIPPED_COLUMNS:
+        raise FeatureCacheError(f"{path}: header {header!r}, expected {','.join(SKIPPED_COLUMNS)}; the file "
+                                f"is corrupted, delete the cache entry folder {path.parent} to rebuild it")
+    out: dict[int, dict] = {}
+    for line_no, fields in enumerate(reader, start=2):
+        try:
+            sample_id, row, rel, error = fields
+            row = int(row)
+            if row < 0 or (n_rows is not None and row >= n_rows) or row in out:
+                raise ValueError(f"row {row} out of range or repeated")
+        except ValueError as exc:
+            raise FeatureCacheError(f"{path}: line {line_no} is malformed ({_one_line(exc)}); the file is "
+                                    f"corrupted, delete the cache entry folder {path.parent} to rebuild it") from None
+        out[row] = {"sample_id": sample_id, "row": row, "path": rel, "error": error}
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -224,30 +308,107 @@ class FeatureCache:
     # ---- meta -----------------------------------------------------------------------------
     def _read_meta(self) -> dict | None:
         if not self.meta_path.exists():
+            self._records = {}
             return None
         try:
             meta = json.loads(self.meta_path.read_text())
-            ok = meta.get("key") == self.key and _canonical(meta.get("fields")) == self.fields
+            fmt = meta.get("format")
         except (OSError, ValueError, AttributeError) as exc:
-            raise FeatureCacheError(f"{self.meta_path}: unreadable ({exc}); delete the folder "
+            raise FeatureCacheError(f"{self.meta_path}: unreadable ({_one_line(exc)}); delete the folder "
                                     f"{self.path} to rebuild this entry") from None
-        if not ok:
+        if fmt != CACHE_FORMAT:
+            raise FeatureCacheError(f"{self.meta_path}: written in cache format {fmt!r}, this package uses "
+                                    f"format {CACHE_FORMAT}; not reusing it, delete the folder {self.path}")
+        if meta.get("key") != self.key or _canonical(meta.get("fields")) != self.fields:
             raise FeatureCacheError(f"{self.meta_path}: records other key fields than key {self.key}; "
                                     f"delete the folder {self.path} to rebuild this entry")
+        try:
+            self._records = {}
+            for rec in meta.get("shards", []):
+                i = shard_index(rec["file"])
+                if i is None:
+                    raise ValueError(f"bad shard name {rec['file']!r}")
+                self._records[i] = {"file": rec["file"], "rows": int(rec["rows"]), "sha256": str(rec["sha256"]),
+                                    "skipped": int(rec.get("skipped", 0))}
+            int(meta["shard_size"]), int(meta["n_rows"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FeatureCacheError(f"{self.meta_path}: malformed ({_one_line(exc)}); delete the folder "
+                                    f"{self.path} to rebuild this entry") from None
         return meta
+
+    def _shard_records(self) -> list[dict]:
+        """One record per complete shard, sorted by index. Shards written by a run killed before
+        it recorded them are hashed now (they are whole: they only appear by an atomic rename)."""
+        complete = self.complete_shards()
+        unrecorded = [i for i in complete if i not in self._records]
+        if unrecorded:
+            skipped = self.read_skipped(complete_only=False)
+            for i in unrecorded:
+                lo, hi = self.shard_bounds(i)
+                path = self.shard_path(i)
+                try:
+                    rows = pq.ParquetFile(path).metadata.num_rows
+                except Exception as exc:  # noqa: BLE001
+                    raise FeatureCacheError(f"{path}: unreadable shard ({_one_line(exc) or type(exc).__name__}); "
+                                            "delete this file and re-run extraction to recompute it") from None
+                self._records[i] = {"file": path.name, "rows": int(rows), "sha256": file_sha256(path),
+                                    "skipped": sum(lo <= r < hi for r in skipped)}
+        keep = set(complete)
+        self._records = {i: r for i, r in self._records.items() if i in keep}
+        return [self._records[i] for i in sorted(self._records)]
 
     def meta(self, status: str | None = None) -> dict:
         status = status or ("complete" if self.is_complete else "partial")
         return {"format": CACHE_FORMAT, "key": self.key, "fields": self.fields,
                 "shard_size": self.shard_size, "n_rows": self.n_rows, "n_shards": self.n_shards,
-                "embed_dim": self.embed_dim, "status": status}
+                "embed_dim": self.embed_dim, "status": status, "shards": self._shard_records()}
 
     def write_meta(self, status: str | None = None) -> None:
+        """Write ``meta.json`` atomically (skipped when the bytes would not change)."""
         self.path.mkdir(parents=True, exist_ok=True)
         data = _json_bytes(self.meta(status))
         if self.meta_path.exists() and self.meta_path.read_bytes() == data:
             return
         write_atomic(self.meta_path, lambda f: f.write(data))
+
+    # ---- skipped rows -----------------------------------------------------------------------
+    @property
+    def skipped_path(self) -> Path:
+        return self.path / SKIPPED_NAME
+
+    def read_skipped(self, complete_only: bool = True) -> dict[int, dict]:
+        """``skipped.csv`` as ``{row: {"sample_id", "row", "path", "error"}}``.
+
+        With ``complete_only`` only rows of complete shards are returned: a killed run may have
+        listed the rows of the shard it was about to write; that shard is recomputed on resume.
+        """
+        if not self.skipped_path.exists():
+            return {}
+        out = parse_skipped_csv(self.skipped_path, self.n_rows)
+        if complete_only:
+            have = set(self.complete_shards())
+            out = {r: v for r, v in out.items() if r // self.shard_size in have}
+        return out
+
+    def write_skipped(self, records: dict[int, dict]) -> None:
+        """Write ``skipped.csv`` atomically (sorted by row); no records -> no file."""
+        if not records:
+            if self.skipped_path.exists():
+                self.skipped_path.unlink()
+            return
+        data = skipped_csv_bytes(records)
+        if self.skipped_path.exists() and self.skipped_path.read_bytes() == data:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.skipped_path, lambda f: f.write(data))
+
+    def drop_shards(self, shards: Iterable[int]) -> None:
+        """Delete shard files (they become missing and are recomputed by the next extraction),
+        then drop their rows from ``skipped.csv`` and their records from ``meta.json``."""
+        for i in shards:
+            self.shard_path(i).unlink(missing_ok=True)
+        self.write_skipped(self.read_skipped(complete_only=True))
+        self.write_meta()
 
     # ---- shards ---------------------------------------------------------------------------
     def _schema(self) -> pa.Schema:
@@ -257,28 +418,45 @@ class FeatureCache:
                           pa.field("embedding", pa.list_(pa.float32(), self.embed_dim), nullable=False)],
                          metadata={PARQUET_META_KEY: key_json.encode()})
 
-    def write_shard(self, i: int, sample_ids: Iterable[str], embeddings: np.ndarray) -> Path:
-        """Write shard ``i`` atomically; ``sample_ids`` must be exactly its manifest rows."""
+    def write_shard(self, i: int, sample_ids: Iterable[str], embeddings: np.ndarray,
+                    skipped_rows: Iterable[int] = ()) -> Path:
+        """Write shard ``i`` atomically and record its checksum in ``meta.json``.
+
+        ``sample_ids`` must be exactly its manifest rows. ``skipped_rows`` (manifest row indices
+        inside the shard, already listed in ``skipped.csv``) are stored as all-NaN rows; any other
+        non-finite value is refused.
+        """
         lo, hi = self.shard_bounds(i)
         ids = [str(s) for s in sample_ids]
-        emb = np.ascontiguousarray(embeddings, dtype=np.float32)
+        emb = np.array(embeddings, dtype=np.float32, order="C", copy=True)
         if len(ids) != hi - lo or emb.shape != (hi - lo, self.embed_dim):
             raise ValueError(f"shard {i} holds rows [{lo}, {hi}): got {len(ids)} ids and embeddings "
                              f"of shape {emb.shape}, expected ({hi - lo}, {self.embed_dim})")
-        if not np.isfinite(emb).all():
-            bad = int(np.flatnonzero(~np.isfinite(emb).all(axis=1))[0])
+        skip = sorted({int(r) for r in skipped_rows})
+        if any(not lo <= r < hi for r in skip):
+            raise ValueError(f"shard {i} holds rows [{lo}, {hi}): skipped rows {skip} fall outside it")
+        emb[[r - lo for r in skip]] = np.nan
+        finite = np.isfinite(emb).all(axis=1)
+        finite[[r - lo for r in skip]] = True
+        if not finite.all():
+            bad = int(np.flatnonzero(~finite)[0])
             raise FeatureCacheError(f"encoder '{self.fields.get('encoder')}' produced non-finite features "
                                     f"for sample_id {str(ids[bad])!r} (manifest row {lo + bad}); not caching them")
         values = pa.array(emb.reshape(-1), type=pa.float32())
         table = pa.Table.from_arrays(
             [pa.array(ids, type=pa.string()), pa.FixedSizeListArray.from_arrays(values, self.embed_dim)],
             schema=self._schema())
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, row_group_size=max(len(ids), 1), **_WRITE_OPTIONS)
+        data = sink.getvalue().to_pybytes()
         self.path.mkdir(parents=True, exist_ok=True)
         if not self.meta_path.exists():
             self.write_meta("partial")
         path = self.shard_path(i)
-        write_atomic(path, lambda f: pq.write_table(table, f, row_group_size=max(len(ids), 1),
-                                                          **_WRITE_OPTIONS))
+        write_atomic(path, lambda f: f.write(data))
+        self._records[i] = {"file": path.name, "rows": len(ids), "sha256": hashlib.sha256(data).hexdigest(),
+                            "skipped": len(skip)}
+        self.write_meta()
         return path
 
     def _read_shard(self, i: int, columns=("sample_id", "embedding")) -> pa.Table:
@@ -344,19 +522,40 @@ class FeatureCache:
             raise FeatureCacheError(f"{self.path}: incomplete, {n_missing} of {self.n_rows} rows in "
                                     f"{len(missing)} of {self.n_shards} shards missing ({names}); "
                                     "run extraction again to resume")
+        skipped = self.read_skipped()
         out = np.empty((self.n_rows, self.embed_dim), dtype=np.float32)
         for i in range(self.n_shards):
             lo, hi = self.shard_bounds(i)
             table = self._read_shard(i)
             self._check_ids(i, table.column("sample_id").to_numpy(zero_copy_only=False).astype(str), ids)
             out[lo:hi] = _embedding_matrix(table.column("embedding"), self.shard_path(i), self.embed_dim)
+        self._check_skipped(out, ids, skipped)
         return out
+
+    def _check_skipped(self, emb: np.ndarray, ids: np.ndarray, skipped: dict[int, dict]) -> None:
+        """Non-finite rows must be exactly the rows listed in ``skipped.csv`` (all-NaN)."""
+        for row, rec in skipped.items():
+            if rec["sample_id"] != ids[row]:
+                raise FeatureCacheError(f"{self.skipped_path}: row {row} lists sample_id {rec['sample_id']!r} but "
+                                        f"the manifest has {str(ids[row])!r}; delete the folder {self.path}")
+            if not np.isnan(emb[row]).all():
+                raise FeatureCacheError(f"{self.skipped_path}: lists row {row} (sample_id {rec['sample_id']!r}) "
+                                        f"but {self.shard_path(row // self.shard_size).name} holds features for "
+                                        f"it; delete the folder {self.path} to rebuild this entry")
+        bad = ~np.isfinite(emb).all(axis=1)
+        if skipped:
+            bad[list(skipped)] = False
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise FeatureCacheError(f"{self.shard_path(row // self.shard_size)}: row {row} (sample_id "
+                                    f"{str(ids[row])!r}) holds non-finite features but is not listed in "
+                                    f"{SKIPPED_NAME}; the file is corrupted, delete it and re-run extraction")
 
     def clear_temp_files(self) -> int:
         """Remove leftover temp files of killed runs (only call when no other run writes here)."""
         n = 0
         if self.path.is_dir():
-            for p in self.path.glob(".*.tmp-*"):
+            for p in self.path.glob(TEMP_GLOB):
                 try:
                     p.unlink()
                     n += 1
@@ -367,6 +566,35 @@ class FeatureCache:
     def __repr__(self) -> str:
         return (f"FeatureCache({str(self.path)!r}, rows={self.n_rows}, shards="
                 f"{self.n_shards - len(self.missing_shards())}/{self.n_shards})")
+
+
+def read_skipped(entry: str | Path) -> pd.DataFrame:
+    """The skipped rows of cache entry folder ``entry`` (columns sample_id, row, path, error; sorted
+    by row), limited to its complete shards; empty when nothing was skipped."""
+    entry = Path(entry)
+    path = entry / SKIPPED_NAME
+    if not path.exists():
+        return pd.DataFrame({c: pd.Series(dtype=int if c == "row" else object) for c in SKIPPED_COLUMNS})
+    shard_size = None
+    n_rows = None
+    if (entry / META_NAME).exists():
+        try:
+            meta = json.loads((entry / META_NAME).read_text())
+            shard_size, n_rows = int(meta["shard_size"]), int(meta["n_rows"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            shard_size = n_rows = None
+    records = parse_skipped_csv(path, n_rows)
+    if shard_size:
+        have = {shard_index(p.name) for p in entry.iterdir()} - {None}
+        records = {r: v for r, v in records.items() if r // shard_size in have}
+    df = pd.DataFrame([records[r] for r in sorted(records)], columns=list(SKIPPED_COLUMNS))
+    return df.astype({"row": int})
+
+
+def skipped_ids(entry: str | Path) -> list[str]:
+    """sample_ids of the rows skipped as unreadable in cache entry folder ``entry`` (row order);
+    ``[]`` when nothing was skipped. Drop these rows from every stage and every encoder."""
+    return [str(s) for s in read_skipped(entry)["sample_id"]]
 
 
 def _embedding_matrix(column: pa.ChunkedArray, path, dim: int | None = None) -> np.ndarray:
@@ -400,7 +628,8 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
     The parquet needs a ``sample_id`` column and an ``embedding`` column (fixed-size or plain
     list of floats). Returns ``(sample_ids, embeddings)`` with embeddings float32 (N, D); with
     ``manifest`` the rows are reordered to the manifest's ``sample_id`` order, and a manifest
-    row without features is an error.
+    row without features is an error. Rows of a cache entry skipped as unreadable
+    (``on_bad_image="skip"``) come back as all-NaN rows; :func:`skipped_ids` names them.
     """
     path = Path(path_or_dir)
     if path.is_dir():

@@ -5,9 +5,21 @@ manifest's sample_ids against the complete shards); each shard is written as soo
 batch is embedded. Batches never straddle a shard boundary and always start at a shard's first
 row, so every shard sees the same batches however often the run was interrupted, and a resumed
 entry is byte-identical to an uninterrupted one (same batch size and device).
+
+Unreadable images (``on_bad_image``): ``"error"`` (default) stops at the first image that cannot
+be read or transformed with a one-line :class:`ImageReadError` naming the file, the manifest row
+and the sample_id (shards already written are kept). ``"skip"`` keeps going: the row gets an
+all-NaN embedding in its shard (in the forward pass it is replaced by a zero image of the batch's
+shape, so the other rows see exactly the batches of a clean run) and is listed in the entry's
+``skipped.csv``; :attr:`FeatureSet.skipped` names those rows so that callers drop them from every
+stage and every encoder. The policy is not part of the cache key: a warm run in ``"skip"`` mode
+returns the recorded list without reading any image; a run in ``"error"`` mode on an entry with
+skipped rows re-reads just those images, raises if one still fails, and otherwise deletes and
+recomputes the shards that held them (the result is byte-identical to a clean run).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -22,6 +34,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from ..errors import UserError
+from ..locks import FileLock, LockTimeout
 from .cache import FeatureCache, FeatureCacheError, cache_key_fields
 
 log = logging.getLogger("robustbench_fm.features")
@@ -30,7 +44,11 @@ log = logging.getLogger("robustbench_fm.features")
 Reader = Callable[[Path, dict], Image.Image]
 
 
-class ImageReadError(RuntimeError):
+#: Accepted values of ``extract(on_bad_image=...)``.
+BAD_IMAGE_POLICIES = ("error", "skip")
+
+
+class ImageReadError(UserError, RuntimeError):
     """An image could not be read or transformed; the message names the file and manifest row."""
 
 
@@ -47,6 +65,13 @@ class FeatureSet:
     seconds: float
     images_per_s: float
     fields: dict = field(default_factory=dict, repr=False)
+    #: sample_ids of the rows skipped as unreadable (manifest order); their embeddings are NaN.
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def kept(self) -> np.ndarray:
+        """Boolean mask over the rows: True where the row was not skipped."""
+        return ~np.isin(self.sample_ids, np.asarray(self.skipped, dtype=str))
 
 
 def default_reader(image_root: Path, row: dict) -> Image.Image:
@@ -81,13 +106,24 @@ def _describe(image_root, row: dict, i: int) -> str:
 
 
 class _RowsDataset(Dataset):
-    """Manifest rows -> (row index, tensor, error); errors travel as strings, never raise."""
+    """Manifest rows -> (row index, tensor, error); errors travel as strings, never raise.
+
+    ``error`` is ``(message, short)``: the one-line message of :class:`ImageReadError` (naming
+    the file, row and sample_id) and the ``Type: message`` kept in ``skipped.csv`` (with the
+    image root stripped, so the file does not depend on where the images live).
+    """
 
     def __init__(self, records: list[dict], image_root, transform, reader: Reader):
         self.records, self.image_root, self.transform, self.reader = records, image_root, transform, reader
 
     def __len__(self):
         return len(self.records)
+
+    def _error(self, i: int, what: str) -> tuple[str, str]:
+        short = " ".join(what.split())
+        if self.image_root is not None:
+            short = short.replace(f"{self.image_root}{os.sep}", "")
+        return f"{_describe(self.image_root, self.records[i], i)}: cannot read image: {short}", short
 
     def __getitem__(self, i: int):
         row = self.records[i]
@@ -96,16 +132,34 @@ class _RowsDataset(Dataset):
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"transform returned {type(x).__name__}, expected a tensor")
             return i, x, None
+        except MemoryError:
+            raise
         except Exception as exc:  # noqa: BLE001  (reported in the main process, one line)
             msg = " ".join(str(exc).split()) or type(exc).__name__
-            return i, None, f"{_describe(self.image_root, row, i)}: cannot read image: {type(exc).__name__}: {msg}"
+            return i, None, self._error(i, f"{type(exc).__name__}: {msg}")
 
+    def collate(self, items):
+        """-> (rows, batch or None, errors): ``errors`` is ``[(position, row, (message, short))]``.
 
-def _collate(items):
-    errors = [e for _, _, e in items if e is not None]
-    if errors:
-        return [i for i, _, _ in items], None, errors[0]
-    return [i for i, _, _ in items], torch.stack([x for _, x, _ in items]), None
+        A failed row's slot holds zeros of the batch's shape, so the batch has the size and
+        composition of a clean run's; a tensor whose shape differs from the batch's most common
+        shape is a failed row too. ``batch`` is None when every row failed.
+        """
+        rows = [i for i, _, _ in items]
+        errors = [(pos, i, e) for pos, (i, _, e) in enumerate(items) if e is not None]
+        good = [(pos, x) for pos, (_, x, e) in enumerate(items) if e is None]
+        if not good:
+            return rows, None, errors
+        shape = collections.Counter(tuple(x.shape) for _, x in good).most_common(1)[0][0]
+        for pos, x in good:
+            if tuple(x.shape) != shape:
+                errors.append((pos, rows[pos], self._error(
+                    rows[pos], f"ValueError: transform gave shape {tuple(x.shape)}, the batch has {shape}")))
+        errors.sort()
+        bad = {pos for pos, _, _ in errors}
+        ref = next(x for pos, x in good if pos not in bad)
+        batch = torch.stack([torch.zeros_like(ref) if pos in bad else x for pos, (_, x, _) in enumerate(items)])
+        return rows, batch, errors
 
 
 @contextlib.contextmanager
@@ -138,17 +192,21 @@ def _batches(cache: FeatureCache, shards: list[int], batch_size: int) -> list[li
 
 def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cache_root: str | Path,
             batch_size: int = 32, num_workers: int | str = 0, shard_size: int = 1024, progress: bool = True,
-            reader: Reader | None = None) -> FeatureSet:
+            reader: Reader | None = None, on_bad_image: str = "error") -> FeatureSet:
     """Embed every manifest row with ``encoder``, reusing and filling the feature cache.
 
     ``reader(image_root, row)`` returns a PIL image for a manifest row (default: open
     ``image_root / row['path']``); the encoder's own ``transform`` is applied to it.
     ``num_workers="auto"`` picks :func:`default_num_workers` for the encoder's device.
     ``shard_size`` only applies to a new cache entry; an existing one keeps its layout.
+    ``on_bad_image``: ``"error"`` (default) or ``"skip"`` (see the module docstring); skipped
+    rows come back as NaN rows of ``embeddings`` and are named in :attr:`FeatureSet.skipped`.
     """
     t0 = time.perf_counter()
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if on_bad_image not in BAD_IMAGE_POLICIES:
+        raise ValueError(f"on_bad_image must be one of {', '.join(BAD_IMAGE_POLICIES)}, got {on_bad_image!r}")
     if num_workers == "auto":
         num_workers = default_num_workers(encoder.device)
     num_workers = int(num_workers)
@@ -170,52 +228,111 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
 
     fields = cache_key_fields(encoder, manifest)
     cache = FeatureCache(cache_root, fields, shard_size=shard_size, n_rows=len(manifest))
-    done = cache.done_ids(manifest)  # reads + checks the sample_ids of every complete shard
-    todo_mask = ~pd.Index(ids).isin(list(done))
-    missing = cache.missing_shards()
-    expected = sum(hi - lo for lo, hi in map(cache.shard_bounds, missing))
-    if int(todo_mask.sum()) != expected:  # cannot happen with whole-shard writes; guard anyway
-        raise FeatureCacheError(f"{cache.path}: complete shards hold {len(done)} sample_ids but "
-                                f"{len(ids) - expected} were expected; delete the folder and re-run")
+    with _entry_lock(cache) as lock:
+        done = cache.done_ids(manifest)  # reads + checks the sample_ids of every complete shard
+        todo_mask = ~pd.Index(ids).isin(list(done))
+        missing = cache.missing_shards()
+        expected = sum(hi - lo for lo, hi in map(cache.shard_bounds, missing))
+        if int(todo_mask.sum()) != expected:  # cannot happen with whole-shard writes; guard anyway
+            raise FeatureCacheError(f"{cache.path}: complete shards hold {len(done)} sample_ids but "
+                                    f"{len(ids) - expected} were expected; delete the folder and re-run")
+        records = None
+        skipped = cache.read_skipped(complete_only=True)
+        if skipped and on_bad_image == "error":
+            records = manifest.to_dict("records")
+            _retry_skipped(cache, skipped, _RowsDataset(records, image_root, encoder.transform, reader))
+            skipped = cache.read_skipped(complete_only=True)
+            missing = cache.missing_shards()
+            expected = sum(hi - lo for lo, hi in map(cache.shard_bounds, missing))
 
-    n_forward = n_images = 0
-    if not missing:
-        log.info("cache hit: %d rows, 0 forward passes (%s)", len(ids), cache.path)
-    else:
-        cache.write_meta()
-        if len(missing) < cache.n_shards:
-            log.info("resuming %s: %d of %d shards present, embedding %d of %d rows",
-                     cache.path, cache.n_shards - len(missing), cache.n_shards, expected, len(ids))
+        n_forward = n_images = 0
+        if not missing:
+            log.info("cache hit: %d rows, 0 forward passes (%s)", len(ids), cache.path)
         else:
-            log.info("extracting %d rows with '%s' into %s (%d shards)", len(ids), encoder.spec.name,
-                     cache.path, cache.n_shards)
-        n_forward, n_images = _run(encoder, manifest, image_root, cache, missing, batch_size,
-                                   num_workers, progress, reader)
-        cache.write_meta()
+            if cache.path.is_dir():  # drop rows a killed run listed for a shard it never wrote
+                cache.write_skipped(skipped)
+            cache.write_meta()
+            if len(missing) < cache.n_shards:
+                log.info("resuming %s: %d of %d shards present, embedding %d of %d rows",
+                         cache.path, cache.n_shards - len(missing), cache.n_shards, expected, len(ids))
+            else:
+                log.info("extracting %d rows with '%s' into %s (%d shards)", len(ids), encoder.spec.name,
+                         cache.path, cache.n_shards)
+            n_forward, n_images = _run(encoder, manifest, image_root, cache, missing, batch_size,
+                                       num_workers, progress, reader, on_bad_image, records, lock.refresh)
+        if cache.path.is_dir():
+            # re-read: another process filling the same entry may have listed rows of its shards
+            skipped = cache.read_skipped(complete_only=True)
+            cache.write_skipped(skipped)
+            cache.write_meta()  # no-op when unchanged; records shards a killed run did not record
     embeddings = cache.read(manifest)
+    skipped_ids = [str(ids[r]) for r in sorted(skipped)]
+    if skipped_ids:
+        first = skipped[min(skipped)]
+        log.warning("%s: skipped %d of %d rows whose image could not be read (on_bad_image=skip), listed in "
+                    "%s; first: row %d %s: %s", encoder.spec.name, len(skipped_ids), len(ids),
+                    cache.skipped_path, first["row"], first["path"], first["error"])
     seconds = time.perf_counter() - t0
     return FeatureSet(sample_ids=ids, embeddings=embeddings, key=cache.key, path=cache.path,
                       n_forward=n_forward, n_images_embedded=n_images, seconds=seconds,
-                      images_per_s=n_images / seconds if n_images else 0.0, fields=fields)
+                      images_per_s=n_images / seconds if n_images else 0.0, fields=fields,
+                      skipped=skipped_ids)
+
+
+@contextlib.contextmanager
+def _entry_lock(cache: FeatureCache):
+    """Hold ``<encoder folder>/<key>.lock`` while filling an entry, so a second run on the same
+    entry waits and then finds it complete (zero forward passes) instead of computing it twice."""
+    path = cache.path.parent / f"{cache.key}.lock"
+    try:
+        lock = FileLock(path, timeout=0).acquire()
+    except LockTimeout as busy:
+        log.info("waiting: %s", busy)
+        lock = FileLock(path, timeout=None).acquire()
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+def _retry_skipped(cache: FeatureCache, skipped: dict[int, dict], dataset: _RowsDataset) -> None:
+    """``on_bad_image="error"`` on an entry with skipped rows: re-read those images; raise for
+    the first one that still fails, else delete the shards holding them so they are recomputed."""
+    with _one_thread(True):
+        for row in sorted(skipped):
+            _, _, error = dataset[row]
+            if error is not None:
+                raise ImageReadError(f"{error[0]} (skipped by an earlier on_bad_image=skip run, "
+                                     f"listed in {cache.skipped_path})")
+    shards = sorted({row // cache.shard_size for row in skipped})
+    log.info("%s: the %d previously skipped images are readable now; recomputing %d shards",
+             cache.path, len(skipped), len(shards))
+    cache.drop_shards(shards)
 
 
 def _run(encoder, manifest, image_root, cache: FeatureCache, shards: list[int], batch_size: int,
-         num_workers: int, progress: bool, reader: Reader) -> tuple[int, int]:
-    records = manifest.to_dict("records")
+         num_workers: int, progress: bool, reader: Reader, on_bad_image: str,
+         records: list[dict] | None = None, heartbeat: Callable[[], None] = lambda: None
+         ) -> tuple[int, int]:
+    """Embed ``shards``; in skip mode a shard's failed rows are listed in ``skipped.csv`` before
+    the shard is written (merged with what the file lists for other shards). ``heartbeat`` is
+    called after every shard (it refreshes the entry lock)."""
+    records = records if records is not None else manifest.to_dict("records")
     batches = _batches(cache, shards, batch_size)
     dataset = _RowsDataset(records, image_root, encoder.transform, reader)
     cuda = encoder.device.type == "cuda"
-    loader = DataLoader(dataset, batch_sampler=batches, num_workers=num_workers, collate_fn=_collate,
+    loader = DataLoader(dataset, batch_sampler=batches, num_workers=num_workers, collate_fn=dataset.collate,
                         pin_memory=cuda, prefetch_factor=4 if num_workers > 0 else None,
                         persistent_workers=False)
     ids = manifest["sample_id"].astype(str).to_numpy()
+    paths = manifest["path"].astype(str).to_numpy() if "path" in manifest.columns else None
     n_total = sum(len(b) for b in batches)
     bar = None
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=n_total, unit="img", desc=f"extract {encoder.spec.name}", dynamic_ncols=True,
                    smoothing=0.1)
-    current, parts, n_forward, n_images = None, [], 0, 0
+    current, parts, bad, n_forward, n_images = None, [], {}, 0, 0
     batches_iter = iter(loader)
     try:
         while True:
@@ -223,24 +340,45 @@ def _run(encoder, manifest, image_root, cache: FeatureCache, shards: list[int], 
                 item = next(batches_iter, None)
             if item is None:
                 break
-            rows, x, error = item
-            if error is not None:
-                raise ImageReadError(error)
+            rows, x, errors = item
+            if errors and on_bad_image == "error":
+                raise ImageReadError(errors[0][2][0])
             shard = rows[0] // cache.shard_size
             if shard != current:
-                current, parts = shard, []
-            parts.append(encoder.embed(x).cpu().numpy())
-            n_forward += 1
-            n_images += len(rows)
+                current, parts, bad = shard, [], {}
+            if x is not None:
+                emb = np.array(encoder.embed(x).cpu().numpy(), dtype=np.float32)
+                n_forward += 1
+            else:
+                emb = np.empty((len(rows), cache.embed_dim), dtype=np.float32)
+            for pos, row, (_, short) in errors:
+                emb[pos] = np.nan
+                bad[row] = {"sample_id": str(ids[row]), "row": row,
+                            "path": str(paths[row]) if paths is not None else "", "error": short}
+            parts.append(emb)
+            n_images += len(rows) - len(errors)
             if bar is not None:
                 bar.update(len(rows))
             lo, hi = cache.shard_bounds(shard)
             if rows[-1] == hi - 1:
-                cache.write_shard(shard, ids[lo:hi], np.concatenate(parts))
-                parts = []
+                # listed before the shard exists, so a complete shard's NaN rows are always listed
+                on_disk = cache.read_skipped(complete_only=False)
+                listed = {r: v for r, v in on_disk.items() if not lo <= r < hi}
+                listed.update(bad)
+                if listed != on_disk:
+                    cache.write_skipped(listed)
+                cache.write_shard(shard, ids[lo:hi], np.concatenate(parts), skipped_rows=list(bad))
+                heartbeat()
+                parts, bad = [], {}
                 if bar is not None:
                     bar.set_postfix(shards=f"{cache.n_shards - len(cache.missing_shards())}/{cache.n_shards}")
     finally:
         if bar is not None:
             bar.close()
+        # Stop decode workers now, not whenever an exception's traceback lets go of the iterator
+        # (a late shutdown can stall a later DataLoader for its 5 s join timeout).
+        shutdown = getattr(batches_iter, "_shutdown_workers", None)
+        if callable(shutdown):
+            shutdown()
+        del batches_iter
     return n_forward, n_images

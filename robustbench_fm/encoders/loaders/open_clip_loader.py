@@ -17,7 +17,14 @@ from pathlib import Path
 from ..base import Encoder
 from ..registry import register_loader
 from ..spec import EncoderSpec
-from .hub import hub_call, hub_errors, hub_weights_id, offline, require_cached, trust_remote_code
+from .hub import (
+    hub_call,
+    hub_errors,
+    hub_weights_id,
+    offline,
+    require_cached,
+    trust_remote_code,
+)
 from .preprocessing import raise_preprocess_mismatch, values_close
 from .weights import file_weights_id, load_strict, pick_checkpoint, seeded
 
@@ -30,9 +37,10 @@ _OC_RESIZE = {"shortest": "shorter_center_crop", "squash": "squash"}
 
 
 def _open_clip_preprocess(config: dict, model_cfg: dict) -> dict:
+    from dataclasses import asdict
+
     from open_clip.factory import merge_preprocess_dict
     from open_clip.transform import PreprocessCfg
-    from dataclasses import asdict
     pp = merge_preprocess_dict(asdict(PreprocessCfg()), config.get("preprocess_cfg", {}))
     size = model_cfg.get("vision_cfg", {}).get("image_size")
     if size is not None:

@@ -20,9 +20,17 @@ import torch
 from ..base import Encoder
 from ..registry import register_loader
 from ..spec import EncoderSpec
-from .hub import hub_call, hub_weights_id, missing_offline_error, offline, require_cached, trust_remote_code
+from .hub import (
+    hub_call,
+    hub_weights_id,
+    missing_offline_error,
+    offline,
+    require_cached,
+    trust_remote_code,
+)
 from .pooling import pool_tokens
 from .weights import file_weights_id, load_strict, pick_checkpoint, seeded
+
 
 def _timm_repo(hub_id: str) -> str | None:
     """HF repo holding a timm model's weights (None when its weights live at a plain URL)."""

@@ -21,7 +21,15 @@ import torch
 from ..base import Encoder
 from ..registry import register_loader
 from ..spec import EncoderSpec
-from .hub import hub_call, hub_errors, hub_failure_error, hub_weights_id, offline, require_cached, trust_remote_code
+from .hub import (
+    hub_call,
+    hub_errors,
+    hub_failure_error,
+    hub_weights_id,
+    offline,
+    require_cached,
+    trust_remote_code,
+)
 from .pooling import pool_tokens
 from .preprocessing import raise_preprocess_mismatch, values_close
 from .weights import file_weights_id, seeded

@@ -1,0 +1,75 @@
+"""Two runs on the same cache entry or output folder never corrupt each other (issue:
+reliability 5): the entry lock makes the second extraction wait and then hit the cache; a second
+run aimed at a locked output folder stops at once with one line."""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from feature_fixtures import shard_bytes, tiny_encoder, write_images
+from PIL import Image
+
+from robustbench_fm import app
+from robustbench_fm.features import extract
+from robustbench_fm.locks import FileLock, LockTimeout
+
+
+def slow_reader(image_root: Path, row: dict) -> Image.Image:
+    time.sleep(0.05)
+    with Image.open(Path(image_root) / row["path"]) as im:
+        im.load()
+        return im
+
+
+def _extract_child(root: str, cache_root: str, out: str) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    manifest = pd.read_csv(Path(root) / "manifest.csv", dtype=str)
+    fs = extract(tiny_encoder(), manifest, root, cache_root, batch_size=4, shard_size=8, progress=False,
+                 reader=slow_reader)
+    Path(out).write_text(json.dumps({"embedded": fs.n_images_embedded, "forward": fs.n_forward,
+                                     "path": str(fs.path)}))
+
+
+def test_two_extractions_of_one_entry_compute_it_once(tmp_path):
+    root, cache_root = tmp_path / "data", tmp_path / "cache"
+    write_images(root, n=40).to_csv(root / "manifest.csv", index=False)
+    ctx = mp.get_context("forkserver")
+    outs = [tmp_path / f"out{i}.json" for i in range(2)]
+    procs = [ctx.Process(target=_extract_child, args=(str(root), str(cache_root), str(o))) for o in outs]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=240)
+        assert p.exitcode == 0
+    results = [json.loads(o.read_text()) for o in outs]
+    assert sorted(r["embedded"] for r in results) == [0, 40]
+    assert sorted(r["forward"] for r in results) == [0, 10]
+    entry = Path(results[0]["path"])
+    assert results[1]["path"] == str(entry)
+    assert not list(entry.parent.glob("*.lock")) and not list(entry.glob(".*tmp*"))
+    reference = extract(tiny_encoder(), pd.read_csv(root / "manifest.csv", dtype=str), root, tmp_path / "ref",
+                        batch_size=4, shard_size=8, progress=False)
+    assert shard_bytes(entry) == shard_bytes(reference.path)
+
+
+def test_a_second_run_on_a_locked_output_folder_stops_at_once(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from robustbench_fm.__main__ import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"paths.root={tmp_path}", "encoders=[planted_blur]"])
+    out = tmp_path / "run"
+    with FileLock(out / ".lock"):
+        with pytest.raises(LockTimeout, match=r"held by pid \d+@") as err:
+            app.run(cfg, out)
+    assert "\n" not in str(err.value)
+    assert not (out / "summary.parquet").exists()
+    app.run(cfg, out)  # once the first run is gone the folder is usable
+    assert (out / "summary.parquet").is_file() and not (out / ".lock").exists()
