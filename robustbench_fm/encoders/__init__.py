@@ -7,11 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import (  # noqa: F401  (register the entries)
-    catalog,
-    loaders,  # noqa: F401  (registers one loader per library)
-    synthetic,
-)
+from . import catalog, loaders, synthetic  # noqa: F401  (register the loaders and the entries)
 from .base import Encoder, build_transform, resolve_device
 from .registry import get, loader, names
 from .spec import EncoderSpec
