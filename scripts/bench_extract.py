@@ -54,10 +54,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def forward_throughput(encoder, n: int, batch_size: int, size: int) -> tuple[float, float]:
-    """Images/s of ``encoder.embed`` on random tensors, n images in batches of ``batch_size``."""
+def forward_throughput(encoder, n: int, batch_size: int) -> tuple[float, float]:
+    """Images/s of ``encoder.embed`` on random tensors of the encoder's input size, n images in
+    batches of ``batch_size``."""
+    size, channels = encoder.spec.input_size, encoder.spec.channels
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(batch_size, 3, size, size, generator=gen)
+    x = torch.randn(batch_size, channels, size, size, generator=gen)
     if encoder.device.type == "cuda":
         x = x.pin_memory()
     _sync(encoder.device)
@@ -74,10 +76,14 @@ def forward_throughput(encoder, n: int, batch_size: int, size: int) -> tuple[flo
 
 def decode_throughput(encoder, manifest: pd.DataFrame, root: Path, batch_size: int, num_workers: int) -> float:
     """Images/s of reading + transforming + collating alone (no model)."""
-    from robustbench_fm.features.extract import _one_thread, _RowsDataset, _collate, default_reader
+    from robustbench_fm.features.extract import (
+        _one_thread,
+        _RowsDataset,
+        default_reader,
+    )
 
     ds = _RowsDataset(manifest.to_dict("records"), root, encoder.transform, default_reader)
-    loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers, collate_fn=_collate,
+    loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers, collate_fn=ds.collate,
                         prefetch_factor=4 if num_workers else None)
     t0 = time.perf_counter()
     with _one_thread(num_workers == 0):  # as extract() does
@@ -90,7 +96,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="random_vit_s", help="comma-separated encoder names")
     ap.add_argument("--n", type=int, default=256, help="number of images")
-    ap.add_argument("--size", type=int, default=224, help="image side in pixels")
+    ap.add_argument("--size", type=int, default=224, help="side of the PNG files on disk (the encoder resizes)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--num-workers", default="auto",
                     help="DataLoader workers or 'auto'; a comma list (e.g. auto,1) also times the others")
@@ -121,10 +127,10 @@ def main(argv=None) -> dict:
         result["image_write_seconds"] = round(time.perf_counter() - t0, 2)
         for name in [m.strip() for m in args.models.split(",") if m.strip()]:
             encoder = encoders.load(name, device=device)
-            encoder.embed(torch.randn(args.batch_size, 3, args.size, args.size))  # warm-up
+            forward_throughput(encoder, args.batch_size, args.batch_size)  # warm-up
             _sync(device)
             # forward before and after the extraction runs, so load drift on a shared machine shows
-            fwd_before, fwd_s = forward_throughput(encoder, args.n, args.batch_size, args.size)
+            fwd_before, fwd_s = forward_throughput(encoder, args.n, args.batch_size)
             runs = {}
             for nw in workers:
                 fs = extract(encoder, manifest, tmp / "data", tmp / f"cache-{name}-w{nw}",
@@ -134,7 +140,7 @@ def main(argv=None) -> dict:
                             "extract_seconds": round(fs.seconds, 3), "n_forward_batches": fs.n_forward,
                             "decode_only_images_per_s": round(decode_throughput(
                                 encoder, manifest, tmp / "data", args.batch_size, nw), 2)}
-            fwd_after, _ = forward_throughput(encoder, args.n, args.batch_size, args.size)
+            fwd_after, _ = forward_throughput(encoder, args.n, args.batch_size)
             fwd = (fwd_before + fwd_after) / 2
             main_run = runs[workers[0]]
             entry = {"embed_dim": encoder.spec.embed_dim, "num_workers": workers[0],
