@@ -6,17 +6,7 @@ entry folder, or your own file with ``sample_id`` and ``embedding`` columns);
 ``skipped_ids(entry)`` names the rows skipped as unreadable (``on_bad_image="skip"``);
 ``verify_entry(entry, manifest)`` / ``verify_cache(root)`` re-check checksums and row counts.
 """
-from .cache import (
-                    CACHE_FORMAT,
-                    SKIPPED_NAME,
-                    FeatureCache,
-                    FeatureCacheError,
-                    cache_key,
-                    cache_key_fields,
-                    load_features,
-                    read_skipped,
-                    skipped_ids,
-)
+from .cache import SKIPPED_NAME, FeatureCache, FeatureCacheError
 from .extract import (
                     BAD_IMAGE_POLICIES,
                     FeatureSet,
@@ -24,6 +14,8 @@ from .extract import (
                     default_num_workers,
                     extract,
 )
+from .key import CACHE_FORMAT, cache_key, cache_key_fields
+from .load import load_features, read_skipped, skipped_ids
 from .verify import VerifyReport, verify_cache, verify_entry
 
 __all__ = ["BAD_IMAGE_POLICIES", "CACHE_FORMAT", "SKIPPED_NAME", "FeatureCache", "FeatureCacheError",

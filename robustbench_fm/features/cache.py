@@ -39,13 +39,10 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import importlib.metadata
-import importlib.util
 import io
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 from typing import Iterable
 
@@ -57,12 +54,10 @@ import pyarrow.parquet as pq
 from .. import manifest as mf
 from ..atomic import write_atomic
 from ..errors import UserError
+from .key import CACHE_FORMAT, _canonical, cache_key
 
 log = logging.getLogger("robustbench_fm.features")
 
-#: Bump when the on-disk layout or the meaning of a key field changes.
-#: 2: per-shard SHA-256 and row counts in meta.json; skipped rows (NaN + skipped.csv).
-CACHE_FORMAT = 2
 DEFAULT_SHARD_SIZE = 1024
 META_NAME = "meta.json"
 SKIPPED_NAME = "skipped.csv"
@@ -72,9 +67,6 @@ PARQUET_META_KEY = b"robustbench_fm.features"
 _SHARD_RE = re.compile(r"^shard-(\d{5,})\.parquet$")
 #: Temp files of :func:`robustbench_fm.atomic.write_atomic` (left behind by a killed write).
 TEMP_GLOB = ".*.tmp-*"
-#: Libraries whose version can change features (module to import, distribution name).
-_LIBRARIES = (("torch", "torch"), ("torchvision", "torchvision"), ("PIL", "pillow"),
-              ("timm", "timm"), ("open_clip", "open_clip_torch"), ("transformers", "transformers"))
 #: Parquet writer settings; fixed so that the same rows always give the same bytes.
 _WRITE_OPTIONS = dict(compression={"sample_id": "zstd", "embedding": "none"}, use_dictionary=False,
                       write_statistics=False, version="2.6", data_page_version="1.0",
@@ -86,77 +78,12 @@ class FeatureCacheError(UserError, RuntimeError):
 
 
 # --------------------------------------------------------------------------------------------
-# key
-
-
-def package_version() -> str:
-    """``robustbench_fm``'s installed version, else ``robustbench_fm.__version__``, else 0+unknown."""
-    try:
-        return importlib.metadata.version("robustbench_fm")
-    except importlib.metadata.PackageNotFoundError:
-        return str(getattr(sys.modules.get("robustbench_fm"), "__version__", "0+unknown"))
-
-
-def library_versions() -> dict[str, str]:
-    """Versions of the importable libraries that can change an encoder's features.
-
-    Read from the installed distributions' metadata, so nothing is imported here.
-    """
-    out = {}
-    for module, dist in _LIBRARIES:
-        if importlib.util.find_spec(module) is None:
-            continue
-        try:
-            out[module] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[module] = "unknown"
-    return out
-
-
-def _canonical(obj) -> dict:
-    """JSON round trip: tuples become lists, odd values strings, so fields compare after I/O."""
-    return json.loads(json.dumps(obj, sort_keys=True, default=str))
-
-
-def cache_key_fields(encoder, manifest: pd.DataFrame) -> dict:
-    """Everything that determines the cached features of ``encoder`` on ``manifest``.
-
-    Label columns are deliberately absent: the manifest enters only through
-    ``content_hash(manifest, LOCATOR_COLUMNS)``.
-    """
-    spec = encoder.spec
-    return _canonical({
-        "cache_format": CACHE_FORMAT,
-        "encoder": spec.name,
-        "library": spec.library,
-        "hub_id": spec.hub_id,
-        "revision": spec.revision,
-        "model_kwargs": spec.model_kwargs,
-        "embedding": spec.embedding,
-        "embed_dim": int(spec.embed_dim),
-        "preprocessing": spec.preprocessing(),
-        "weights_id": encoder.weights_id,
-        "precision": spec.amp_dtype if encoder.uses_amp else "fp32",
-        "manifest_hash": mf.content_hash(manifest, mf.LOCATOR_COLUMNS),
-        "n_rows": int(len(manifest)),
-        "package_version": package_version(),
-        "library_versions": library_versions(),
-    })
-
-
-def cache_key(fields: dict) -> str:
-    """First 16 hex digits of the SHA-256 of ``fields`` as canonical (sorted-key) JSON."""
-    blob = json.dumps(_canonical(fields), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+# names and file formats
 
 
 def _safe_name(name: str) -> str:
     """A folder name for an encoder name (``pathology/uni`` -> ``pathology__uni``)."""
     return re.sub(r"[^A-Za-z0-9._+-]", "_", name.replace("/", "__")) or "encoder"
-
-
-# --------------------------------------------------------------------------------------------
-# atomic I/O
 
 
 def _json_bytes(obj) -> bytes:
@@ -226,6 +153,30 @@ def parse_skipped_csv(path: str | Path, n_rows: int | None = None) -> dict[int, 
     return out
 
 
+def _embedding_matrix(column: pa.ChunkedArray, path, dim: int | None = None) -> np.ndarray:
+    """A (fixed-size) list<float> column as an (n, D) float32 array."""
+    parts = []
+    for chunk in column.chunks:
+        if pa.types.is_fixed_size_list(chunk.type):
+            d = chunk.type.list_size
+        elif pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type):
+            lengths = chunk.value_lengths().to_numpy(zero_copy_only=False)
+            if len(lengths) and (lengths != lengths[0]).any():
+                raise FeatureCacheError(f"{path}: 'embedding' rows have different lengths "
+                                        f"({lengths.min()}..{lengths.max()}); store one vector length")
+            d = int(lengths[0]) if len(lengths) else (dim or 0)
+        else:
+            raise FeatureCacheError(f"{path}: column 'embedding' has type {chunk.type}; expected a list of floats")
+        if chunk.null_count:
+            raise FeatureCacheError(f"{path}: column 'embedding' has {chunk.null_count} null rows")
+        flat = chunk.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        parts.append(flat.reshape(len(chunk), d))
+    arr = np.concatenate(parts) if parts else np.empty((0, dim or 0), np.float32)
+    if dim is not None and arr.shape[1] != dim:
+        raise FeatureCacheError(f"{path}: embeddings have {arr.shape[1]} dims, expected {dim}")
+    return arr
+
+
 # --------------------------------------------------------------------------------------------
 # the cache
 
@@ -269,11 +220,6 @@ class FeatureCache:
             raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
         self.n_rows = int(n_rows)
         self.embed_dim = int(self.fields["embed_dim"])
-
-    @classmethod
-    def for_encoder(cls, root, encoder, manifest: pd.DataFrame, shard_size: int | None = None
-                    ) -> "FeatureCache":
-        return cls(root, cache_key_fields(encoder, manifest), shard_size, len(manifest))
 
     # ---- layout -------------------------------------------------------------------------
     @property
@@ -482,12 +428,6 @@ class FeatureCache:
                     f"{self.shard_path(i)}: row {lo + j} holds sample_id {str(got[j])!r} but the manifest "
                     f"has {str(want[j])!r}; the file is corrupted or foreign, delete it and re-run extraction")
 
-    def shard_ids(self, i: int, manifest: pd.DataFrame | None = None) -> np.ndarray:
-        """The sample_ids of shard ``i``, checked against ``manifest`` when given."""
-        got = self._read_shard(i, ("sample_id",)).column("sample_id").to_numpy(zero_copy_only=False)
-        got = got.astype(str)
-        self._check_ids(i, got, None if manifest is None else _manifest_ids(manifest))
-        return got
 
     def done_ids(self, manifest: pd.DataFrame | None = None) -> set[str]:
         """The sample_ids held by the complete shards (checked against ``manifest`` when given)."""
@@ -551,127 +491,6 @@ class FeatureCache:
                                     f"{str(ids[row])!r}) holds non-finite features but is not listed in "
                                     f"{SKIPPED_NAME}; the file is corrupted, delete it and re-run extraction")
 
-    def clear_temp_files(self) -> int:
-        """Remove leftover temp files of killed runs (only call when no other run writes here)."""
-        n = 0
-        if self.path.is_dir():
-            for p in self.path.glob(TEMP_GLOB):
-                try:
-                    p.unlink()
-                    n += 1
-                except OSError:
-                    pass
-        return n
-
     def __repr__(self) -> str:
         return (f"FeatureCache({str(self.path)!r}, rows={self.n_rows}, shards="
                 f"{self.n_shards - len(self.missing_shards())}/{self.n_shards})")
-
-
-def read_skipped(entry: str | Path) -> pd.DataFrame:
-    """The skipped rows of cache entry folder ``entry`` (columns sample_id, row, path, error; sorted
-    by row), limited to its complete shards; empty when nothing was skipped."""
-    entry = Path(entry)
-    path = entry / SKIPPED_NAME
-    if not path.exists():
-        return pd.DataFrame({c: pd.Series(dtype=int if c == "row" else object) for c in SKIPPED_COLUMNS})
-    shard_size = None
-    n_rows = None
-    if (entry / META_NAME).exists():
-        try:
-            meta = json.loads((entry / META_NAME).read_text())
-            shard_size, n_rows = int(meta["shard_size"]), int(meta["n_rows"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            shard_size = n_rows = None
-    records = parse_skipped_csv(path, n_rows)
-    if shard_size:
-        have = {shard_index(p.name) for p in entry.iterdir()} - {None}
-        records = {r: v for r, v in records.items() if r // shard_size in have}
-    df = pd.DataFrame([records[r] for r in sorted(records)], columns=list(SKIPPED_COLUMNS))
-    return df.astype({"row": int})
-
-
-def skipped_ids(entry: str | Path) -> list[str]:
-    """sample_ids of the rows skipped as unreadable in cache entry folder ``entry`` (row order);
-    ``[]`` when nothing was skipped. Drop these rows from every stage and every encoder."""
-    return [str(s) for s in read_skipped(entry)["sample_id"]]
-
-
-def _embedding_matrix(column: pa.ChunkedArray, path, dim: int | None = None) -> np.ndarray:
-    """A (fixed-size) list<float> column as an (n, D) float32 array."""
-    parts = []
-    for chunk in column.chunks:
-        if pa.types.is_fixed_size_list(chunk.type):
-            d = chunk.type.list_size
-        elif pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type):
-            lengths = chunk.value_lengths().to_numpy(zero_copy_only=False)
-            if len(lengths) and (lengths != lengths[0]).any():
-                raise FeatureCacheError(f"{path}: 'embedding' rows have different lengths "
-                                        f"({lengths.min()}..{lengths.max()}); store one vector length")
-            d = int(lengths[0]) if len(lengths) else (dim or 0)
-        else:
-            raise FeatureCacheError(f"{path}: column 'embedding' has type {chunk.type}; expected a list of floats")
-        if chunk.null_count:
-            raise FeatureCacheError(f"{path}: column 'embedding' has {chunk.null_count} null rows")
-        flat = chunk.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-        parts.append(flat.reshape(len(chunk), d))
-    arr = np.concatenate(parts) if parts else np.empty((0, dim or 0), np.float32)
-    if dim is not None and arr.shape[1] != dim:
-        raise FeatureCacheError(f"{path}: embeddings have {arr.shape[1]} dims, expected {dim}")
-    return arr
-
-
-def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Read features from a parquet file, a folder of parquet files, or a cache entry folder.
-
-    The parquet needs a ``sample_id`` column and an ``embedding`` column (fixed-size or plain
-    list of floats). Returns ``(sample_ids, embeddings)`` with embeddings float32 (N, D); with
-    ``manifest`` the rows are reordered to the manifest's ``sample_id`` order, and a manifest
-    row without features is an error. Rows of a cache entry skipped as unreadable
-    (``on_bad_image="skip"``) come back as all-NaN rows; :func:`skipped_ids` names them.
-    """
-    path = Path(path_or_dir)
-    if path.is_dir():
-        files = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
-        if (path / META_NAME).exists():
-            meta = json.loads((path / META_NAME).read_text())
-            if meta.get("status") != "complete" and len(files) < meta.get("n_shards", 0):
-                raise FeatureCacheError(f"{path}: incomplete cache entry ({len(files)} of "
-                                        f"{meta.get('n_shards')} shards); run extraction again to resume")
-        if not files:
-            raise FeatureCacheError(f"{path}: no .parquet files in this folder")
-    elif path.exists():
-        files = [path]
-    else:
-        raise FeatureCacheError(f"{path}: features file not found; pass a parquet file or cache folder")
-    ids_parts, emb_parts = [], []
-    for f in files:
-        try:
-            table = pq.read_table(f, memory_map=True)
-        except Exception as exc:  # noqa: BLE001
-            raise FeatureCacheError(f"{f}: unreadable parquet ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
-        for col in ("sample_id", "embedding"):
-            if col not in table.column_names:
-                raise FeatureCacheError(f"{f}: no '{col}' column (present: {', '.join(table.column_names[:12])}); "
-                                        "features need 'sample_id' and a list-of-floats 'embedding'")
-        ids_parts.append(table.column("sample_id").to_numpy(zero_copy_only=False).astype(str))
-        emb_parts.append(_embedding_matrix(table.column("embedding"), f))
-    dims = {e.shape[1] for e in emb_parts}
-    if len(dims) > 1:
-        raise FeatureCacheError(f"{path}: files hold embeddings of different sizes {sorted(dims)}")
-    ids = np.concatenate(ids_parts)
-    emb = np.concatenate(emb_parts)
-    uniq, counts = np.unique(ids, return_counts=True)
-    if (counts > 1).any():
-        raise FeatureCacheError(f"{path}: sample_id {str(uniq[counts > 1][0])!r} appears {counts.max()} times; "
-                                "keep one feature row per sample")
-    if manifest is None:
-        return ids, emb
-    want = _manifest_ids(manifest)
-    pos = pd.Index(ids).get_indexer(want)
-    if (pos < 0).any():
-        miss = want[pos < 0]
-        raise FeatureCacheError(f"{path}: no features for {len(miss)} of {len(want)} manifest rows "
-                                f"(first: sample_id {str(miss[0])!r}); extract them or fix the sample_ids")
-    return want.copy(), emb[pos]

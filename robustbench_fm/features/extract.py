@@ -36,7 +36,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..errors import UserError
 from ..locks import FileLock, LockTimeout
-from .cache import FeatureCache, FeatureCacheError, cache_key_fields
+from .cache import FeatureCache, FeatureCacheError
+from .key import cache_key_fields
 
 log = logging.getLogger("robustbench_fm.features")
 

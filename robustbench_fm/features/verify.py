@@ -23,20 +23,18 @@ import pyarrow.parquet as pq
 
 from .. import manifest as mf
 from .cache import (
-    CACHE_FORMAT,
     META_NAME,
     PARQUET_META_KEY,
     SKIPPED_NAME,
     TEMP_GLOB,
     FeatureCacheError,
-    _canonical,
     _embedding_matrix,
     _one_line,
-    cache_key,
     file_sha256,
     parse_skipped_csv,
     shard_index,
 )
+from .key import CACHE_FORMAT, _canonical, cache_key
 
 __all__ = ["VerifyReport", "verify_cache", "verify_entry"]
 

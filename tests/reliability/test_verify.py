@@ -15,6 +15,7 @@ import pytest
 from feature_fixtures import tiny_encoder, write_images
 
 import robustbench_fm.features.cache as cache_mod
+import robustbench_fm.features.key as key_mod
 from robustbench_fm.features import (
     CACHE_FORMAT,
     FeatureCache,
@@ -164,11 +165,12 @@ def test_other_package_version_or_format_gets_a_new_entry(good, data, encoder, e
     before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in entry.iterdir()}
     old_fields = cache_key_fields(encoder, manifest)
 
-    monkeypatch.setattr(cache_mod, "package_version", lambda: "99.0.0")
+    monkeypatch.setattr(key_mod, "package_version", lambda: "99.0.0")
     newer = extract(encoder, manifest, root, cache_root, batch_size=BATCH, shard_size=SHARD, progress=False,
                     on_bad_image="skip")
     assert newer.fields["package_version"] == "99.0.0" != old_fields["package_version"]
     assert newer.key != good.key and newer.path != entry and newer.n_images_embedded == N_IMAGES - 1
+    monkeypatch.setattr(key_mod, "CACHE_FORMAT", CACHE_FORMAT + 1)
     monkeypatch.setattr(cache_mod, "CACHE_FORMAT", CACHE_FORMAT + 1)
     newest = extract(encoder, manifest, root, cache_root, batch_size=BATCH, shard_size=SHARD, progress=False,
                      on_bad_image="skip")

@@ -1,0 +1,84 @@
+"""The feature-cache key: what determines an encoder's cached features on a manifest.
+
+:func:`cache_key_fields` collects the fields and :func:`cache_key` hashes them; the layout the
+key names is described in :mod:`robustbench_fm.features.cache`.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import sys
+
+import pandas as pd
+
+from .. import manifest as mf
+
+#: Bump when the on-disk layout or the meaning of a key field changes.
+#: 2: per-shard SHA-256 and row counts in meta.json; skipped rows (NaN + skipped.csv).
+CACHE_FORMAT = 2
+#: Libraries whose version can change features (module to import, distribution name).
+_LIBRARIES = (("torch", "torch"), ("torchvision", "torchvision"), ("PIL", "pillow"),
+              ("timm", "timm"), ("open_clip", "open_clip_torch"), ("transformers", "transformers"))
+
+
+def package_version() -> str:
+    """``robustbench_fm``'s installed version, else ``robustbench_fm.__version__``, else 0+unknown."""
+    try:
+        return importlib.metadata.version("robustbench_fm")
+    except importlib.metadata.PackageNotFoundError:
+        return str(getattr(sys.modules.get("robustbench_fm"), "__version__", "0+unknown"))
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the importable libraries that can change an encoder's features.
+
+    Read from the installed distributions' metadata, so nothing is imported here.
+    """
+    out = {}
+    for module, dist in _LIBRARIES:
+        if importlib.util.find_spec(module) is None:
+            continue
+        try:
+            out[module] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[module] = "unknown"
+    return out
+
+
+def _canonical(obj) -> dict:
+    """JSON round trip: tuples become lists, odd values strings, so fields compare after I/O."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))
+
+
+def cache_key_fields(encoder, manifest: pd.DataFrame) -> dict:
+    """Everything that determines the cached features of ``encoder`` on ``manifest``.
+
+    Label columns are deliberately absent: the manifest enters only through
+    ``content_hash(manifest, LOCATOR_COLUMNS)``.
+    """
+    spec = encoder.spec
+    return _canonical({
+        "cache_format": CACHE_FORMAT,
+        "encoder": spec.name,
+        "library": spec.library,
+        "hub_id": spec.hub_id,
+        "revision": spec.revision,
+        "model_kwargs": spec.model_kwargs,
+        "embedding": spec.embedding,
+        "embed_dim": int(spec.embed_dim),
+        "preprocessing": spec.preprocessing(),
+        "weights_id": encoder.weights_id,
+        "precision": spec.amp_dtype if encoder.uses_amp else "fp32",
+        "manifest_hash": mf.content_hash(manifest, mf.LOCATOR_COLUMNS),
+        "n_rows": int(len(manifest)),
+        "package_version": package_version(),
+        "library_versions": library_versions(),
+    })
+
+
+def cache_key(fields: dict) -> str:
+    """First 16 hex digits of the SHA-256 of ``fields`` as canonical (sorted-key) JSON."""
+    blob = json.dumps(_canonical(fields), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,0 +1,111 @@
+"""Reading features back without a :class:`~robustbench_fm.features.cache.FeatureCache`.
+
+``load_features(path_or_dir, manifest)`` reads any features parquet: a cache entry folder, a
+folder of parquet files or one file of your own ("bring your own features"), with ``sample_id``
+and ``embedding`` columns. ``read_skipped(entry)`` / ``skipped_ids(entry)`` name the rows of a
+cache entry skipped as unreadable (``on_bad_image="skip"``), which come back as all-NaN rows.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from .cache import (
+    META_NAME,
+    SKIPPED_COLUMNS,
+    SKIPPED_NAME,
+    FeatureCacheError,
+    _embedding_matrix,
+    _manifest_ids,
+    parse_skipped_csv,
+    shard_index,
+)
+
+
+def read_skipped(entry: str | Path) -> pd.DataFrame:
+    """The skipped rows of cache entry folder ``entry`` (columns sample_id, row, path, error; sorted
+    by row), limited to its complete shards; empty when nothing was skipped."""
+    entry = Path(entry)
+    path = entry / SKIPPED_NAME
+    if not path.exists():
+        return pd.DataFrame({c: pd.Series(dtype=int if c == "row" else object) for c in SKIPPED_COLUMNS})
+    shard_size = None
+    n_rows = None
+    if (entry / META_NAME).exists():
+        try:
+            meta = json.loads((entry / META_NAME).read_text())
+            shard_size, n_rows = int(meta["shard_size"]), int(meta["n_rows"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            shard_size = n_rows = None
+    records = parse_skipped_csv(path, n_rows)
+    if shard_size:
+        have = {shard_index(p.name) for p in entry.iterdir()} - {None}
+        records = {r: v for r, v in records.items() if r // shard_size in have}
+    df = pd.DataFrame([records[r] for r in sorted(records)], columns=list(SKIPPED_COLUMNS))
+    return df.astype({"row": int})
+
+
+def skipped_ids(entry: str | Path) -> list[str]:
+    """sample_ids of the rows skipped as unreadable in cache entry folder ``entry`` (row order);
+    ``[]`` when nothing was skipped. Drop these rows from every stage and every encoder."""
+    return [str(s) for s in read_skipped(entry)["sample_id"]]
+
+
+def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Read features from a parquet file, a folder of parquet files, or a cache entry folder.
+
+    The parquet needs a ``sample_id`` column and an ``embedding`` column (fixed-size or plain
+    list of floats). Returns ``(sample_ids, embeddings)`` with embeddings float32 (N, D); with
+    ``manifest`` the rows are reordered to the manifest's ``sample_id`` order, and a manifest
+    row without features is an error. Rows of a cache entry skipped as unreadable
+    (``on_bad_image="skip"``) come back as all-NaN rows; :func:`skipped_ids` names them.
+    """
+    path = Path(path_or_dir)
+    if path.is_dir():
+        files = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
+        if (path / META_NAME).exists():
+            meta = json.loads((path / META_NAME).read_text())
+            if meta.get("status") != "complete" and len(files) < meta.get("n_shards", 0):
+                raise FeatureCacheError(f"{path}: incomplete cache entry ({len(files)} of "
+                                        f"{meta.get('n_shards')} shards); run extraction again to resume")
+        if not files:
+            raise FeatureCacheError(f"{path}: no .parquet files in this folder")
+    elif path.exists():
+        files = [path]
+    else:
+        raise FeatureCacheError(f"{path}: features file not found; pass a parquet file or cache folder")
+    ids_parts, emb_parts = [], []
+    for f in files:
+        try:
+            table = pq.read_table(f, memory_map=True)
+        except Exception as exc:  # noqa: BLE001
+            raise FeatureCacheError(f"{f}: unreadable parquet ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
+        for col in ("sample_id", "embedding"):
+            if col not in table.column_names:
+                raise FeatureCacheError(f"{f}: no '{col}' column (present: {', '.join(table.column_names[:12])}); "
+                                        "features need 'sample_id' and a list-of-floats 'embedding'")
+        ids_parts.append(table.column("sample_id").to_numpy(zero_copy_only=False).astype(str))
+        emb_parts.append(_embedding_matrix(table.column("embedding"), f))
+    dims = {e.shape[1] for e in emb_parts}
+    if len(dims) > 1:
+        raise FeatureCacheError(f"{path}: files hold embeddings of different sizes {sorted(dims)}")
+    ids = np.concatenate(ids_parts)
+    emb = np.concatenate(emb_parts)
+    uniq, counts = np.unique(ids, return_counts=True)
+    if (counts > 1).any():
+        raise FeatureCacheError(f"{path}: sample_id {str(uniq[counts > 1][0])!r} appears {counts.max()} times; "
+                                "keep one feature row per sample")
+    if manifest is None:
+        return ids, emb
+    want = _manifest_ids(manifest)
+    pos = pd.Index(ids).get_indexer(want)
+    if (pos < 0).any():
+        miss = want[pos < 0]
+        raise FeatureCacheError(f"{path}: no features for {len(miss)} of {len(want)} manifest rows "
+                                f"(first: sample_id {str(miss[0])!r}); extract them or fix the sample_ids")
+    return want.copy(), emb[pos]
