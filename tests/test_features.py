@@ -43,11 +43,6 @@ def data(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def encoder():
-    return tiny_encoder()
-
-
-@pytest.fixture(scope="module")
 def reference(data, encoder, tmp_path_factory):
     """An uninterrupted run (with a decode worker, to check workers change nothing)."""
     root, manifest = data

@@ -68,11 +68,6 @@ def data(tmp_path_factory):
     return clean_root, manifest, bad_root, bad_manifest
 
 
-@pytest.fixture(scope="module")
-def encoder():
-    return tiny_encoder()
-
-
 def one_bad(manifest: pd.DataFrame, row: int) -> pd.DataFrame:
     out = manifest.copy()
     out.loc[row, "path"] = BAD[row][1]

@@ -121,11 +121,6 @@ def data(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def encoder():
-    return tiny_encoder()
-
-
-@pytest.fixture(scope="module")
 def references(data, encoder, tmp_path_factory):
     """Uninterrupted runs, one per policy (with a decode worker: workers must change nothing)."""
     root, manifests = data

@@ -38,11 +38,6 @@ def data(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def encoder():
-    return tiny_encoder()
-
-
-@pytest.fixture(scope="module")
 def good(data, encoder, tmp_path_factory):
     root, manifest = data
     return extract(encoder, manifest, root, tmp_path_factory.mktemp("good"), batch_size=BATCH, shard_size=SHARD,
