@@ -140,7 +140,8 @@ def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFra
         options = OmegaConf.to_container(cfg.dataset.get("options") or {}, resolve=True)
         if cfg.dataset.get("generate") and adapter.generate is not None:
             adapter.generate(job.root, **options)
-        manifest = data.build_manifest(job.dataset, job.root, verify_images=cfg.dataset.verify_images)
+        manifest = data.build_manifest(job.dataset, job.root, verify_images=cfg.dataset.verify_images,
+                                       **options)
         log.info("dataset %s: %d rows from %s", job.dataset, len(manifest), job.root)
         entries, skipped = _extract_panel(job, cfg, manifest)
         if skipped:

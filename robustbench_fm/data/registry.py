@@ -17,7 +17,9 @@ class Adapter:
 
     ``build(root, **options)`` reads the label/metadata files under ``root`` and returns the
     canonical manifest; ``findings`` are its binary finding columns; ``generate(root, **options)``
-    (synthetic datasets only) writes the dataset's files first.
+    (synthetic datasets only) writes the dataset's files first. ``access`` says where a user
+    gets the data (and any credential or agreement it needs), ``licence`` and ``citation`` what
+    its dataset card states.
     """
 
     name: str
@@ -25,6 +27,9 @@ class Adapter:
     findings: tuple[str, ...] = ()
     description: str = ""
     generate: Callable[..., Path] | None = None
+    access: str = ""
+    licence: str = ""
+    citation: str = ""
 
 
 ADAPTERS: Registry[Adapter] = Registry("dataset")
