@@ -6,12 +6,14 @@ import pandas as pd
 
 
 def cluster_bootstrap_ratio(numer: np.ndarray, denom: np.ndarray, clusters, n_boot: int,
-                            rng: np.random.Generator, chunk: int = 100) -> np.ndarray:
+                            rng: np.random.Generator, max_draws: int = 2_000_000) -> np.ndarray:
     """Bootstrap distribution of Σnumer / Σdenom resampling whole clusters with replacement.
 
     With ``denom`` = 1 per unit this is the clustered bootstrap of a mean (e.g. the discordance
     rate over queries, clustered by patient, candor.md "Reporting"). Each resample draws as many
-    clusters as there are, uniformly with replacement; returns ``n_boot`` values.
+    clusters as there are, uniformly with replacement (``rng.integers``), and sums their
+    per-cluster totals; resamples are drawn in chunks of at most ``max_draws`` cluster draws.
+    Returns ``n_boot`` values.
     """
     codes, _ = pd.factorize(pd.Series(clusters), sort=True)
     n_clusters = int(codes.max()) + 1 if len(codes) else 0
@@ -20,11 +22,11 @@ def cluster_bootstrap_ratio(numer: np.ndarray, denom: np.ndarray, clusters, n_bo
     num = np.bincount(codes, weights=np.asarray(numer, float), minlength=n_clusters)
     den = np.bincount(codes, weights=np.asarray(denom, float), minlength=n_clusters)
     out = np.empty(n_boot)
-    p = np.full(n_clusters, 1.0 / n_clusters)
+    chunk = max(1, max_draws // n_clusters)
     for start in range(0, n_boot, chunk):
-        counts = rng.multinomial(n_clusters, p, size=min(chunk, n_boot - start)).astype(float)
+        draws = rng.integers(0, n_clusters, size=(min(chunk, n_boot - start), n_clusters), dtype=np.int32)
         with np.errstate(invalid="ignore", divide="ignore"):
-            out[start:start + len(counts)] = (counts @ num) / (counts @ den)
+            out[start:start + len(draws)] = num[draws].sum(axis=1) / den[draws].sum(axis=1)
     return out
 
 

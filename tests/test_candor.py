@@ -145,3 +145,22 @@ def test_seed_determinism_and_feature_validation():
         robustbench_fm.evaluate("candor", bad, man, finding="finding")
     with pytest.raises(ValueError, match="no column 'pneumothorax'"):
         robustbench_fm.evaluate("candor", feats, man, finding="pneumothorax")
+
+
+def test_findings_scored_together_equal_findings_scored_alone():
+    """One shared shortlist per group gives exactly the per-finding results (tiny shortlist:
+    most answers come from the exact fallback; large: from the shortlist)."""
+    rng = np.random.default_rng(11)
+    n = 600
+    feats = rng.normal(size=(n, 12))
+    man = make_manifest(rng.random(n) < 0.3, np.where(rng.random(n) < 0.5, "a", "b"))
+    man["other"] = np.where(rng.random(n) < 0.1, np.nan, (rng.random(n) < 0.05) * 1.0)
+    params = dict(k=3, bank_size=100, max_group_sample=300, n_boot=30)
+    alone = [robustbench_fm.evaluate("candor", feats, man, finding=f, **params) for f in ("finding", "other")]
+    for size in (2, 256):
+        both = robustbench_fm.evaluate("candor", feats, man, finding=["finding", "other"], shortlist=size,
+                                       **params)
+        pd.testing.assert_frame_equal(both.summary, pd.concat([a.summary for a in alone], ignore_index=True),
+                                      check_exact=False, atol=1e-9)
+        pd.testing.assert_frame_equal(both.per_sample, pd.concat([a.per_sample for a in alone], ignore_index=True),
+                                      check_exact=False, atol=1e-6)
