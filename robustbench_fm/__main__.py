@@ -1,7 +1,10 @@
 """Command line: ``python -m robustbench_fm [hydra overrides]`` runs a job (default
 ``experiment=demo``); ``python -m robustbench_fm list [encoders|datasets|stages|experiments]``
 lists what is registered; ``python -m robustbench_fm verify <cache entry or root> [manifest]``
-re-checks feature-cache shards against their checksums, row counts and the manifest."""
+re-checks feature-cache shards against their checksums, row counts and the manifest;
+``python -m robustbench_fm doctor [encoder ...]`` reports whether each encoder can run offline;
+``python -m robustbench_fm collect <sweep dir>`` merges a multirun's results (run automatically
+when a multirun ends)."""
 from __future__ import annotations
 
 import logging
@@ -17,7 +20,7 @@ def listing(what: str | None = None) -> str:
 
     sections = {
         "encoders": [f"{n:16s} {encoders.get(n).library:12s} {encoders.get(n).hub_id}" for n in encoders.names()],
-        "datasets": [f"{n:16s} {data.get(n).description}" for n in data.names()],
+        "datasets": [f"{n:18s} {data.get(n).access or data.get(n).description}" for n in data.names()],
         "stages": stages.names(),
         "experiments": sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml")),
     }
@@ -46,10 +49,31 @@ def verify(path: str, manifest: str | None = None) -> int:
     return 0 if all(r.ok for r in reports) else 1
 
 
+def collect(sweep_dir: str) -> int:
+    """Merge a sweep's results (``combined.parquet``); 2 with a one-line error when incomplete."""
+    from .errors import UserError
+    from .sweeps import collect as collect_sweep
+
+    try:
+        collect_sweep(sweep_dir)
+    except (UserError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "list":
         print(listing(sys.argv[2] if len(sys.argv) > 2 else None))
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "doctor":
+        from .doctor import report
+        print(report(sys.argv[2:]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "collect":
+        if len(sys.argv) != 3:
+            raise SystemExit("usage: python -m robustbench_fm collect <multirun sweep folder>")
+        sys.exit(collect(sys.argv[2]))
     if len(sys.argv) > 1 and sys.argv[1] == "verify":
         if len(sys.argv) not in (3, 4):
             raise SystemExit("usage: python -m robustbench_fm verify <cache entry or cache root> [manifest]")
@@ -57,6 +81,10 @@ def main() -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig
+
+    from .sweeps import register_resolvers
+
+    register_resolvers()
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _job(cfg: DictConfig) -> None:

@@ -30,7 +30,8 @@ def evaluate(stage: str, features, manifest, **params) -> Results:
     ``features``: an (N, D) array/tensor in manifest order, or the path of a feature parquet
     (a cache shard, a cache folder, or any parquet with ``sample_id`` + ``embedding``), then
     aligned to the manifest by ``sample_id``. ``manifest``: a DataFrame or a CSV/parquet path.
-    ``params`` are the stage's parameters (see the stage module's docstring).
+    ``params`` are the stage's parameters (see the stage module's docstring). An in-memory
+    float64 matrix is passed on as float64, anything else as float32.
     """
     from . import stages
 
@@ -45,7 +46,9 @@ def evaluate(stage: str, features, manifest, **params) -> Results:
         ids, emb = load_features(features)
         features = align_features(ids, emb, manifest, str(features))
     else:
-        features = np.asarray(features.cpu() if hasattr(features, "cpu") else features, dtype=np.float32)
+        features = np.asarray(features.cpu() if hasattr(features, "cpu") else features)
+        # float64 stays float64 (CRoMa computes distances in the input precision); all else float32
+        features = features.astype(np.float64 if features.dtype == np.float64 else np.float32, copy=False)
         if features.ndim != 2 or features.shape[0] != len(manifest):
             raise ValueError(f"features: shape {features.shape} does not match the manifest's "
                              f"{len(manifest)} rows; pass an (N, D) matrix aligned with the manifest")

@@ -4,6 +4,7 @@ Kept apart from ``__main__`` so tests can compose a config and call :func:`plan`
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ USER_ERRORS = (UserError, KeyError, ValueError, FileNotFoundError, PermissionErr
 CONSOLE_COLUMNS = {
     "candor": ["encoder", "finding", "acq_group", "n_queries", "bank_size", "d", "d_sd", "d_ci_low",
                "d_ci_high", "d_all", "margin_auroc"],
+    "croma": ["encoder", "dataset", "finding", "bio_knn_bacc", "conf_knn_bacc", "ri", "mari", "croma", "f0",
+              "ltm", "support", "k"],
+    "shortcut": ["encoder", "benchmark", "test_set", "apd", "nipd", "acc_balanced", "acc_confounded"],
 }
 
 
@@ -64,6 +68,10 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None) -> Plan:
     if not root.is_dir() and not (cfg.dataset.get("generate") and data.get(cfg.dataset.name).generate):
         raise FileNotFoundError(f"dataset '{cfg.dataset.name}': root '{root}' does not exist; "
                                 "set dataset.root=<folder holding the dataset>")
+    shards, shard = int(cfg.extract.get("num_shards", 1)), int(cfg.extract.get("shard", 0))
+    if shards < 1 or not 0 <= shard < shards:
+        raise ValueError(f"extract.shard={shard} must be in [0, extract.num_shards={shards}); "
+                         "sweep one job per part with extract.shard=range(N)")
     names = panel(cfg, cli_overrides)
     for name in names:
         encoders.get(name)
@@ -72,37 +80,84 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None) -> Plan:
 
 def _stage_results(stage: str, features, manifest: pd.DataFrame, cfg: DictConfig, out: Path,
                    encoder: str, dataset: str) -> list[pd.DataFrame]:
+    """Run ``stage`` for every finding and save ``results/<encoder>/<dataset>/<stage>/<finding>/``.
+
+    A stage whose module sets ``MULTI_FINDING`` gets all findings in one call (CANDOR shares one
+    similarity pass per matched group across them); its results are saved per finding alike.
+    """
+    from . import stages
     from .api import evaluate
+    from .results import Results
 
     params = OmegaConf.to_container(cfg.stage.params, resolve=True)
+    findings = [str(f) for f in cfg.stage.findings]
+    if getattr(stages.get(stage), "MULTI_FINDING", False):
+        res = evaluate(stage, features, manifest, finding=findings, **params)
+        parts = [(f, Results(summary=res.summary[res.summary["finding"] == f].reset_index(drop=True),
+                             per_sample=None if res.per_sample is None else
+                             res.per_sample[res.per_sample["finding"] == f].reset_index(drop=True),
+                             params={**res.params, "finding": f})) for f in findings]
+    else:
+        parts = [(f, evaluate(stage, features, manifest, finding=f, **params)) for f in findings]
     summaries = []
-    for finding in cfg.stage.findings:
-        res = evaluate(stage, features, manifest, finding=finding, **params)
+    for finding, res in parts:
         res.summary.insert(0, "encoder", encoder)
         res.summary.insert(1, "dataset", dataset)
-        res.save(out / "results" / encoder / dataset / stage / str(finding))
+        res.save(out / "results" / encoder / dataset / stage / finding)
         summaries.append(res.summary)
     return summaries
 
 
+def load_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
+    """The dataset's canonical manifest (generated first for synthetic datasets), or the one in
+    ``manifest_file`` (paths relative to ``dataset.root``); counts that differ from the dataset
+    card's expected ones are logged as warnings."""
+    from . import data
+    from .data import cards
+
+    if cfg.get("manifest_file"):  # e.g. the manifest scripts/prepare_dataset.py wrote beside its images
+        manifest = mf.read(cfg.manifest_file, findings=job.findings)
+        log.info("dataset %s: %d rows from %s, images under %s", job.dataset, len(manifest), cfg.manifest_file,
+                 job.root)
+        return manifest
+    adapter = data.get(job.dataset)
+    options = OmegaConf.to_container(cfg.dataset.get("options") or {}, resolve=True)
+    if cfg.dataset.get("generate") and adapter.generate is not None:
+        from .locks import FileLock
+
+        # parallel sweep jobs share the generated folder: one writes it, the others wait
+        with FileLock(job.root.parent / f".{job.root.name}.generate.lock", timeout=None):
+            adapter.generate(job.root, **options)
+    manifest = data.build_manifest(job.dataset, job.root, verify_images=cfg.dataset.verify_images, **options)
+    log.info("dataset %s: %d rows from %s", job.dataset, len(manifest), job.root)
+    card = cfg.dataset.get("card")
+    if card:
+        for warning in cards.check(manifest, OmegaConf.to_container(card, resolve=True), job.dataset):
+            log.warning(warning)
+    return manifest
+
+
 def _extract_panel(job: Plan, cfg: DictConfig, manifest: pd.DataFrame) -> tuple[list, list[str]]:
-    """Fill the feature cache for every encoder; returns (encoder, cache entry) pairs and the
-    sample_ids any encoder had to skip (unreadable images under ``on_bad_image=skip``)."""
+    """Fill the feature cache for every encoder (only part ``extract.shard`` of
+    ``extract.num_shards`` when sharded); returns (encoder, cache entry, missing shards) triples
+    and the sample_ids any encoder had to skip (unreadable images under ``on_bad_image=skip``)."""
     from . import encoders
     from .features import extract
 
     entries, skipped = [], set()
+    images = manifest.drop_duplicates("sample_id")  # paired designs list an image once per subset
     for name in job.encoders:
         enc_cfg = cfg.encoder if name == cfg.encoder.name else {}
         encoder = encoders.load(name, weights=enc_cfg.get("weights"), device=cfg.device,
                                 allow_remote_code=cfg.security.allow_remote_code)
-        feats = extract(encoder, manifest, job.root, cfg.paths.cache_dir,
+        feats = extract(encoder, images, job.root, cfg.paths.cache_dir,
                         batch_size=enc_cfg.get("batch_size") or cfg.extract.batch_size,
                         num_workers=cfg.extract.num_workers, shard_size=cfg.extract.shard_size,
-                        on_bad_image=cfg.extract.on_bad_image)
+                        on_bad_image=cfg.extract.on_bad_image, num_shards=cfg.extract.num_shards,
+                        shard=cfg.extract.shard, read=False)
         log.info("%s: %d images embedded, %d forward passes, %.1f images/s, cache %s", name,
                  feats.n_images_embedded, feats.n_forward, feats.images_per_s, feats.path)
-        entries.append((name, feats.path))
+        entries.append((name, feats.path, feats.missing_shards))
         skipped.update(feats.skipped)
         del encoder, feats
     return entries, sorted(skipped)
@@ -113,12 +168,45 @@ def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None) 
 
     The output folder is locked for the run (a second run aimed at it fails at once). Rows that
     any encoder skipped are dropped for every encoder, so comparisons stay paired.
+    ``status.json`` says ``running``, then ``done`` or ``failed`` with the error (the collect step
+    of a sweep lists the jobs that did not finish).
     """
     from .locks import FileLock
 
     job = plan(cfg, cli_overrides)
     with FileLock(out_dir / ".lock", timeout=0):
-        return _run(job, cfg, out_dir, cli_overrides)
+        _status(out_dir, "running")
+        try:
+            summary = _run(job, cfg, out_dir, cli_overrides)
+        except BaseException as exc:
+            _status(out_dir, "failed", f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+            raise
+        _status(out_dir, "done")
+        return summary
+
+
+def _status(out_dir: Path, status: str, error: str = "") -> None:
+    write_text_atomic(out_dir / "status.json", json.dumps({"status": status, "error": error}) + "\n")
+
+
+def run_stage_on_entries(job: Plan, cfg: DictConfig, manifest: pd.DataFrame, entries, skipped: list[str],
+                         out_dir: Path) -> list[pd.DataFrame]:
+    """Run the stage on complete cache entries ``[(encoder, entry folder), ...]`` of one manifest,
+    after dropping for every encoder the rows any encoder skipped (listed in ``skipped.csv``)."""
+    from .api import align_features
+    from .features import load_features
+
+    if skipped:
+        log.warning("%d unreadable images skipped for every encoder (listed in %s)", len(skipped),
+                    out_dir / "skipped.csv")
+        write_text_atomic(out_dir / "skipped.csv", pd.DataFrame({"sample_id": skipped}).to_csv(index=False))
+        manifest = manifest[~manifest["sample_id"].isin(skipped)].reset_index(drop=True)
+    summaries = []
+    for name, entry in entries:
+        ids, emb = load_features(entry)
+        features = align_features(ids, emb, manifest, str(entry))
+        summaries += _stage_results(job.stage, features, manifest, cfg, out_dir, name, job.dataset)
+    return summaries
 
 
 def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFrame:
@@ -126,34 +214,16 @@ def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFra
     if cli_overrides:
         write_text_atomic(out_dir / "overrides.yaml", redacted_yaml(OmegaConf.create(cli_overrides)))
     started = time.perf_counter()
-    summaries = []
     if job.features_file is not None:
         manifest = mf.read(cfg.manifest_file, findings=job.findings)
-        summaries += _stage_results(job.stage, str(job.features_file), manifest, cfg, out_dir,
-                                    encoder=job.features_file.stem, dataset=Path(cfg.manifest_file).stem)
+        summaries = _stage_results(job.stage, str(job.features_file), manifest, cfg, out_dir,
+                                   encoder=job.features_file.stem, dataset=Path(cfg.manifest_file).stem)
     else:
-        from . import data
-        from .api import align_features
-        from .features import load_features
-
-        adapter = data.get(job.dataset)
-        options = OmegaConf.to_container(cfg.dataset.get("options") or {}, resolve=True)
-        if cfg.dataset.get("generate") and adapter.generate is not None:
-            adapter.generate(job.root, **options)
-        manifest = data.build_manifest(job.dataset, job.root, verify_images=cfg.dataset.verify_images,
-                                       **options)
-        log.info("dataset %s: %d rows from %s", job.dataset, len(manifest), job.root)
+        manifest = load_manifest(job, cfg)
         entries, skipped = _extract_panel(job, cfg, manifest)
-        if skipped:
-            log.warning("%d unreadable images skipped for every encoder (listed in %s)", len(skipped),
-                        out_dir / "skipped.csv")
-            write_text_atomic(out_dir / "skipped.csv",
-                              pd.DataFrame({"sample_id": skipped}).to_csv(index=False))
-            manifest = manifest[~manifest["sample_id"].isin(skipped)].reset_index(drop=True)
-        for name, entry in entries:
-            ids, emb = load_features(entry)
-            features = align_features(ids, emb, manifest, str(entry))
-            summaries += _stage_results(job.stage, features, manifest, cfg, out_dir, name, job.dataset)
+        if cfg.extract.num_shards > 1:
+            return _record_part(job, cfg, entries, out_dir)
+        summaries = run_stage_on_entries(job, cfg, manifest, [(n, e) for n, e, _ in entries], skipped, out_dir)
     summary = pd.concat(summaries, ignore_index=True)
     write_atomic(out_dir / "summary.parquet", lambda f: summary.to_parquet(f, index=False))
     shown = summary[[c for c in CONSOLE_COLUMNS.get(job.stage, summary.columns) if c in summary.columns]]
@@ -162,3 +232,16 @@ def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFra
     print(f"\n{job.stage} on {job.dataset or job.features_file} "
           f"({time.perf_counter() - started:.1f} s) -> {out_dir}\n\n{table}")
     return summary
+
+
+def _record_part(job: Plan, cfg: DictConfig, entries, out_dir: Path) -> pd.DataFrame:
+    """A sharded-extraction job stops after its part: ``extracted.json`` names the cache
+    entries; the sweep's collect step runs the stage once every part is in."""
+    record = {"dataset": job.dataset, "stage": job.stage, "part": cfg.extract.shard,
+              "num_parts": cfg.extract.num_shards,
+              "entries": [{"encoder": n, "entry": str(e), "missing_shards": m} for n, e, m in entries]}
+    write_text_atomic(out_dir / "extracted.json", json.dumps(record, indent=1) + "\n")
+    for name, entry, missing in entries:
+        print(f"{name}: part {cfg.extract.shard} of {cfg.extract.num_shards} extracted into {entry}; "
+              + (f"{len(missing)} shards still missing (other parts)" if missing else "entry complete"))
+    return pd.DataFrame()

@@ -44,13 +44,18 @@ def _first_bad(mask: pd.Series):
 
 
 def validate(df: pd.DataFrame, source: str = "<manifest>", findings: tuple[str, ...] | list[str] = (),
-             required: tuple[str, ...] = ("sample_id",), unique: tuple[str, ...] = ("sample_id",)
+             required: tuple[str, ...] = ("sample_id",), unique: tuple[str, ...] | None = None
              ) -> pd.DataFrame:
     """Check ``df`` against the canonical schema and return it with canonical dtypes.
 
     ``findings`` names binary finding columns that must hold only 0, 1 or NaN. ``unique`` names
-    the column set that identifies a row (``("sample_id", "subset")`` for paired designs).
+    the column set that identifies a row; by default ``("sample_id", "subset")`` when the
+    manifest has a ``subset`` column (paired designs list an image once per subset), else
+    ``("sample_id",)``.
     """
+    if unique is None:
+        unique = ("sample_id", "subset") if isinstance(df, pd.DataFrame) and "subset" in df.columns \
+            else ("sample_id",)
     if not isinstance(df, pd.DataFrame):
         raise ManifestError(f"{source}: expected a pandas DataFrame, got {type(df).__name__}; "
                             "pass the manifest table itself")
@@ -73,7 +78,9 @@ def validate(df: pd.DataFrame, source: str = "<manifest>", findings: tuple[str, 
         _fail(source, "/".join(unique), i, f"duplicate key ({key})",
               "make each row's key unique (one row per image)")
     if "path" in out.columns:
-        bad = out["path"].map(lambda p: Path(p).is_absolute() or ".." in Path(p).parts)
+        paths = out["path"].astype(str)
+        bad = paths.str.startswith(("/", "\\")) | paths.str.match(r"^[A-Za-z]:") \
+            | paths.str.contains(r"(?:^|[/\\])\.\.(?:[/\\]|$)")
         if bad.any():
             _fail(source, "path", _first_bad(bad), f"'{out.at[_first_bad(bad), 'path']}' leaves the dataset root",
                   "store paths relative to the dataset root, without '..'")

@@ -9,6 +9,11 @@ no model) is measured too, to show whether decoding could be the bottleneck.
 
     python scripts/bench_extract.py --models random_vit_s,random_vit_l --n 256 \
         --out outputs/bench/extract.json
+    python scripts/bench_extract.py --models '' --rss 2000,20000 --rss-model planted_blur   # flat memory
+
+``--rss`` runs the whole extraction (PNG files -> batches -> parquet shards) over each number of
+images in a fresh process and reports its peak resident memory: it must not grow with the
+number of images (target: 20,000 within 10% of 2,000).
 
 ``--num-workers auto`` (default) uses ``robustbench_fm.features.default_num_workers``: one
 decode worker on CPU (it prepares the next batch while the model's threads run this one;
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import sys
@@ -35,18 +41,64 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 
-def write_images(root: Path, n: int, size: int, seed: int = 0) -> pd.DataFrame:
-    """Smooth random images (low-res noise upsampled, plus mild grain): photo-like PNG sizes."""
-    rng = np.random.default_rng(seed)
-    (root / "img").mkdir(parents=True, exist_ok=True)
-    rows = []
-    for i in range(n):
+def _write_range(args) -> None:
+    root, start, stop, size, seed = args
+    for i in range(start, stop):
+        rng = np.random.default_rng([seed, i])
         low = Image.fromarray(rng.integers(0, 256, (size // 16, size // 16, 3), dtype=np.uint8))
         arr = np.asarray(low.resize((size, size), Image.BICUBIC), dtype=np.int16)
         arr = np.clip(arr + rng.integers(-8, 9, arr.shape), 0, 255).astype(np.uint8)
-        Image.fromarray(arr).save(root / "img" / f"{i:05d}.png")
-        rows.append({"sample_id": f"b{i:05d}", "path": f"img/{i:05d}.png"})
-    return pd.DataFrame(rows)
+        Image.fromarray(arr).save(root / "img" / f"{i:06d}.png")
+
+
+def write_images(root: Path, n: int, size: int, seed: int = 0) -> pd.DataFrame:
+    """Smooth random images (low-res noise upsampled, plus mild grain): photo-like PNG sizes,
+    written by one process per core."""
+    (root / "img").mkdir(parents=True, exist_ok=True)
+    procs = max(1, min(os.cpu_count() or 1, n // 256))
+    bounds = np.linspace(0, n, procs + 1).astype(int)
+    jobs = [(root, int(a), int(b), size, seed) for a, b in zip(bounds[:-1], bounds[1:])]
+    if procs == 1:
+        _write_range(jobs[0])
+    else:
+        with multiprocessing.get_context("spawn").Pool(procs) as pool:
+            pool.map(_write_range, jobs)
+    return pd.DataFrame({"sample_id": [f"b{i:06d}" for i in range(n)],
+                         "path": [f"img/{i:06d}.png" for i in range(n)]})
+
+
+def _rss_child(model: str, root: str, n: int, device: str, batch_size: int, out: str) -> None:
+    """Extract the first n images in a fresh process and record its peak resident memory."""
+    import resource
+
+    from robustbench_fm import encoders
+    from robustbench_fm.features import extract
+
+    manifest = pd.DataFrame({"sample_id": [f"b{i:06d}" for i in range(n)],
+                             "path": [f"img/{i:06d}.png" for i in range(n)]})
+    encoder = encoders.load(model, device=device)
+    fs = extract(encoder, manifest, root, Path(out).parent / f"cache-rss-{n}", batch_size=batch_size,
+                 num_workers="auto", progress=False, read=False)
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    Path(out).write_text(json.dumps({"n": n, "peak_rss_mib": round(peak_kib / 1024, 1),
+                                     "images_per_s": round(fs.images_per_s, 1)}))
+
+
+def peak_rss(model: str, counts: list[int], size: int, device: str, batch_size: int, tmp: Path) -> dict:
+    """Peak RSS of extraction runs over ``counts`` images (each in its own process, cold cache)."""
+    write_images(tmp / "rss", max(counts), size, seed=1)
+    ctx = multiprocessing.get_context("spawn")
+    runs = []
+    for n in counts:
+        out = tmp / f"rss-{n}.json"
+        proc = ctx.Process(target=_rss_child, args=(model, str(tmp / "rss"), n, device, batch_size, str(out)))
+        proc.start()
+        proc.join()
+        if proc.exitcode != 0:
+            raise RuntimeError(f"RSS run over {n} images failed (exit {proc.exitcode})")
+        runs.append(json.loads(out.read_text()))
+    return {"model": model, "runs": runs,
+            "ratio_largest_over_smallest": round(runs[-1]["peak_rss_mib"] / runs[0]["peak_rss_mib"], 3)}
 
 
 def _sync(device: torch.device) -> None:
@@ -102,6 +154,9 @@ def main(argv=None) -> dict:
                     help="DataLoader workers or 'auto'; a comma list (e.g. auto,1) also times the others")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--rss", default="", help="comma list of image counts (e.g. 2000,20000): peak RSS of "
+                    "extraction runs over that many images, each in a fresh process")
+    ap.add_argument("--rss-model", default="random_vit_s", help="encoder of the --rss runs")
     ap.add_argument("--out", default="outputs/bench/extract.json")
     args = ap.parse_args(argv)
 
@@ -159,9 +214,14 @@ def main(argv=None) -> dict:
                       f"{r['extract_images_per_s'] / fwd:.3f}, decode-only {r['decode_only_images_per_s']:.1f} img/s",
                       flush=True)
             del encoder
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+        if args.rss:
+            counts = sorted(int(c) for c in args.rss.split(","))
+            result["peak_rss"] = peak_rss(args.rss_model, counts, args.size, str(device), args.batch_size, tmp)
+            print(f"peak RSS {args.rss_model}: " + ", ".join(f"{r['n']} images {r['peak_rss_mib']} MiB"
+                                                             for r in result["peak_rss"]["runs"]), flush=True)
+        out = Path(args.out)  # written before the temp folder (thousands of files) is deleted
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return result
 

@@ -53,7 +53,11 @@ def build_manifest(name: str, root: str | Path, verify_images: bool = True, **op
                                 f"set dataset.root to the folder holding the dataset")
     df = mf.validate(adapter.build(root, **options), source=f"{name}@{root}", findings=adapter.findings)
     if verify_images and "path" in df.columns:
-        exists = df["path"].map(lambda p: (root / p).is_file())
+        from .images import locator_file
+
+        files = pd.Series(pd.unique(df["path"].map(locator_file)))
+        found = set(files[files.map(lambda p: (root / p).is_file())])
+        exists = df["path"].map(locator_file).isin(found)
         if not exists.all():
             first = df["path"][~exists].iloc[0]
             raise FileNotFoundError(f"dataset '{name}': {int((~exists).sum())} of {len(df)} images missing "

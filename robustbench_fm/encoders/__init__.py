@@ -1,4 +1,5 @@
-"""Encoder registry: ``names()``, ``get(name)`` and ``load(name, weights=None, device="auto")``.
+"""Encoder registry: ``names()``, ``get(name)``, ``load(name, weights=None, device="auto")`` for
+image encoders and ``load_slide(name, ...)`` for slide-level aggregators of tile embeddings.
 
 Nothing is downloaded at import time; hub ids are resolved only inside :func:`load`, which
 honours a local weights file or folder and ``HF_HUB_OFFLINE``.
@@ -7,12 +8,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import catalog, loaders, synthetic  # noqa: F401  (register the loaders and the entries)
+from . import catalog, loaders, slide, synthetic  # noqa: F401  (register the loaders and the entries)
 from .base import Encoder, build_transform, resolve_device
 from .registry import get, loader, names
+from .slide import SlideEncoder
 from .spec import EncoderSpec
 
-__all__ = ["Encoder", "EncoderSpec", "build_transform", "get", "load", "names", "resolve_device"]
+__all__ = ["Encoder", "EncoderSpec", "SlideEncoder", "build_transform", "get", "load", "load_slide", "names",
+           "resolve_device"]
+
+
+def _check(spec: EncoderSpec, weights, allow_remote_code: bool) -> None:
+    if spec.trust_remote_code and not allow_remote_code:
+        raise PermissionError(f"encoder '{spec.name}' needs trust_remote_code and "
+                              "security.allow_remote_code is false; enable it or pick another encoder")
+    if weights is not None and not Path(weights).exists():
+        raise FileNotFoundError(f"encoder '{spec.name}': weights '{weights}' not found; "
+                                "point encoder.weights at a local checkpoint file or folder")
 
 
 def load(name: str | EncoderSpec, weights: str | Path | None = None, device="auto",
@@ -23,10 +35,19 @@ def load(name: str | EncoderSpec, weights: str | Path | None = None, device="aut
     ``allow_remote_code=False`` refuses entries whose spec sets ``trust_remote_code``.
     """
     spec = name if isinstance(name, EncoderSpec) else get(name)
-    if spec.trust_remote_code and not allow_remote_code:
-        raise PermissionError(f"encoder '{spec.name}' needs trust_remote_code and "
-                              "security.allow_remote_code is false; enable it or pick another encoder")
-    if weights is not None and not Path(weights).exists():
-        raise FileNotFoundError(f"encoder '{spec.name}': weights '{weights}' not found; "
-                                "point encoder.weights at a local checkpoint file or folder")
+    if spec.is_slide:
+        raise ValueError(f"encoder '{spec.name}' aggregates '{spec.tile_encoder}' tile embeddings into a slide "
+                         f"embedding; embed the tiles with encoder={spec.tile_encoder} and use "
+                         f"robustbench_fm.encoders.load_slide('{spec.name}')")
+    _check(spec, weights, allow_remote_code)
+    return loader(spec.library)(spec, weights, resolve_device(device), allow_remote_code)
+
+
+def load_slide(name: str | EncoderSpec, weights: str | Path | None = None, device="auto",
+               allow_remote_code: bool = True) -> SlideEncoder:
+    """Build the slide-level aggregator ``name``: ``.embed_slide(tiles [N, D_tile], coords [N, 2])``."""
+    spec = name if isinstance(name, EncoderSpec) else get(name)
+    if not spec.is_slide:
+        raise ValueError(f"encoder '{spec.name}' embeds images; use robustbench_fm.encoders.load('{spec.name}')")
+    _check(spec, weights, allow_remote_code)
     return loader(spec.library)(spec, weights, resolve_device(device), allow_remote_code)

@@ -13,17 +13,52 @@ from ..devices import resolve_device  # noqa: F401  (re-exported)
 from .spec import EncoderSpec
 
 
+class _LongestSidePad(torch.nn.Module):
+    """Scale a [C, H, W] tensor so its longer side is ``size``, then zero-pad right and bottom to
+    ``size`` x ``size`` (FLAIR's 512 px canvas)."""
+
+    def __init__(self, size: int, interp):
+        super().__init__()
+        self.size, self.interp = size, interp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, w = x.shape[-2:]
+        scale = self.size / max(h, w)
+        x = T.functional.resize(x, [max(1, round(h * scale)), max(1, round(w * scale))],
+                                interpolation=self.interp, antialias=True)
+        return torch.nn.functional.pad(x, (0, self.size - x.shape[-1], 0, self.size - x.shape[-2]))
+
+
+class _ToMode(torch.nn.Module):
+    """PIL image -> the same image in ``mode`` ('L' or 'RGB')."""
+
+    def __init__(self, mode: str):
+        super().__init__()
+        self.mode = mode
+
+    def forward(self, im: Image.Image) -> Image.Image:
+        return im.convert(self.mode)
+
+
 def build_transform(spec: EncoderSpec) -> Callable[[Image.Image], torch.Tensor]:
-    """PIL image -> normalised float tensor [C, H, W], exactly as the spec's weights expect."""
+    """PIL image -> normalised float tensor [C, H, W], exactly as the spec's weights expect.
+
+    Built from picklable modules only, so decode workers started with ``spawn`` (macOS, or a
+    process that was itself spawned) can receive it."""
+    if spec.resize == "none":
+        raise ValueError(f"encoder '{spec.name}' takes tile embeddings, not images; embed the tiles "
+                         f"with encoder={spec.tile_encoder} first")
     interp = T.InterpolationMode(spec.interpolation)
     if spec.resize == "squash":
         geometry = [T.Resize((spec.input_size, spec.input_size), interpolation=interp, antialias=True)]
+    elif spec.resize == "longest_pad":
+        geometry = [_LongestSidePad(spec.input_size, interp)]
     else:
         geometry = [T.Resize(spec.resize_size or spec.input_size, interpolation=interp, antialias=True),
                     T.CenterCrop(spec.input_size)]
     mode = "L" if spec.channels == 1 else "RGB"
     return T.Compose([
-        T.Lambda(lambda im: im.convert(mode)),
+        _ToMode(mode),
         T.PILToTensor(),
         *geometry,
         T.ToDtype(torch.float32, scale=True),

@@ -1,5 +1,10 @@
 """EncoderSpec: one registry entry binding weights to preprocessing and pooling (like timm's
-``pretrained_cfg``), so that no user ever sets a mean/std or an embedding size by hand."""
+``pretrained_cfg``), so that no user ever sets a mean/std or an embedding size by hand.
+
+Besides what determines the features, an entry records what the CANDOR association analyses
+need (``release_year``, ``objective``; candor.md, Experiments: Scope) and what a user needs to
+obtain the weights (``gated``, ``licence``, ``extra``/``requires``, ``weights_url``).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -9,12 +14,21 @@ IMNET_MEAN, IMNET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 OPENAI_MEAN, OPENAI_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 HALF_MEAN, HALF_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
 
-LIBRARIES = ("timm", "open_clip", "transformers", "synthetic")
+#: Libraries with a loader in ``encoders/loaders``. The first five are dependencies of the package;
+#: the others are optional extras (``spec.extra``) imported only when such an entry is loaded.
+LIBRARIES = ("timm", "open_clip", "transformers", "torchxrayvision", "synthetic",
+             "conch", "musk", "flair", "panderm", "sam_med2d", "titan_conch", "slide")
 #: cls: last-layer class token; patch_mean: mean of patch tokens (registers excluded);
 #: cls_patch_mean: their concatenation; projected: image-text model's projected image embedding;
-#: pooled: the library's own global pooling of the penultimate layer (CNNs).
-EMBEDDINGS = ("cls", "patch_mean", "cls_patch_mean", "projected", "pooled")
-RESIZES = ("shorter_center_crop", "squash")
+#: pooled: the library's own global pooling of the penultimate layer (CNNs, MAE fc_norm, SAM neck);
+#: native: the model's own feature output (MUSK ms_aug, GenBio's per-channel CLS, slide embeddings).
+EMBEDDINGS = ("cls", "patch_mean", "cls_patch_mean", "projected", "pooled", "native")
+#: shorter_center_crop: shorter side to ``resize_size`` then centre crop; squash: both sides to
+#: ``input_size``; longest_pad: longer side to ``input_size``, zero padding right/bottom (FLAIR);
+#: none: the tensor is taken as is (slide entries aggregate cached tile embeddings).
+RESIZES = ("shorter_center_crop", "squash", "longest_pad", "none")
+#: Pretraining objective, as CANDOR groups encoders (SSL / I-T / Sup. / untrained).
+OBJECTIVES = ("ssl", "image-text", "supervised", "none")
 
 
 @dataclass(frozen=True)
@@ -40,8 +54,25 @@ class EncoderSpec:
     gated: bool = False
     trust_remote_code: bool = False
     amp_dtype: str | None = "bfloat16"  # autocast dtype on CUDA; None = always fp32
-    model_kwargs: dict = field(default_factory=dict)
+    model_kwargs: dict = field(default_factory=dict)  # passed on every build (hub, local, random)
     description: str = ""
+    # --- provenance (CANDOR association analyses, the doctor) -----------------------------------
+    licence: str = "unknown"
+    release_year: int | None = None
+    objective: str = "ssl"
+    #: pip extra of robustbench_fm that installs the packages the loader imports (None: none needed)
+    extra: str | None = None
+    requires: tuple[str, ...] = ()  # import names the loader needs beyond the core dependencies
+    weights_url: str | None = None  # where weights not on the HF hub come from (encoder.weights=PATH)
+    # --- architecture offline (random weights, the meta-device tests, local files w/o a config) -----
+    architecture: str | None = None  # timm/open_clip model name, transformers model_type, xrv class
+    arch_kwargs: dict = field(default_factory=dict)  # what the hub config.json holds for that build
+    hub_file: str | None = None  # a bare checkpoint inside the HF repo ``hub_id`` (GPFM, RETFound)
+    checkpoint_drop: tuple[str, ...] = ()  # key prefixes of such a checkpoint the model has no use for
+    checkpoint_keep_init: tuple[str, ...] = ()  # key prefixes the model keeps at their initial values
+    # --- slide-level aggregators -----------------------------------------------------------------
+    tile_encoder: str | None = None  # registry name of the tile encoder whose embeddings it takes
+    slide_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.library not in LIBRARIES:
@@ -50,10 +81,19 @@ class EncoderSpec:
             raise ValueError(f"encoder '{self.name}': embedding '{self.embedding}' is not one of {EMBEDDINGS}")
         if self.resize not in RESIZES:
             raise ValueError(f"encoder '{self.name}': resize '{self.resize}' is not one of {RESIZES}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"encoder '{self.name}': objective '{self.objective}' is not one of {OBJECTIVES}")
         if len(self.mean) != len(self.std):
             raise ValueError(f"encoder '{self.name}': mean and std lengths differ")
         if not self.pretrained and self.seed is None:
             raise ValueError(f"encoder '{self.name}': random-weight entries need a seed")
+        if (self.library == "slide") != (self.tile_encoder is not None):
+            raise ValueError(f"encoder '{self.name}': slide entries (and only they) name a tile_encoder")
+
+    @property
+    def is_slide(self) -> bool:
+        """True for slide-level aggregators of cached tile embeddings."""
+        return self.tile_encoder is not None
 
     def preprocessing(self) -> dict:
         """The fields that define the image transform (part of the feature-cache key)."""

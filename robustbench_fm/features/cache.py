@@ -37,6 +37,7 @@ this (checksums, row counts, sample_ids, NaN rows against ``skipped.csv``).
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -54,6 +55,7 @@ import pyarrow.parquet as pq
 from .. import manifest as mf
 from ..atomic import write_atomic
 from ..errors import UserError
+from ..locks import FileLock
 from .key import CACHE_FORMAT, _canonical, cache_key
 
 log = logging.getLogger("robustbench_fm.features")
@@ -247,6 +249,23 @@ class FeatureCache:
         have = set(self.complete_shards())
         return [i for i in range(self.n_shards) if i not in have]
 
+    def part_shards(self, num_parts: int, part: int) -> list[int]:
+        """The shards that extraction part ``part`` of ``num_parts`` computes: every
+        ``num_parts``-th shard from ``part`` on (round robin, so parts stay balanced whatever the
+        manifest's order). The parts of one ``num_parts`` cover every shard exactly once."""
+        if num_parts < 1 or not 0 <= part < num_parts:
+            raise ValueError(f"extract.shard={part} must be in [0, extract.num_shards={num_parts}); "
+                             "pick one part per job, e.g. extract.shard=range(N)")
+        return list(range(part, self.n_shards, num_parts))
+
+    @contextlib.contextmanager
+    def bookkeeping(self):
+        """Hold ``<key>.meta.lock`` while ``meta.json`` or ``skipped.csv`` is read and rewritten,
+        so that several processes filling different shards of one entry never lose each
+        other's records (each holds it for milliseconds; a dead holder is cleared after 2 min)."""
+        with FileLock(self.path.parent / f"{self.key}.meta.lock", timeout=None, stale_after=120):
+            yield
+
     @property
     def is_complete(self) -> bool:
         return not self.missing_shards()
@@ -310,7 +329,14 @@ class FeatureCache:
                 "embed_dim": self.embed_dim, "status": status, "shards": self._shard_records()}
 
     def write_meta(self, status: str | None = None) -> None:
-        """Write ``meta.json`` atomically (skipped when the bytes would not change)."""
+        """Write ``meta.json`` atomically (skipped when the bytes would not change).
+
+        Shard records written meanwhile by other processes filling other parts are taken from
+        the file on disk rather than re-hashed."""
+        if self.meta_path.exists():
+            mine = self._records
+            self._read_meta()
+            self._records.update(mine)
         self.path.mkdir(parents=True, exist_ok=True)
         data = _json_bytes(self.meta(status))
         if self.meta_path.exists() and self.meta_path.read_bytes() == data:
@@ -351,10 +377,11 @@ class FeatureCache:
     def drop_shards(self, shards: Iterable[int]) -> None:
         """Delete shard files (they become missing and are recomputed by the next extraction),
         then drop their rows from ``skipped.csv`` and their records from ``meta.json``."""
-        for i in shards:
-            self.shard_path(i).unlink(missing_ok=True)
-        self.write_skipped(self.read_skipped(complete_only=True))
-        self.write_meta()
+        with self.bookkeeping():
+            for i in shards:
+                self.shard_path(i).unlink(missing_ok=True)
+            self.write_skipped(self.read_skipped(complete_only=True))
+            self.write_meta()
 
     # ---- shards ---------------------------------------------------------------------------
     def _schema(self) -> pa.Schema:
@@ -429,11 +456,12 @@ class FeatureCache:
                     f"has {str(want[j])!r}; the file is corrupted or foreign, delete it and re-run extraction")
 
 
-    def done_ids(self, manifest: pd.DataFrame | None = None) -> set[str]:
-        """The sample_ids held by the complete shards (checked against ``manifest`` when given)."""
+    def done_ids(self, manifest: pd.DataFrame | None = None, shards: Iterable[int] | None = None) -> set[str]:
+        """The sample_ids held by the complete shards (checked against ``manifest`` when given);
+        ``shards``: only those (a listing taken once by a caller while other parts may add shards)."""
         ids = None if manifest is None else _manifest_ids(manifest)
         out: set[str] = set()
-        for i in self.complete_shards():
+        for i in self.complete_shards() if shards is None else shards:
             got = self._read_shard(i, ("sample_id",)).column("sample_id").to_numpy(zero_copy_only=False)
             got = got.astype(str)
             self._check_ids(i, got, ids)

@@ -66,6 +66,8 @@ def cache_key_fields(encoder, manifest: pd.DataFrame) -> dict:
         "hub_id": spec.hub_id,
         "revision": spec.revision,
         "model_kwargs": spec.model_kwargs,
+        "architecture": spec.architecture,  # what random or bare-checkpoint weights are built into
+        "arch_kwargs": spec.arch_kwargs,
         "embedding": spec.embedding,
         "embed_dim": int(spec.embed_dim),
         "preprocessing": spec.preprocessing(),

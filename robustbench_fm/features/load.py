@@ -71,8 +71,14 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
         if (path / META_NAME).exists():
             meta = json.loads((path / META_NAME).read_text())
             if meta.get("status") != "complete" and len(files) < meta.get("n_shards", 0):
-                raise FeatureCacheError(f"{path}: incomplete cache entry ({len(files)} of "
-                                        f"{meta.get('n_shards')} shards); run extraction again to resume")
+                have = {p.name for p in files}
+                n, size, rows = int(meta["n_shards"]), int(meta["shard_size"]), int(meta["n_rows"])
+                missing = [i for i in range(n) if f"shard-{i:05d}.parquet" not in have]
+                n_missing = sum(min((i + 1) * size, rows) - i * size for i in missing)
+                names = ", ".join(f"shard-{i:05d}" for i in missing[:5]) + (", ..." if len(missing) > 5 else "")
+                raise FeatureCacheError(f"{path}: incomplete cache entry, {n_missing} of {rows} rows in "
+                                        f"{len(missing)} of {n} shards missing ({names}); run the missing "
+                                        "extraction parts (extract.shard=...) or extraction again to resume")
         if not files:
             raise FeatureCacheError(f"{path}: no .parquet files in this folder")
     elif path.exists():

@@ -5,8 +5,10 @@ from __future__ import annotations
 from types import ModuleType
 
 from ..registry import Registry
-from . import candor
+from . import candor, croma, shortcut
 
 STAGES: Registry[ModuleType] = Registry("stage")
 STAGES.register("candor", candor)
+STAGES.register("shortcut", shortcut)
+STAGES.register("croma", croma)
 names, get = STAGES.names, STAGES.get

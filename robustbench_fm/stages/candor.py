@@ -44,6 +44,8 @@ from ..results import Results
 from ..stats import cluster_bootstrap_ratio, summarize_bootstrap
 
 POOLED = "__pooled__"
+#: ``run`` takes a list of findings and scores them from one similarity pass per matched group.
+MULTI_FINDING = True
 PER_SAMPLE_COLUMNS = ["sample_id", "finding", "acq_group", "c_pos", "c_neg", "dm", "discordant",
                       "c_pos_all", "c_neg_all", "dm_all", "discordant_all"]
 

@@ -45,7 +45,7 @@ def test_cli_prints_one_line_and_exits_2_before_any_work(tmp_path):
                           timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
-        "error: unknown encoder 'dinov2_ll'; did you mean dinov2_l?")
+        "error: unknown encoder 'dinov2_ll'; did you mean dinov2_l, dinov3_l, dinov2_b?")
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "demo_data").exists() and not (tmp_path / "cache").exists()
 

@@ -1,6 +1,9 @@
-"""One loader per library (timm, open_clip, transformers): ``spec + weights -> Encoder``.
+"""One loader per library: ``spec + weights -> Encoder``.
 
-Importing this package registers the three loaders (``@register_loader``). Each loader takes
+Importing this package registers the loaders (``@register_loader``): timm, open_clip,
+transformers and torchxrayvision (core dependencies), and the optional-package loaders of
+:mod:`.package_loaders` (CONCH, MUSK, FLAIR, PanDerm, SAM-Med2D, CONCH v1.5 via TITAN), which
+import their package only when such an entry is loaded. Each loader takes
 ``(spec, weights, device, allow_remote_code)`` and returns an
 :class:`~robustbench_fm.encoders.base.Encoder` whose ``forward`` pools features as the spec says
 and whose ``weights_id`` names the exact weights (it enters the feature-cache key).
@@ -21,10 +24,17 @@ call, so a missing checkpoint fails at once with one line naming the hub id (and
 instead of retrying the network. Local weights never touch the hub.
 
 Modules: :mod:`.hub` (cache, commits, errors), :mod:`.weights` (random and local weights),
-:mod:`.preprocessing`, :mod:`.pooling`, and one ``<library>_loader`` module per library.
+:mod:`.preprocessing`, :mod:`.pooling`, :mod:`.extras` (optional packages), and one ``<library>_loader`` module per library.
 """
-from . import open_clip_loader, timm_loader, transformers_loader  # noqa: F401  (register the loaders)
+from . import (  # noqa: F401  (register the loaders)
+    open_clip_loader,
+    package_loaders,
+    timm_loader,
+    transformers_loader,
+    xrv_loader,
+)
+from .extras import MissingExtraError
 from .hub import WeightsUnavailableError
 from .weights import seeded
 
-__all__ = ["WeightsUnavailableError", "seeded"]
+__all__ = ["MissingExtraError", "WeightsUnavailableError", "seeded"]

@@ -77,7 +77,8 @@ def _gated_note(spec: EncoderSpec, repo_id: str | None) -> str:
     if not spec.gated:
         return ""
     where = f" at https://huggingface.co/{repo_id}" if repo_id else ""
-    return f" (gated: accept its terms{where} and log in with a token first)"
+    return (f" (gated: request access{where}, then pass a token with HF_TOKEN=<token> "
+            "or `hf auth login`)")
 
 
 def missing_offline_error(spec: EncoderSpec, repo_id: str | None) -> WeightsUnavailableError:

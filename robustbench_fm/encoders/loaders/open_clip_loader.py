@@ -137,6 +137,20 @@ def _open_clip_hub_folder(spec: EncoderSpec) -> tuple[Path, Path, str]:
     return cfg.parent, ckpt, repo
 
 
+def open_clip_image_tower(spec: EncoderSpec):
+    """The entry's image tower alone (``encode_image`` without the text side), built offline from
+    ``spec.architecture`` (an open_clip model config name) or ``spec.arch_kwargs`` (a model_cfg)."""
+    import open_clip
+    from open_clip.model import _build_vision_tower
+    model_cfg = open_clip.get_model_config(spec.architecture) if spec.architecture else spec.arch_kwargs
+    if not model_cfg or "vision_cfg" not in model_cfg:
+        raise ValueError(f"encoder '{spec.name}': no open_clip architecture '{spec.architecture}' or model_cfg "
+                         "in the entry; set architecture to an open_clip model name")
+    vision_cfg = dict(model_cfg["vision_cfg"], timm_model_pretrained=False)
+    return _build_vision_tower(model_cfg["embed_dim"], vision_cfg,
+                               quick_gelu=model_cfg.get("quick_gelu", False), cast_dtype=None)
+
+
 @register_loader("open_clip")
 def load_open_clip(spec: EncoderSpec, weights, device, allow_remote_code: bool = True) -> Encoder:
     import open_clip
@@ -149,8 +163,9 @@ def load_open_clip(spec: EncoderSpec, weights, device, allow_remote_code: bool =
         if (folder / "open_clip_config.json").is_file():
             ckpt = pick_checkpoint(path, _OPEN_CLIP_CKPTS) if path.is_dir() else path
             model, image_fn, pp = _open_clip_from_folder(spec, folder, ckpt)
-        elif path.is_file() and ":" not in spec.hub_id:
-            model = open_clip.create_model(spec.hub_id, pretrained=str(path), pretrained_image=False,
+        elif path.is_file() and (spec.architecture or ":" not in spec.hub_id):
+            model = open_clip.create_model(spec.architecture or spec.hub_id, pretrained=str(path),
+                                           pretrained_image=False,
                                            pretrained_text=False, **spec.model_kwargs)
             image_fn = model.encode_image
         else:
@@ -158,13 +173,9 @@ def load_open_clip(spec: EncoderSpec, weights, device, allow_remote_code: bool =
                                     "beside them; pass the downloaded hub folder as encoder.weights=<folder>")
         weights_id = file_weights_id(path)
     elif not spec.pretrained:
-        if ":" in spec.hub_id:
-            raise ValueError(f"encoder '{spec.name}': random open_clip entries need a built-in architecture "
-                             f"name (e.g. 'ViT-B-16'), not '{spec.hub_id}'")
         with seeded(spec.seed):
-            model = open_clip.create_model(spec.hub_id, pretrained=None, load_weights=False,
-                                           pretrained_image=False, pretrained_text=False, **spec.model_kwargs)
-        image_fn = model.encode_image
+            model = open_clip_image_tower(spec)
+        image_fn = model
         weights_id = f"random:seed={spec.seed}"
     else:
         if not spec.hub_id.startswith("hf-hub:"):

@@ -7,6 +7,11 @@ timm ``config.json`` (an HF snapshot such as ``MahmoodLab/uni``) takes its archi
 ``model_args`` from it. timm's pretrained cfg mean/std are *not* checked against the spec: for hub
 models they are often the architecture's generic defaults rather than the model card's (see the
 catalog).
+
+``spec.architecture`` + ``spec.arch_kwargs`` build the model when no hub config is at hand (random
+weights, a bare checkpoint file, ``spec.hub_file`` checkpoints such as GPFM's ``GPFM.pth``).
+Layer classes in kwargs are written as names (``mlp_layer="SwiGLUPacked"``, ``act_layer="silu"``)
+so that entries stay JSON (the feature-cache key) and are resolved here.
 """
 from __future__ import annotations
 
@@ -52,9 +57,28 @@ def _timm_forward(model, spec: EncoderSpec) -> Callable[[torch.Tensor], torch.Te
     return lambda x: pool_tokens(model.forward_features(x), spec.embedding, num_prefix, spec.name)
 
 
+def timm_kwargs(kwargs: dict) -> dict:
+    """``kwargs`` with layer names resolved to timm classes (``mlp_layer="SwiGLUPacked"``)."""
+    import timm
+    out = dict(kwargs)
+    for key in ("mlp_layer", "norm_layer", "block_fn"):
+        if isinstance(out.get(key), str):
+            out[key] = getattr(timm.layers, out[key])
+    return out
+
+
+def timm_architecture(spec: EncoderSpec) -> tuple[str, dict]:
+    """The timm model name and kwargs that build the entry without any hub config."""
+    if spec.architecture is None and spec.hub_id.startswith(("hf-hub:", "hf_hub:")):
+        raise ValueError(f"encoder '{spec.name}': '{spec.hub_id}' needs its timm config.json (or an "
+                         "architecture in the entry); pass the downloaded folder as encoder.weights=<folder>")
+    return spec.architecture or spec.hub_id, timm_kwargs({**spec.arch_kwargs, **spec.model_kwargs})
+
+
 def _timm_load_checkpoint(spec: EncoderSpec, model, path: Path) -> None:
     import timm
     sd = timm.models.load_state_dict(str(path), use_ema=True, weights_only=True)
+    sd = {k: v for k, v in sd.items() if not k.startswith(spec.checkpoint_drop or ("\0",))}
     filter_fn = getattr(sys.modules.get(type(model).__module__), "checkpoint_filter_fn", None)
     if filter_fn is not None:
         try:
@@ -67,22 +91,30 @@ def _timm_load_checkpoint(spec: EncoderSpec, model, path: Path) -> None:
         for key in (f"{name}.weight", f"{name}.bias"):
             if key not in own:
                 sd.pop(key, None)
+    for key, value in own.items():  # layers the authors leave at their initial values (RETFound fc_norm)
+        if key.startswith(spec.checkpoint_keep_init or ("\0",)):
+            sd.setdefault(key, value)
     load_strict(spec, model, sd, path)
 
 
 def _timm_arch(spec: EncoderSpec, folder: Path | None) -> tuple[str, dict]:
-    """Architecture and kwargs: a folder's timm ``config.json`` wins over an ``hf-hub:`` id."""
-    kwargs = dict(spec.model_kwargs)
+    """Architecture and kwargs: a folder's timm ``config.json`` wins over the entry's own."""
     cfg_path = folder / "config.json" if folder is not None else None
     if cfg_path is not None and cfg_path.is_file():
         cfg = json.loads(cfg_path.read_text())
         arch = cfg.get("architecture") or cfg.get("arch")
         if arch:
-            return arch, {**cfg.get("model_args", {}), **kwargs}
-    if spec.hub_id.startswith(("hf-hub:", "hf_hub:")):
-        raise ValueError(f"encoder '{spec.name}': local weights for '{spec.hub_id}' need the timm config.json "
-                         "beside them; pass the downloaded folder as encoder.weights=<folder>")
-    return spec.hub_id, kwargs
+            return arch, timm_kwargs({**cfg.get("model_args", {}), **spec.model_kwargs})
+    return timm_architecture(spec)
+
+
+def _hub_file(spec: EncoderSpec) -> Path:
+    """``spec.hub_file`` of the HF repo ``spec.hub_id`` (cache first, download when online)."""
+    from huggingface_hub import hf_hub_download
+    require_cached(spec, spec.hub_id)
+    with hub_call(spec, spec.hub_id):
+        return Path(hf_hub_download(spec.hub_id, spec.hub_file, revision=spec.revision,
+                                    local_files_only=offline()))
 
 
 @register_loader("timm")
@@ -98,9 +130,16 @@ def load_timm(spec: EncoderSpec, weights, device, allow_remote_code: bool = True
         _timm_load_checkpoint(spec, model, ckpt)
         weights_id = file_weights_id(path)
     elif not spec.pretrained:
+        arch, kwargs = timm_architecture(spec)
         with seeded(spec.seed):
-            model = timm.create_model(spec.hub_id, pretrained=False, num_classes=0, **spec.model_kwargs)
+            model = timm.create_model(arch, pretrained=False, num_classes=0, **kwargs)
         weights_id = f"random:seed={spec.seed}"
+    elif spec.hub_file is not None:
+        ckpt = _hub_file(spec)
+        arch, kwargs = timm_architecture(spec)
+        model = timm.create_model(arch, pretrained=False, num_classes=0, **kwargs)
+        _timm_load_checkpoint(spec, model, ckpt)
+        weights_id = hub_weights_id(f"{spec.hub_id}/{spec.hub_file}", spec.hub_id, spec.revision)
     else:
         if spec.revision:
             raise ValueError(f"encoder '{spec.name}': timm cannot pin hub revision '{spec.revision}'; download "
@@ -112,6 +151,7 @@ def load_timm(spec: EncoderSpec, weights, device, allow_remote_code: bool = True
         else:
             require_cached(spec, repo)
         with hub_call(spec, repo):
-            model = timm.create_model(spec.hub_id, pretrained=True, num_classes=0, **spec.model_kwargs)
+            model = timm.create_model(spec.hub_id, pretrained=True, num_classes=0,
+                                      **timm_kwargs(spec.model_kwargs))
         weights_id = hub_weights_id(spec.hub_id, repo, None)
     return Encoder(spec, model, _timm_forward(model, spec), weights_id, device)

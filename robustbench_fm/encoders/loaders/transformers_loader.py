@@ -2,9 +2,10 @@
 
 ``last_hidden_state[:, 0]`` for cls, the mean of the tokens after the CLS and
 ``num_register_tokens`` registers for patch_mean, ``pooler_output`` for pooled and
-``get_image_features`` for projected. ``spec.model_kwargs`` goes to ``from_pretrained``; for
+``get_image_features`` for projected and the model's own output for native (remote code). ``spec.model_kwargs`` goes to ``from_pretrained``; for
 random entries ``model_kwargs["config"]`` (a dict with ``model_type``) builds the config offline,
-other keys override config attributes. A local ``preprocessor_config.json`` (folder or cache)
+other keys override config attributes; without it, ``spec.architecture`` (a model_type) and
+``spec.arch_kwargs`` build the config. A local ``preprocessor_config.json`` (folder or cache)
 must agree with the spec's mean/std/size.
 """
 from __future__ import annotations
@@ -91,6 +92,15 @@ def _transformers_forward(model, spec: EncoderSpec) -> Callable[[torch.Tensor], 
             return out if torch.is_tensor(out) else out.pooler_output
         return projected
 
+    if spec.embedding == "native":  # remote-code models whose forward already returns [B, D]
+        def native(x):
+            out = model(x)
+            if not torch.is_tensor(out):
+                raise RuntimeError(f"encoder '{spec.name}': {type(model).__name__} returned {type(out).__name__}, "
+                                   "not a feature tensor; use cls, patch_mean, cls_patch_mean or pooled")
+            return out
+        return native
+
     def forward(x):
         out = model(pixel_values=x)
         if spec.embedding == "pooled":
@@ -114,6 +124,13 @@ def _transformers_config(spec: EncoderSpec, source, trust: bool, local: bool):
     for k, v in kwargs.items():
         setattr(config, k, v)
     return config
+
+
+def transformers_architecture(spec: EncoderSpec):
+    """The entry's config built offline from ``spec.architecture`` (a ``model_type``) and
+    ``spec.arch_kwargs`` (the fields of the hub repo's config.json that differ from the defaults)."""
+    from transformers import AutoConfig
+    return AutoConfig.for_model(spec.architecture, **spec.arch_kwargs)
 
 
 def _hub_preprocessor_config(spec: EncoderSpec) -> Path | None:
@@ -181,7 +198,9 @@ def load_transformers(spec: EncoderSpec, weights, device, allow_remote_code: boo
             model = _transformers_pretrained(spec, source, trust, label=path, local_files_only=True, **kwargs)
         weights_id = file_weights_id(path)
     elif not spec.pretrained:
-        if "config" not in spec.model_kwargs:
+        if spec.architecture is not None and "config" not in spec.model_kwargs:
+            config = transformers_architecture(spec)
+        elif "config" not in spec.model_kwargs:
             require_cached(spec, spec.hub_id)
             with hub_call(spec, spec.hub_id):
                 config = _transformers_config(spec, spec.hub_id, trust, offline())

@@ -1,0 +1,63 @@
+"""Dataset cards: what a complete copy of each dataset should contain (issue 7, item 4).
+
+Each ``configs/dataset/<name>.yaml`` holds a ``card`` with the access and licence notes, the
+citation and the ``expected`` counts (``images``, ``patients``, ``positives`` per finding) from the
+papers or the official sources named in ``source``. :func:`check` compares a built manifest with
+them and returns one warning line per mismatch; a count of ``null`` is not checked.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+import robustbench_fm
+
+CONFIG_DIR = Path(robustbench_fm.__file__).resolve().parent.parent / "configs"
+
+
+def load_card(name: str) -> dict:
+    """The ``card`` mapping of ``configs/dataset/<name>.yaml`` (interpolations left unresolved)."""
+    from omegaconf import OmegaConf
+
+    path = CONFIG_DIR / "dataset" / f"{name}.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset card '{path}' not found; add configs/dataset/{name}.yaml "
+                                "or check the dataset name")
+    card = OmegaConf.load(path).get("card")
+    if card is None:
+        raise ValueError(f"{path}: no 'card' section; add card: {{access, licence, citation, expected, source}}")
+    return OmegaConf.to_container(card, resolve=False)
+
+
+def _mismatch(source: str, what: str, found: int, expected: int, card_source: str) -> str:
+    return (f"{source}: {what} is {found:,} but the dataset card expects {expected:,} ({card_source}); "
+            "check that the download is complete and the options select the whole dataset")
+
+
+def check(manifest: pd.DataFrame, card: dict, source: str) -> list[str]:
+    """One warning line per count of ``card['expected']`` that ``manifest`` does not match.
+
+    Images are rows; patients are distinct ``patient_id``; positives are rows equal to 1 in each
+    finding column named under ``positives`` (a missing column is a mismatch too).
+    """
+    expected = card.get("expected") or {}
+    card_source = card.get("source") or "no source given"
+    warnings = []
+    if expected.get("images") is not None and len(manifest) != expected["images"]:
+        warnings.append(_mismatch(source, "the number of images", len(manifest), expected["images"], card_source))
+    if expected.get("patients") is not None:
+        found = int(manifest["patient_id"].nunique()) if "patient_id" in manifest.columns else 0
+        if found != expected["patients"]:
+            warnings.append(_mismatch(source, "the number of patients", found, expected["patients"], card_source))
+    for finding, count in (expected.get("positives") or {}).items():
+        if count is None:
+            continue
+        if finding not in manifest.columns:
+            warnings.append(f"{source}: finding column '{finding}' missing, the dataset card expects "
+                            f"{count:,} positives ({card_source}); check the dataset name and options")
+            continue
+        found = int((pd.to_numeric(manifest[finding], errors="coerce") == 1).sum())
+        if found != count:
+            warnings.append(_mismatch(source, f"the number of '{finding}' positives", found, count, card_source))
+    return warnings

@@ -1,0 +1,197 @@
+"""Shared pieces of the chest X-ray adapters: the harmonised finding map, views, label policies.
+
+The 12 harmonised findings are CANDOR's (candor.md, "Experiments": "Their labels are mapped to
+a common set of 12 findings"); the source label -> finding table is ``../chest_findings.csv``,
+one row per (dataset, source label, finding) with the reason for every decision (catalog 1.1.1).
+The matched group of a chest radiograph is one site and one view (candor.md, "Notation"), so
+``acq_group = f"{site}_{view}"`` with the views normalised to ``PA``, ``AP`` and ``LATERAL``.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from ...errors import UserError
+from ...manifest import BOX_COLUMNS, CHEST_FINDINGS
+
+FINDINGS_FILE = Path(__file__).resolve().parent.parent / "chest_findings.csv"
+UNCERTAIN_POLICIES = {"nan": np.nan, "positive": 1.0, "negative": 0.0}
+
+#: Raw view codes of the chest datasets -> canonical view (catalog 1.1: frontal = AP/PA,
+#: lateral = LATERAL/LL; PadChest's supine ``AP_horizontal`` is an AP film, its ``L`` a lateral).
+VIEW_SYNONYMS = {
+    "PA": "PA", "POSTEROANTERIOR": "PA",
+    "AP": "AP", "ANTEROPOSTERIOR": "AP", "AP_HORIZONTAL": "AP",
+    "LATERAL": "LATERAL", "LL": "LATERAL", "RL": "LATERAL", "L": "LATERAL",
+    "UNK": "UNKNOWN", "": "UNKNOWN",
+}
+
+
+class ChestDataError(UserError, ValueError):
+    """A chest dataset's label or metadata file is missing or malformed; one line."""
+
+
+@lru_cache(maxsize=None)
+def finding_sources(dataset: str) -> dict[str, tuple[str, ...]]:
+    """Harmonised finding -> the dataset's source labels mapped to it (chest_findings.csv)."""
+    table = pd.read_csv(FINDINGS_FILE, dtype=str, keep_default_na=False)
+    unknown = sorted(set(table["finding"]) - set(CHEST_FINDINGS))
+    if unknown:
+        raise ChestDataError(f"{FINDINGS_FILE}: column 'finding' has {unknown}, not one of the 12 "
+                             "harmonised findings; fix the mapping file")
+    rows = table[table["dataset"] == dataset]
+    return {f: tuple(rows.loc[rows["finding"] == f, "source_label"]) for f in CHEST_FINDINGS
+            if (rows["finding"] == f).any()}
+
+
+def box_sources(dataset: str, finding: str) -> tuple[str, ...]:
+    """The source labels whose boxes give ``finding`` its box (option ``box_finding``)."""
+    sources = finding_sources(dataset)
+    if finding not in sources:
+        raise ChestDataError(f"dataset '{dataset}': option 'box_finding' {finding!r} is not mapped in this "
+                             f"dataset; use one of {', '.join(sources)}")
+    return sources[finding]
+
+
+def find_file(root: Path, names: Iterable[str], dataset: str, what: str) -> Path:
+    """The first of ``names`` (relative to ``root``) that exists; else one line naming them."""
+    names = list(names)
+    for name in names:
+        if (root / name).is_file():
+            return root / name
+    raise ChestDataError(f"dataset '{dataset}': {what} not found under '{root}' (looked for "
+                         f"{', '.join(names)}); point dataset.root at the folder of the official download")
+
+
+def read_table(path: Path, required: Iterable[str], **read_csv_kwargs) -> pd.DataFrame:
+    """Read a CSV (plain or compressed) and check that it has the ``required`` columns."""
+    table = pd.read_csv(path, **read_csv_kwargs)
+    missing = [c for c in required if c not in table.columns]
+    if missing:
+        raise ChestDataError(f"{path}: column '{missing[0]}' missing (present: "
+                             f"{', '.join(map(str, table.columns[:12]))}); use the official file unmodified")
+    return table
+
+
+def uncertain_value(uncertain: str) -> float:
+    """The value a CheXpert-labeler ``-1.0`` (uncertain) becomes: NaN, 1 or 0."""
+    if uncertain not in UNCERTAIN_POLICIES:
+        raise ChestDataError(f"option 'uncertain': {uncertain!r} is not one of "
+                             f"{', '.join(UNCERTAIN_POLICIES)}; set dataset.options.uncertain")
+    return UNCERTAIN_POLICIES[uncertain]
+
+
+def normalise_views(raw: pd.Series) -> pd.Series:
+    """Canonical view per row: PA, AP, LATERAL, UNKNOWN (blank), else the raw code upper-cased."""
+    text = raw.astype(object).where(raw.notna(), "").astype(str).str.strip().str.upper()
+    text = text.str.replace(r"\s+", "_", regex=True)
+    return text.map(VIEW_SYNONYMS).fillna(text)
+
+
+def findings_from_columns(table: pd.DataFrame, dataset: str, uncertain: str = "nan",
+                          no_finding: str | None = None) -> pd.DataFrame:
+    """The 12 finding columns from 1/0/-1/blank label columns (CheXpert labeler, VinDr 0/1).
+
+    With ``no_finding`` (the CheXpert labeler's ``No Finding`` column) a blank label of a row
+    whose ``no_finding`` is 1 is negative: the labeler sets it only when nothing is positive or
+    uncertain (torchxrayvision does the same). Then ``-1`` follows the ``uncertain`` policy and
+    the other blanks stay NaN; a finding fed by several source columns is their maximum over the
+    labelled ones. Findings without a source column are all NaN.
+    """
+    minus_one = uncertain_value(uncertain)
+    healthy = (table[no_finding] == 1).to_numpy()[:, None] if no_finding else False
+    out = pd.DataFrame(index=table.index)
+    sources = finding_sources(dataset)
+    for finding in CHEST_FINDINGS:
+        cols = [c for c in sources.get(finding, ()) if c in table.columns]
+        if not cols:
+            out[finding] = np.nan
+            continue
+        values = table[cols].apply(pd.to_numeric, errors="coerce")
+        values = values.mask(values.isna().to_numpy() & healthy, 0.0).replace(-1.0, minus_one)
+        out[finding] = values.max(axis=1, skipna=True)
+    return out
+
+
+def findings_from_terms(terms: pd.Series, dataset: str, absent: float = 0.0,
+                        vocabulary: set[str] | None = None) -> pd.DataFrame:
+    """The 12 finding columns from per-row sets of source terms (list-type labels).
+
+    A row whose set is missing (None/NaN) is unlabelled (all NaN). Otherwise a finding is 1 when one of
+    its source terms is in the set and ``absent`` (0 = negative; NaN where absence says nothing)
+    when none is. Matching is case-insensitive. A finding none of whose terms occurs in
+    ``vocabulary`` (the terms the file can contain) is NaN throughout: its absence is no evidence.
+    """
+    sources = {f: {s.lower() for s in src} for f, src in finding_sources(dataset).items()}
+    vocab = None if vocabulary is None else {v.lower() for v in vocabulary}
+    codes, sets = pd.factorize(terms.map(
+        lambda t: frozenset(x.lower() for x in t) if isinstance(t, (set, frozenset)) else None))
+    out = pd.DataFrame(index=terms.index)
+    for finding in CHEST_FINDINGS:
+        src = sources.get(finding, set())
+        if not src or (vocab is not None and not src & vocab):
+            out[finding] = np.nan
+            continue
+        per_set = np.array([1.0 if t & src else absent for t in sets] + [np.nan])
+        out[finding] = per_set[codes]  # code -1 (unlabelled) picks the trailing NaN
+    return out
+
+
+def enclosing_boxes(boxes: pd.DataFrame) -> pd.DataFrame:
+    """One box per ``sample_id``: the box enclosing all its boxes, normalised to 0-1.
+
+    ``boxes`` has sample_id, x0, y0, x1, y1 (pixels) and width, height (image size in pixels);
+    rows with a missing size give NaN coordinates. Returns box_x0..box_y1 and n_boxes per id.
+    """
+    if boxes.empty:
+        return pd.DataFrame(columns=[*BOX_COLUMNS, "n_boxes"], index=pd.Index([], name="sample_id"))
+    norm = pd.DataFrame({
+        "sample_id": boxes["sample_id"],
+        "box_x0": boxes["x0"] / boxes["width"], "box_y0": boxes["y0"] / boxes["height"],
+        "box_x1": boxes["x1"] / boxes["width"], "box_y1": boxes["y1"] / boxes["height"],
+    })
+    grouped = norm.groupby("sample_id", sort=False)
+    out = pd.concat([grouped[["box_x0", "box_y0"]].min(), grouped[["box_x1", "box_y1"]].max()], axis=1)
+    out = out.clip(0.0, 1.0)
+    out["n_boxes"] = grouped.size()
+    return out[[*BOX_COLUMNS, "n_boxes"]]
+
+
+def dicom_headers(paths: dict[str, Path], tags: Iterable[str]) -> pd.DataFrame:
+    """DICOM header values (no pixel data) per key for the files that exist; NaN elsewhere."""
+    import pydicom
+    from pydicom.errors import InvalidDicomError
+
+    tags = list(tags)
+    rows = {}
+    for key, path in paths.items():
+        if not path.is_file():
+            continue
+        try:
+            ds = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=tags)
+        except (InvalidDicomError, OSError) as err:
+            raise ChestDataError(f"{path}: not a readable DICOM file ({err}); re-download it") from None
+        rows[key] = {t: getattr(ds, t, None) for t in tags}
+    return pd.DataFrame.from_dict(rows, orient="index", columns=tags)
+
+
+def assemble(base: pd.DataFrame, findings: pd.DataFrame, site: str, views: Iterable[str] | None = None,
+             boxes: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Canonical manifest: ``base`` (sample_id, path, patient_id, view, split, ...) + findings.
+
+    Sets ``site`` and ``acq_group = site_view``, joins ``boxes`` (indexed by sample_id, from
+    :func:`enclosing_boxes`) and keeps only the canonical ``views`` when given.
+    """
+    out = base.reset_index(drop=True)
+    out.insert(3, "site", site)
+    out.insert(5, "acq_group", site + "_" + out["view"].astype(str))
+    out = pd.concat([out, findings.reset_index(drop=True)], axis=1)
+    if boxes is not None:
+        out = out.join(boxes, on="sample_id")
+    if views is not None:
+        out = out[out["view"].isin(list(views))].reset_index(drop=True)
+    return out

@@ -1,0 +1,90 @@
+"""RSNA Pneumonia Detection Challenge (Kaggle 2018), stage 2 (catalog 1.1, "RSNA Pneumonia")::
+
+    <root>/stage_2_train_labels.csv      patientId, x, y, width, height, Target (one row per box)
+    <root>/stage_2_train_images/<patientId>.dcm    1024 x 1024 DICOM, one image per patientId
+
+``Target == 1`` (class "Lung Opacity", opacities suspicious for pneumonia) is ``pneumonia``; the
+boxes of an image are merged into their enclosing box, normalised by the DICOM ``Rows``/``Columns``
+(1024 when the header cannot be read). The view is the DICOM ``ViewPosition`` (PA/AP), read from
+the headers of the files present, or from ``headers`` = a table with ``PatientID`` and
+``ViewPosition`` columns (e.g. torchxrayvision's kaggle_stage_2_train_images_dicom_headers.csv.gz),
+so the manifest builds from label files alone; without either the view is UNKNOWN.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..registry import Adapter, register
+from .common import (
+    ChestDataError,
+    assemble,
+    dicom_headers,
+    enclosing_boxes,
+    find_file,
+    finding_sources,
+    findings_from_columns,
+    normalise_views,
+    read_table,
+)
+
+IMAGE_DIR = "stage_2_train_images"
+NATIVE_SIZE = 1024.0
+
+
+def _headers(root: Path, ids: pd.Series, headers: str | None) -> pd.DataFrame:
+    if headers is not None:
+        path = Path(headers) if Path(headers).is_absolute() else root / headers
+        if not path.is_file():
+            raise ChestDataError(f"dataset 'rsna_pneumonia': option 'headers' '{path}' is not a file; "
+                                 "point it at a table with PatientID and ViewPosition columns")
+        table = read_table(path, ["PatientID", "ViewPosition"], dtype={"PatientID": str, "ViewPosition": str})
+        table = table.drop_duplicates("PatientID").set_index("PatientID")
+        for col in ("Rows", "Columns"):
+            if col not in table.columns:
+                table[col] = np.nan
+        return table.reindex(ids)[["ViewPosition", "Rows", "Columns"]]
+    files = {i: root / IMAGE_DIR / f"{i}.dcm" for i in ids}
+    return dicom_headers(files, ["ViewPosition", "Rows", "Columns"]).reindex(ids)
+
+
+def build_rsna_pneumonia(root: Path, headers: str | None = None, box_finding: str = "pneumonia",
+                         views: list[str] | None = None) -> pd.DataFrame:
+    """RSNA Pneumonia manifest: one row per image, pneumonia boxes merged into one."""
+    if box_finding != "pneumonia":
+        raise ChestDataError(f"dataset 'rsna_pneumonia': option 'box_finding' {box_finding!r}; "
+                             "RSNA has pneumonia boxes only")
+    csv = find_file(root, ["stage_2_train_labels.csv", "stage_2_train_labels.csv.zip"],
+                    "rsna_pneumonia", "'stage_2_train_labels.csv'")
+    raw = read_table(csv, ["patientId", "x", "y", "width", "height", "Target"], dtype={"patientId": str})
+    images = raw.groupby("patientId", sort=False).agg(Target=("Target", "max")).reset_index()
+    head = _headers(root, images["patientId"], headers)
+    base = pd.DataFrame({
+        "sample_id": images["patientId"],
+        "path": IMAGE_DIR + "/" + images["patientId"] + ".dcm",
+        "patient_id": images["patientId"],
+        "view": normalise_views(head["ViewPosition"].reset_index(drop=True)),
+        "split": "train",
+    })
+    boxed = raw[raw["Target"] == 1].dropna(subset=["x", "y", "width", "height"])
+    size = head.reindex(boxed["patientId"])
+    boxes = enclosing_boxes(pd.DataFrame({
+        "sample_id": boxed["patientId"].to_numpy(),
+        "x0": boxed["x"].to_numpy(), "y0": boxed["y"].to_numpy(),
+        "x1": (boxed["x"] + boxed["width"]).to_numpy(), "y1": (boxed["y"] + boxed["height"]).to_numpy(),
+        "width": pd.to_numeric(size["Columns"], errors="coerce").fillna(NATIVE_SIZE).to_numpy(),
+        "height": pd.to_numeric(size["Rows"], errors="coerce").fillna(NATIVE_SIZE).to_numpy()}))
+    return assemble(base, findings_from_columns(images, "rsna_pneumonia"), "rsna_pneumonia", views, boxes)
+
+
+register(Adapter(
+    name="rsna_pneumonia", build=build_rsna_pneumonia, findings=tuple(finding_sources("rsna_pneumonia")),
+    description="RSNA Pneumonia Detection: 26,684 NIH radiographs (DICOM) with radiologist pneumonia boxes.",
+    access="Kaggle https://www.kaggle.com/c/rsna-pneumonia-detection-challenge ; Kaggle account and "
+           "acceptance of the competition rules",
+    licence="RSNA/Kaggle competition data terms (non-commercial research); images derived from NIH ChestX-ray14",
+    citation="Shih G et al. Augmenting the National Institutes of Health chest radiograph dataset with "
+             "expert annotations of possible pneumonia. Radiol Artif Intell 1(1):e180041 (2019).",
+))

@@ -1,0 +1,198 @@
+"""Open one manifest row as a PIL image, whatever format its dataset ships (issue 7, item 2).
+
+``read_image(image_root, row)`` dispatches on the row's ``path`` (relative to ``image_root``):
+
+- ``<file>.h5#<i>`` / ``.hdf5``: row ``i`` of the file's dataset ``x`` (PatchCamelyon's key; a
+  file holding a single dataset uses that one). Files are opened lazily with h5py and kept open,
+  one handle per file per process (handles are never shared across a fork: a DataLoader worker
+  opens its own on first use).
+- ``<file>.npz#<key>``: the array ``key`` of a NumPy archive (Harvard-FairVision's
+  ``slo_fundus``), read on its own without loading the archive's other members.
+- DICOM (a Part-10 file, recognised by its ``DICM`` marker whatever its name, or a ``.dcm`` /
+  ``.dicom`` file Pillow cannot identify, read as a bare data set): pydicom. The Modality LUT
+  (rescale slope/intercept) and then the first VOI LUT, or else the first Window Center/Width,
+  are applied with pydicom's own ``apply_modality_lut`` and ``apply_voi_lut``; the result is
+  stretched to 0-255 (rule below) and a ``MONOCHROME1`` image is inverted (``255 - v``) so that
+  dense tissue is bright, as in DICOM display order: modality LUT, VOI LUT, then polarity.
+- anything else (8/16-bit PNG, JPEG, TIFF, BMP): Pillow, which recognises the format by content.
+
+Bit depth: 8-bit data are returned unchanged. Data of any other depth (16-bit PNG/TIFF, DICOM
+after its LUTs, float arrays) are stretched linearly so that the image's minimum maps to 0 and
+its maximum to 255 (``(v - min) * 255 / (max - min)``, rounded to nearest, ties to even), which
+keeps the full contrast of 10-12-bit data stored in 16-bit containers; a constant image becomes
+all 0. (The widely used VinDr/Kaggle DICOM recipe does the same: VOI LUT, then min-max.)
+
+Crop: when the row has ``crop_left``, ``crop_top``, ``crop_right``, ``crop_bottom`` (pixels
+removed from each edge; NaN or absent = 0) they are applied before anything else downstream, e.g.
+the 20-px copyright banner of FGVC-Aircraft (catalog 1.3).
+
+The result is mode ``'L'`` for single-channel data and ``'RGB'`` for colour (alpha dropped,
+palette expanded); the encoder's own transform converts channels to what it expects.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+CROP_COLUMNS = ("crop_left", "crop_top", "crop_right", "crop_bottom")
+HDF5_SUFFIXES = (".h5", ".hdf5")
+DICOM_SUFFIXES = (".dcm", ".dicom")
+
+_h5_files: dict[str, object] = {}
+_h5_pid: int | None = None
+
+
+def locator_file(path: str) -> str:
+    """The file part of a manifest ``path`` (``'a/b_x.h5#12'`` -> ``'a/b_x.h5'``)."""
+    return str(path).split("#", 1)[0]
+
+
+def to_uint8(arr: np.ndarray) -> np.ndarray:
+    """8-bit data unchanged; anything else stretched min->0, max->255 (module docstring)."""
+    if arr.dtype == np.uint8:
+        return arr
+    arr = np.asarray(arr, dtype=np.float64)
+    lo, hi = float(np.min(arr)), float(np.max(arr))
+    if hi <= lo:
+        return np.zeros(arr.shape, dtype=np.uint8)
+    return np.rint((arr - lo) * 255.0 / (hi - lo)).astype(np.uint8)
+
+
+def array_to_image(arr: np.ndarray, source: str) -> Image.Image:
+    """(H, W), (H, W, 1) -> 'L'; (H, W, 3) -> 'RGB'; (H, W, 4) -> 'RGB' without alpha."""
+    arr = np.asarray(arr)
+    if arr.ndim == 3 and arr.shape[-1] in (1, 3, 4):
+        arr = arr[..., 0] if arr.shape[-1] == 1 else arr[..., :3]
+    if arr.ndim not in (2, 3):
+        raise ValueError(f"{source}: image array has shape {arr.shape}; expected (H, W) or (H, W, 3)")
+    return Image.fromarray(np.ascontiguousarray(to_uint8(arr)))
+
+
+def _h5_file(path: Path):
+    global _h5_pid
+    import h5py
+
+    if _h5_pid != os.getpid():  # a forked worker: never use the parent's handles
+        _h5_files.clear()
+        _h5_pid = os.getpid()
+    key = str(path)
+    handle = _h5_files.get(key)
+    if handle is None:
+        handle = _h5_files[key] = h5py.File(path, "r")
+    return handle
+
+
+def _read_hdf5(file: Path, index: str) -> Image.Image:
+    handle = _h5_file(file)
+    names = list(handle.keys())
+    name = "x" if "x" in names else (names[0] if len(names) == 1 else None)
+    if name is None:
+        raise ValueError(f"{file}: no dataset 'x' among {names}; the locator '<file>.h5#<row>' reads "
+                         "dataset 'x' or a file's only dataset")
+    data = handle[name]
+    try:
+        i = int(index)
+    except ValueError:
+        raise ValueError(f"{file}: row index '{index}' is not an integer; write the path as '<file>.h5#<row>'")
+    if not 0 <= i < data.shape[0]:
+        raise ValueError(f"{file}: row {i} out of range (dataset '{name}' has {data.shape[0]} rows)")
+    return array_to_image(data[i], f"{file}#{i}")
+
+
+def _read_npz(file: Path, key: str) -> Image.Image:
+    with np.load(file, allow_pickle=False) as archive:
+        if key not in archive.files:
+            raise ValueError(f"{file}: no array '{key}' (has {', '.join(archive.files)}); fix the '#<key>' of the path")
+        return array_to_image(archive[key], f"{file}#{key}")
+
+
+def _is_part10_dicom(file: Path) -> bool:
+    with open(file, "rb") as f:
+        return f.read(132)[128:] == b"DICM"
+
+
+def _read_dicom(file: Path, force: bool = False) -> Image.Image:
+    import pydicom
+    from pydicom.pixels import apply_modality_lut, apply_voi_lut
+
+    ds = pydicom.dcmread(file, force=force)
+    if "TransferSyntaxUID" not in ds.file_meta:  # a bare data set: its encoding as pydicom read it
+        implicit, little = ds.original_encoding
+        ds.file_meta.TransferSyntaxUID = (pydicom.uid.ImplicitVRLittleEndian if implicit else
+                                          pydicom.uid.ExplicitVRLittleEndian if little else
+                                          pydicom.uid.ExplicitVRBigEndian)
+    if int(ds.get("NumberOfFrames", 1) or 1) > 1:
+        raise ValueError(f"{file}: multi-frame DICOM ({ds.NumberOfFrames} frames); expected one image per file")
+    arr = ds.pixel_array
+    if int(ds.get("SamplesPerPixel", 1)) > 1:
+        return array_to_image(arr, str(file))
+    out = to_uint8(apply_voi_lut(apply_modality_lut(arr, ds), ds))
+    if str(ds.get("PhotometricInterpretation", "")).upper() == "MONOCHROME1":
+        out = 255 - out
+    return Image.fromarray(np.ascontiguousarray(out))
+
+
+def _read_pillow(file: Path) -> Image.Image:
+    with Image.open(file) as im:
+        im.load()
+        return _l_or_rgb(im, file)
+
+
+def _l_or_rgb(im: Image.Image, file: Path) -> Image.Image:
+    if im.mode in ("L", "RGB"):
+        return im.copy()
+    if im.mode in ("1", "LA", "La"):
+        return im.convert("L")
+    if im.mode.startswith("I") or im.mode == "F":
+        return array_to_image(np.asarray(im), str(file))
+    return im.convert("RGB")
+
+
+def _crop(im: Image.Image, row: dict) -> Image.Image:
+    margins = [row.get(c) for c in CROP_COLUMNS]
+    left, top, right, bottom = (0 if m is None or (isinstance(m, float) and math.isnan(m)) else int(m)
+                                for m in margins)
+    if not (left or top or right or bottom):
+        return im
+    w, h = im.size
+    if left + right >= w or top + bottom >= h:
+        raise ValueError(f"crop {left, top, right, bottom} leaves nothing of a {w}x{h} image; "
+                         f"fix the {', '.join(CROP_COLUMNS)} columns")
+    return im.crop((left, top, w - right, h - bottom))
+
+
+def read_image(image_root: str | Path, row: dict) -> Image.Image:
+    """The image of manifest ``row`` under ``image_root`` as 'L' or 'RGB' (module docstring)."""
+    rel, _, locator = str(row["path"]).partition("#")
+    file = Path(image_root) / rel
+    suffix = file.suffix.lower()
+    if suffix in HDF5_SUFFIXES:
+        im = _read_hdf5(file, locator)
+    elif suffix == ".npz":
+        im = _read_npz(file, locator)
+    elif suffix == ".parquet":  # PathoROB's HF snapshot: image bytes embedded in parquet rows
+        from .pathorob import read_parquet_image
+
+        im = _l_or_rgb(read_parquet_image(image_root, row), file)
+    elif _is_part10_dicom(file):
+        im = _read_dicom(file)
+    else:
+        try:
+            im = _read_pillow(file)
+        except UnidentifiedImageError:
+            if suffix not in DICOM_SUFFIXES:
+                raise
+            im = _read_dicom(file, force=True)  # a DICOM data set without the Part-10 preamble
+    return _crop(im, row)
+
+
+def read_mask(file: str | Path) -> np.ndarray:
+    """A lesion mask as a boolean (H, W) array: any non-zero channel is lesion (IDRiD draws its
+    lesions in red, which reads as {0, 76} in grayscale; catalog 1.4)."""
+    with Image.open(file) as im:
+        arr = np.asarray(im)
+    return arr.any(axis=-1) if arr.ndim == 3 else arr != 0

@@ -1,0 +1,227 @@
+"""PathoROB benchmarks (Camelyon, TCGA-4x4, TCGA-2x2, Tolkach-ESCA) from their Hugging Face
+parquet snapshots plus PathoROB's metadata CSVs (croma.md §2.5 Table 1; conventions
+``croma_conventions.md`` E, "Which rows each metric uses"), and the PCaBiop-ISUP pair design.
+
+Layout under ``root`` (one folder per HF dataset repo ``bifold-pathomics/PathoROB-<x>``)::
+
+    data/*.parquet      the snapshot: an ``image`` column (HF Image: struct of bytes + path)
+                        plus at least ``slide_id`` and ``patch_id``
+    metadata/<x>.csv    PathoROB's ``data/metadata`` file(s) (``metadata_dir`` option to move it):
+                        subset, slide_id, patch_id, biological_class, medical_center
+
+``view="ri"`` (default) selects the rows the RI / MaRI / CRoMa evaluation uses: Camelyon and
+TCGA-4x4 without their OOD centres (20,400 and 5,760 tiles), ``tolkach_esca_reduced.csv``
+(9,000 tiles) and, for TCGA-2x2, every row of ``tcga_2x2.csv`` with its quartet as ``subset``
+(one manifest row per (tile, quartet) occurrence). ``view="apd"`` returns the whole metadata
+file (in-domain and unseen centres, in metadata order, which the shortcut stage's slide blocks
+rely on) for the ``shortcut`` stage.
+
+Manifest columns: sample_id = PathoROB's feature id ``"<slide_id>-<patch_id>"``; path = the
+locator ``"<parquet file relative to root>#<row index>"`` (read with :func:`read_parquet_image`);
+slide_id; patient_id (the TCGA case ``slide_id[:12]``; the slide elsewhere: Camelyon has one
+slide per patient in this set and Tolkach's ``slide_id`` is already a case); site and acq_group =
+medical_center; bio_label = biological_class; subset (TCGA-2x2 only).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from io import BytesIO
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+from PIL import Image
+
+from .registry import Adapter, register
+
+LOCATOR_SEPARATOR = "#"
+_PATCH_COLUMNS = ("patch_id", "sample_id", "id")
+_SLIDE_COLUMNS = ("slide_id", "case_id", "wsi_id")
+_METADATA_COLUMNS = ("subset", "slide_id", "patch_id", "biological_class", "medical_center")
+
+#: registry name -> (HF repo, RI metadata file, keep only the ``ID`` subset, APD metadata file)
+SOURCES = {
+    "pathorob_camelyon": ("bifold-pathomics/PathoROB-camelyon", "camelyon.csv", True, "camelyon.csv"),
+    "pathorob_tcga4x4": ("bifold-pathomics/PathoROB-tcga", "tcga_4x4.csv", True, "tcga_4x4.csv"),
+    "pathorob_tcga2x2": ("bifold-pathomics/PathoROB-tcga", "tcga_2x2.csv", False, None),
+    "pathorob_tolkach": ("bifold-pathomics/PathoROB-tolkach_esca", "tolkach_esca_reduced.csv", False,
+                         "tolkach_esca.csv"),
+}
+
+
+def parse_locator(locator: str) -> tuple[str, int]:
+    """``"<file>#<row>"`` -> (file, row)."""
+    file, sep, row = str(locator).rpartition(LOCATOR_SEPARATOR)
+    if not sep or not file.endswith(".parquet") or not row.isdigit():
+        raise ValueError(f"'{locator}' is not a parquet locator; expected '<file>.parquet#<row index>'")
+    return file, int(row)
+
+
+@lru_cache(maxsize=4)
+def _row_group_bounds(file: str) -> np.ndarray:
+    meta = pq.ParquetFile(file).metadata
+    return np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+
+
+@lru_cache(maxsize=2)
+def _row_group_images(file: str, group: int) -> list:
+    return pq.ParquetFile(file).read_row_group(group, columns=["image"]).column("image").to_pylist()
+
+
+def read_parquet_image(image_root: str | Path, row: dict) -> Image.Image:
+    """The image a manifest row's parquet locator points at, decoded eagerly (an extraction
+    ``reader(image_root, row)``). The last two row groups read stay in memory, so visiting rows
+    in file order reads each group once."""
+    file, index = parse_locator(row["path"])
+    full = str(Path(image_root) / file)
+    bounds = _row_group_bounds(full)
+    if index >= bounds[-1]:
+        raise ValueError(f"{full}: row {index} past the file's {bounds[-1]} rows; rebuild the manifest")
+    group = int(np.searchsorted(bounds, index, side="right") - 1)
+    cell = _row_group_images(full, group)[index - bounds[group]]
+    data = cell["bytes"] if isinstance(cell, dict) else cell
+    if not data:
+        raise ValueError(f"{full}: row {index} has no embedded image bytes; use the HF parquet snapshot, "
+                         "whose 'image' column embeds each tile")
+    with Image.open(BytesIO(data)) as im:
+        im.load()
+        return im
+
+
+def _pick(names: list[str], candidates: tuple[str, ...], file: Path, what: str) -> str:
+    found = next((c for c in candidates if c in names), None)
+    if found is None:
+        raise ValueError(f"{file}: no {what} column (looked for {', '.join(candidates)}; present: "
+                         f"{', '.join(names)}); use the bifold-pathomics/PathoROB-* parquet snapshot")
+    return found
+
+
+def parquet_index(root: Path) -> pd.Series:
+    """PathoROB feature id ``"<slide_id>-<patch_id>"`` -> locator, over ``root/data/*.parquet``."""
+    files = sorted((root / "data").glob("*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"{root / 'data'}: no *.parquet files; download the dataset's HF snapshot "
+                                "(data/*.parquet) into the dataset root")
+    parts = []
+    for file in files:
+        names = pq.ParquetFile(file).schema_arrow.names
+        cols = [_pick(names, _SLIDE_COLUMNS, file, "slide"), _pick(names, _PATCH_COLUMNS, file, "patch")]
+        table = pq.read_table(file, columns=cols).to_pandas().astype(str)
+        rel = file.relative_to(root).as_posix()
+        parts.append(pd.Series([f"{rel}{LOCATOR_SEPARATOR}{i}" for i in range(len(table))],
+                               index=table[cols[0]] + "-" + table[cols[1]]))
+    index = pd.concat(parts)
+    return index[~index.index.duplicated(keep="first")]
+
+
+def read_metadata(file: Path) -> pd.DataFrame:
+    """One PathoROB metadata CSV, every value a string, with its five columns checked."""
+    if not file.is_file():
+        raise FileNotFoundError(f"{file}: metadata file missing; copy it from the PathoROB repository's "
+                                "data/metadata/ (or set the dataset option metadata_dir)")
+    meta = pd.read_csv(file, dtype=str, keep_default_na=False)
+    missing = [c for c in _METADATA_COLUMNS if c not in meta.columns]
+    if missing:
+        raise ValueError(f"{file}: columns {', '.join(missing)} missing; expected PathoROB's "
+                         f"{', '.join(_METADATA_COLUMNS)}")
+    return meta
+
+
+def _build(name: str, root: Path, view: str = "ri", metadata_dir: str | Path | None = None) -> pd.DataFrame:
+    """The canonical manifest of adapter ``name``: its ``view``'s metadata rows in file order,
+    each joined to its tile's parquet locator (module doc)."""
+    repo, ri_file, id_only, apd_file = SOURCES[name]
+    if view not in ("ri", "apd"):
+        raise ValueError(f"{name}: option view='{view}' unknown; use 'ri' (RI/CRoMa rows) or 'apd' (shortcut stage)")
+    if view == "apd" and apd_file is None:
+        raise ValueError(f"{name}: no APD view (PathoROB's TCGA shortcut protocol uses TCGA-4x4); "
+                         "use dataset pathorob_tcga4x4 with view=apd")
+    meta_dir = Path(metadata_dir) if metadata_dir else root / "metadata"
+    file = meta_dir / (ri_file if view == "ri" else apd_file)
+    meta = read_metadata(file)
+    if view == "ri" and id_only:
+        meta = meta[meta["subset"] == "ID"]
+    ids = meta["slide_id"] + "-" + meta["patch_id"]
+    locator = ids.map(parquet_index(root))
+    if locator.isna().any():
+        raise FileNotFoundError(f"{name}: {int(locator.isna().sum())} of {len(meta)} rows of {file} have no tile in "
+                                f"{root / 'data'}/*.parquet, first '{ids[locator.isna()].iloc[0]}'; download the "
+                                f"complete {repo} snapshot into {root}")
+    tcga = "tcga" in name
+    out = pd.DataFrame({
+        "sample_id": ids, "path": locator, "slide_id": meta["slide_id"],
+        "patient_id": meta["slide_id"].str[:12] if tcga else meta["slide_id"],
+        "site": meta["medical_center"], "acq_group": meta["medical_center"],
+        "bio_label": meta["biological_class"]})
+    if name == "pathorob_tcga2x2":
+        out["subset"] = meta["subset"]
+    return out.reset_index(drop=True)
+
+
+def isup_pair_occurrences(manifest: pd.DataFrame, label_col: str = "bio_label", site_col: str = "site"
+                          ) -> pd.DataFrame:
+    """PCaBiop-ISUP pair design (croma.md Appendix "ISUP grading"): every pair of the grades in
+    ``label_col`` crossed with the two centres is one 2×2 sub-cohort. Returns one row per
+    (slide, pair) occurrence with ``subset = "<grade a>_vs_<grade b>"`` (15 pairs for grades
+    0–5), ready for the ``croma`` stage's ``design="paired_2x2"``."""
+    for col in (label_col, site_col):
+        if col not in manifest.columns:
+            raise ValueError(f"isup pairs: manifest has no column '{col}'; add it or pass {col}=<column>")
+    sites = manifest[site_col].dropna().unique()
+    if len(sites) != 2:
+        raise ValueError(f"isup pairs: column '{site_col}' must hold exactly 2 centres, found {len(sites)}")
+    grades = sorted(manifest[label_col].dropna().unique())
+    if len(grades) < 2:
+        raise ValueError(f"isup pairs: column '{label_col}' holds fewer than 2 grades")
+    parts = [manifest[manifest[label_col].isin((a, b))].assign(subset=f"{a}_vs_{b}")
+             for a, b in combinations(grades, 2)]
+    return pd.concat(parts, ignore_index=True)
+
+
+def median_of_pair_medians(per_sample: pd.DataFrame, value_col: str = "croma", subset_col: str = "subset"
+                           ) -> tuple[float, pd.Series]:
+    """Headline of the pair design: the median over pairs of each pair's median per-occurrence
+    value (croma.md Appendix "ISUP grading"; conventions A.7 paired aggregate). Returns the
+    headline and the per-pair medians (indexed by pair)."""
+    for col in (value_col, subset_col):
+        if col not in per_sample.columns:
+            raise ValueError(f"pair medians: per-sample table has no column '{col}'")
+    pair_medians = per_sample.groupby(subset_col, sort=True)[value_col].median()
+    return float(np.median(pair_medians.to_numpy())), pair_medians
+
+
+_CITATION = "Kömen J et al. Towards robust foundation models for digital pathology. arXiv:2507.17845, 2025."
+#: registry name -> (description, tile licence)
+_CARDS = {
+    "pathorob_camelyon": ("Camelyon16/17 lymph-node tiles: normal/tumor x RUMC/UMCU (RI: 20,400; "
+                          "APD adds CWZ, RST, LPON)", "CC0 1.0"),
+    "pathorob_tcga4x4": ("TCGA tiles: 4 cancer types x 4 centres (RI: 5,760; APD adds 4 unseen centres)",
+                         "CC BY-NC-SA 4.0"),
+    "pathorob_tcga2x2": ("TCGA 2x2 quartets (paired design, one row per tile occurrence; 94 x 1,200)",
+                         "CC BY-NC-SA 4.0"),
+    "pathorob_tolkach": ("Tolkach-ESCA oesophageal tiles: 6 classes x 3 centres (RI: 9,000 reduced set; "
+                         "APD: 16,300 with unseen centres)", "CC BY-SA 4.0"),
+}
+
+
+def _builder(name: str):
+    def build(root, view: str = "ri", metadata_dir: str | Path | None = None) -> pd.DataFrame:
+        return _build(name, Path(root), view=view, metadata_dir=metadata_dir)
+    build.__doc__ = f"Manifest of {name} (module doc): ``view`` 'ri' or 'apd', ``metadata_dir`` default root/metadata."
+    return build
+
+
+for _name, (_description, _licence) in _CARDS.items():
+    _repo, _ri_file, _, _apd_file = SOURCES[_name]
+    _files = _ri_file + (f" (+ {_apd_file} for view=apd)" if _apd_file not in (None, _ri_file) else "")
+    register(Adapter(
+        name=_name,
+        build=_builder(_name),
+        description=_description,
+        access=(f"open: huggingface.co/datasets/{_repo} (data/*.parquet) + {_files} from "
+                "github.com/bifold-pathomics/PathoROB data/metadata"),
+        licence=f"{_licence} (tiles); PathoROB metadata BSD-3-Clause",
+        citation=_CITATION,
+    ))

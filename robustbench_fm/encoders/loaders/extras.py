@@ -1,0 +1,53 @@
+"""Optional packages some entries need (CONCH, MUSK, FLAIR, PanDerm, SAM-Med2D, slide encoders).
+
+Nothing here is imported at package import time: :func:`require` checks, when such an entry is
+loaded (or by the doctor), that its import names resolve, and otherwise raises one line naming
+the robustbench_fm extra and the upstream install command.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+from ...errors import UserError
+from ..spec import EncoderSpec
+
+#: extra -> how to install it (the upstream packages are not on PyPI unless said so).
+INSTALL = {
+    "conch": "pip install git+https://github.com/Mahmoodlab/CONCH",
+    "musk": "pip install fairscale git+https://github.com/lilab-stanford/MUSK",
+    "flair": "pip install git+https://github.com/jusiro/FLAIR",
+    "panderm": "git clone https://github.com/SiyuanYan1/PanDerm and put PanDerm/classification on PYTHONPATH",
+    "sam_med2d": "git clone https://github.com/OpenGVLab/SAM-Med2D and put it on PYTHONPATH",
+    "titan": "pip install einops einops-exts (TITAN's remote code imports them)",
+    "prism": "pip install environs sacremoses (PRISM's remote code imports them)",
+    "gigapath": "pip install fairscale git+https://github.com/prov-gigapath/prov-gigapath flash_attn",
+    "moozy": "pip install moozy",
+}
+
+
+class MissingExtraError(UserError, ImportError):
+    """An entry's optional package is not installed."""
+
+
+def missing_packages(spec: EncoderSpec) -> list[str]:
+    """Import names of ``spec.requires`` that do not resolve here (no import is executed)."""
+    missing = []
+    for name in spec.requires:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent package is missing or half-installed
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def require(spec: EncoderSpec) -> None:
+    """Raise :class:`MissingExtraError` naming the extra when a package the entry needs is missing."""
+    missing = missing_packages(spec)
+    if missing:
+        how = INSTALL.get(spec.extra or "", "")
+        raise MissingExtraError(
+            f"encoder '{spec.name}' needs the optional package(s) {', '.join(missing)} "
+            f"(extra '{spec.extra}': pip install 'robustbench_fm[{spec.extra}]'"
+            f"{'; or ' + how if how else ''})")

@@ -1,0 +1,1 @@
+"""Reports: paper-layout tables and plots of stage results."""
