@@ -317,10 +317,13 @@ def test_gated_entry_error_says_where_to_request_access_and_how_to_pass_a_token(
 @pytest.mark.parametrize("name,extra", [("conch", "conch"), ("musk", "musk"), ("flair", "flair"),
                                         ("panderm", "panderm"), ("sam_med2d", "sam_med2d")])
 def test_missing_optional_package_names_the_extra(name, extra):
+    from robustbench_fm.encoders.loaders.extras import INSTALL
+
     with pytest.raises(loaders.MissingExtraError) as err:
         enc.load(name, device=CPU)
     msg = str(err.value)
-    assert "\n" not in msg and f"robustbench_fm[{extra}]" in msg and name in msg
+    assert "\n" not in msg and f"extra '{extra}'" in msg and name in msg
+    assert INSTALL[extra] in msg  # the install line: the robustbench_fm extra and/or the upstream repository
 
 
 def test_slide_entries_take_tile_embeddings_not_images():

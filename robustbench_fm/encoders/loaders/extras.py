@@ -11,17 +11,18 @@ import importlib.util
 from ...errors import UserError
 from ..spec import EncoderSpec
 
-#: extra -> how to install it (the upstream packages are not on PyPI unless said so).
+#: extra -> how to install it. The PyPI parts are robustbench_fm extras (pyproject.toml); the
+#: authors' own packages that are not on PyPI come from their repositories.
 INSTALL = {
     "conch": "pip install git+https://github.com/Mahmoodlab/CONCH",
-    "musk": "pip install fairscale git+https://github.com/lilab-stanford/MUSK",
+    "musk": "pip install 'robustbench_fm[musk]' git+https://github.com/lilab-stanford/MUSK",
     "flair": "pip install git+https://github.com/jusiro/FLAIR",
     "panderm": "git clone https://github.com/SiyuanYan1/PanDerm and put PanDerm/classification on PYTHONPATH",
     "sam_med2d": "git clone https://github.com/OpenGVLab/SAM-Med2D and put it on PYTHONPATH",
-    "titan": "pip install einops einops-exts (TITAN's remote code imports them)",
-    "prism": "pip install environs sacremoses (PRISM's remote code imports them)",
-    "gigapath": "pip install fairscale git+https://github.com/prov-gigapath/prov-gigapath flash_attn",
-    "moozy": "pip install moozy",
+    "titan": "pip install 'robustbench_fm[titan]' (TITAN's remote code imports einops, einops-exts)",
+    "prism": "pip install 'robustbench_fm[prism]' (PRISM's remote code imports environs, sacremoses)",
+    "gigapath": "pip install 'robustbench_fm[gigapath]' git+https://github.com/prov-gigapath/prov-gigapath",
+    "moozy": "pip install 'robustbench_fm[moozy]'",
 }
 
 
@@ -49,5 +50,4 @@ def require(spec: EncoderSpec) -> None:
         how = INSTALL.get(spec.extra or "", "")
         raise MissingExtraError(
             f"encoder '{spec.name}' needs the optional package(s) {', '.join(missing)} "
-            f"(extra '{spec.extra}': pip install 'robustbench_fm[{spec.extra}]'"
-            f"{'; or ' + how if how else ''})")
+            f"(extra '{spec.extra}': {how or 'see README, Encoders'})")
