@@ -68,8 +68,8 @@ def write_images(root: Path, n: int, size: int, seed: int = 0) -> pd.DataFrame:
 
 
 def _rss_child(model: str, root: str, n: int, device: str, batch_size: int, out: str) -> None:
-    """Extract the first n images in a fresh process and record its peak resident memory."""
-    import resource
+    """Extract the first n images in a fresh process and record its peak resident memory
+    (``VmHWM``: ``ru_maxrss`` would carry over the parent's peak, Linux keeps it across exec)."""
 
     from robustbench_fm import encoders
     from robustbench_fm.features import extract
@@ -79,9 +79,24 @@ def _rss_child(model: str, root: str, n: int, device: str, batch_size: int, out:
     encoder = encoders.load(model, device=device)
     fs = extract(encoder, manifest, root, Path(out).parent / f"cache-rss-{n}", batch_size=batch_size,
                  num_workers="auto", progress=False, read=False)
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_kib = _peak_rss_kib()
     Path(out).write_text(json.dumps({"n": n, "peak_rss_mib": round(peak_kib / 1024, 1),
                                      "images_per_s": round(fs.images_per_s, 1)}))
+
+
+def _peak_rss_kib() -> int:
+    """This process's peak resident memory in KiB: ``VmHWM`` of /proc/self/status on Linux,
+    else ``ru_maxrss`` (KiB on Linux, bytes on macOS)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak // 1024 if sys.platform == "darwin" else peak
 
 
 def peak_rss(model: str, counts: list[int], size: int, device: str, batch_size: int, tmp: Path) -> dict:

@@ -27,7 +27,7 @@ from PIL import Image
 import robustbench_fm.encoders as enc
 from robustbench_fm.encoders import loaders
 
-PUBLISHED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "published"
+PUBLISHED = Path(__file__).resolve().parent / "reference" / "published"
 CPU = "cpu"
 ISSUE_NAMES = {
     "rad_dino", "biomedclip", "densenet121_xrv",

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-METADATA = Path("/work/shared/reference/pathorob/metadata")
+METADATA = Path(__file__).resolve().parents[1] / "reference" / "pathorob" / "metadata"
 _PNGS = []
 for _g in range(256):
     _buf = BytesIO()

@@ -9,8 +9,8 @@ from croma.downstream._pathorob import get_patches_map_to_split
 
 from robustbench_fm import shortcut_metrics as sm
 
-APD_DIR = Path("/work/shared/reference/pathorob/apd")
-METADATA = Path("/work/shared/reference/pathorob/metadata")
+APD_DIR = Path(__file__).resolve().parents[1] / "reference" / "pathorob" / "apd"
+METADATA = Path(__file__).resolve().parents[1] / "reference" / "pathorob" / "metadata"
 
 # conventions F, G4: (model, dataset) -> APD ID, APD OOD, nIPD ID, nIPD OOD
 G4 = {
