@@ -9,7 +9,11 @@ import torch
 from feature_fixtures import tiny_encoder
 
 from robustbench_fm.devices import resolve_device
-from robustbench_fm.features.extract import PREFETCH_BYTES, _prefetch, default_num_workers
+from robustbench_fm.features.extract import (
+    PREFETCH_BYTES,
+    _prefetch,
+    default_num_workers,
+)
 
 
 def test_auto_picks_cuda_only_when_available(monkeypatch):
