@@ -55,3 +55,16 @@ def test_listing_names_every_registry():
     text = listing()
     for name in encoders.names() + data.names() + stages.names() + EXPERIMENTS:
         assert name in text
+
+
+@pytest.mark.parametrize("launcher, target", [
+    ("local", "BasicLauncher"), ("joblib", "JoblibLauncher"), ("slurm", "SlurmLauncher"),
+    ("submitit_local", "LocalLauncher")])
+def test_every_launcher_composes_with_its_plugin(launcher, target, tmp_path):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"paths.root={tmp_path}", f"launcher={launcher}"],
+                      return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith(target)
+    assert cfg.hydra.callbacks.collect._target_ == "robustbench_fm.sweeps.CollectCallback"
+    if launcher == "slurm":
+        assert cfg.hydra.launcher.gpus_per_node == 1 and cfg.hydra.launcher.array_parallelism == 32
