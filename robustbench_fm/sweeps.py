@@ -53,16 +53,10 @@ def _job_dirs(sweep_dir: Path) -> list[Path]:
                   and ((p / "status.json").exists() or (p / "config.yaml").exists()))
 
 
-def missing_shards(entry: Path) -> list[int]:
-    """Shards of a cache entry folder that are not on disk (from its ``meta.json``)."""
-    meta = json.loads((entry / "meta.json").read_text())
-    return [i for i in range(int(meta["n_shards"])) if not (entry / SHARD_NAME.format(i)).exists()]
-
-
 def _collect_parts(records: list[tuple[Path, dict]], sweep_dir: Path) -> tuple[list[pd.DataFrame], list[str]]:
     """Run the stage on the complete entries of sharded jobs; report the incomplete ones."""
     from . import app
-    from .features import skipped_ids
+    from .features import missing_shards, skipped_ids
 
     summaries, problems = [], []
     groups: dict[tuple[str, str], list[tuple[Path, dict]]] = {}

@@ -15,10 +15,10 @@ from .extract import (
                     extract,
 )
 from .key import CACHE_FORMAT, cache_key, cache_key_fields
-from .load import load_features, read_skipped, skipped_ids
+from .load import load_features, missing_shards, read_skipped, skipped_ids
 from .verify import VerifyReport, verify_cache, verify_entry
 
 __all__ = ["BAD_IMAGE_POLICIES", "CACHE_FORMAT", "SKIPPED_NAME", "FeatureCache", "FeatureCacheError",
            "FeatureSet", "ImageReadError", "VerifyReport", "cache_key", "cache_key_fields",
-           "default_num_workers", "extract", "load_features", "read_skipped", "skipped_ids",
+           "default_num_workers", "extract", "load_features", "missing_shards", "read_skipped", "skipped_ids",
            "verify_cache", "verify_entry"]

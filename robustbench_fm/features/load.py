@@ -55,6 +55,13 @@ def skipped_ids(entry: str | Path) -> list[str]:
     return [str(s) for s in read_skipped(entry)["sample_id"]]
 
 
+def missing_shards(entry: str | Path) -> list[int]:
+    """Shards of a cache entry folder (as its ``meta.json`` lays them out) whose file is absent."""
+    entry = Path(entry)
+    meta = json.loads((entry / META_NAME).read_text())
+    return [i for i in range(int(meta["n_shards"])) if not (entry / f"shard-{i:05d}.parquet").exists()]
+
+
 def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
                   ) -> tuple[np.ndarray, np.ndarray]:
     """Read features from a parquet file, a folder of parquet files, or a cache entry folder.
@@ -70,10 +77,9 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
         files = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
         if (path / META_NAME).exists():
             meta = json.loads((path / META_NAME).read_text())
-            if meta.get("status") != "complete" and len(files) < meta.get("n_shards", 0):
-                have = {p.name for p in files}
+            missing = missing_shards(path)
+            if missing:
                 n, size, rows = int(meta["n_shards"]), int(meta["shard_size"]), int(meta["n_rows"])
-                missing = [i for i in range(n) if f"shard-{i:05d}.parquet" not in have]
                 n_missing = sum(min((i + 1) * size, rows) - i * size for i in missing)
                 names = ", ".join(f"shard-{i:05d}" for i in missing[:5]) + (", ..." if len(missing) > 5 else "")
                 raise FeatureCacheError(f"{path}: incomplete cache entry, {n_missing} of {rows} rows in "

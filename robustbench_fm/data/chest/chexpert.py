@@ -21,9 +21,9 @@ from ..registry import Adapter, register
 from .common import (
     ChestDataError,
     assemble,
-    find_file,
     finding_sources,
     findings_from_columns,
+    first_existing,
     normalise_views,
     read_table,
 )
@@ -34,7 +34,7 @@ COLUMNS = ["Path", "Frontal/Lateral", "AP/PA", "No Finding"]
 
 
 def _rows(csv: Path, split: str, uncertain: str) -> pd.DataFrame:
-    table = read_table(csv, COLUMNS, dtype={"Path": str, "AP/PA": str, "Frontal/Lateral": str})
+    table = read_table(csv, "chexpert", COLUMNS, dtype={"Path": str, "AP/PA": str, "Frontal/Lateral": str})
     parts = table["Path"].str.extract(PATH_PATTERN)
     if parts.isna().any(axis=None):
         bad = table.loc[parts.isna().any(axis=1), "Path"].iloc[0]
@@ -54,7 +54,7 @@ def _rows(csv: Path, split: str, uncertain: str) -> pd.DataFrame:
 
 def build_chexpert(root: Path, uncertain: str = "nan", views: list[str] | None = None) -> pd.DataFrame:
     """CheXpert manifest from train.csv (+ valid.csv when present)."""
-    parts = [_rows(find_file(root, ["train.csv"], "chexpert", "'train.csv'"), "train", uncertain)]
+    parts = [_rows(first_existing(root, ["train.csv"], "chexpert", "'train.csv'"), "train", uncertain)]
     if (root / "valid.csv").is_file():
         parts.append(_rows(root / "valid.csv", "val", uncertain))
     table = pd.concat(parts, ignore_index=True)

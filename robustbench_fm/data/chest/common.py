@@ -15,8 +15,11 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from ...errors import UserError
 from ...manifest import BOX_COLUMNS, CHEST_FINDINGS
+
+# One error family and one set of file helpers for every adapter (data/files.py).
+from ..files import DatasetError as ChestDataError
+from ..files import first_existing, read_table  # noqa: F401  (used by the chest modules)
 
 FINDINGS_FILE = Path(__file__).resolve().parent.parent / "chest_findings.csv"
 UNCERTAIN_POLICIES = {"nan": np.nan, "positive": 1.0, "negative": 0.0}
@@ -29,10 +32,6 @@ VIEW_SYNONYMS = {
     "LATERAL": "LATERAL", "LL": "LATERAL", "RL": "LATERAL", "L": "LATERAL",
     "UNK": "UNKNOWN", "": "UNKNOWN",
 }
-
-
-class ChestDataError(UserError, ValueError):
-    """A chest dataset's label or metadata file is missing or malformed; one line."""
 
 
 @lru_cache(maxsize=None)
@@ -55,26 +54,6 @@ def box_sources(dataset: str, finding: str) -> tuple[str, ...]:
         raise ChestDataError(f"dataset '{dataset}': option 'box_finding' {finding!r} is not mapped in this "
                              f"dataset; use one of {', '.join(sources)}")
     return sources[finding]
-
-
-def find_file(root: Path, names: Iterable[str], dataset: str, what: str) -> Path:
-    """The first of ``names`` (relative to ``root``) that exists; else one line naming them."""
-    names = list(names)
-    for name in names:
-        if (root / name).is_file():
-            return root / name
-    raise ChestDataError(f"dataset '{dataset}': {what} not found under '{root}' (looked for "
-                         f"{', '.join(names)}); point dataset.root at the folder of the official download")
-
-
-def read_table(path: Path, required: Iterable[str], **read_csv_kwargs) -> pd.DataFrame:
-    """Read a CSV (plain or compressed) and check that it has the ``required`` columns."""
-    table = pd.read_csv(path, **read_csv_kwargs)
-    missing = [c for c in required if c not in table.columns]
-    if missing:
-        raise ChestDataError(f"{path}: column '{missing[0]}' missing (present: "
-                             f"{', '.join(map(str, table.columns[:12]))}); use the official file unmodified")
-    return table
 
 
 def uncertain_value(uncertain: str) -> float:

@@ -30,10 +30,10 @@ from .common import (
     assemble,
     box_sources,
     enclosing_boxes,
-    find_file,
     finding_sources,
     findings_from_columns,
     findings_from_terms,
+    first_existing,
     normalise_views,
     read_table,
 )
@@ -42,11 +42,11 @@ SPLIT_NAMES = {"train": "train", "validate": "val", "val": "val", "test": "test"
 
 
 def _mimic_file(root: Path, stem: str) -> Path:
-    return find_file(root, [f"{stem}.csv.gz", f"{stem}.csv"], "mimic_cxr", f"'{stem}.csv.gz'")
+    return first_existing(root, [f"{stem}.csv.gz", f"{stem}.csv"], "mimic_cxr", f"'{stem}.csv.gz'")
 
 
 def _mimic_metadata(root: Path) -> pd.DataFrame:
-    return read_table(_mimic_file(root, "mimic-cxr-2.0.0-metadata"),
+    return read_table(_mimic_file(root, "mimic-cxr-2.0.0-metadata"), "mimic_cxr",
                       ["dicom_id", "subject_id", "study_id", "ViewPosition"],
                       dtype={"dicom_id": str, "ViewPosition": str})
 
@@ -58,8 +58,9 @@ def build_mimic_cxr(root: Path, uncertain: str = "nan", labeler: str = "chexpert
         raise ChestDataError(f"dataset 'mimic_cxr': option 'labeler' {labeler!r} is not chexpert or negbio")
     meta = _mimic_metadata(root)
     split_file = _mimic_file(root, "mimic-cxr-2.0.0-split")
-    split = read_table(split_file, ["dicom_id", "split"], dtype={"dicom_id": str})
-    labels = read_table(_mimic_file(root, f"mimic-cxr-2.0.0-{labeler}"), ["subject_id", "study_id", "No Finding"])
+    split = read_table(split_file, "mimic_cxr", ["dicom_id", "split"], dtype={"dicom_id": str})
+    labels = read_table(_mimic_file(root, f"mimic-cxr-2.0.0-{labeler}"), "mimic_cxr",
+                        ["subject_id", "study_id", "No Finding"])
     if labels.duplicated(["subject_id", "study_id"]).any():
         raise ChestDataError(f"dataset 'mimic_cxr': the {labeler} file has several rows for one study; "
                              "use the official file unmodified")
@@ -103,7 +104,7 @@ def build_ms_cxr(root: Path, annotations: str | None = None, box_finding: str = 
     annotates positives only). The view comes from the MIMIC metadata when it is under ``root``.
     """
     path = _ms_cxr_annotations(root, annotations)
-    ann = read_table(path, ["dicom_id", "category_name", "path", "x", "y", "w", "h",
+    ann = read_table(path, "ms_cxr", ["dicom_id", "category_name", "path", "x", "y", "w", "h",
                             "image_width", "image_height", "split"], dtype={"dicom_id": str})
     images = ann.drop_duplicates("dicom_id").reset_index(drop=True)
     terms = ann.groupby("dicom_id")["category_name"].agg(lambda s: frozenset(s.str.strip()))

@@ -19,9 +19,9 @@ import pandas as pd
 from ..registry import Adapter, register
 from .common import (
     assemble,
-    find_file,
     finding_sources,
     findings_from_terms,
+    first_existing,
     normalise_views,
     read_table,
 )
@@ -47,9 +47,9 @@ def _split(root: Path, names: pd.Series) -> pd.Series:
 
 def build_nih_cxr14(root: Path, views: list[str] | None = None) -> pd.DataFrame:
     """NIH ChestX-ray14 manifest from Data_Entry_2017(_v2020).csv."""
-    csv = find_file(root, ["Data_Entry_2017_v2020.csv", "Data_Entry_2017_v2020.csv.gz", "Data_Entry_2017.csv"],
+    csv = first_existing(root, ["Data_Entry_2017_v2020.csv", "Data_Entry_2017_v2020.csv.gz", "Data_Entry_2017.csv"],
                     "nih_cxr14", "'Data_Entry_2017_v2020.csv'")
-    table = read_table(csv, ["Image Index", "Finding Labels", "Patient ID", "View Position"],
+    table = read_table(csv, "nih_cxr14", ["Image Index", "Finding Labels", "Patient ID", "View Position"],
                        dtype={"Image Index": str, "Finding Labels": str})
     terms = table["Finding Labels"].map(lambda s: frozenset(t.strip() for t in str(s).split("|")))
     names = table["Image Index"].str.strip()

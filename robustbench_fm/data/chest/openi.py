@@ -83,7 +83,7 @@ def _views(root: Path, ids: pd.Series, dicom_metadata: str | None) -> pd.Series:
         if not path.is_file():
             raise ChestDataError(f"dataset 'openi': option 'dicom_metadata' '{path}' is not a file; "
                                  "point it at a table with imageid and 'View Position' columns")
-        table = read_table(path, ["imageid", "View Position"], usecols=["imageid", "View Position"],
+        table = read_table(path, "openi", ["imageid", "View Position"], usecols=["imageid", "View Position"],
                            dtype=str)
         raw = ids.map(table.drop_duplicates("imageid").set_index("imageid")["View Position"])
     elif (root / "NLMCXR_dcm").is_dir():

@@ -20,9 +20,9 @@ from ..registry import Adapter, register
 from .common import (
     ChestDataError,
     assemble,
-    find_file,
     finding_sources,
     findings_from_terms,
+    first_existing,
     normalise_views,
     read_table,
 )
@@ -53,8 +53,8 @@ def _layout(root: Path, table: pd.DataFrame, layout: str) -> str:
 
 def build_padchest(root: Path, layout: str = "auto", views: list[str] | None = None) -> pd.DataFrame:
     """PadChest manifest; ``layout`` says whether images sit in their ImageDir folders."""
-    csv = find_file(root, [f"{CSV_STEM}.gz", CSV_STEM], "padchest", f"'{CSV_STEM}'")
-    table = read_table(csv, ["ImageID", "ImageDir", "PatientID", "Projection", "Labels"],
+    csv = first_existing(root, [f"{CSV_STEM}.gz", CSV_STEM], "padchest", f"'{CSV_STEM}'")
+    table = read_table(csv, "padchest", ["ImageID", "ImageDir", "PatientID", "Projection", "Labels"],
                        dtype={"ImageID": str, "PatientID": str, "Projection": str, "Labels": str},
                        usecols=["ImageID", "ImageDir", "PatientID", "Projection", "Labels"])
     parsed = {c: _parse_labels(c, csv, i) for i, c in table["Labels"].drop_duplicates().items()}

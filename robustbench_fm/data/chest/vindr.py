@@ -58,7 +58,7 @@ def _physionet_split(root: Path, dataset: str, split: str, readers: str) -> pd.D
     path = _label_file(root, f"image_labels_{split}.csv")
     if path is None:
         return None
-    table = read_table(path, ["image_id"], dtype={"image_id": str})
+    table = read_table(path, dataset, ["image_id"], dtype={"image_id": str})
     reader = next((c for c in READER_COLUMNS if c in table.columns), None)
     votes = table.drop(columns=[reader] if reader else [])
     votes = votes.set_index("image_id").apply(pd.to_numeric, errors="coerce").reset_index()
@@ -69,7 +69,7 @@ def _physionet_split(root: Path, dataset: str, split: str, readers: str) -> pd.D
 
 def _kaggle(root: Path, readers: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per-image source columns from the Kaggle train.csv (one row per reader x box)."""
-    raw = read_table(root / "train.csv", [*BOX_COLUMNS_PX, "rad_id"], dtype={"image_id": str})
+    raw = read_table(root / "train.csv", "vindr_cxr", [*BOX_COLUMNS_PX, "rad_id"], dtype={"image_id": str})
     votes = pd.crosstab([raw["image_id"], raw["rad_id"]], raw["class_name"].str.strip()).clip(upper=1)
     labels = _combine(votes.reset_index().drop(columns="rad_id"), readers).reset_index()
     labels.insert(1, "split", "train")
@@ -99,7 +99,7 @@ def _build(root: Path, dataset: str, readers: str, box_finding: str | None, exte
     parts = [p for s in ("train", "test") if (p := _physionet_split(root, dataset, s, readers)) is not None]
     if parts:
         labels = pd.concat(parts, ignore_index=True)
-        ann = pd.concat([read_table(p, BOX_COLUMNS_PX, dtype={"image_id": str})
+        ann = pd.concat([read_table(p, dataset, BOX_COLUMNS_PX, dtype={"image_id": str})
                          for s in ("train", "test") if (p := _label_file(root, f"annotations_{s}.csv"))]
                         or [pd.DataFrame(columns=BOX_COLUMNS_PX)], ignore_index=True)
         findings = findings_from_columns(labels, dataset)
