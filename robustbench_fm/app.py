@@ -219,11 +219,19 @@ def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFra
         summaries = _stage_results(job.stage, str(job.features_file), manifest, cfg, out_dir,
                                    encoder=job.features_file.stem, dataset=Path(cfg.manifest_file).stem)
     else:
+        from . import stages
+
         manifest = load_manifest(job, cfg)
-        entries, skipped = _extract_panel(job, cfg, manifest)
-        if cfg.extract.num_shards > 1:
-            return _record_part(job, cfg, entries, out_dir)
-        summaries = run_stage_on_entries(job, cfg, manifest, [(n, e) for n, e, _ in entries], skipped, out_dir)
+        module = stages.get(job.stage)
+        if hasattr(module, "run_job"):  # the stage drives the encoder itself (stages/__init__.py)
+            summaries = module.run_job(job, cfg, manifest, out_dir)
+        else:
+            entries, skipped = _extract_panel(job, cfg, manifest)
+            if cfg.extract.num_shards > 1:
+                return _record_part(job, cfg, entries, out_dir)
+            _record_entries(out_dir, job, entries)
+            summaries = run_stage_on_entries(job, cfg, manifest, [(n, e) for n, e, _ in entries], skipped,
+                                             out_dir)
     summary = pd.concat(summaries, ignore_index=True)
     write_atomic(out_dir / "summary.parquet", lambda f: summary.to_parquet(f, index=False))
     shown = summary[[c for c in CONSOLE_COLUMNS.get(job.stage, summary.columns) if c in summary.columns]]
@@ -232,6 +240,14 @@ def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFra
     print(f"\n{job.stage} on {job.dataset or job.features_file} "
           f"({time.perf_counter() - started:.1f} s) -> {out_dir}\n\n{table}")
     return summary
+
+
+def _record_entries(out_dir: Path, job: Plan, entries) -> None:
+    """``entries.json``: the cache entry of every encoder of this job, so a sweep's collect step
+    can re-score the same features (e.g. CRoMa's panel median-k) without re-extracting."""
+    record = {"dataset": job.dataset, "stage": job.stage,
+              "entries": [{"encoder": n, "entry": str(e)} for n, e, _ in entries]}
+    write_text_atomic(out_dir / "entries.json", json.dumps(record, indent=1) + "\n")
 
 
 def _record_part(job: Plan, cfg: DictConfig, entries, out_dir: Path) -> pd.DataFrame:

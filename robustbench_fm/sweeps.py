@@ -112,11 +112,23 @@ def collect(sweep_dir: str | Path) -> pd.DataFrame:
     write_atomic(sweep_dir / "combined.parquet", lambda f: combined.to_parquet(f, index=False))
     write_text_atomic(sweep_dir / "combined.csv", combined.to_csv(index=False))
     write_text_atomic(sweep_dir / "missing.txt", "".join(f"{line}\n" for line in missing))
+    _write_tables(sweep_dir, combined)
     print(f"collect: {len(combined)} summary rows from {len(summaries)} results -> {sweep_dir / 'combined.parquet'}"
           + (f"; {len(missing)} problems listed in {sweep_dir / 'missing.txt'}" if missing else ""))
     if problems:
         raise IncompleteSweep(f"{sweep_dir}: {len(problems)} cache entries incomplete: " + "; ".join(problems))
     return combined
+
+
+def _write_tables(sweep_dir: Path, combined: pd.DataFrame) -> None:
+    """The paper tables the sweep's experiment lists in ``report.tables`` -> ``<sweep>/tables/``."""
+    from .report.tables import SweepResults, build_tables
+
+    results = SweepResults(sweep_dir, combined)
+    names = list((results.config.get("report") or {}).get("tables") or []) if results.config is not None else []
+    if names and not combined.empty:
+        written = build_tables(names, results, sweep_dir / "tables")
+        print(f"collect: {len(names)} tables -> {sweep_dir / 'tables'} ({len(written)} files)")
 
 
 class CollectCallback(Callback):

@@ -1,14 +1,37 @@
 """Metric stages. Each module exposes ``run(features, manifest, **params) -> Results`` whose
-keyword defaults are the paper's values."""
+keyword defaults are the paper's values.
+
+A stage that needs the encoder itself (occluded re-extraction, token-sequence heads, finetuning)
+also defines ``run_job(job, cfg, manifest, out_dir) -> list[pd.DataFrame]``; the app then calls it
+instead of extracting pooled features and calling ``run``.
+
+Modules are imported on first use, so a stage with heavy optional dependencies costs nothing
+until it is asked for.
+"""
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
 from ..registry import Registry
-from . import candor, croma, shortcut
 
-STAGES: Registry[ModuleType] = Registry("stage")
-STAGES.register("candor", candor)
-STAGES.register("shortcut", shortcut)
-STAGES.register("croma", croma)
-names, get = STAGES.names, STAGES.get
+STAGES: Registry[str] = Registry("stage")
+for _name, _module in {
+    "candor": "candor",
+    "croma": "croma",
+    "shortcut": "shortcut",
+    "retention": "retention",
+    "linear_head": "heads",
+    "mlp_head": "heads",
+    "logme": "logme",
+    "error_detection": "error_detection",
+    "candor_heads": "candor_heads",
+    "spar": "spar",
+}.items():
+    STAGES.register(_name, f"{__name__}.{_module}")
+names = STAGES.names
+
+
+def get(name: str) -> ModuleType:
+    """The stage module registered as ``name`` (imported now); unknown names get close matches."""
+    return importlib.import_module(STAGES.get(name))
