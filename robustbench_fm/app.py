@@ -93,6 +93,8 @@ def _stage_results(stage: str, features, manifest: pd.DataFrame, cfg: DictConfig
     findings = [str(f) for f in cfg.stage.findings]
     if getattr(stages.get(stage), "MULTI_FINDING", False):
         res = evaluate(stage, features, manifest, finding=findings, **params)
+        # rows pooled across findings (e.g. CANDOR's severity-weighted chest rate) keep their own name
+        findings = findings + sorted(set(res.summary["finding"].astype(str)) - set(findings))
         parts = [(f, Results(summary=res.summary[res.summary["finding"] == f].reset_index(drop=True),
                              per_sample=None if res.per_sample is None else
                              res.per_sample[res.per_sample["finding"] == f].reset_index(drop=True),

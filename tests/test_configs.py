@@ -20,7 +20,8 @@ def compose_cfg(overrides, tmp_path):
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_plans(experiment, tmp_path):
-    cfg = compose_cfg([f"experiment={experiment}", *REQUIRED.get(experiment, [])], tmp_path)
+    cfg = compose_cfg([f"experiment={experiment}", f"dataset.root={tmp_path}", *REQUIRED.get(experiment, [])],
+                      tmp_path)
     OmegaConf.to_yaml(cfg, resolve=True)
     job = app.plan(cfg)
     assert job.stage in stages.names()

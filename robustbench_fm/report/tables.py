@@ -80,6 +80,13 @@ class SweepResults:
                 return OmegaConf.load(d / "config.yaml")
         return None
 
+    def job_config(self, job: str) -> DictConfig | None:
+        """The resolved config of job folder ``job`` (e.g. to read the value an ablation swept)."""
+        for d in self.job_dirs:
+            if d.name == job and (d / "config.yaml").exists():
+                return OmegaConf.load(d / "config.yaml")
+        return None
+
     def _result_files(self, stage: str, name: str) -> list[tuple[Path, dict]]:
         out = []
         for d in self.job_dirs:
