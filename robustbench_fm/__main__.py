@@ -3,8 +3,10 @@
 lists what is registered; ``python -m robustbench_fm verify <cache entry or root> [manifest]``
 re-checks feature-cache shards against their checksums, row counts and the manifest;
 ``python -m robustbench_fm doctor [encoder ...]`` reports whether each encoder can run offline;
-``python -m robustbench_fm collect <sweep dir>`` merges a multirun's results (run automatically
-when a multirun ends)."""
+``python -m robustbench_fm collect <sweep dir> [--compare]`` (or ``experiment=collect
+sweep_dir=<sweep dir> [compare=true]``) merges a multirun's results (run automatically when a
+multirun ends) and with ``--compare`` prints its paper tables beside the published values;
+``python -m robustbench_fm compare <sweep dir>`` only rebuilds that comparison."""
 from __future__ import annotations
 
 import logging
@@ -49,8 +51,9 @@ def verify(path: str, manifest: str | None = None) -> int:
     return 0 if all(r.ok for r in reports) else 1
 
 
-def collect(sweep_dir: str) -> int:
-    """Merge a sweep's results (``combined.parquet``); 2 with a one-line error when incomplete."""
+def collect(sweep_dir: str, show_compare: bool = False) -> int:
+    """Merge a sweep's results (``combined.parquet``, ``results_long.parquet``, tables, report);
+    with ``show_compare`` print ``compare.md``; 2 with a one-line error when incomplete."""
     from .errors import UserError
     from .sweeps import collect as collect_sweep
 
@@ -59,6 +62,29 @@ def collect(sweep_dir: str) -> int:
     except (UserError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if show_compare:
+        shown = Path(sweep_dir) / "compare.md"
+        print(shown.read_text() if shown.exists() else "compare: the sweep's experiment lists no paper tables "
+              "(report.tables); nothing to compare")
+    return 0
+
+
+def compare(sweep_dir: str) -> int:
+    """Rebuild the sweep's paper tables (``report.tables``) and print them beside the published
+    values (``compare.md`` / ``compare.csv`` in the sweep folder); 2 with a one-line error."""
+    from .report.compare import to_markdown, write_compare
+    from .report.tables import SweepResults, get
+
+    results = SweepResults(sweep_dir)
+    if not results.root.is_dir() or results.config is None:
+        print(f"error: compare: '{sweep_dir}' holds no finished run; pass a multirun or run folder", file=sys.stderr)
+        return 2
+    names = list((results.config.get("report") or {}).get("tables") or [])
+    if not names:
+        print(f"error: compare: the experiment of '{sweep_dir}' lists no paper tables; set report.tables",
+              file=sys.stderr)
+        return 2
+    print(to_markdown(write_compare([t for name in names for t in get(name)(results)], results.root)))
     return 0
 
 
@@ -71,9 +97,14 @@ def main() -> None:
         print(report(sys.argv[2:]))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "collect":
+        args = [a for a in sys.argv[2:] if a != "--compare"]
+        if len(args) != 1:
+            raise SystemExit("usage: python -m robustbench_fm collect <multirun sweep folder> [--compare]")
+        sys.exit(collect(args[0], "--compare" in sys.argv[2:]))
+    if len(sys.argv) > 1 and sys.argv[1] == "compare":
         if len(sys.argv) != 3:
-            raise SystemExit("usage: python -m robustbench_fm collect <multirun sweep folder>")
-        sys.exit(collect(sys.argv[2]))
+            raise SystemExit("usage: python -m robustbench_fm compare <multirun sweep folder or run folder>")
+        sys.exit(compare(sys.argv[2]))
     if len(sys.argv) > 1 and sys.argv[1] == "verify":
         if len(sys.argv) not in (3, 4):
             raise SystemExit("usage: python -m robustbench_fm verify <cache entry or cache root> [manifest]")
@@ -94,6 +125,14 @@ def main() -> None:
         install_log_redaction()
         hc = HydraConfig.get()
         overrides = list(hc.overrides.task)
+        if hc.runtime.choices.get("experiment") == "collect":
+            if cfg.get("sweep_dir") is None:
+                print("error: experiment=collect needs sweep_dir=<multirun folder>", file=sys.stderr)
+                sys.exit(2)
+            rc = collect(str(cfg.sweep_dir), bool(cfg.get("compare")))
+            if rc:
+                sys.exit(rc)
+            return
         try:
             if cfg.dry_run:
                 print(redacted_yaml(cfg))

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import manifest as mf
 from .atomic import write_atomic, write_text_atomic
 from .errors import UserError
-from .redact import redacted_yaml
+from .redact import redact_config, redacted_yaml
 from .results import to_markdown
 
 log = logging.getLogger("robustbench_fm")
@@ -139,14 +139,15 @@ def load_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
     return manifest
 
 
-def _extract_panel(job: Plan, cfg: DictConfig, manifest: pd.DataFrame) -> tuple[list, list[str]]:
+def _extract_panel(job: Plan, cfg: DictConfig, manifest: pd.DataFrame) -> tuple[list, list[str], dict]:
     """Fill the feature cache for every encoder (only part ``extract.shard`` of
-    ``extract.num_shards`` when sharded); returns (encoder, cache entry, missing shards) triples
-    and the sample_ids any encoder had to skip (unreadable images under ``on_bad_image=skip``)."""
+    ``extract.num_shards`` when sharded); returns (encoder, cache entry, missing shards) triples,
+    the sample_ids any encoder had to skip (unreadable images under ``on_bad_image=skip``) and
+    the cache use per encoder (images, embedded now, read from the cache, hit, seconds)."""
     from . import encoders
     from .features import extract
 
-    entries, skipped = [], set()
+    entries, skipped, cache = [], set(), {}
     images = manifest.drop_duplicates("sample_id")  # paired designs list an image once per subset
     for name in job.encoders:
         enc_cfg = cfg.encoder if name == cfg.encoder.name else {}
@@ -160,9 +161,12 @@ def _extract_panel(job: Plan, cfg: DictConfig, manifest: pd.DataFrame) -> tuple[
         log.info("%s: %d images embedded, %d forward passes, %.1f images/s, cache %s", name,
                  feats.n_images_embedded, feats.n_forward, feats.images_per_s, feats.path)
         entries.append((name, feats.path, feats.missing_shards))
+        cache[name] = {"images": len(images), "embedded": feats.n_images_embedded,
+                       "cached": max(len(images) - feats.n_images_embedded, 0), "hit": feats.n_forward == 0,
+                       "seconds": round(feats.seconds, 3)}
         skipped.update(feats.skipped)
         del encoder, feats
-    return entries, sorted(skipped)
+    return entries, sorted(skipped), cache
 
 
 def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None) -> pd.DataFrame:
@@ -228,10 +232,10 @@ def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFra
         if hasattr(module, "run_job"):  # the stage drives the encoder itself (stages/__init__.py)
             summaries = module.run_job(job, cfg, manifest, out_dir)
         else:
-            entries, skipped = _extract_panel(job, cfg, manifest)
+            entries, skipped, cache = _extract_panel(job, cfg, manifest)
             if cfg.extract.num_shards > 1:
                 return _record_part(job, cfg, entries, out_dir)
-            _record_entries(out_dir, job, entries)
+            _record_entries(out_dir, job, entries, cache)
             summaries = run_stage_on_entries(job, cfg, manifest, [(n, e) for n, e, _ in entries], skipped,
                                              out_dir)
     summary = pd.concat(summaries, ignore_index=True)
@@ -239,16 +243,31 @@ def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFra
     shown = summary[[c for c in CONSOLE_COLUMNS.get(job.stage, summary.columns) if c in summary.columns]]
     table = to_markdown(shown)
     write_text_atomic(out_dir / "summary.md", table)
-    print(f"\n{job.stage} on {job.dataset or job.features_file} "
-          f"({time.perf_counter() - started:.1f} s) -> {out_dir}\n\n{table}")
+    seconds = time.perf_counter() - started
+    report = _write_report(job, cfg, summary, out_dir, seconds)
+    print(f"\n{job.stage} on {job.dataset or job.features_file} ({seconds:.1f} s) -> {out_dir}\n\n{table}"
+          f"\nreport: {report}")
     return summary
 
 
-def _record_entries(out_dir: Path, job: Plan, entries) -> None:
+def _write_report(job: Plan, cfg: DictConfig, summary: pd.DataFrame, out_dir: Path, seconds: float) -> Path:
+    """``results_long.parquet``/``.csv`` (:mod:`.report.long_format`) and ``report.md`` /
+    ``report.html`` (:mod:`.report.html`) of this run; returns the HTML path."""
+    from .report.html import run_report, write_report
+    from .report.long_format import to_long
+
+    long = to_long(summary, job.stage, OmegaConf.create(redact_config(cfg)), out_dir.name)
+    write_atomic(out_dir / "results_long.parquet", lambda f: long.to_parquet(f, index=False))
+    write_text_atomic(out_dir / "results_long.csv", long.to_csv(index=False))
+    return write_report(run_report(out_dir, redacted_yaml(cfg), long, seconds), out_dir)[1]
+
+
+def _record_entries(out_dir: Path, job: Plan, entries, cache: dict) -> None:
     """``entries.json``: the cache entry of every encoder of this job, so a sweep's collect step
-    can re-score the same features (e.g. CRoMa's panel median-k) without re-extracting."""
+    can re-score the same features (e.g. CRoMa's panel median-k) without re-extracting, and the
+    feature-cache use of the extraction (the reports' "Feature cache" table)."""
     record = {"dataset": job.dataset, "stage": job.stage,
-              "entries": [{"encoder": n, "entry": str(e)} for n, e, _ in entries]}
+              "entries": [{"encoder": n, "entry": str(e), "cache": cache[n]} for n, e, _ in entries]}
     write_text_atomic(out_dir / "entries.json", json.dumps(record, indent=1) + "\n")
 
 

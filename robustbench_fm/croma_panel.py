@@ -13,6 +13,8 @@ Appendix A.2, A.3, A.6; conventions A.5 "Protocols").
   correlations of the induced rankings (Tables 8 and 7).
 * :func:`metric_agreement` and :func:`benchmark_agreement`: Spearman correlations among RI, MaRI
   and CRoMa within a benchmark (Table 9) and of median CRoMa across benchmarks.
+* :func:`typed_ranks`: the rank, among all cross-group candidates ordered by cosine distance, of
+  each unit's nearest SO match and nearest OS distractor (Table 12, Appendix A.4).
 
 Tables are plain DataFrames with an ``encoder`` column (the stage's summaries with an ``encoder``
 column added, as the app writes them, work as they are).
@@ -23,6 +25,7 @@ from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
+import torch
 from scipy.stats import rankdata, spearmanr
 
 from .stages import croma
@@ -141,3 +144,31 @@ def benchmark_agreement(benchmarks: Mapping[str, pd.DataFrame], column: str = "c
             merged = benchmarks[a][["encoder", column]].merge(benchmarks[b][["encoder", column]], on="encoder")
             rows.append(dict(a=a, b=b, n=len(merged), rho=_rho(merged, f"{column}_x", f"{column}_y")))
     return pd.DataFrame(rows, columns=["a", "b", "n", "rho"])
+
+
+def typed_ranks(features, manifest: pd.DataFrame, label_col: str = "bio_label", confounder_col: str = "site",
+                exclude_col: str = "slide_id", block_size: int = 2048, device="auto") -> pd.DataFrame:
+    """Per unit: ``rank_so`` / ``rank_os`` = 1 + the number of cross-group candidates strictly
+    closer (cosine) than its nearest SO match / OS distractor (Table 12: "the rank of the nearest
+    cross-confounder biological match and same-confounder biological distractor"); NaN without
+    such a candidate. One blocked pass over the similarity matrix (design ``all``)."""
+    from .devices import resolve_device
+    from .stages.croma_knn import unit_rows
+
+    x = torch.as_tensor(unit_rows(features)).to(resolve_device(device))
+    codes = [torch.as_tensor(pd.factorize(croma._strings(manifest, c, p))[0], device=x.device)
+             for c, p in ((label_col, "label_col"), (confounder_col, "confounder_col"), (exclude_col, "exclude_col"))]
+    lab, con, grp = codes
+    ranks = np.full((len(x), 2), np.nan)
+    for lo in range(0, len(x), block_size):
+        hi = min(lo + block_size, len(x))
+        sim = x[lo:hi] @ x.T
+        other = grp[lo:hi, None] != grp[None, :]
+        same_lab, same_con = lab[lo:hi, None] == lab[None, :], con[lo:hi, None] == con[None, :]
+        sim = sim.masked_fill(~other, -torch.inf)
+        for t, typed in enumerate((same_lab & ~same_con, ~same_lab & same_con)):
+            nearest = sim.masked_fill(~typed, -torch.inf).max(dim=1).values
+            closer = (sim > nearest[:, None]).sum(dim=1).double() + 1
+            ranks[lo:hi, t] = torch.where(torch.isfinite(nearest), closer, torch.nan).cpu().numpy()
+    return pd.DataFrame({"sample_id": manifest["sample_id"].astype(str).to_numpy(), "rank_so": ranks[:, 0],
+                         "rank_os": ranks[:, 1]})

@@ -12,13 +12,19 @@
   complete entries (``collect/<dataset>-<stage>/``); an entry with missing shards is refused,
   naming the shards, in ``missing.txt`` and in the :class:`IncompleteSweep` error;
 * every summary (jobs' and collected) goes into ``combined.parquet`` / ``combined.csv`` with the
-  job folder in column ``job``. Numbers stay numbers.
+  job folder in column ``job``, and in long format (:mod:`.report.long_format`: encoder,
+  dataset, task, stage, group, metric, value, ci_low, ci_high, n, seed, config_hash, job) into
+  ``results_long.parquet`` / ``results_long.csv``. Numbers stay numbers;
+* the paper tables of the experiment's ``report.tables`` go to ``tables/``, their comparison
+  with the published values to ``compare.md`` / ``compare.csv``, and ``report.md`` /
+  ``report.html`` sum the sweep up (:mod:`.report.html`).
 """
 from __future__ import annotations
 
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +59,9 @@ def _job_dirs(sweep_dir: Path) -> list[Path]:
                   and ((p / "status.json").exists() or (p / "config.yaml").exists()))
 
 
-def _collect_parts(records: list[tuple[Path, dict]], sweep_dir: Path) -> tuple[list[pd.DataFrame], list[str]]:
-    """Run the stage on the complete entries of sharded jobs; report the incomplete ones."""
+def _collect_parts(records: list[tuple[Path, dict]], sweep_dir: Path) -> tuple[list, list[str]]:
+    """Run the stage on the complete entries of sharded jobs; report the incomplete ones.
+    Returns ``(summary, config of the group's first part)`` pairs and the problems."""
     from . import app
     from .features import missing_shards, skipped_ids
 
@@ -85,7 +92,7 @@ def _collect_parts(records: list[tuple[Path, dict]], sweep_dir: Path) -> tuple[l
         skipped = sorted({s for _, entry in complete for s in skipped_ids(entry)})
         out = sweep_dir / "collect" / f"{dataset}-{stage}"
         for summary in app.run_stage_on_entries(job, cfg, manifest, complete, skipped, out):
-            summaries.append(summary.assign(job=f"collect/{out.name}"))
+            summaries.append((summary.assign(job=f"collect/{out.name}"), cfg))
     return summaries, problems
 
 
@@ -94,7 +101,8 @@ def collect(sweep_dir: str | Path) -> pd.DataFrame:
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise FileNotFoundError(f"collect: sweep folder '{sweep_dir}' does not exist; pass the multirun folder")
-    summaries, missing, parts = [], [], []
+    started = time.perf_counter()
+    summaries, missing, parts = [], [], []  # summaries: (summary, job config) pairs
     for job_dir in _job_dirs(sweep_dir):
         status_file = job_dir / "status.json"
         status = json.loads(status_file.read_text()) if status_file.exists() else {"status": "not started"}
@@ -104,15 +112,20 @@ def collect(sweep_dir: str | Path) -> pd.DataFrame:
         if (job_dir / "extracted.json").exists():
             parts.append((job_dir, json.loads((job_dir / "extracted.json").read_text())))
         if (job_dir / "summary.parquet").exists():
-            summaries.append(pd.read_parquet(job_dir / "summary.parquet").assign(job=job_dir.name))
+            cfg = OmegaConf.load(job_dir / "config.yaml") if (job_dir / "config.yaml").exists() else None
+            summaries.append((pd.read_parquet(job_dir / "summary.parquet").assign(job=job_dir.name), cfg))
     collected, problems = _collect_parts(parts, sweep_dir)
     summaries += collected
     missing += problems
-    combined = pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame()
+    combined = pd.concat([s for s, _ in summaries], ignore_index=True) if summaries else pd.DataFrame()
     write_atomic(sweep_dir / "combined.parquet", lambda f: combined.to_parquet(f, index=False))
     write_text_atomic(sweep_dir / "combined.csv", combined.to_csv(index=False))
+    long = _long(summaries)
+    write_atomic(sweep_dir / "results_long.parquet", lambda f: long.to_parquet(f, index=False))
+    write_text_atomic(sweep_dir / "results_long.csv", long.to_csv(index=False))
     write_text_atomic(sweep_dir / "missing.txt", "".join(f"{line}\n" for line in missing))
-    _write_tables(sweep_dir, combined)
+    tables = _write_tables(sweep_dir, combined)
+    _write_report(sweep_dir, long, tables, missing, time.perf_counter() - started)
     print(f"collect: {len(combined)} summary rows from {len(summaries)} results -> {sweep_dir / 'combined.parquet'}"
           + (f"; {len(missing)} problems listed in {sweep_dir / 'missing.txt'}" if missing else ""))
     if problems:
@@ -120,15 +133,48 @@ def collect(sweep_dir: str | Path) -> pd.DataFrame:
     return combined
 
 
-def _write_tables(sweep_dir: Path, combined: pd.DataFrame) -> None:
-    """The paper tables the sweep's experiment lists in ``report.tables`` -> ``<sweep>/tables/``."""
-    from .report.tables import SweepResults, build_tables
+def _long(summaries: list[tuple[pd.DataFrame, DictConfig | None]]) -> pd.DataFrame:
+    """Every job's summary in long format (stage, seed and config hash from the job's config)."""
+    from .report.long_format import LONG_COLUMNS, to_long
+
+    parts = [to_long(summary, str(OmegaConf.select(cfg, "stage.name", default="")) if cfg is not None else "",
+                     cfg, str(summary["job"].iloc[0]) if len(summary) else "")
+             for summary, cfg in summaries]
+    parts = [p for p in parts if not p.empty]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=LONG_COLUMNS)
+
+
+def _write_tables(sweep_dir: Path, combined: pd.DataFrame) -> list:
+    """The paper tables the sweep's experiment lists in ``report.tables`` -> ``<sweep>/tables/``,
+    and their comparison with the published values -> ``compare.md`` / ``compare.csv``."""
+    from .report.compare import write_compare
+    from .report.render import render
+    from .report.tables import SweepResults, get
 
     results = SweepResults(sweep_dir, combined)
     names = list((results.config.get("report") or {}).get("tables") or []) if results.config is not None else []
-    if names and not combined.empty:
-        written = build_tables(names, results, sweep_dir / "tables")
-        print(f"collect: {len(names)} tables -> {sweep_dir / 'tables'} ({len(written)} files)")
+    if not names or combined.empty:
+        return []
+    tables = [table for name in names for table in get(name)(results)]
+    written = [path for table in tables for path in render(table, sweep_dir / "tables")]
+    print(f"collect: {len(names)} tables -> {sweep_dir / 'tables'} ({len(written)} files)")
+    cmp = write_compare(tables, sweep_dir)
+    if len(cmp):
+        print(f"collect: {len(cmp)} cells compared with the published values, {int(cmp['outside'].sum())} "
+              f"outside the published interval -> {sweep_dir / 'compare.md'}")
+    return tables
+
+
+def _write_report(sweep_dir: Path, long: pd.DataFrame, tables: list, missing: list[str], seconds: float) -> None:
+    """``report.md`` / ``report.html`` of the sweep (:mod:`.report.html`)."""
+    from .report.html import sweep_report, write_report
+    from .results import to_markdown
+
+    report = sweep_report(sweep_dir, long, tables, missing, seconds)
+    md, html = write_report(report, sweep_dir)
+    if len(report.summary):
+        print("\n" + to_markdown(report.summary))
+    print(f"collect: report -> {html} ({md.name} beside it)")
 
 
 class CollectCallback(Callback):

@@ -1,6 +1,8 @@
 """PathoROB benchmarks (Camelyon, TCGA-4x4, TCGA-2x2, Tolkach-ESCA) from their Hugging Face
 parquet snapshots plus PathoROB's metadata CSVs (croma.md §2.5 Table 1; conventions
-``croma_conventions.md`` E, "Which rows each metric uses"), and the PCaBiop-ISUP pair design.
+``croma_conventions.md`` E, "Which rows each metric uses"), and CRoMa's slide-level PCaBiop
+cohorts from PANDA's slide table (adapter ``pcabiop``: :func:`build_pcabiop`,
+:func:`pcabiop_cohorts`, the PCaBiop-ISUP pair design :func:`isup_pair_occurrences`).
 
 Layout under ``root`` (one folder per HF dataset repo ``bifold-pathomics/PathoROB-<x>``)::
 
@@ -192,6 +194,93 @@ def median_of_pair_medians(per_sample: pd.DataFrame, value_col: str = "croma", s
     return float(np.median(pair_medians.to_numpy())), pair_medians
 
 
+#: PANDA's slide table (``train.csv``) columns: slide id, ISUP grade group (0 = benign), centre
+PANDA_COLUMNS = {"id_col": "image_id", "grade_col": "isup_grade", "centre_col": "data_provider"}
+PCABIOP_VIEWS = ("binary", "isup")
+
+
+def _read_slide_table(file: Path, id_col: str, grade_col: str, centre_col: str) -> pd.DataFrame:
+    if not file.is_file():
+        raise FileNotFoundError(f"pcabiop: slide table '{file}' not found; put PANDA's train.csv there "
+                                "(kaggle.com/competitions/prostate-cancer-grade-assessment) or set slides_csv")
+    table = pd.read_csv(file, dtype={id_col: str, centre_col: str})
+    missing = [c for c in (id_col, grade_col, centre_col) if c not in table.columns]
+    if missing:
+        raise ValueError(f"pcabiop: {file} has no column(s) {', '.join(missing)} (present: "
+                         f"{', '.join(table.columns)}); pass id_col / grade_col / centre_col")
+    grades = pd.to_numeric(table[grade_col], errors="coerce")
+    bad = grades.isna() | ~grades.isin(range(6))
+    if bad.any():
+        raise ValueError(f"pcabiop: {file} column '{grade_col}' holds '{table[grade_col][bad].iloc[0]}' at row "
+                         f"{int(np.flatnonzero(bad)[0])}; ISUP grade groups are integers 0-5")
+    centres = table[centre_col].dropna().unique()
+    if len(centres) != 2:
+        raise ValueError(f"pcabiop: {file} column '{centre_col}' holds {len(centres)} centres; the design needs 2")
+    return pd.DataFrame({"slide_id": table[id_col], "isup_grade": grades.astype(int), "site": table[centre_col]})
+
+
+def _draw(frame: pd.DataFrame, n: int, rng: np.random.Generator, what: str) -> pd.DataFrame:
+    if len(frame) < n:
+        raise ValueError(f"pcabiop: {what} has {len(frame)} slides, fewer than per_cell={n}; lower per_cell")
+    return frame.iloc[np.sort(rng.choice(len(frame), n, replace=False))]
+
+
+def pcabiop_cohorts(slides: pd.DataFrame, per_cell: int | None = 250, seed: int = 0
+                    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """PCaBiop-ISUP and PCaBiop (croma.md §2.5 and A.12) from a slide table (slide_id, isup_grade,
+    site): ISUP = ``per_cell`` slides of every grade group (0–5) × centre cell, drawn at random
+    with ``seed`` (all rows when ``per_cell`` is None; 250 × 12 = 3,000 in the paper); binary =
+    its matched subset: every benign (grade 0) slide of each centre and as many cancer slides per
+    centre, spread evenly over grades 1–5 (⌊n/5⌋ each, the remainder to the lowest grades; the
+    paper does not say how it spread them), drawn with the same seed. Returns (binary, isup)."""
+    rng = np.random.default_rng(seed)
+    cells = []
+    for (grade, site), cell in slides.groupby(["isup_grade", "site"], sort=True):
+        cells.append(cell if per_cell is None else _draw(cell, per_cell, rng, f"cell ISUP {grade} x {site}"))
+    isup = pd.concat(cells).sort_index()
+    missing = {(g, s) for g in range(6) for s in slides["site"].unique()} - set(zip(isup["isup_grade"], isup["site"]))
+    if missing:
+        raise ValueError(f"pcabiop: no slide of ISUP grade {min(missing)[0]} at centre '{min(missing)[1]}'; "
+                         "the design needs all 6 grade groups at both centres")
+    parts = []
+    for site, rows in isup.groupby("site", sort=True):
+        benign = rows[rows["isup_grade"] == 0]
+        share = np.full(5, len(benign) // 5) + (np.arange(5) < len(benign) % 5)
+        parts.append(benign)
+        parts += [_draw(rows[rows["isup_grade"] == g], int(n), rng, f"cell ISUP {g} x {site}")
+                  for g, n in zip(range(1, 6), share)]
+    return pd.concat(parts).sort_index(), isup
+
+
+def build_pcabiop(root: Path, view: str = "binary", slides_csv: str = "train.csv", per_cell: int | None = 250,
+                  seed: int = 0, image_dir: str = "train_images", id_col: str = "image_id",
+                  grade_col: str = "isup_grade", centre_col: str = "data_provider") -> pd.DataFrame:
+    """PCaBiop slide manifest from PANDA's layout under ``root``::
+
+        train.csv                 image_id, data_provider (karolinska | radboud), isup_grade (0-5), ...
+        train_images/<id>.tiff    the whole-slide images (the slide locator; not read here)
+        tiles/<id>/<x>_<y>.png    the slide's tiles at level-0 position (x, y), which the slide
+                                  encoders' tile encoders embed (robustbench_fm.features.slides)
+
+    ``view="binary"``: PCaBiop, bio_label benign / cancer (1,000 slides at per_cell=250);
+    ``view="isup"``: PCaBiop-ISUP as the 15 grade-pair × 2-centre quartets (one row per
+    (slide, pair) occurrence, ``subset`` = pair, bio_label = grade group; croma
+    ``design="paired_2x2"``). Cohorts: :func:`pcabiop_cohorts`. Columns: sample_id = slide_id =
+    patient_id = the slide id, path, site = acq_group = centre, isup_grade, bio_label (+ subset).
+    """
+    if view not in PCABIOP_VIEWS:
+        raise ValueError(f"pcabiop: option view='{view}' unknown; use one of {', '.join(PCABIOP_VIEWS)}")
+    slides = _read_slide_table(Path(root) / slides_csv, id_col, grade_col, centre_col)
+    binary, isup = pcabiop_cohorts(slides, per_cell, seed)
+    cohort = binary if view == "binary" else isup
+    out = pd.DataFrame({"sample_id": cohort["slide_id"], "path": image_dir + "/" + cohort["slide_id"] + ".tiff",
+                        "slide_id": cohort["slide_id"], "patient_id": cohort["slide_id"], "site": cohort["site"],
+                        "acq_group": cohort["site"], "isup_grade": cohort["isup_grade"],
+                        "bio_label": np.where(cohort["isup_grade"] > 0, "cancer", "benign") if view == "binary"
+                        else cohort["isup_grade"].astype(str)}).reset_index(drop=True)
+    return isup_pair_occurrences(out) if view == "isup" else out
+
+
 _CITATION = "Kömen J et al. Towards robust foundation models for digital pathology. arXiv:2507.17845, 2025."
 #: registry name -> (description, tile licence)
 _CARDS = {
@@ -212,6 +301,18 @@ def _builder(name: str):
     build.__doc__ = f"Manifest of {name} (module doc): ``view`` 'ri' or 'apd', ``metadata_dir`` default root/metadata."
     return build
 
+
+register(Adapter(
+    name="pcabiop",
+    build=build_pcabiop,
+    description="PCaBiop: PANDA prostate biopsies, benign/cancer (binary) or ISUP grade pairs (isup) x "
+                "Karolinska/Radboud; slide-level (slide encoders over cached tile embeddings)",
+    access="registration: kaggle.com/competitions/prostate-cancer-grade-assessment (train.csv, train_images/); "
+           "tile the slides into tiles/<image_id>/<x>_<y>.png",
+    licence="CC BY-SA-NC 4.0 (PANDA)",
+    citation="Bulten W et al. Artificial intelligence for diagnosis and Gleason grading of prostate cancer: "
+             "the PANDA challenge. Nature Medicine 28:154-163, 2022.",
+))
 
 for _name, (_description, _licence) in _CARDS.items():
     _repo, _ri_file, _, _apd_file = SOURCES[_name]

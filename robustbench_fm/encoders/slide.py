@@ -26,13 +26,15 @@ from .spec import EncoderSpec
 
 @dataclass
 class SlideEncoder:
-    """A frozen slide encoder: ``aggregate(tiles [N, D_tile], coords [N, 2] | None, **kw) -> [D]``."""
+    """A frozen slide encoder: ``aggregate(tiles [N, D_tile], coords [N, 2] | None, **kw) -> [D]``.
+    ``tile_dim`` is the width of its tile embeddings (None: the registered tile encoder's)."""
 
     spec: EncoderSpec
     model: torch.nn.Module
     aggregate: Callable[..., torch.Tensor]
     weights_id: str
     device: torch.device
+    tile_dim: int | None = None
 
     def __post_init__(self):
         self.model.eval().requires_grad_(False).to(self.device)
@@ -40,7 +42,7 @@ class SlideEncoder:
     @torch.inference_mode()
     def embed_slide(self, tiles: torch.Tensor, coords: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         """The slide embedding [D] (float32) of one slide's tile embeddings and coordinates."""
-        tile_dim = get(self.spec.tile_encoder).embed_dim
+        tile_dim = self.tile_dim or get(self.spec.tile_encoder).embed_dim
         if tiles.ndim != 2 or tiles.shape[1] != tile_dim:
             raise ValueError(f"encoder '{self.spec.name}' takes [N, {tile_dim}] embeddings of "
                              f"'{self.spec.tile_encoder}' tiles, got shape {tuple(tiles.shape)}")

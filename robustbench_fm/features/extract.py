@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..errors import UserError
 from ..locks import FileLock, LockTimeout
+from ..occlusion import occlude_row
 from .cache import FeatureCache, FeatureCacheError
 from .key import cache_key_fields
 
@@ -137,7 +138,7 @@ class _RowsDataset(Dataset):
     def __getitem__(self, i: int):
         row = self.records[i]
         try:
-            x = self.transform(self.reader(self.image_root, row))
+            x = self.transform(occlude_row(self.reader(self.image_root, row), row))
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"transform returned {type(x).__name__}, expected a tensor")
             return i, x, None
@@ -242,7 +243,8 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
     """Embed every manifest row with ``encoder``, reusing and filling the feature cache.
 
     ``reader(image_root, row)`` returns a PIL image for a manifest row (default: open
-    ``image_root / row['path']``); the encoder's own ``transform`` is applied to it.
+    ``image_root / row['path']``); a row with occlusion columns has that rectangle filled
+    (:func:`robustbench_fm.occlusion.occlude_row`), then the encoder's own ``transform`` is applied.
     ``num_workers="auto"`` picks :func:`default_num_workers` for the encoder's device.
     ``shard_size`` only applies to a new cache entry; an existing one keeps its layout.
     ``on_bad_image``: ``"error"`` (default) or ``"skip"`` (see the module docstring); skipped

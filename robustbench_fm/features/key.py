@@ -14,6 +14,12 @@ import sys
 import pandas as pd
 
 from .. import manifest as mf
+from ..occlusion import OCCLUSION_COLUMNS
+
+#: Manifest columns that locate an image's pixels: ``sample_id``, ``path`` and, on occluded rows
+#: (:mod:`robustbench_fm.occlusion`), the erased rectangle and its fill. A manifest without
+#: occlusion columns hashes exactly as before they existed.
+KEY_COLUMNS = (*mf.LOCATOR_COLUMNS, *OCCLUSION_COLUMNS)
 
 #: Bump when the on-disk layout or the meaning of a key field changes.
 #: 2: per-shard SHA-256 and row counts in meta.json; skipped rows (NaN + skipped.csv).
@@ -52,11 +58,16 @@ def _canonical(obj) -> dict:
     return json.loads(json.dumps(obj, sort_keys=True, default=str))
 
 
+def manifest_hash(manifest: pd.DataFrame) -> str:
+    """The hash of the manifest's :data:`KEY_COLUMNS` in row order (the key's ``manifest_hash``)."""
+    return mf.content_hash(manifest, KEY_COLUMNS)
+
+
 def cache_key_fields(encoder, manifest: pd.DataFrame) -> dict:
     """Everything that determines the cached features of ``encoder`` on ``manifest``.
 
     Label columns are deliberately absent: the manifest enters only through
-    ``content_hash(manifest, LOCATOR_COLUMNS)``.
+    ``content_hash(manifest, KEY_COLUMNS)`` (the locator and any occlusion columns).
     """
     spec = encoder.spec
     return _canonical({
@@ -73,7 +84,7 @@ def cache_key_fields(encoder, manifest: pd.DataFrame) -> dict:
         "preprocessing": spec.preprocessing(),
         "weights_id": encoder.weights_id,
         "precision": spec.amp_dtype if encoder.uses_amp else "fp32",
-        "manifest_hash": mf.content_hash(manifest, mf.LOCATOR_COLUMNS),
+        "manifest_hash": manifest_hash(manifest),
         "n_rows": int(len(manifest)),
         "package_version": package_version(),
         "library_versions": library_versions(),

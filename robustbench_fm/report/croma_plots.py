@@ -5,7 +5,9 @@ Inputs are DataFrames, one row per sample or per encoder:
 * ``per_sample``: encoder, croma, d_so, d_os (the ``croma`` stage's per-sample table with an
   ``encoder`` column added);
 * ``summary``: encoder, croma (median CRoMa), ltm (LTM₁₀) and, for Figure 6, apd and/or
-  apd_id / apd_ood (the ``shortcut`` stage's APD per test set).
+  apd_id / apd_ood (the ``shortcut`` stage's APD per test set);
+* ``probe`` (Figure 6's top row): encoder, test_set (id / ood), replicate, cramers_v, accuracy
+  (the ``shortcut`` stage's per-sample table with an ``encoder`` column added).
 
 Each ``*_figure`` function draws on a fresh :class:`matplotlib.figure.Figure` (no pyplot, no
 global backend change; PNG and PDF are rendered by the Agg / PDF canvases) and each ``plot_*``
@@ -18,11 +20,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from scipy.stats import gaussian_kde, spearmanr
+from matplotlib.path import Path as PolygonPath
+from scipy.stats import gaussian_kde, spearmanr, t
 
 from ..atomic import write_atomic
 
 APD_COLUMNS = {"apd": "APD", "apd_id": "APD (in-domain)", "apd_ood": "APD (out-of-domain)"}
+#: APD column -> the shortcut stage's test_set it summarises
+TEST_SETS = {"apd_id": "id", "apd_ood": "ood"}
 
 
 def _require(df: pd.DataFrame, columns: tuple[str, ...], what: str) -> None:
@@ -102,10 +107,44 @@ def pareto_figure(summary: pd.DataFrame, frontier: list[str] | None = None, x_co
     return fig
 
 
-def typed_distance_figure(per_sample: pd.DataFrame) -> Figure:
+def hdr_outline(x, y, mass: float = 0.75, grid: int = 160) -> list[np.ndarray]:
+    """Closed polygons bounding the highest-density region that holds ``mass`` of the points
+    (x, y): the region where a Gaussian KDE (Scott's bandwidth) exceeds the level that the
+    ⌈mass·n⌉ densest points are above (midway to the next point's density; Hyndman 1996), traced
+    on a ``grid`` × ``grid`` lattice padded so every contour closes. Returns one (n, 2) vertex
+    array per connected piece."""
+    import contourpy
+
+    pts = np.vstack([np.asarray(x, float), np.asarray(y, float)])
+    if pts.shape[1] < 3 or np.linalg.matrix_rank(pts - pts.mean(axis=1, keepdims=True)) < 2:
+        raise ValueError("hdr outline: needs at least 3 points not on one line")
+    kde = gaussian_kde(pts)
+    dens = np.sort(kde(pts))
+    need = int(np.ceil(mass * len(dens)))
+    level = float(dens[0] / 2 if need >= len(dens) else (dens[-need] + dens[-need - 1]) / 2)
+    pad = 4 * np.sqrt(np.diag(kde.covariance))
+    xs = np.linspace(pts[0].min() - pad[0], pts[0].max() + pad[0], grid)
+    ys = np.linspace(pts[1].min() - pad[1], pts[1].max() + pad[1], grid)
+    gx, gy = np.meshgrid(xs, ys)
+    density = kde(np.vstack([gx.ravel(), gy.ravel()])).reshape(gx.shape)
+    return [line for line in contourpy.contour_generator(gx, gy, density).lines(level) if len(line) > 2]
+
+
+def enclosed_share(x, y, polygons: list[np.ndarray]) -> float:
+    """Share of the points (x, y) inside any of ``polygons``."""
+    pts = np.column_stack([x, y])
+    inside = np.zeros(len(pts), bool)
+    for poly in polygons:
+        inside |= PolygonPath(poly).contains_points(pts)
+    return float(inside.mean())
+
+
+def typed_distance_figure(per_sample: pd.DataFrame, mass: float = 0.75) -> Figure:
     """The typed-distance plane (croma.md Figure 9): d_SO (x) against d_OS (y) on log axes, one
-    point per sample coloured by encoder, filled larger markers at each encoder's medians, and
-    the diagonal d_OS = d_SO (CRoMa = 0; above it biology dominates)."""
+    point per sample coloured by encoder, an outline around the ``mass`` (75%) highest-density
+    region of each encoder's cloud (computed in log space, :func:`hdr_outline`), filled larger
+    markers at each encoder's medians, and the diagonal d_OS = d_SO (CRoMa = 0; above it biology
+    dominates)."""
     _require(per_sample, ("encoder", "d_so", "d_os"), "typed-distance plane")
     if ((per_sample["d_so"] <= 0) | (per_sample["d_os"] <= 0)).any():
         raise ValueError("typed-distance plane: d_so and d_os must be positive for log axes")
@@ -115,6 +154,9 @@ def typed_distance_figure(per_sample: pd.DataFrame) -> Figure:
         ax.scatter(rows["d_so"], rows["d_os"], s=4, alpha=0.3, color=f"C{k % 10}", label=str(encoder))
         ax.scatter([rows["d_so"].median()], [rows["d_os"].median()], s=80, color=f"C{k % 10}",
                    edgecolors="k", zorder=3)
+        if len(rows) >= 3 and np.ptp(np.log10(rows["d_so"])) > 0 and np.ptp(np.log10(rows["d_os"])) > 0:
+            for poly in hdr_outline(np.log10(rows["d_so"]), np.log10(rows["d_os"]), mass):
+                ax.plot(10 ** poly[:, 0], 10 ** poly[:, 1], color=f"C{k % 10}", lw=1.2, zorder=2)
     lo = float(per_sample[["d_so", "d_os"]].min().min()) / 1.5
     hi = float(per_sample[["d_so", "d_os"]].max().max()) * 1.5
     ax.plot([lo, hi], [lo, hi], ls="--", color="k", lw=0.8)
@@ -128,25 +170,55 @@ def typed_distance_figure(per_sample: pd.DataFrame) -> Figure:
     return fig
 
 
-def croma_apd_figure(summary: pd.DataFrame, x_col: str = "croma") -> Figure:
+def _accuracy_panel(ax, probe: pd.DataFrame, test_set: str) -> None:
+    """Balanced-test probe accuracy against the training set's Cramér's V, one dashed curve per
+    encoder with 95% t-intervals over the replicates (Figure 6, top row)."""
+    rows = probe[probe["test_set"] == test_set]
+    for k, (encoder, part) in enumerate(rows.groupby("encoder", sort=True)):
+        stats = part.groupby("cramers_v")["accuracy"].agg(["mean", "std", "count"]).sort_index()
+        half = t.ppf(0.975, np.maximum(stats["count"] - 1, 1)) * stats["std"].fillna(0) / np.sqrt(stats["count"])
+        ax.errorbar(stats.index.to_numpy(float), stats["mean"].to_numpy(float), yerr=half.to_numpy(float), ls="--", marker="o", ms=3, lw=1, capsize=2,
+                    color=f"C{k % 10}", label=str(encoder))
+    ax.set_xlabel("Cramér's V (centre–label association in training)")
+    ax.set_ylabel("balanced-test accuracy")
+    ax.set_xlim(-0.03, 1.03)
+
+
+def croma_apd_figure(summary: pd.DataFrame, x_col: str = "croma", probe: pd.DataFrame | None = None) -> Figure:
     """Median CRoMa against APD, one labelled point per encoder and one panel per APD column
-    present (apd, apd_id, apd_ood), Spearman ρ in each title (croma.md Figure 6, Table 11)."""
+    present (apd, apd_id, apd_ood), Spearman ρ in each title and dashed lines at CRoMa = 0 and
+    APD = 0 (croma.md Figure 6, Table 11). With ``probe`` a top row is added above each apd_id /
+    apd_ood panel: the probe's balanced-test accuracy as the training set's centre–label Cramér's V
+    rises from 0 to 1, per encoder, with 95% t-intervals over the replicates."""
     cols = [c for c in APD_COLUMNS if c in summary.columns]
     _require(summary, ("encoder", x_col), "croma-vs-apd")
     if not cols:
         raise ValueError(f"croma-vs-apd: no APD column (one of {', '.join(APD_COLUMNS)}); add the shortcut "
                          "stage's APD per encoder")
-    fig = Figure(figsize=(4.5 * len(cols), 4))
+    if probe is not None:
+        _require(probe, ("encoder", "test_set", "cramers_v", "accuracy"), "croma-vs-apd probe")
+    top = probe is not None
+    fig = Figure(figsize=(4.5 * len(cols), 8 if top else 4))
     for k, col in enumerate(cols):
-        ax = fig.add_subplot(1, len(cols), k + 1)
+        ax = fig.add_subplot(2 if top else 1, len(cols), len(cols) * top + k + 1)
         ax.scatter(summary[x_col], summary[col], color="C0")
         for _, row in summary.iterrows():
             ax.annotate(str(row["encoder"]), (row[x_col], row[col]), fontsize=7, xytext=(4, 3),
                         textcoords="offset points")
+        ax.axvline(0, ls="--", color="0.5", lw=0.8)
+        ax.axhline(0, ls="--", color="0.5", lw=0.8)
         rho = spearmanr(summary[x_col], summary[col]).statistic if len(summary) > 2 else np.nan
         ax.set_title(f"{APD_COLUMNS[col]}: Spearman ρ = {rho:.2f}", fontsize=9)
         ax.set_xlabel("median CRoMa")
         ax.set_ylabel(APD_COLUMNS[col])
+        if top and col in TEST_SETS:
+            upper = fig.add_subplot(2, len(cols), k + 1)
+            _accuracy_panel(upper, probe, TEST_SETS[col])
+            upper.set_title(APD_COLUMNS[col].replace("APD", "probe accuracy"), fontsize=9)
+            if k == 0:
+                upper.legend(fontsize=6)
+    if top:
+        fig.subplots_adjust(hspace=0.35)
     return fig
 
 
@@ -165,6 +237,6 @@ def plot_typed_distances(per_sample: pd.DataFrame, stem: str | Path) -> list[Pat
     return save_figure(typed_distance_figure(per_sample), stem)
 
 
-def plot_croma_vs_apd(summary: pd.DataFrame, stem: str | Path) -> list[Path]:
-    """Figure 6 to ``<stem>.png`` / ``.pdf``."""
-    return save_figure(croma_apd_figure(summary), stem)
+def plot_croma_vs_apd(summary: pd.DataFrame, stem: str | Path, probe: pd.DataFrame | None = None) -> list[Path]:
+    """Figure 6 (with its top row when ``probe`` is given) to ``<stem>.png`` / ``.pdf``."""
+    return save_figure(croma_apd_figure(summary, probe=probe), stem)

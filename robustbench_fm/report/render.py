@@ -2,7 +2,8 @@
 
 CSV keeps full-precision numbers; markdown and LaTeX round to ``table.decimals`` and mark, per
 column in ``table.best`` (and per ``group_by`` block), the best value bold and the second
-underlined.
+underlined (ties share the mark). Columns and rows keep the frame's order, which builders set to
+the paper's; LaTeX right-aligns numeric columns and rules off the ``group_by`` blocks.
 """
 from __future__ import annotations
 
@@ -58,9 +59,14 @@ def _tex_escape(text: str) -> str:
 def to_latex(table: PaperTable) -> str:
     marks = ranks(table)
     cols = list(table.frame.columns)
-    lines = [r"\begin{tabular}{" + "l" * len(cols) + "}", r"\toprule",
+    align = "".join("r" if pd.api.types.is_numeric_dtype(table.frame[c]) else "l" for c in cols)
+    lines = [r"\begin{tabular}{" + align + "}", r"\toprule",
              " & ".join(_tex_escape(str(c)) for c in cols) + r" \\", r"\midrule"]
+    block = None
     for i, row in table.frame.iterrows():
+        if table.group_by and block is not None and row[table.group_by] != block:
+            lines.append(r"\midrule")  # the paper's rule between blocks (e.g. benchmarks, sections)
+        block = row[table.group_by] if table.group_by else None
         cells = []
         for col, value in row.items():
             text, rank = _tex_escape(_cell(value, table.decimals)), marks.at[i, col]

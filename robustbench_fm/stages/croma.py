@@ -61,6 +61,8 @@ from .croma_scores import (
 DEFAULT_K_GRID = (1, 3, 5, 7, 9, 11, 21, 31, 41, 51, 61, 71, 81, 91)
 DESIGNS = ("all", "paired_2x2")
 ON_SHORT = ("error", "skip")
+#: summary columns that are settings or counts, not metrics (the long-format collector's contract)
+PARAM_COLUMNS = ["k", "tau", "n_subsets", "n_short"]
 
 
 @dataclass
@@ -267,6 +269,11 @@ def select_k(prep: Prepared) -> tuple[int, dict[int, float]]:
     order = list(prep.k_grid) if prep.design == "all" else sorted(scores)
     best = max((k for k in order if k in scores), key=lambda k: (scores[k], -order.index(k)))
     return best, scores
+
+
+def confounder_curve(prep: Prepared) -> dict[int, float]:
+    """Confounder kNN balanced accuracy at every prepared k (Table 14 reports its maximum)."""
+    return _mean_over_scopes(prep, lambda s: s.confs, prep.k_grid)
 
 
 def croma_by_m(prep: Prepared, ms, alpha: float = 0.10) -> pd.DataFrame:

@@ -44,6 +44,11 @@ from sklearn.metrics import balanced_accuracy_score
 from .. import shortcut_metrics as sm
 from ..results import Results
 
+#: the long-format collector's contract: one row per test set, settings apart from metrics
+GROUP_COLUMNS = ["test_set"]
+PARAM_COLUMNS = ["chance", "n_splits", "iterations"]
+COUNT_COLUMN = "n_test"
+
 
 def check_params(benchmark: str = "camelyon", iterations: int = 20, rows_per_slide: int | None = None,
                  **_) -> None:

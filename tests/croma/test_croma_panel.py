@@ -107,3 +107,18 @@ def test_rank_agreement_within_and_across_benchmarks():
     other = pd.DataFrame({"encoder": list("dcbx"), "croma": [.5, .4, .3, .9]})
     out = panel.benchmark_agreement({"one": table, "two": other})
     assert out.to_dict("records") == [{"a": "one", "b": "two", "n": 3, "rho": pytest.approx(1.0)}]
+
+
+def test_typed_ranks_equal_a_brute_force_count():
+    from robustbench_fm.croma_panel import typed_ranks
+
+    x, manifest = cohort(slides_per_cell=3, tiles_per_slide=6, seed=1)
+    got = typed_ranks(x, manifest, block_size=17, device="cpu")
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    sim = unit @ unit.T
+    lab, con, grp = (manifest[c].to_numpy() for c in ("bio_label", "site", "slide_id"))
+    for i in range(len(x)):
+        other = grp != grp[i]
+        for col, typed in (("rank_so", (lab == lab[i]) & (con != con[i])), ("rank_os", (lab != lab[i]) & (con == con[i]))):
+            nearest = sim[i][other & typed].max()
+            assert got.at[i, col] == (sim[i][other] > nearest).sum() + 1

@@ -71,3 +71,36 @@ def test_croma_vs_apd_one_panel_per_test_set(summary, tmp_path):
         cp.pareto_figure(summary.drop(columns="ltm"))
     with pytest.raises(ValueError, match="no APD column"):
         cp.croma_apd_figure(summary[["encoder", "croma"]])
+
+
+@pytest.mark.parametrize("n, seed", [(41, 0), (300, 1)])
+def test_75_percent_outline_encloses_at_least_75_percent(n, seed):
+    rng = np.random.default_rng(seed)
+    x = np.concatenate([rng.normal(0, 1, n // 2), rng.normal(4, 0.5, n - n // 2)])
+    y = 0.5 * x + rng.normal(0, 1, n)
+    polygons = cp.hdr_outline(x, y, 0.75)
+    share = cp.enclosed_share(x, y, polygons)
+    assert 0.75 <= share <= 0.75 + 2.5 / n  # the ⌈0.75 n⌉ densest points, give or take a boundary tie
+    assert cp.enclosed_share(x, y, cp.hdr_outline(x, y, 0.5)) < share
+
+
+def test_typed_distance_plane_draws_one_outline_per_encoder_in_log_space(per_sample):
+    ax = cp.typed_distance_figure(per_sample).axes[0]
+    outlines = [line for line in ax.lines if line.get_linestyle() == "-"]
+    assert len(outlines) >= len(ENCODERS)
+    rows = per_sample[per_sample["encoder"] == ENCODERS[0]]
+    expected = cp.hdr_outline(np.log10(rows["d_so"]), np.log10(rows["d_os"]))[0]
+    np.testing.assert_allclose(outlines[0].get_xdata(), 10 ** expected[:, 0])
+
+
+def test_croma_vs_apd_top_row_shows_probe_accuracy_against_cramers_v(summary):
+    probe = pd.DataFrame([dict(encoder=e, test_set=t, replicate=r, cramers_v=v, accuracy=0.9 - 0.1 * k * v + 0.01 * r)
+                          for k, e in enumerate(ENCODERS) for t in ("id", "ood") for r in range(3)
+                          for v in (0.0, 0.5, 1.0)])
+    fig = cp.croma_apd_figure(summary, probe=probe)
+    assert len(fig.axes) == 4
+    top_id = fig.axes[1]  # created after the first scatter, drawn above it
+    assert top_id.get_position().y0 > fig.axes[0].get_position().y0
+    curve = top_id.lines[0]
+    np.testing.assert_allclose(curve.get_xdata(), [0.0, 0.5, 1.0])
+    np.testing.assert_allclose(curve.get_ydata(), [0.91, 0.91, 0.91])  # enc_a: mean over 3 replicates

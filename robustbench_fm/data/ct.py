@@ -1,0 +1,76 @@
+"""Abdominal CT datasets of SPAR-Bench (spar.md section 3; catalog 1.7): one manifest row per volume.
+
+The volumes themselves are read by ``robustbench_fm.spar.samples.build_samples``; the manifest
+lists them (``sample_id`` = subject, ``path`` = the CT file, ``split``) so that the datasets
+plan and compose like the others. ``spar_phantom_word`` (and ``spar_phantom_totalsegmentator``)
+are synthetic phantoms in the real layouts, written on first use by ``generate``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from ..spar.ct_datasets import list_volumes
+from ..spar.phantoms import write_phantoms
+from ..spar.samples import DATASET_LAYOUTS, sample_options
+from .registry import Adapter, register
+
+PHANTOM_DEFAULTS = {"n_subjects": 30, "n_lits": 20, "phantom_seed": 0}
+
+
+def _manifest(dataset: str, root: str | Path, **options) -> pd.DataFrame:
+    """One row per labelled volume of ``dataset`` under ``root`` (options are checked, see ``sample_options``)."""
+    sample_options(dataset, options)
+    root = Path(root)
+    vols = list_volumes(DATASET_LAYOUTS[dataset], root)
+    return pd.DataFrame({
+        "sample_id": [v.subject_id for v in vols],
+        "path": [v.image.relative_to(root).as_posix() for v in vols],
+        "patient_id": [v.subject_id for v in vols],
+        "site": [v.dataset for v in vols],
+        "split": [v.split for v in vols],
+    })
+
+
+def _phantom_generator(layout: str):
+    def generate(root: str | Path, **options) -> Path:
+        """Write the phantom set (and, for WORD, its LiTS-style set under ``root/lits``)."""
+        opts = {**PHANTOM_DEFAULTS, **{k: v for k, v in options.items() if k in PHANTOM_DEFAULTS}}
+        root = Path(root)
+        write_phantoms(root, layout, n_subjects=int(opts["n_subjects"]), seed=int(opts["phantom_seed"]))
+        if layout == "word" and int(opts["n_lits"]) > 0:
+            write_phantoms(root / "lits", "lits", n_subjects=int(opts["n_lits"]), seed=int(opts["phantom_seed"]) + 1)
+        return root
+    return generate
+
+
+def _adapter(name: str, description: str, **kwargs) -> Adapter:
+    return register(Adapter(name=name, build=lambda root, **options: _manifest(name, root, **options),
+                            description=description, **kwargs))
+
+
+WORD = _adapter(
+    "word", "WORD: 150 abdominal CT volumes with 16 organ label maps (imagesTr/Val/Ts, 100/20/30).",
+    access="application by email to the WORD authors (github.com/HiLab-git/WORD); Google Drive zip, password sent "
+           "to institutional addresses; labelsTs zip on GitHub",
+    licence="GPL-3.0, academic use only",
+    citation="Luo X et al. WORD: A large scale dataset, benchmark and clinical applicable study for abdominal organ "
+             "segmentation from CT image. Medical Image Analysis 82:102642, 2022.")
+LITS = _adapter(
+    "lits", "LiTS: liver CT volumes with liver (1) and tumour (2) labels; SPAR counts tumours on 20 of them.",
+    access="CodaLab LiTS challenge (registration) or the open MSD Task03_Liver",
+    licence="CC BY-SA 4.0 (MSD Task03_Liver)",
+    citation="Bilic P et al. The Liver Tumor Segmentation Benchmark (LiTS). Medical Image Analysis 84:102680, 2023.")
+TOTALSEG = _adapter(
+    "totalsegmentator", "TotalSegmentator: CT subjects with one binary mask per class; meta.csv split.",
+    access="open: Zenodo record 10047292 (v2.0.1)",
+    licence="CC BY 4.0",
+    citation="Wasserthal J et al. TotalSegmentator: Robust segmentation of 104 anatomic structures in CT images. "
+             "Radiology: Artificial Intelligence 5(5):e230024, 2023.")
+PHANTOM_WORD = _adapter(
+    "spar_phantom_word", "Synthetic abdominal CT phantoms in the WORD layout, LiTS-style set under lits/.",
+    generate=_phantom_generator("word"))
+PHANTOM_TOTALSEG = _adapter(
+    "spar_phantom_totalsegmentator", "Synthetic abdominal CT phantoms in the TotalSegmentator layout.",
+    generate=_phantom_generator("totalsegmentator"))

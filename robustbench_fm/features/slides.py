@@ -1,0 +1,151 @@
+"""Slide-level features (croma.md §2.6 and A.12): a slide encoder aggregates the cached tile
+embeddings of each slide into one slide embedding, and the slide embeddings are cached as a
+feature-cache entry of their own.
+
+Tile layout (one folder per slide of the slide manifest, named by its ``sample_id``)::
+
+    <root>/<tiles_dir>/<slide sample_id>/<x>_<y>.png     (or .jpg / .jpeg / .tif / .tiff)
+
+``x``, ``y`` = the tile's level-0 pixel position (the coordinates TITAN, Prov-GigaPath and MOOZY
+take). A tiler such as TRIDENT or CLAM writes the tiles; pick the magnification and tile size of
+the slide encoder's tile encoder (catalog 2.3: 20x; 224 px, 512 px for TITAN/CONCH v1.5).
+
+:func:`extract_slides` embeds every tile with the slide encoder's tile encoder (the ordinary
+feature cache: reused, resumable) and then aggregates slide by slide into the entry
+``<cache>/<slide encoder>/<key>/``, whose key fields are the slide encoder's identity (hub id,
+weights id, slide kwargs), the tile entry's key (tile encoder, its weights and preprocessing, the
+tiles' locators) and the slide manifest's locator hash. Slide shards are written whole and
+atomically like tile shards, so an interrupted run resumes at the first missing shard.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import torch
+
+from .. import manifest as mf
+from ..locks import FileLock
+from .cache import FeatureCache, _embedding_matrix
+from .key import CACHE_FORMAT, library_versions, package_version
+
+log = logging.getLogger("robustbench_fm.features")
+
+TILE_NAME = re.compile(r"^(\d+)_(\d+)\.(png|jpe?g|tiff?)$", re.IGNORECASE)
+
+
+def slide_tiles(slides: pd.DataFrame, root: str | Path, tiles_dir: str = "tiles") -> pd.DataFrame:
+    """The tile manifest of ``slides`` (module doc layout): sample_id ``<slide>/<x>_<y>``, path,
+    slide (the slide's sample_id), x, y; slides in manifest order, tiles by (y, x)."""
+    root = Path(root)
+    parts = []
+    for slide in pd.unique(slides["sample_id"].astype(str)):
+        folder = root / tiles_dir / slide
+        names = [p.name for p in folder.iterdir() if TILE_NAME.match(p.name)] if folder.is_dir() else []
+        if not names:
+            raise FileNotFoundError(f"slide '{slide}': no tiles '<x>_<y>.png' in {folder}; tile the slide "
+                                    f"into {root / tiles_dir}/<slide id>/ first")
+        xy = np.array([[int(v) for v in TILE_NAME.match(n).groups()[:2]] for n in names])
+        order = np.lexsort((xy[:, 0], xy[:, 1]))
+        names, xy = [names[i] for i in order], xy[order]
+        parts.append(pd.DataFrame({"sample_id": [f"{slide}/{n.rsplit('.', 1)[0]}" for n in names],
+                                   "path": [f"{tiles_dir}/{slide}/{n}" for n in names],
+                                   "slide": slide, "x": xy[:, 0], "y": xy[:, 1]}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def slide_key_fields(slide_encoder, tile_key: str, slides: pd.DataFrame) -> dict:
+    """What determines a slide entry: the slide encoder, the tile entry and the slide locators."""
+    spec = slide_encoder.spec
+    return {"cache_format": CACHE_FORMAT, "encoder": spec.name, "library": spec.library, "hub_id": spec.hub_id,
+            "revision": spec.revision, "architecture": spec.architecture, "slide_kwargs": spec.slide_kwargs,
+            "embedding": spec.embedding, "embed_dim": int(spec.embed_dim), "weights_id": slide_encoder.weights_id,
+            "tile_encoder": spec.tile_encoder, "tile_entry": tile_key,
+            "manifest_hash": mf.content_hash(slides, mf.LOCATOR_COLUMNS), "n_rows": int(len(slides)),
+            "package_version": package_version(), "library_versions": library_versions()}
+
+
+class _TileRows:
+    """Reads contiguous row ranges of a complete tile entry shard by shard (memory: one shard)."""
+
+    def __init__(self, cache: FeatureCache):
+        self.cache, self._shard, self._rows = cache, -1, None
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        out = []
+        while lo < hi:
+            i = lo // self.cache.shard_size
+            if i != self._shard:
+                table = pq.read_table(self.cache.shard_path(i), columns=["embedding"], memory_map=True)
+                self._shard, self._rows = i, _embedding_matrix(table.column("embedding"), self.cache.shard_path(i))
+            start, stop = self.cache.shard_bounds(i)
+            take = min(hi, stop)
+            out.append(self._rows[lo - start:take - start])
+            lo = take
+        return np.concatenate(out)
+
+
+def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir: str | Path,
+                   tile_encoder=None, tiles: pd.DataFrame | None = None, tiles_dir: str = "tiles",
+                   weights=None, tile_weights=None, device="auto", batch_size: int = 32,
+                   num_workers: int | str = 0, shard_size: int = 1024, on_bad_image: str = "error",
+                   allow_remote_code: bool = True, progress: bool = True) -> Path:
+    """Slide embeddings of every slide (``sample_id``) of ``manifest`` with slide encoder
+    ``encoder`` (a registry name or a loaded :class:`~robustbench_fm.encoders.SlideEncoder`);
+    returns the cache entry folder, whose rows follow the manifest's distinct sample_ids.
+
+    ``tiles``: the tile manifest (columns sample_id, path, slide, x, y); default
+    :func:`slide_tiles` under ``root/tiles_dir``. ``tile_encoder`` (name or loaded encoder)
+    defaults to the slide encoder's own; tile extraction options are those of
+    :func:`robustbench_fm.features.extract`. Tiles skipped as unreadable (``on_bad_image="skip"``)
+    are left out of their slide's bag.
+    """
+    from .. import encoders
+    from .extract import extract
+
+    slide_enc = encoder if isinstance(encoder, encoders.SlideEncoder) else encoders.load_slide(
+        encoder, weights=weights, device=device, allow_remote_code=allow_remote_code)
+    spec = slide_enc.spec
+    slides = manifest.drop_duplicates("sample_id").reset_index(drop=True)
+    tiles = slide_tiles(slides, root, tiles_dir) if tiles is None else tiles.reset_index(drop=True)
+    missing = [c for c in ("sample_id", "path", "slide", "x", "y") if c not in tiles.columns]
+    if missing:
+        raise ValueError(f"tile manifest: columns {', '.join(missing)} missing; pass sample_id, path, slide, x, y")
+    order = pd.Index(slides["sample_id"].astype(str)).get_indexer(tiles["slide"].astype(str))
+    if (order < 0).any() or (np.diff(order) < 0).any() or set(order) != set(range(len(slides))):
+        raise ValueError("tile manifest: every slide needs tiles, listed contiguously in slide-manifest order, and "
+                         "no tile may name a slide outside the manifest")
+    tile_enc = tile_encoder if isinstance(tile_encoder, encoders.Encoder) else encoders.load(
+        tile_encoder or spec.tile_encoder, weights=tile_weights, device=device, allow_remote_code=allow_remote_code)
+    if tile_enc.spec.name != spec.tile_encoder:
+        raise ValueError(f"slide encoder '{spec.name}' aggregates '{spec.tile_encoder}' tiles, "
+                         f"not '{tile_enc.spec.name}'")
+    tile_set = extract(tile_enc, tiles[["sample_id", "path"]], root, cache_dir, batch_size=batch_size,
+                       num_workers=num_workers, shard_size=shard_size, on_bad_image=on_bad_image,
+                       progress=progress, read=False)
+    del tile_enc
+    tile_rows = _TileRows(FeatureCache(cache_dir, tile_set.fields))
+    bounds = np.searchsorted(order, np.arange(len(slides) + 1))
+    xy = tiles[["x", "y"]].to_numpy(np.int64)
+    cache = FeatureCache(cache_dir, slide_key_fields(slide_enc, tile_set.key, slides), shard_size=shard_size,
+                         n_rows=len(slides))
+    cache.path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(cache.path.parent / f"{cache.key}.lock", timeout=None):
+        missing_shards = cache.missing_shards()
+        for i in missing_shards:
+            lo, hi = cache.shard_bounds(i)
+            out = np.empty((hi - lo, spec.embed_dim), np.float32)
+            for j in range(lo, hi):
+                bag = tile_rows.rows(bounds[j], bounds[j + 1])
+                coords = xy[bounds[j]:bounds[j + 1]]
+                keep = np.isfinite(bag).all(axis=1)
+                out[j - lo] = slide_enc.embed_slide(torch.from_numpy(bag[keep]),
+                                                    torch.from_numpy(coords[keep])).cpu().numpy()
+            cache.write_shard(i, slides["sample_id"].astype(str)[lo:hi], out)
+        log.info("%s: %d slides aggregated from %d '%s' tiles (%d shards computed) -> %s", spec.name, len(slides),
+                 len(tiles), spec.tile_encoder, len(missing_shards), cache.path)
+    return cache.path

@@ -1,0 +1,14 @@
+"""Trained heads on frozen features and what is measured with them (candor.md "Implementation",
+"Baselines", "Discordance and Head Errors", Table 4; candor_v1.md "Implementation", Table 4).
+
+* :mod:`.rows`: the stable-hash draw of the ≤ 25,000 training / ≤ 20,000 test rows shared by
+  every encoder, and the split carve-out for datasets without one;
+* :mod:`.train`: linear and 256-unit MLP heads (Adam, 30 epochs, lr 1e-3, wd 1e-4, batch 256);
+* :mod:`.operating_point`: the threshold at 0.800 validation sensitivity;
+* :mod:`.bootstrap`: patient-clustered bootstrap of AUROCs (paired across scores);
+* :mod:`.fit`: one finding end to end (draw → train → threshold → scores);
+* :mod:`.failure`: failure-detection scores (confidence, ensemble, Mahalanobis, k-NN, DM proxy);
+* :mod:`.mantel_haenszel`: the stratified risk difference of miss rates with Sato's variance;
+* :mod:`.combine`: rules that combine a panel's heads (Table 4) and the oracle selector;
+* :mod:`.logme`: LogME evidence (You et al. 2021).
+"""

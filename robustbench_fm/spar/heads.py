@@ -1,0 +1,94 @@
+"""SPAR task heads (spar.md Section 3.2): an MLP on the pooled representation and a Transformer on
+the full token sequence, for the 16-tile levels (outputs per tile slot) and the whole-slice
+Level 3 (question-conditioned, one output head per probe).
+
+Token inputs are ``[B, T, N, D]`` for tiles (T tiles of N tokens) and ``[B, N, D]`` for a slice.
+The MLP concatenates the T pooled tile vectors (so it can compare tiles) or, at Level 3, the
+pooled slice vector and the question encoding. The Transformer reads every token, with learned
+token-position and tile embeddings, plus appended query tokens: one learned token per tile slot
+(Levels 1-2) or the projected question (Level 3), whose outputs are read out.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+#: Level 3 heads answer with at most 5 classes (orientation); probes with fewer mask the rest.
+MAX_CLASSES = 5
+
+
+def pool(tokens: torch.Tensor, has_cls: bool) -> torch.Tensor:
+    """CLS token for ViTs, mean over tokens for CNN feature maps (spar.md Section 3.2)."""
+    return tokens[..., 0, :] if has_cls else tokens.mean(dim=-2)
+
+
+class MLPHead(nn.Module):
+    """Pooled representation -> 2-layer MLP. ``n_tiles`` > 0: [B, T, N, D] -> [B, T, n_out];
+    else [B, N, D] and question [B, Q] (concatenated) -> [B, n_out]."""
+
+    def __init__(self, dim: int, n_out: int, has_cls: bool, n_tiles: int = 0, cond_dim: int = 0,
+                 hidden: int = 512):
+        super().__init__()
+        self.has_cls, self.n_tiles, self.n_out = has_cls, n_tiles, n_out
+        self.norm = nn.LayerNorm(dim)
+        width = dim * n_tiles if n_tiles else dim + cond_dim
+        self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(),
+                                 nn.Linear(hidden, n_out * max(n_tiles, 1)))
+
+    def forward(self, tokens: torch.Tensor, question: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.norm(pool(tokens, self.has_cls))
+        if self.n_tiles:
+            return self.mlp(x.flatten(1)).view(x.shape[0], self.n_tiles, self.n_out)
+        return self.mlp(torch.cat([x, question], dim=-1))
+
+
+class TransformerHead(nn.Module):
+    """Full token sequence -> Transformer encoder -> read-out of appended query tokens.
+    ``n_tiles`` > 0: [B, T, N, D] -> [B, T, n_out] (one learned query per tile slot); else
+    [B, N, D] with the question appended as a token -> [B, n_out]."""
+
+    def __init__(self, dim: int, n_out: int, n_tokens: int, n_tiles: int = 0, cond_dim: int = 0,
+                 d_model: int = 256, layers: int = 2, heads: int = 8, dropout: float = 0.1):
+        super().__init__()
+        self.n_tiles = n_tiles
+        self.proj = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, d_model))
+        self.pos = nn.Parameter(torch.randn(1, n_tokens, d_model) * 0.02)
+        if n_tiles:
+            self.tile = nn.Parameter(torch.randn(1, n_tiles, 1, d_model) * 0.02)
+            self.queries = nn.Parameter(torch.randn(1, n_tiles, d_model) * 0.02)
+        else:
+            self.question = nn.Linear(cond_dim, d_model)
+        layer = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=dropout, batch_first=True,
+                                           norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.out = nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, n_out))
+
+    def forward(self, tokens: torch.Tensor, question: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.proj(tokens) + self.pos[:, :tokens.shape[-2]]
+        if self.n_tiles:
+            x = (x + self.tile).flatten(1, 2)
+            queries = self.queries.expand(x.shape[0], -1, -1)
+        else:
+            queries = self.question(question).unsqueeze(1)
+        h = self.encoder(torch.cat([x, queries], dim=1))[:, -queries.shape[1]:]
+        out = self.out(h)
+        return out if self.n_tiles else out[:, 0]
+
+
+class SparModel(nn.Module):
+    """Backbone (None when reading cached frozen tokens) followed by a head. Inputs: tiles
+    [B, T, H, W] uint8, a slice [B, H, W] uint8, or cached tokens."""
+
+    def __init__(self, head: nn.Module, backbone: nn.Module | None = None, joint_tiles: bool = False):
+        super().__init__()
+        self.head, self.backbone, self.joint_tiles = head, backbone, joint_tiles
+
+    def tokens(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backbone is None:
+            return x.float()
+        if x.ndim == 4 and not self.joint_tiles:  # independent tiles through the backbone
+            return self.backbone(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+        return self.backbone(x)
+
+    def forward(self, x: torch.Tensor, question: torch.Tensor | None = None) -> torch.Tensor:
+        return self.head(self.tokens(x), question)

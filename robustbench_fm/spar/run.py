@@ -1,0 +1,362 @@
+"""Train and score every SPAR configuration of one encoder (spar.md Sections 3.1-3.3).
+
+A configuration is (head, mode): head ``mlp`` | ``transformer`` | ``combined`` (ViT-Combined),
+mode ``frozen`` (heads only, on cached token sequences) or ``finetuned`` (the whole encoder).
+Each is trained independently per level (localization, permutation, the six Level 3 probes
+jointly) and seed on the dataset's train split, early-stopped on its val split, scored on its
+test split and, without retraining, on every transfer dataset (all of its samples).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from . import metrics
+from .heads import MAX_CLASSES, MLPHead, SparModel, TransformerHead
+from .models import Backbone, CombinedViT
+from .samples import L3_PROBES, ORGANS, SparSamples, apply_transform
+from .sinkhorn import hungarian, permutation_loss, sinkhorn
+from .train import TrainConfig, fit, predict
+
+log = logging.getLogger(__name__)
+
+TILE_LEVELS = ("localization", "permutation")
+LEVELS = (*TILE_LEVELS, "spatial_queries")
+HEADS = ("mlp", "transformer", "combined")
+MODES = ("frozen", "finetuned")
+#: Question encoding: one-hot probe, then one one-hot over ORGANS for each of organ_a..organ_d.
+QUESTION_DIM = len(L3_PROBES) + 4 * len(ORGANS)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every configuration of one run shares (spar.md Section 3.2 defaults)."""
+
+    levels: tuple[str, ...] = LEVELS
+    heads: tuple[str, ...] = ("mlp", "transformer")
+    seeds: tuple[int, ...] = (42, 123, 1234)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    token_grid: int = 7
+    tile_token_grid: int = 2
+    sinkhorn_tau: float = 0.3
+    sinkhorn_iters: int = 20
+    smoothing: float = 0.1
+    sdr_px: float = 10.0
+    d_model: int = 256
+    head_layers: int = 2
+    hidden: int = 512
+    eval_batch_size: int = 64
+
+
+# ------------------------------------------------------------------ inputs
+
+def encode_questions(questions: pd.DataFrame) -> np.ndarray:
+    """Question conditioning [n, QUESTION_DIM]: one-hot probe and one-hot organ_a..organ_d
+    (zeros for an unused or non-organ slot)."""
+    out = np.zeros((len(questions), QUESTION_DIM), np.float32)
+    rows = np.arange(len(questions))
+    out[rows, questions["probe"].map(L3_PROBES.index).to_numpy()] = 1.0
+    organ_index = {o: i for i, o in enumerate(ORGANS)}
+    for k, col in enumerate(("organ_a", "organ_b", "organ_c", "organ_d")):
+        if col in questions:
+            idx = questions[col].map(organ_index).to_numpy(dtype=float)
+            ok = ~np.isnan(idx)
+            out[rows[ok], len(L3_PROBES) + k * len(ORGANS) + idx[ok].astype(int)] = 1.0
+    return out
+
+
+def slice_views(samples: SparSamples) -> tuple[pd.DataFrame, np.ndarray]:
+    """Unique (slice_row, transform) views the questions show, and each question's view row."""
+    keys = samples.questions[["slice_row", "transform"]].astype({"slice_row": int, "transform": str})
+    views = keys.drop_duplicates().reset_index(drop=True)
+    lookup = {(r, t): i for i, (r, t) in enumerate(views.itertuples(index=False))}
+    return views, np.array([lookup[(r, t)] for r, t in keys.itertuples(index=False)], dtype=np.int64)
+
+
+def view_images(samples: SparSamples, views: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """uint8 [len(rows), H, W]: the slices of ``views`` rows as their questions present them."""
+    slice_rows, transforms = views["slice_row"].to_numpy(), views["transform"].to_numpy()
+    return np.stack([np.ascontiguousarray(apply_transform(np.asarray(samples.slices[slice_rows[r]]), transforms[r]))
+                     for r in rows])
+
+
+def _cache_key(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@torch.inference_mode()
+def cached_tokens(backbone: Backbone, images, n: int, key: str, cache_dir: Path | None, batch: int,
+                  tiles: bool) -> np.ndarray:
+    """Frozen token sequences of ``n`` inputs (``images(rows) -> uint8 array``) as float16, kept in
+    ``<cache_dir>/<key>.npy`` when a cache folder is given (spar.md: frozen heads read cached
+    tokens). Tiles [n, T, N, D], slices [n, N, D]."""
+    path = None if cache_dir is None else Path(cache_dir) / f"{key}.npy"
+    if path is not None and path.is_file():
+        return np.load(path, mmap_mode="r")
+    backbone.eval()
+    device = backbone.mean.device
+    parts = []
+    step = max(1, batch // 16) if tiles else batch
+    for start in range(0, n, step):
+        x = torch.from_numpy(np.asarray(images(np.arange(start, min(n, start + step))))).to(device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            tok = backbone(x.flatten(0, 1)).unflatten(0, x.shape[:2]) if tiles else backbone(x)
+        parts.append(tok.float().cpu().numpy().astype(np.float16))
+    out = np.concatenate(parts)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.stem}.tmp-{os.getpid()}.npy")
+        np.save(tmp, out)
+        os.replace(tmp, path)
+    return out
+
+
+# ------------------------------------------------------------------ tasks
+
+class TileTask:
+    """Levels 1-2 over the 16 organ tiles. Level 2 presents the tiles shuffled (a fresh order per
+    training batch, a fixed seeded order for evaluation); the target of each input position is
+    the grid cell of the organ it holds."""
+
+    def __init__(self, level: str, samples: SparSamples, source, device, setup: Setup, seed: int):
+        self.level, self.s, self.source, self.device, self.setup = level, samples, source, device, setup
+        n, t = samples.present.shape
+        rng = np.random.default_rng(seed)
+        self.eval_perm = np.stack([rng.permutation(t) for _ in range(n)]) if level == "permutation" \
+            else np.tile(np.arange(t), (n, 1))
+        self.centroids = np.nan_to_num(np.asarray(samples.centroids, np.float32))
+
+    def order(self, idx: np.ndarray, rng) -> np.ndarray:
+        if self.level != "permutation" or rng is None:
+            return self.eval_perm[idx]
+        return rng.permuted(np.tile(np.arange(self.eval_perm.shape[1]), (len(idx), 1)), axis=1)
+
+    def batch(self, idx, rng):
+        perm = self.order(idx, rng)
+        rows = np.arange(len(idx))[:, None]
+        x = torch.from_numpy(np.asarray(self.source[idx])[rows, perm]).to(self.device)
+        present = torch.from_numpy(np.asarray(self.s.present[idx])[rows, perm]).to(self.device)
+        if self.level == "localization":
+            target = torch.from_numpy(self.centroids[idx][rows, perm]).to(self.device)
+        else:
+            target = torch.from_numpy(np.asarray(self.s.grid_cells[idx])[rows, perm]).to(self.device)
+        return x, None, (target, present)
+
+    def loss(self, out, target):
+        target, present = target
+        if self.level == "localization":  # MSE masked by organ presence (spar.md Level 1)
+            err = ((torch.sigmoid(out) - target) ** 2).sum(-1)
+            return (err * present).sum() / present.sum().clamp_min(1)
+        p = sinkhorn(out, self.setup.sinkhorn_tau, self.setup.sinkhorn_iters)
+        return permutation_loss(p, target, present, self.setup.smoothing)
+
+    def score(self, out: np.ndarray, idx: np.ndarray) -> list[dict]:
+        """Metric rows (overall and per organ) for outputs on ``idx`` in evaluation order."""
+        perm = self.eval_perm[idx]
+        rows = np.arange(len(idx))[:, None]
+        present = np.asarray(self.s.present[idx])
+        if self.level == "localization":
+            size = np.array(self.s.slices.shape[-1:-3:-1], np.float32)  # (W, H) px of the slice frame
+            pred = np.empty_like(out)
+            pred[rows, perm] = 1.0 / (1.0 + np.exp(-out)) * size
+            m = metrics.localization(pred, np.asarray(self.s.centroids_px[idx]), present, self.setup.sdr_px)
+            overall = {"med": m["med"], "sdr": m["sdr"], "n": m["n"]}
+            per = [{"organ": o, "med": v, "n": int(present[:, j].sum())} for j, (o, v) in
+                   enumerate(zip(ORGANS, m["per_slot_med"]))]
+        else:
+            p = sinkhorn(torch.from_numpy(out), self.setup.sinkhorn_tau, self.setup.sinkhorn_iters).numpy()
+            cells = np.empty_like(perm)
+            cells[rows, perm] = hungarian(p)
+            m = metrics.permutation(cells, np.asarray(self.s.grid_cells[idx]), present)
+            overall = {"patch_acc": m["patch_acc"], "perm_acc": m["perm_acc"], "n": m["n"]}
+            per = [{"organ": o, "patch_acc": v, "n": int(present[:, j].sum())} for j, (o, v) in
+                   enumerate(zip(ORGANS, m["per_slot_acc"]))]
+        return [{"finding": self.level, "organ": "all", **overall}] + [{"finding": self.level, **r} for r in per]
+
+
+class QueryTask:
+    """Level 3: a whole (possibly transformed) slice and its question; one head per probe, each
+    answering with its own number of classes (cross-entropy per head)."""
+
+    def __init__(self, samples: SparSamples, source, view_of: np.ndarray, device):
+        q = samples.questions
+        self.s, self.source, self.view_of, self.device = samples, source, view_of, device
+        self.cond = encode_questions(q)
+        self.probe = q["probe"].map(L3_PROBES.index).to_numpy()
+        self.label = q["label"].to_numpy(np.int64)
+        self.n_classes = q["n_classes"].to_numpy(np.int64)
+
+    def batch(self, idx, rng):
+        x = torch.from_numpy(np.asarray(self.source(self.view_of[idx]))).to(self.device)
+        target = tuple(torch.from_numpy(a[idx]).to(self.device) for a in (self.probe, self.label, self.n_classes))
+        return x, torch.from_numpy(self.cond[idx]).to(self.device), target
+
+    @staticmethod
+    def logits(out: torch.Tensor, probe: torch.Tensor, n_classes: torch.Tensor) -> torch.Tensor:
+        """The routed head's logits [B, MAX_CLASSES], classes beyond the probe's masked out."""
+        out = out.view(out.shape[0], len(L3_PROBES), MAX_CLASSES)[torch.arange(out.shape[0]), probe]
+        invalid = torch.arange(MAX_CLASSES, device=out.device)[None] >= n_classes[:, None]
+        return out.masked_fill(invalid, float("-inf"))
+
+    def loss(self, out, target):
+        probe, label, n_classes = target
+        return F.cross_entropy(self.logits(out, probe, n_classes), label)
+
+    def score(self, out: np.ndarray, idx: np.ndarray) -> list[dict]:
+        logits = self.logits(torch.from_numpy(out), torch.from_numpy(self.probe[idx]),
+                             torch.from_numpy(self.n_classes[idx]))
+        pred = logits.argmax(-1).numpy()
+        probes = np.array(L3_PROBES)[self.probe[idx]]
+        acc = metrics.probe_accuracy(pred, self.label[idx], probes)
+        n_cls = dict(zip(probes, self.n_classes[idx]))
+        return [{"finding": p, "organ": "all", "accuracy": v, "n": int((probes == p).sum()) if p != "macro"
+                 else len(idx), "chance": metrics.chance(int(n_cls[p])) if p != "macro"
+                 else float(np.mean([metrics.chance(int(c)) for c in n_cls.values()]))} for p, v in acc.items()]
+
+
+# ------------------------------------------------------------------ configurations
+
+def _head(head: str, level: str, dim: int, n_tokens: int, has_cls: bool, setup: Setup) -> torch.nn.Module:
+    n_tiles = len(ORGANS) if level in TILE_LEVELS else 0
+    n_out = {"localization": 2, "permutation": len(ORGANS)}.get(level, len(L3_PROBES) * MAX_CLASSES)
+    cond = 0 if n_tiles else QUESTION_DIM
+    if head == "transformer":
+        return TransformerHead(dim, n_out, n_tokens, n_tiles=n_tiles, cond_dim=cond, d_model=setup.d_model,
+                               layers=setup.head_layers)
+    return MLPHead(dim, n_out, has_cls, n_tiles=n_tiles, cond_dim=cond, hidden=setup.hidden)
+
+
+def _split_idx(table: pd.DataFrame, split: str) -> np.ndarray:
+    return np.flatnonzero(table["split"].to_numpy() == split)
+
+
+class EncoderRun:
+    """All configurations of one loaded encoder on one dataset and its transfer datasets."""
+
+    def __init__(self, encoder, samples: SparSamples, transfers: dict[str, SparSamples], setup: Setup,
+                 device: torch.device, cache_dir: Path | None, dataset: str):
+        self.encoder, self.samples, self.transfers, self.setup = encoder, samples, transfers, setup
+        self.device, self.cache_dir, self.dataset = device, cache_dir, dataset
+        self._frozen: dict = {}
+
+    # --- inputs per (mode, level, cohort)
+    def _frozen_source(self, level: str, name: str, samples: SparSamples):
+        """Cached frozen tokens of cohort ``name`` for ``level``: (source, view_of or None, backbone dims)."""
+        key = (level in TILE_LEVELS, name)
+        if key not in self._frozen:
+            tiles = level in TILE_LEVELS
+            backbone = Backbone(self.encoder, self.setup.tile_token_grid if tiles else self.setup.token_grid)
+            ids = samples.table["sample_id"] if tiles else samples.slice_table["sample_id"]
+            views, view_of = (None, None) if tiles else slice_views(samples)
+            n = len(ids) if tiles else len(views)
+            ck = _cache_key(self.encoder.weights_id, dataclasses.asdict(self.encoder.spec), backbone.token_grid,
+                            name, tiles,
+                            hashlib.sha256("\n".join(map(str, ids)).encode()).hexdigest(),
+                            None if tiles else views.to_json())
+            images = (lambda r: samples.tiles[r]) if tiles else (lambda r: view_images(samples, views, r))
+            tokens = cached_tokens(backbone, images, n, f"{self.encoder.spec.name}-{ck}", self.cache_dir,
+                                   self.setup.eval_batch_size, tiles)
+            self._frozen[key] = (tokens, view_of, backbone.has_cls)
+        return self._frozen[key]
+
+    def _task(self, level, samples, source, view_of, seed):
+        if level in TILE_LEVELS:
+            return TileTask(level, samples, source, self.device, self.setup, seed)
+        return QueryTask(samples, source, view_of, self.device)
+
+    def _inputs(self, mode: str, head: str, level: str, name: str, samples: SparSamples):
+        """(source, view_of) for a task: cached tokens (frozen) or images (finetuned)."""
+        if mode == "frozen" and head != "combined":
+            tokens, view_of, _ = self._frozen_source(level, name, samples)
+            return (tokens if level in TILE_LEVELS else (lambda rows: tokens[rows])), view_of
+        if level in TILE_LEVELS:
+            return samples.tiles, None
+        views, view_of = slice_views(samples)
+        return (lambda rows: view_images(samples, views, rows)), view_of
+
+    def _model(self, mode: str, head: str, level: str, seed: int) -> SparModel:
+        torch.manual_seed(seed)
+        tiles = level in TILE_LEVELS
+        if head == "combined":
+            enc = copy.deepcopy(self.encoder)
+            enc.model.requires_grad_(True)
+            backbone = CombinedViT(enc, n_tiles=len(ORGANS)) if tiles else Backbone(enc, self.setup.token_grid)
+            with torch.no_grad():
+                probe = torch.zeros((1, len(ORGANS), 8, 8) if tiles else (1, 8, 8), dtype=torch.uint8,
+                                    device=self.device)
+                tok = backbone(probe)
+            h = MLPHead(backbone.dim, 2 if level == "localization" else len(ORGANS), True,
+                        n_tiles=len(ORGANS), hidden=self.setup.hidden) if tiles else \
+                _head("mlp", level, backbone.dim, tok.shape[-2], True, self.setup)
+            return SparModel(h, backbone, joint_tiles=tiles).to(self.device)
+        if mode == "frozen":
+            tokens, _, has_cls = self._frozen_source(level, self.dataset, self.samples)
+            return SparModel(_head(head, level, tokens.shape[-1], tokens.shape[-2], has_cls, self.setup)) \
+                .to(self.device)
+        enc = copy.deepcopy(self.encoder)
+        enc.model.requires_grad_(True)
+        backbone = Backbone(enc, self.setup.tile_token_grid if tiles else self.setup.token_grid)
+        with torch.no_grad():
+            tok = backbone(torch.zeros(1, 8, 8, dtype=torch.uint8, device=self.device))
+        return SparModel(_head(head, level, backbone.dim, tok.shape[-2], backbone.has_cls, self.setup),
+                         backbone).to(self.device)
+
+    def run_config(self, head: str, mode: str, level: str, seed: int) -> list[dict]:
+        """Train one configuration at one level and seed; metric rows for the test split and every
+        transfer cohort."""
+        s, setup = self.samples, self.setup
+        table = s.table if level in TILE_LEVELS else s.questions
+        source, view_of = self._inputs(mode, head, level, self.dataset, s)
+        task = self._task(level, s, source, view_of, seed)
+        model = self._model(mode, head, level, seed)
+        train_idx, val_idx, test_idx = (_split_idx(table, k) for k in ("train", "val", "test"))
+        if len(train_idx) == 0 or len(val_idx) == 0 or len(test_idx) == 0:
+            raise ValueError(f"dataset '{self.dataset}': {level} needs train, val and test samples; got "
+                             f"{len(train_idx)}/{len(val_idx)}/{len(test_idx)}")
+        info = fit(model, task.batch, task.loss, train_idx, val_idx,
+                   TrainConfig(**{**setup.train.__dict__, "seed": seed}), self.device)
+        cohorts = [(self.dataset, task, test_idx)]
+        for name, ts in self.transfers.items():
+            t_source, t_view = self._inputs(mode, head, level, name, ts)
+            t_table = ts.table if level in TILE_LEVELS else ts.questions
+            cohorts.append((name, self._task(level, ts, t_source, t_view, seed), np.arange(len(t_table))))
+        rows = []
+        for name, t, idx in cohorts:
+            out = predict(model, t.batch, idx, setup.eval_batch_size, self.device)
+            rows += [{**r, "eval_dataset": name} for r in t.score(out, idx)]
+        del model
+        return [{"head": head, "mode": mode, "seed": seed, "epochs": info["epochs"], **r} for r in rows]
+
+
+def configurations(encoder: str, heads, modes: dict, combined) -> list[tuple[str, str]]:
+    """(head, mode) pairs of ``encoder``: its modes (``modes[encoder]`` or ``modes['default']``)
+    times ``heads``, plus ViT-Combined (finetuned) for encoders listed in ``combined``."""
+    own = modes.get(encoder, modes.get("default", ["frozen"]))
+    out = [(h, m) for m in own for h in heads]
+    if encoder in combined:
+        out.append(("combined", "finetuned"))
+    return out
+
+
+def run_encoder(encoder, samples: SparSamples, transfers: dict[str, SparSamples], setup: Setup,
+                configs: list[tuple[str, str]], device, cache_dir: Path | None, dataset: str) -> pd.DataFrame:
+    """Metric rows of every configuration x level x seed of one encoder (long over organs)."""
+    run = EncoderRun(encoder, samples, transfers, setup, device, cache_dir, dataset)
+    rows = []
+    for head, mode in configs:
+        for level in setup.levels:
+            for seed in setup.seeds:
+                log.info("spar %s: %s/%s %s seed %d", encoder.spec.name, head, mode, level, seed)
+                rows += run.run_config(head, mode, level, seed)
+    return pd.DataFrame(rows)
