@@ -4,6 +4,7 @@ Kept apart from ``__main__`` so tests can compose a config and call :func:`plan`
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -27,10 +28,19 @@ USER_ERRORS = (UserError, KeyError, ValueError, FileNotFoundError, PermissionErr
 
 #: Columns the console table shows for each stage (all columns are saved).
 CONSOLE_COLUMNS = {
-    "candor": ["encoder", "finding", "acq_group", "n_queries", "bank_size", "d", "d_sd", "d_ci_low",
+    "candor": ["encoder", "finding", "acq_group", "target", "n_queries", "bank_size", "d", "d_sd", "d_ci_low",
                "d_ci_high", "d_all", "margin_auroc"],
     "croma": ["encoder", "dataset", "finding", "bio_knn_bacc", "conf_knn_bacc", "ri", "mari", "croma", "f0",
               "ltm", "support", "k"],
+    "retention": ["encoder", "dataset", "finding", "n", "retention", "retention_ci_low", "retention_ci_high",
+                  "retention_std", "retention_control", "control_minus_box", "c"],
+    "linear_head": ["encoder", "finding", "auroc", "auroc_ci_low", "auroc_ci_high", "threshold", "test_sensitivity",
+                    "test_specificity", "n"],
+    "mlp_head": ["encoder", "finding", "auroc", "auroc_ci_low", "auroc_ci_high", "threshold", "test_sensitivity",
+                 "test_specificity", "n"],
+    "error_detection": ["encoder", "finding", "stratum", "method", "auroc", "diff_vs_msp", "q_value", "n", "n_errors"],
+    "candor_heads": ["encoder", "finding", "auroc", "d", "miss_discordant", "miss_other", "fpr_near", "fpr_far", "n"],
+    "logme": ["encoder", "finding", "logme", "n"],
     "shortcut": ["encoder", "benchmark", "test_set", "apd", "nipd", "acc_balanced", "acc_confounded"],
 }
 
@@ -69,6 +79,9 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None) -> Plan:
         raise FileNotFoundError(f"dataset '{cfg.dataset.name}': root '{root}' does not exist; "
                                 "set dataset.root=<folder holding the dataset>")
     shards, shard = int(cfg.extract.get("num_shards", 1)), int(cfg.extract.get("shard", 0))
+    if shards > 1 and any(encoders.get(n).is_slide for n in panel(cfg, cli_overrides)):
+        raise ValueError("extract.num_shards > 1 is for tile/image encoders; slide encoders read a complete "
+                         "tile-encoder cache entry: extract the tiles sharded first, then run the slide panel")
     if shards < 1 or not 0 <= shard < shards:
         raise ValueError(f"extract.shard={shard} must be in [0, extract.num_shards={shards}); "
                          "sweep one job per part with extract.shard=range(N)")
@@ -151,7 +164,21 @@ def _extract_panel(job: Plan, cfg: DictConfig, manifest: pd.DataFrame) -> tuple[
     images = manifest.drop_duplicates("sample_id")  # paired designs list an image once per subset
     for name in job.encoders:
         enc_cfg = cfg.encoder if name == cfg.encoder.name else {}
-        encoder = encoders.load(name, weights=enc_cfg.get("weights"), device=cfg.device,
+        spec = encoders.get(name)
+        if spec.is_slide:  # slide aggregators (croma_slides): tiles -> tile encoder -> slide embedding
+            from .features.slides import extract_slides
+
+            path = extract_slides(name, images, job.root, cfg.paths.cache_dir, weights=enc_cfg.get("weights"),
+                                  tile_weights=enc_cfg.get("tile_weights"), device=cfg.device,
+                                  batch_size=enc_cfg.get("batch_size") or cfg.extract.batch_size,
+                                  num_workers=cfg.extract.num_workers, shard_size=cfg.extract.shard_size,
+                                  on_bad_image=cfg.extract.on_bad_image,
+                                  allow_remote_code=cfg.security.allow_remote_code)
+            entries.append((name, path, []))
+            continue
+        if enc_cfg.get("embedding") and enc_cfg.embedding != spec.embedding:  # e.g. the CLS vs patch-mean ablation
+            spec = dataclasses.replace(spec, embedding=enc_cfg.embedding)
+        encoder = encoders.load(spec, weights=enc_cfg.get("weights"), device=cfg.device,
                                 allow_remote_code=cfg.security.allow_remote_code)
         feats = extract(encoder, images, job.root, cfg.paths.cache_dir,
                         batch_size=enc_cfg.get("batch_size") or cfg.extract.batch_size,
@@ -267,7 +294,7 @@ def _record_entries(out_dir: Path, job: Plan, entries, cache: dict) -> None:
     can re-score the same features (e.g. CRoMa's panel median-k) without re-extracting, and the
     feature-cache use of the extraction (the reports' "Feature cache" table)."""
     record = {"dataset": job.dataset, "stage": job.stage,
-              "entries": [{"encoder": n, "entry": str(e), "cache": cache[n]} for n, e, _ in entries]}
+              "entries": [{"encoder": n, "entry": str(e), "cache": cache.get(n)} for n, e, _ in entries]}
     write_text_atomic(out_dir / "entries.json", json.dumps(record, indent=1) + "\n")
 
 

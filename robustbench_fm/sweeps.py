@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .atomic import write_atomic, write_text_atomic
 from .errors import UserError
+from .redact import redacted_yaml
 
 log = logging.getLogger("robustbench_fm")
 
@@ -91,6 +92,9 @@ def _collect_parts(records: list[tuple[Path, dict]], sweep_dir: Path) -> tuple[l
         manifest = app.load_manifest(job, cfg)
         skipped = sorted({s for _, entry in complete for s in skipped_ids(entry)})
         out = sweep_dir / "collect" / f"{dataset}-{stage}"
+        out.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out / "config.yaml", redacted_yaml(cfg))  # so the report step reads it like a job's
+        app._record_entries(out, job, [(n, e, []) for n, e in complete], {})
         for summary in app.run_stage_on_entries(job, cfg, manifest, complete, skipped, out):
             summaries.append((summary.assign(job=f"collect/{out.name}"), cfg))
     return summaries, problems

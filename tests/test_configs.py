@@ -69,3 +69,11 @@ def test_every_launcher_composes_with_its_plugin(launcher, target, tmp_path):
     assert cfg.hydra.callbacks.collect._target_ == "robustbench_fm.sweeps.CollectCallback"
     if launcher == "slurm":
         assert cfg.hydra.launcher.gpus_per_node == 1 and cfg.hydra.launcher.array_parallelism == 32
+
+
+def test_experiments_pick_their_panel_and_a_panel_override_wins(tmp_path):
+    chest = OmegaConf.load(CONFIG_DIR / "panel" / "candor_chest.yaml").encoders
+    cfg = compose_cfg(["experiment=chest_candor", f"dataset.root={tmp_path}"], tmp_path)
+    assert app.plan(cfg).encoders == list(chest)
+    cfg = compose_cfg(["panel=candor_chest"], tmp_path)  # on the default (demo) experiment
+    assert app.plan(cfg).encoders == list(chest)

@@ -64,6 +64,9 @@ def test_key_tracks_what_changes_features(data, encoder):
     key = cache_key(fields)
     assert len(key) == 16 and int(key, 16) >= 0
     assert cache_key(dict(reversed(list(fields.items())))) == key  # canonical JSON
+    # the image root is part of the key: another folder with the same relative paths is another entry
+    assert cache_key(cache_key_fields(encoder, manifest, "/data/a")) != cache_key(
+        cache_key_fields(encoder, manifest, "/data/b"))
 
     def key_of(enc=encoder, man=manifest):
         return cache_key(cache_key_fields(enc, man))
@@ -165,7 +168,7 @@ def test_bad_image_names_file_and_row(data, encoder, tmp_path, num_workers):
     msg = str(info.value)
     assert "\n" not in msg and "does_not_exist.png" in msg and "manifest row 13" in msg and "s013" in msg
     # the shard before the bad row was written; the one holding it was not
-    entry = FeatureCache(tmp_path, cache_key_fields(encoder, bad))
+    entry = FeatureCache(tmp_path, cache_key_fields(encoder, bad, root))
     assert entry.complete_shards() == [0]
 
     # an undecodable file is reported the same way

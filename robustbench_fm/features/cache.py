@@ -52,11 +52,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import manifest as mf
 from ..atomic import write_atomic
 from ..errors import UserError
 from ..locks import FileLock
-from .key import CACHE_FORMAT, _canonical, cache_key
+from .key import CACHE_FORMAT, _canonical, cache_key, manifest_hash
 
 log = logging.getLogger("robustbench_fm.features")
 
@@ -471,7 +470,7 @@ class FeatureCache:
     def _check_manifest(self, manifest: pd.DataFrame) -> np.ndarray:
         ids = _manifest_ids(manifest)
         want = self.fields.get("manifest_hash")
-        got = mf.content_hash(manifest, mf.LOCATOR_COLUMNS)
+        got = manifest_hash(manifest)
         if want is not None and got != want:
             raise FeatureCacheError(f"{self.path}: this entry was built for manifest hash {want}, the given "
                                     f"manifest hashes to {got} (rows added, removed, moved or reordered); "

@@ -280,7 +280,7 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
         reader = default_reader
     image_root = Path(image_root) if image_root is not None else None
 
-    fields = cache_key_fields(encoder, manifest)
+    fields = cache_key_fields(encoder, manifest, image_root)
     cache = FeatureCache(cache_root, fields, shard_size=shard_size, n_rows=len(manifest))
     mine = set(cache.part_shards(num_shards, shard))
     with _entry_lock(cache, num_shards, shard) as lock:

@@ -10,6 +10,7 @@ import importlib.metadata
 import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import pandas as pd
 
@@ -63,11 +64,13 @@ def manifest_hash(manifest: pd.DataFrame) -> str:
     return mf.content_hash(manifest, KEY_COLUMNS)
 
 
-def cache_key_fields(encoder, manifest: pd.DataFrame) -> dict:
+def cache_key_fields(encoder, manifest: pd.DataFrame, image_root=None) -> dict:
     """Everything that determines the cached features of ``encoder`` on ``manifest``.
 
     Label columns are deliberately absent: the manifest enters only through
-    ``content_hash(manifest, KEY_COLUMNS)`` (the locator and any occlusion columns).
+    ``content_hash(manifest, KEY_COLUMNS)`` (the locator and any occlusion columns). The resolved
+    image root is part of the key: two folders holding different images under the same relative
+    paths (a dataset stored at 224 and at 512 px, regenerated synthetic data) never share an entry.
     """
     spec = encoder.spec
     return _canonical({
@@ -85,6 +88,7 @@ def cache_key_fields(encoder, manifest: pd.DataFrame) -> dict:
         "weights_id": encoder.weights_id,
         "precision": spec.amp_dtype if encoder.uses_amp else "fp32",
         "manifest_hash": manifest_hash(manifest),
+        "image_root": str(Path(image_root).resolve()) if image_root is not None else None,
         "n_rows": int(len(manifest)),
         "package_version": package_version(),
         "library_versions": library_versions(),

@@ -34,7 +34,7 @@ from .cache import (
     parse_skipped_csv,
     shard_index,
 )
-from .key import CACHE_FORMAT, _canonical, cache_key
+from .key import CACHE_FORMAT, _canonical, cache_key, manifest_hash
 
 __all__ = ["VerifyReport", "verify_cache", "verify_entry"]
 
@@ -144,7 +144,7 @@ def verify_entry(path: str | Path, manifest: pd.DataFrame | str | Path | None = 
     if manifest is not None:
         frame, source = _manifest_frame(manifest)
         want = fields.get("manifest_hash") if isinstance(fields, dict) else None
-        got = mf.content_hash(frame, mf.LOCATOR_COLUMNS)
+        got = manifest_hash(frame)
         if want != got:
             problems.append(f"{meta_path}: built for manifest hash {want}, {source} hashes to {got} (rows "
                             "added, removed, moved or reordered); this entry does not hold its features")

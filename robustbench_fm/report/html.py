@@ -159,7 +159,7 @@ def cache_hits(job_dirs: list[Path]) -> pd.DataFrame:
         f = d / "entries.json"
         if f.exists():
             rec = json.loads(f.read_text())
-            rows += [{"job": d.name, "encoder": e["encoder"], **e["cache"]} for e in rec["entries"] if "cache" in e]
+            rows += [{"job": d.name, "encoder": e["encoder"], **e["cache"]} for e in rec["entries"] if e.get("cache")]
     return pd.DataFrame(rows)
 
 

@@ -16,7 +16,12 @@
 
 Rates follow candor.md "Reporting": a chest rate is pooled over sites (here: datasets, and within
 a dataset its matched groups) by the number of queries, then over the 12 findings by the
-severity-weighted mean; a chest AUROC is the mean over the findings. Columns of other stages
+severity-weighted mean; a chest AUROC is the mean over the findings. A one-vs-rest task (CUB,
+FGVC Aircraft: ``finding`` the class column, e.g. ``bio_label``) has one row per class in
+``target`` (binary tasks: target = finding); a class is pooled over sites like a finding, and the
+task's D is the unweighted mean over its classes (the stage's ``target="__mean__"`` row). Rows
+pooled across tasks by the stage (``__chest__``, ``__mean__``) are recomputed here, never read
+(pooling over sites has to come first). Columns of other stages
 (``linear_head`` ``auroc``, ``retention`` ``retention``, ``logme`` ``logme``, ``error_detection``
 ``auroc`` of methods ``impurity`` and ``msp``) are read by name; a stage that did not run leaves NaN cells.
 """
@@ -31,10 +36,13 @@ from ..manifest import CHEST_FINDINGS
 from ..rank_stats import association_family, spearman
 from .tables import PaperTable, SweepResults
 
-TABLES = ["candor_table2", "candor_table3", "candor_calibration", "candor_ablation", "candor_associations",
+TABLES = ["candor_table4", "candor_v1_consensus", "candor_head_errors", "candor_failure_detection",
+          "candor_table2", "candor_table3", "candor_calibration", "candor_ablation", "candor_associations",
           "candor_chest_overlap"]
 
 POOLED = "__pooled__"  # stages/candor.py: the row pooling a task's matched groups
+#: stages/candor.py rows pooled across tasks (candor_tasks.CHEST_POOL, CLASS_MEAN) start with this
+POOL_PREFIX = "__"
 ALL_STRATA = "__all__"  # stages/error_detection.py: the stratum of all test rows
 OBJECTIVE_LABELS = {"ssl": "SSL", "image-text": "I-T", "supervised": "Sup.", "none": "None"}
 CHEST_SPECIALISTS = ("rad_dino", "densenet121_xrv", "biomedclip")
@@ -108,19 +116,21 @@ def _weighted(values: pd.Series, weights: pd.Series) -> float:
 
 
 def pool_sites(rows: pd.DataFrame, by: list[str], metrics: list[str], weight: str = "n_queries") -> pd.DataFrame:
-    """Pool rows over datasets (sites) per ``by`` + finding: each metric weighted by ``weight``
-    (ratio of sums for rates); counts (``n_queries``, ``n_pos``) summed."""
+    """Pool rows over datasets (sites) per ``by`` + finding (+ ``target``, the one-vs-rest class,
+    where the rows have it): each metric weighted by ``weight`` (ratio of sums for rates); counts
+    (``n_queries``, ``n_pos``) summed."""
+    keys = [*by, "finding", *(["target"] if "target" in rows.columns and "target" not in by else [])]
     out = []
-    for key, part in rows.groupby([*by, "finding"], sort=True, dropna=False):
+    for key, part in rows.groupby(keys, sort=True, dropna=False):
         w = part[weight].astype(float) if weight in part.columns and part[weight].notna().any() \
             else pd.Series(1.0, index=part.index)
-        rec = dict(zip([*by, "finding"], key))
+        rec = dict(zip(keys, key))
         rec.update({m: _weighted(part[m].astype(float), w) for m in metrics})
         for count in ("n_queries", "n_pos"):
             if count in part.columns:
                 rec[count] = float(part[count].sum())
         out.append(rec)
-    return pd.DataFrame(out, columns=[*by, "finding", *metrics, "n_queries", "n_pos"])
+    return pd.DataFrame(out, columns=[*keys, *metrics, "n_queries", "n_pos"])
 
 
 def chest_rate(per_finding: pd.DataFrame, by: list[str], rates: list[str], aurocs: list[str]) -> pd.DataFrame:
@@ -137,20 +147,35 @@ def chest_rate(per_finding: pd.DataFrame, by: list[str], rates: list[str], auroc
     return pd.DataFrame(out, columns=[*by, *rates, *aurocs])
 
 
-def by_target(rows: pd.DataFrame) -> pd.DataFrame:
-    """CANDOR rows keyed by their task: a one-vs-rest class (``target``) replaces its class column
-    in ``finding`` (binary tasks have target = finding); the classes' ``__mean__`` rows start with
-    ``__`` like every pooled row and are recomputed by the builders."""
+def with_target(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows with ``finding`` (the stage's finding column, e.g. ``bio_label``) and ``target`` (the
+    task's positive class: the one-vs-rest class, or the finding itself for a binary task and for
+    rows without a target, e.g. other stages' or older results), both as strings."""
+    if rows.empty and "finding" not in rows.columns:
+        return rows.assign(target=pd.Series(dtype=str))
+    finding = rows["finding"].astype(str)
     if "target" not in rows.columns:
-        return rows
+        return rows.assign(finding=finding, target=finding)
     target = rows["target"].astype("string")
-    return rows.assign(finding=target.where(target.notna() & (target != ""), rows["finding"].astype("string"))
-                       .astype(str))
+    return rows.assign(finding=finding,
+                       target=target.where(target.notna() & (target != ""), finding).astype(str))
+
+
+def is_pool(rows: pd.DataFrame) -> pd.Series:
+    """Rows the stage pooled across tasks: the severity-weighted chest row (finding ``__chest__``)
+    and a one-vs-rest finding's unweighted mean over classes (target ``__mean__``)."""
+    out = rows["finding"].astype(str).str.startswith(POOL_PREFIX)
+    if "target" in rows.columns:
+        out |= rows["target"].astype(str).str.startswith(POOL_PREFIX)
+    return out
 
 
 def _candor_rows(results: SweepResults) -> pd.DataFrame:
-    return by_target(_stage_rows(results, "candor", ["n_queries", "n_pos", "n_neg", "d", "d_ci_low", "d_ci_high",
-                                                     "d_all", "margin_auroc"]))
+    """CANDOR's pooled-over-groups rows of single tasks (one per finding or one-vs-rest class and
+    dataset), with ``target``; the stage's pools across tasks are left out."""
+    rows = with_target(_stage_rows(results, "candor", ["n_queries", "n_pos", "n_neg", "d", "d_ci_low", "d_ci_high",
+                                                       "d_all", "margin_auroc"]))
+    return rows[~is_pool(rows)].reset_index(drop=True)
 
 
 def _chest_panel(results: SweepResults) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -202,15 +227,20 @@ def candor_table2(results: SweepResults) -> list[PaperTable]:
 
 
 def _task_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """Label every row with its Table 3 task (or drop it) and the class it scores."""
+    """Label every row with its Table 3 task (or drop it); ``target`` keeps the class it scores
+    (the finding for a binary task). Pools across tasks are dropped."""
+    if rows.empty:
+        return rows.assign(task=pd.Series(dtype=str), target=pd.Series(dtype=str))
+    rows = with_target(rows)
+    rows = rows[~is_pool(rows)]
     out = []
     for task, sources in TASKS.items():
         for dataset, finding in sources:
-            part = rows[(rows["dataset"] == dataset) & ~rows["finding"].astype(str).str.startswith("__")]
+            part = rows[rows["dataset"] == dataset]
             if finding is not None:
-                part = part[part["finding"] == finding]
+                part = part[(part["finding"] == finding) & (part["target"] == finding)]
             out.append(part.assign(task=task))
-    return pd.concat(out, ignore_index=True) if out else rows.assign(task=pd.Series(dtype=str))
+    return pd.concat(out, ignore_index=True)
 
 
 def _shown(encoder: str, task: str) -> bool:
@@ -224,7 +254,8 @@ def candor_table3(results: SweepResults) -> list[PaperTable]:
     if rows.empty:
         return []
     rows = rows[[_shown(e, t) for e, t in zip(rows["encoder"], rows["task"])]]
-    # per class (pooled over the task's datasets by queries), then the unweighted mean over classes
+    # per class (finding, target: pooled over the task's datasets by queries), then the unweighted
+    # mean over the classes (a binary task has one; a one-vs-rest task: the stage's __mean__ row)
     per_class = pool_sites(rows, ["task", "encoder"], ["d"])
     d = per_class.groupby(["encoder", "task"])["d"].mean().unstack("task")
     names = paper_names()
@@ -234,12 +265,14 @@ def candor_table3(results: SweepResults) -> list[PaperTable]:
     encoder_frame.columns.name = None
 
     queries = rows.groupby(["task", "encoder"])["n_queries"].sum().groupby("task").max()
-    per_sample = by_target(results.per_sample("candor"))
+    per_sample = results.per_sample("candor")
     delta_j, sig = {}, {}
     if not per_sample.empty:
         ps = _task_rows(per_sample)
         ps = ps[[_shown(e, t) for e, t in zip(ps["encoder"], ps["task"])]]
-        pairs = pairwise_overlaps(ps, task_cols=("task", "finding"), id_cols=("dataset", "sample_id"),
+        # one test per encoder pair and task, on the queries of all its sites and classes: a query
+        # is (dataset, class, sample) (a one-vs-rest query is scored once, for its own class)
+        pairs = pairwise_overlaps(ps, task_cols=("task", "finding"), id_cols=("dataset", "target", "sample_id"),
                                   family_cols=("task",))
         if not pairs.empty:
             summary = overlap_summary(pairs, by=("task",)).set_index("task")
@@ -262,12 +295,11 @@ def candor_calibration(results: SweepResults) -> list[PaperTable]:
     """Figure 2a: D (95% interval) and D_all of every encoder against the prevalence and the
     number of positives of each finding (pooled over matched groups)."""
     rows = _candor_rows(results)
-    rows = rows[~rows["finding"].astype(str).str.startswith("__")]
     if rows.empty:
         return []
     pos, neg = rows["n_pos"].astype(float), rows["n_neg"].astype(float)
     frame = pd.DataFrame({
-        "Encoder": rows["encoder"].map(paper_name), "Dataset": rows["dataset"], "Finding": rows["finding"],
+        "Encoder": rows["encoder"].map(paper_name), "Dataset": rows["dataset"], "Finding": rows["target"],
         "Positives": pos.astype("Int64"), "Prevalence": pos / (pos + neg),
         "Queries": rows["n_queries"].astype(float).astype("Int64"), "D": rows["d"].astype(float),
         "D 95% low": rows["d_ci_low"].astype(float), "D 95% high": rows["d_ci_high"].astype(float),
@@ -311,8 +343,9 @@ def candor_ablation(results: SweepResults) -> list[PaperTable]:
     rows["setting"] = rows["job"].map(lambda j: str(values[j]))
     combos = pool_sites(rows, ["setting", "encoder"], ["d"])
     enc = chest_rate(combos, ["setting", "encoder"], ["d"], [])
-    if enc.empty:  # not chest findings: the query-weighted mean over the findings
-        enc = combos.groupby(["setting", "encoder"], as_index=False)["d"].mean()
+    if enc.empty:  # not chest findings: the mean over the findings of each one's mean over its classes
+        enc = (combos.groupby(["setting", "encoder", "finding"])["d"].mean()
+               .groupby(["setting", "encoder"]).mean().reset_index())
     default = str(ABLATION_SETTINGS[path])
     settings = sorted(enc["setting"].unique(), key=_natural)
     wide = enc.pivot(index="encoder", columns="setting", values="d").reindex(columns=settings)
@@ -362,10 +395,11 @@ def candor_chest_overlap(results: SweepResults) -> list[PaperTable]:
     """Overlap of the chest encoder pairs' discordant sets per finding and over all findings:
     pairs, mean ΔJ, share above chance (p < 0.05) and share significant after BH-FDR over the
     whole chest family (every pair of every finding, candor.md "Discordance Across Domains")."""
-    per_sample = by_target(results.per_sample("candor"))
+    per_sample = results.per_sample("candor")
     if per_sample.empty:
         return []
-    chest = per_sample[per_sample["finding"].isin(CHEST_FINDINGS)]
+    per_sample = with_target(per_sample)
+    chest = per_sample[per_sample["finding"].isin(CHEST_FINDINGS) & (per_sample["target"] == per_sample["finding"])]
     pairs = pairwise_overlaps(chest.assign(family="chest"), task_cols=("finding",),
                               id_cols=("dataset", "sample_id"), family_cols=("family",))
     if pairs.empty:

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 import robustbench_fm.report
+from robustbench_fm.candor_sets import overlap_test
 from robustbench_fm.report.tables import SweepResults
 from robustbench_fm.report.tables_candor import (
     SEVERITY_WEIGHTS,
@@ -66,12 +67,16 @@ def test_table2_has_the_published_layout_and_pools_sites_then_severity(tmp_path)
                   "chexpert": (0.3 + 0.05 * enc_i + rng.uniform(0, 0.05), 10)}
             for dataset, (d, n) in ds.items():
                 write_result(tmp_path, f"candor-{dataset}-{enc}", "candor", enc, dataset, finding,
-                             [candor_row(d, d + 0.4, 0.8 - 0.05 * enc_i, n),
-                              candor_row(0.9, 0.9, 0.5, 3, group=f"{dataset}_PA")])  # groups are not read
+                             [{**candor_row(d, d + 0.4, 0.8 - 0.05 * enc_i, n), "target": finding},
+                              {**candor_row(0.9, 0.9, 0.5, 3, group=f"{dataset}_PA"),  # groups are not read
+                               "target": finding}])
                 write_result(tmp_path, f"head-{dataset}-{enc}", "linear_head", enc, dataset, finding,
                              dict(auroc=0.75 - 0.02 * enc_i, n=100))
             pooled = (ds["mimic_cxr"][0] * 30 + ds["chexpert"][0] * 10) / 40
             num, den = num + weight * pooled, den + weight
+        for dataset in ("mimic_cxr", "chexpert"):  # the stage's own severity-weighted pool is not read
+            write_result(tmp_path, f"candor-{dataset}-{enc}", "candor", enc, dataset, "__chest__",
+                         {**candor_row(0.99, 0.99, 0.99, 500), "target": "__chest__"})
         expected_d[enc] = num / den
         if enc != "random_vit_l":  # retention missing for one encoder -> NaN cell
             write_result(tmp_path, f"ret-{enc}", "retention", enc, "ms_cxr", "pneumothorax",
@@ -142,6 +147,46 @@ def test_table3_layout_task_rows_and_overlap(tmp_path):
     assert tasks.loc["Positive queries", "Tumor"] == 2 * n
     assert tasks.loc["ΔJ", "Tumor"] > 0.3 and tasks.loc["Sig. (%)", "Tumor"] == 1.0
     assert tasks.loc["Conf.", "Tumor"] == pytest.approx(0.9) and np.isnan(tasks.loc["r", "Skin"])
+
+
+def _one_vs_rest(classes: dict, encoder_d: dict) -> list[dict]:
+    """Summary rows as stages/candor.py writes a one-vs-rest task (finding bio_label): per class its
+    family's row and its pooled row, then the ``__mean__`` row (unweighted mean over the classes)."""
+    rows = []
+    for cls, (family, n) in classes.items():
+        d = encoder_d[cls]
+        rows += [{**candor_row(d, 0.6, 0.8, n, n_neg=3 * n, group=family), "target": cls},
+                 {**candor_row(d, 0.6, 0.8, n, n_neg=3 * n), "target": cls}]
+    return rows + [{**candor_row(float(np.mean(list(encoder_d.values()))), 0.6, 0.8,
+                                 sum(n for _, n in classes.values())), "target": "__mean__"}]
+
+
+def test_table3_natural_task_is_the_mean_over_classes_and_overlaps_align_on_class_and_sample(tmp_path):
+    rng = np.random.default_rng(5)
+    classes = {"a1": ("fam_a", 10), "a2": ("fam_a", 30), "b1": ("fam_b", 20), "b2": ("fam_b", 40)}
+    d = {"dinov3_s": {"a1": 0.1, "a2": 0.3, "b1": 0.5, "b2": 0.0},
+         "random_vit_l": {"a1": 0.4, "a2": 0.4, "b1": 0.2, "b2": 0.6}}
+    # the same sample ids in every class: a query is (class, sample), never a sample alone
+    queries = pd.DataFrame([(cls, fam, f"img{i}") for cls, (fam, n) in classes.items() for i in range(n)],
+                           columns=["target", "acq_group", "sample_id"])
+    shared = rng.uniform(size=len(queries)) < 0.3
+    disc = {"dinov3_s": shared | (rng.uniform(size=len(queries)) < 0.05),
+            "random_vit_l": shared & (rng.uniform(size=len(queries)) < 0.8)}
+    for enc in d:
+        ps = queries.assign(discordant=disc[enc]).sample(frac=1.0, random_state=1)  # rows in any order
+        write_result(tmp_path, f"{enc}-cub", "candor", enc, "cub", "bio_label", _one_vs_rest(classes, d[enc]), ps)
+    encoder_table, task_table = candor_table3(SweepResults(tmp_path))
+    frame = encoder_table.frame.set_index("Encoder")
+    # unweighted mean over the classes (the __mean__ row), not the query-weighted 0.20
+    assert frame.loc["DINOv3-S", "Birds"] == pytest.approx((0.1 + 0.3 + 0.5 + 0.0) / 4)
+    assert frame.loc["Random ViT-L", "Birds"] == pytest.approx((0.4 + 0.4 + 0.2 + 0.6) / 4)
+    assert frame["Aircraft"].isna().all()
+    tasks = task_table.frame.set_index("Task-level")
+    assert tasks.loc["Positive queries", "Birds"] == 100  # pooled class rows only, no family or __mean__ rows
+    # one test for the pair over all (class, sample) queries of the task
+    expected = overlap_test(disc["dinov3_s"], disc["random_vit_l"])
+    assert tasks.loc["ΔJ", "Birds"] == pytest.approx(expected["delta_j"])
+    assert tasks.loc["Sig. (%)", "Birds"] == float(expected["p_value"] <= 0.05)
 
 
 def test_ablation_reads_the_swept_setting_from_each_job(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -24,6 +25,7 @@ from robustbench_fm.features import (
     FeatureCache,
     FeatureCacheError,
     ImageReadError,
+    cache_key,
     cache_key_fields,
     extract,
     read_skipped,
@@ -89,7 +91,7 @@ def test_error_policy_names_file_and_row(row, data, encoder, tmp_path):
                 "no_pixels": "PixelData"}[BAD[row][0]]
     assert expected in msg, msg
     # shards before the bad row are kept; the one holding it and later ones are not written
-    cache = FeatureCache(tmp_path, cache_key_fields(encoder, bad))
+    cache = FeatureCache(tmp_path, cache_key_fields(encoder, bad, bad_root))
     assert cache.complete_shards() == list(range(row // SHARD))
     assert not cache.skipped_path.exists()
 
@@ -109,7 +111,9 @@ def test_skip_policy_records_rows_and_stays_consistent(data, encoder, tmp_path, 
     with caplog.at_level(logging.WARNING, logger="robustbench_fm.features"):
         out = extract(encoder, bad_manifest, bad_root, tmp_path / "cache", batch_size=BATCH, shard_size=SHARD,
                       progress=False, reader=counting_reader, on_bad_image="skip", num_workers=0)
-    assert out.key == clean.key  # the policy is not part of the key
+    # the policy is not part of the key (only the image root tells the two folders apart)
+    assert out.key == cache_key({**cache_key_fields(encoder, bad_manifest, clean_root),
+                                 "image_root": str(bad_root.resolve())}) != clean.key
     want = [f"s{r:03d}" for r in sorted(BAD)]
     assert out.skipped == want
     assert "skipped 4 of 40 rows" in caplog.text
@@ -156,12 +160,15 @@ def test_skip_policy_records_rows_and_stays_consistent(data, encoder, tmp_path, 
     assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.path.iterdir()} == before
 
     # ... and once the images are fixed (same paths), the shards holding them are recomputed: a clean entry
-    fixed = extract(encoder, bad_manifest, clean_root, tmp_path / "cache", batch_size=BATCH, shard_size=SHARD,
+    shutil.copytree(clean_root, bad_root, dirs_exist_ok=True)
+    fixed = extract(encoder, bad_manifest, bad_root, tmp_path / "cache", batch_size=BATCH, shard_size=SHARD,
                     progress=False, reader=reader)
-    assert fixed.skipped == [] and fixed.n_images_embedded == 4 * SHARD
+    assert fixed.skipped == [] and fixed.n_images_embedded == 4 * SHARD and fixed.path == out.path
     assert not (out.path / "skipped.csv").exists()
-    assert shard_bytes(out.path) == shard_bytes(clean.path)
-    assert (out.path / "meta.json").read_bytes() == (clean.path / "meta.json").read_bytes()
+    # the same features as a clean run's (the entries differ only by the image root in their key)
+    np.testing.assert_array_equal(fixed.embeddings, clean.embeddings)
+    metas = [json.loads((e / "meta.json").read_text()) for e in (out.path, clean.path)]
+    assert metas[0]["n_shards"] == metas[1]["n_shards"] and metas[0]["status"] == metas[1]["status"]
 
 
 def test_skipped_rows_are_the_only_nan_rows(data, tmp_path):
@@ -179,7 +186,7 @@ def test_skipped_rows_are_the_only_nan_rows(data, tmp_path):
     with pytest.raises(FeatureCacheError, match=r"non-finite features for sample_id 's009' \(manifest row 9\)"):
         extract(enc, white, clean_root, tmp_path, batch_size=BATCH, shard_size=SHARD, progress=False,
                 on_bad_image="skip")
-    assert FeatureCache(tmp_path, cache_key_fields(enc, white)).complete_shards() == [0]
+    assert FeatureCache(tmp_path, cache_key_fields(enc, white, clean_root)).complete_shards() == [0]
 
 
 def test_policy_is_checked(data, encoder, tmp_path):

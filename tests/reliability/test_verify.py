@@ -158,7 +158,7 @@ def test_other_package_version_or_format_gets_a_new_entry(good, data, encoder, e
     root, manifest = data
     cache_root = entry.parents[1]
     before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in entry.iterdir()}
-    old_fields = cache_key_fields(encoder, manifest)
+    old_fields = cache_key_fields(encoder, manifest, root)
 
     monkeypatch.setattr(key_mod, "package_version", lambda: "99.0.0")
     newer = extract(encoder, manifest, root, cache_root, batch_size=BATCH, shard_size=SHARD, progress=False,

@@ -59,12 +59,12 @@ def test_an_encoder_blind_to_the_box_retains_exactly_and_the_cache_is_reused(tmp
     again = extract(encoder, derived, tmp_path, tmp_path / "cache", progress=False, read=False)
     assert again.n_forward == 0 and again.path == feats.path
     originals = derived[derived["occlusion"].isna()][["sample_id", "path"]]
-    assert cache_key(cache_key_fields(encoder, originals)) != feats.key
+    assert cache_key(cache_key_fields(encoder, originals, tmp_path)) != feats.key
     moved = derived.copy()
     moved.loc[4, "occlude_x0"] = 0.55
-    assert cache_key(cache_key_fields(encoder, moved)) != feats.key
+    assert cache_key(cache_key_fields(encoder, moved, tmp_path)) != feats.key
     refilled = derived.assign(occlude_fill=derived["occlude_fill"].replace("image_mean", "box_mean"))
-    assert cache_key(cache_key_fields(encoder, refilled)) != feats.key
+    assert cache_key(cache_key_fields(encoder, refilled, tmp_path)) != feats.key
     # a manifest without occlusion columns hashes as it always did (existing cache entries stay valid)
     assert cache_key_fields(encoder, originals)["manifest_hash"] == mf.content_hash(originals, ("sample_id", "path"))
 
