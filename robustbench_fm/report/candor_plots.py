@@ -28,7 +28,11 @@ MARKERS = "os^vD<>pP*Xh"
 
 
 def _rho(x, y) -> float:
-    return float(spearmanr(x, y).statistic) if len(x) > 2 else float("nan")
+    """Spearman's ρ, NaN with fewer than 3 points or a constant axis (no ranking to correlate)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(spearmanr(x, y).statistic)
 
 
 def positives_figure(df: pd.DataFrame) -> Figure:
