@@ -10,7 +10,6 @@ multiple of 1/4 and k = 4, so every c±, DM and margin is exact in both implemen
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 import robustbench_fm
 from robustbench_fm import candor_tasks as ct
@@ -19,14 +18,6 @@ from robustbench_fm.stages import candor
 K = 4
 FINDINGS = ["pneumothorax", "cardiomegaly"]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Matrices of a few hundred rows: extra torch threads only contend on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tie_cohort(n=240, d=10, seed=0):

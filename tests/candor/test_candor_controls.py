@@ -3,7 +3,6 @@ or away from chance, and the patient-clustered bootstrap of D, D_all and the mar
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from scipy.stats import spearmanr
 from sklearn.metrics import roc_auc_score
 
@@ -14,14 +13,6 @@ from robustbench_fm.stages import candor
 PREVALENCES = (0.1, 0.2, 0.3, 0.4, 0.5)
 K, BANK = 5, 100
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small matrices: extra torch threads only contend on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def null_cohort(seed, n_groups=4, group_size=1500, dim=8):

@@ -5,7 +5,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 import robustbench_fm
 from robustbench_fm import candor_tasks as ct
@@ -14,14 +13,6 @@ from robustbench_fm.stages import candor
 
 CUB_CLASSES = Path(__file__).parents[1] / "data" / "cub_classes.txt"
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small matrices: extra torch threads only contend on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_167_cub_species_share_their_family():
