@@ -37,7 +37,7 @@ from ..atomic import write_atomic, write_text_atomic
 from .tables import PaperTable, SweepResults
 
 TABLES = ["croma_table3", "croma_table4", "croma_table5", "croma_table7", "croma_table8", "croma_table9",
-          "croma_table11", "croma_table12", "croma_table13", "croma_table14", "croma_figures"]
+          "croma_table10", "croma_table11", "croma_table12", "croma_table13", "croma_table14", "croma_figures"]
 
 PANEL_DIR = Path("collect") / "median_k"
 #: registry name -> the row label of Tables 3-5, 12, 13 (croma_table2_models.csv)
@@ -370,6 +370,68 @@ def croma_table9(results: SweepResults) -> list[PaperTable]:
                      "CRoMa vs RI": r["rho_croma_ri"], "CRoMa vs MaRI": r["rho_croma_mari"]})
     return [PaperTable("croma_table9", pd.DataFrame(rows), "Table 9: rank agreement of RI, MaRI and CRoMa.",
                        decimals=2)]
+
+
+TCGA_SITE = "TCGA"  # Tolkach-ESCA's held-out TCGA cohort: medical_center VALSET3_TCGA
+
+
+def _sample_sites(results: SweepResults, key: str, per_sample: pd.DataFrame) -> pd.Series:
+    """sample_id -> site (medical_center) of benchmark ``key``: the per-sample ``site`` column when
+    the results carry one, else the rows' site in the benchmark's manifest (rebuilt from its config)."""
+    if "site" in per_sample.columns:
+        return per_sample.drop_duplicates("sample_id").set_index("sample_id")["site"].astype(str)
+    group = _groups(results)[key]
+    manifest = _manifest(group["cfg"], group["entries"]).drop_duplicates("sample_id")
+    return manifest.set_index("sample_id")["site"].astype(str)
+
+
+def croma_table10(results: SweepResults) -> list[PaperTable]:
+    """Table 10: median CRoMa (m=5) on Tolkach-ESCA and on its TCGA extension, and the boost.
+
+    Reading (croma.md A.7: "we re-scored a larger Tolkach-ESCA cohort that adds the held-out TCGA
+    cases"; Table 10's Tolkach-ESCA column differs from Table 5's, e.g. Midnight-12k 0.60 vs 0.58):
+    ONE CRoMa run (the median-k panel of a Tolkach-ESCA benchmark whose rows include the
+    VALSET3_TCGA cases, e.g. a croma job on the larger cohort), whose per-sample values are then
+    split by cohort: "Tolkach-ESCA" = median per-sample CRoMa over the rows of the original cohorts
+    (every site other than TCGA), "TCGA extension" = median over the TCGA rows. "Boost" =
+    median(r on TCGA rows) / median(r on original rows) with r = d_OS/d_SO, the per-sample typed
+    distances of the same run (rows with undefined or non-finite r left out). Pathology encoders
+    by boost (highest first), then the natural-image control in its own section. The default
+    Tolkach view (``tolkach_esca_reduced``, no TCGA rows) cannot give this table."""
+    per_sample = croma_panel(results).per_sample
+    chosen = None
+    for key in sorted(k for k in per_sample["benchmark"].unique() if str(k).startswith("pathorob_tolkach")):
+        part = per_sample[per_sample["benchmark"] == key]
+        part = part[part["finding"] == part["finding"].iloc[0]]
+        sites = part["sample_id"].map(_sample_sites(results, key, part))
+        tcga = sites.str.contains(TCGA_SITE, na=False)
+        if tcga.any() and (~tcga & sites.notna()).any():
+            chosen = (key, part.assign(_tcga=tcga.to_numpy()))
+            break
+    if chosen is None:
+        raise ValueError(f"croma_table10: the sweep {results.root} has no Tolkach-ESCA CRoMa results with both the "
+                         f"original cohorts and the held-out TCGA cases (site {TCGA_SITE}); the default view "
+                         "(tolkach_esca_reduced) has no TCGA rows: score the larger cohort (tolkach_esca.csv)")
+    key, part = chosen
+    r = part["d_os"] / part["d_so"].where(part["d_so"] > 0)
+    part = part.assign(_r=r.where(np.isfinite(r)))
+    rows = []
+    for encoder, g in part.groupby("encoder", sort=False):
+        orig, tcga = g[~g["_tcga"]], g[g["_tcga"]]
+        rows.append({"encoder": encoder, "Tolkach-ESCA": orig["croma"].median(),
+                     "TCGA extension": tcga["croma"].median(),
+                     "Boost": tcga["_r"].median() / orig["_r"].median()})
+    frame = pd.DataFrame(rows)
+    control = frame["encoder"].isin(CONTROLS)
+    frame = pd.concat([frame[~control].sort_values("Boost", ascending=False, kind="stable"), frame[control]],
+                      ignore_index=True)
+    frame.insert(0, "section", np.where(frame["encoder"].isin(CONTROLS), "natural-image control",
+                                        "pathology encoders"))
+    frame.insert(1, "Model", [label(e) for e in frame.pop("encoder")])
+    return [PaperTable("croma_table10", frame,
+                       "Table 10: median CRoMa (m=5) on the original Tolkach-ESCA cohorts and on the held-out TCGA "
+                       f"cases of one run ({key}), and the boost in median d_OS/d_SO (TCGA / original).",
+                       group_by="section", decimals=2)]
 
 
 def typed_rank_medians(results: SweepResults, key: str) -> pd.DataFrame:
