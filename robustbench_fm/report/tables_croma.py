@@ -328,18 +328,23 @@ def _benchmark_label(key: str, table: str) -> str:
     return special.get((table, key), BENCHMARKS.get(key, key))
 
 
+def _per_benchmark(frame: pd.DataFrame, row) -> pd.DataFrame:
+    """One row per benchmark: ``row(benchmark, part)`` on the benchmark's pathology rows of its first
+    finding (Tables 7–9 rank the encoders of one task per benchmark)."""
+    return pd.DataFrame([row(key, part[part["finding"] == part["finding"].iloc[0]])
+                         for key, part in _pathology(frame).groupby("benchmark", sort=True)])
+
+
 def croma_table7(results: SweepResults) -> list[PaperTable]:
     """Table 7: Spearman ρ between the LTM_α rankings of the pathology encoders (A.2)."""
     from ..croma_panel import alpha_sensitivity
 
-    by_alpha = _pathology(croma_panel(results).by_alpha)
-    rows = []
-    for key, part in by_alpha.groupby("benchmark", sort=True):
-        r = alpha_sensitivity(part[part["finding"] == part["finding"].iloc[0]])
-        rows.append({"Benchmark": _benchmark_label(key, "croma_table7"), "ρ(0.05,0.10)": r["rho_a0.05_a0.1"],
-                     "ρ(0.10,0.20)": r["rho_a0.1_a0.2"], "ρ(0.05,0.20)": r["rho_a0.05_a0.2"]})
-    return [PaperTable("croma_table7", pd.DataFrame(rows), "Table 7: rank stability of LTM_α across α.",
-                       decimals=2)]
+    def row(key, part):
+        r = alpha_sensitivity(part)
+        return {"Benchmark": _benchmark_label(key, "croma_table7"), "ρ(0.05,0.10)": r["rho_a0.05_a0.1"],
+                "ρ(0.10,0.20)": r["rho_a0.1_a0.2"], "ρ(0.05,0.20)": r["rho_a0.05_a0.2"]}
+    return [PaperTable("croma_table7", _per_benchmark(croma_panel(results).by_alpha, row),
+                       "Table 7: rank stability of LTM_α across α.", decimals=2)]
 
 
 def croma_table8(results: SweepResults) -> list[PaperTable]:
@@ -347,29 +352,25 @@ def croma_table8(results: SweepResults) -> list[PaperTable]:
     benchmark's cells are too small for m = 20."""
     from ..croma_panel import m_sensitivity
 
-    by_m = _pathology(croma_panel(results).by_m)
-    rows = []
-    for key, part in by_m.groupby("benchmark", sort=True):
-        part = part[part["finding"] == part["finding"].iloc[0]]
+    def row(key, part):
         pairs = tuple(p for p in ((1, 5), (5, 20), (1, 20)) if set(p) <= set(part["m"]))
         r = m_sensitivity(part, pairs=pairs)
-        rows.append({"Benchmark": _benchmark_label(key, "croma_table8"), "n": r["n"],
-                     **{f"ρ(m={a},m={b})": r.get(f"rho_m{a}_m{b}", np.nan) for a, b in ((1, 5), (5, 20), (1, 20))}})
-    return [PaperTable("croma_table8", pd.DataFrame(rows), "Table 8: rank stability of median CRoMa across m.")]
+        return {"Benchmark": _benchmark_label(key, "croma_table8"), "n": r["n"],
+                **{f"ρ(m={a},m={b})": r.get(f"rho_m{a}_m{b}", np.nan) for a, b in ((1, 5), (5, 20), (1, 20))}}
+    return [PaperTable("croma_table8", _per_benchmark(croma_panel(results).by_m, row),
+                       "Table 8: rank stability of median CRoMa across m.")]
 
 
 def croma_table9(results: SweepResults) -> list[PaperTable]:
     """Table 9: Spearman ρ between RI, MaRI and CRoMa over the pathology encoders (median-k)."""
     from ..croma_panel import metric_agreement
 
-    summary = _pathology(croma_panel(results).summary)
-    rows = []
-    for key, part in summary.groupby("benchmark", sort=True):
-        r = metric_agreement(part[part["finding"] == part["finding"].iloc[0]])
-        rows.append({"Benchmark": _benchmark_label(key, "croma_table9"), "RI vs MaRI": r["rho_ri_mari"],
-                     "CRoMa vs RI": r["rho_croma_ri"], "CRoMa vs MaRI": r["rho_croma_mari"]})
-    return [PaperTable("croma_table9", pd.DataFrame(rows), "Table 9: rank agreement of RI, MaRI and CRoMa.",
-                       decimals=2)]
+    def row(key, part):
+        r = metric_agreement(part)
+        return {"Benchmark": _benchmark_label(key, "croma_table9"), "RI vs MaRI": r["rho_ri_mari"],
+                "CRoMa vs RI": r["rho_croma_ri"], "CRoMa vs MaRI": r["rho_croma_mari"]}
+    return [PaperTable("croma_table9", _per_benchmark(croma_panel(results).summary, row),
+                       "Table 9: rank agreement of RI, MaRI and CRoMa.", decimals=2)]
 
 
 TCGA_SITE = "TCGA"  # Tolkach-ESCA's held-out TCGA cohort: medical_center VALSET3_TCGA

@@ -36,7 +36,6 @@ def test_templates_fill_organs_and_are_sampled_with_the_seed():
 def _tiny_llava(folder):
     """A random-weight LLaVA (CLIP tower + Llama) whose language head is zero, so greedy decoding
     always emits token 0, the word 'left'; saved with save_pretrained like a hub snapshot."""
-    import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import (
         CLIPImageProcessor,
@@ -69,13 +68,7 @@ def _tiny_llava(folder):
                                               max_position_embeddings=512, bos_token_id=2, eos_token_id=3,
                                               pad_token_id=5),
                       image_token_index=vocab["<image>"], vision_feature_select_strategy="default")
-    torch.manual_seed(0)
-    model = LlavaForConditionalGeneration(cfg)
-    with torch.no_grad():
-        model.lm_head.weight.zero_()
-    model.save_pretrained(folder)
-    proc.save_pretrained(folder)
-    return folder
+    return save_snapshot(LlavaForConditionalGeneration, cfg, proc, folder)
 
 
 def _samples(n=12):
@@ -115,7 +108,6 @@ def test_tiny_chat_model_end_to_end(tmp_path):
 def _tiny_qwen2_vl(folder):
     """A random-weight Qwen2-VL (vision tower + M-RoPE decoder) with a zero language head (replies
     'left'), saved like a hub snapshot with its image, video and chat processors."""
-    import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import (
         PreTrainedTokenizerFast,
@@ -150,13 +142,7 @@ def _tiny_qwen2_vl(folder):
                            temporal_patch_size=2),
         image_token_id=vocab["<|image_pad|>"], video_token_id=vocab["<|video_pad|>"],
         vision_start_token_id=vocab["<|vision_start|>"], vision_end_token_id=vocab["<|vision_end|>"])
-    torch.manual_seed(0)
-    model = Qwen2VLForConditionalGeneration(cfg)
-    with torch.no_grad():
-        model.lm_head.weight.zero_()
-    model.save_pretrained(folder)
-    proc.save_pretrained(folder)
-    return folder
+    return save_snapshot(Qwen2VLForConditionalGeneration, cfg, proc, folder)
 
 
 @pytest.mark.slow
@@ -169,3 +155,17 @@ def test_tiny_qwen2_vl_through_the_same_backend(tmp_path):
     acc = rows.set_index("finding")["accuracy"]
     assert acc["relative_position"] == pytest.approx(np.mean(items["label"] == 0))
     assert rows["unparsed"].max() == 0.0
+
+
+def save_snapshot(model_class, cfg, proc, folder):
+    """Build a seeded random model whose LM head is zero (so every reply is the same known token
+    sequence) and save it with its processor like a hub snapshot."""
+    import torch
+
+    torch.manual_seed(0)
+    model = model_class(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    model.save_pretrained(folder)
+    proc.save_pretrained(folder)
+    return folder
