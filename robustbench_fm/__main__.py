@@ -16,20 +16,57 @@ from pathlib import Path
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows as left-aligned columns (the last column is not padded)."""
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in rows]
+
+
+def _yaml_title(path: Path) -> str:
+    """The first line of a config file's leading comment (after ``# @package``)."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#") and not line.startswith("# @package"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def _panel_line(path: Path) -> str:
+    from omegaconf import OmegaConf
+
+    names = [str(n) for n in OmegaConf.load(path).get("encoders") or []]
+    shown = ", ".join(names)
+    return f"{len(names)}: " + (shown if len(shown) <= 90 else shown[:89] + "…")
+
+
+SECTIONS = ("encoders", "datasets", "stages", "experiments", "panels")
+
+
 def listing(what: str | None = None) -> str:
-    """Registered encoders, datasets, stages and shipped experiments, one per line."""
+    """Registered encoders, datasets, stages, shipped experiments and panels, aligned, one per
+    line with what each is. Imports no torch (the registries hold specs only)."""
+    if what is not None and what not in SECTIONS:
+        raise SystemExit(f"error: list: unknown section '{what}'; choose one of {', '.join(SECTIONS)}")
     from . import data, encoders, stages
 
-    sections = {
-        "encoders": [f"{n:16s} {encoders.get(n).library:12s} {encoders.get(n).hub_id}" for n in encoders.names()],
-        "datasets": [f"{n:18s} {data.get(n).access or data.get(n).description}" for n in data.names()],
-        "stages": stages.names(),
-        "experiments": sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml")),
+    def encoder_rows():
+        for n in encoders.names():
+            spec = encoders.get(n)
+            yield n, spec.library, f"{spec.params_m:g}M" if spec.params_m else "", spec.hub_id
+
+    makers = {
+        "encoders": lambda: [("name", "library", "params", "weights (hub id)"), *encoder_rows()],
+        "datasets": lambda: [("name", "access / what it is")]
+        + [(n, data.get(n).access or data.get(n).description) for n in data.names()],
+        "stages": lambda: [("name", "what it measures")] + [(n, stages.DESCRIPTIONS[n]) for n in stages.names()],
+        "experiments": lambda: [("name", "what it reproduces")]
+        + [(p.stem, _yaml_title(p)) for p in sorted((CONFIG_DIR / "experiment").glob("*.yaml"))],
+        "panels": lambda: [("name", "encoders")]
+        + [(p.stem, _panel_line(p)) for p in sorted((CONFIG_DIR / "panel").glob("*.yaml"))],
     }
-    if what is not None and what not in sections:
-        raise SystemExit(f"list: unknown section '{what}'; choose one of {', '.join(sections)}")
-    keys = [what] if what else list(sections)
-    return "\n".join(f"{k}:\n" + "\n".join(f"  {line}" for line in sections[k]) for k in keys)
+    keys = [what] if what else list(SECTIONS)
+    return "\n\n".join(f"{k}:\n" + "\n".join(f"  {line}" for line in _table(makers[k]())) for k in keys)
 
 
 def verify(path: str, manifest: str | None = None) -> int:
@@ -69,6 +106,18 @@ def collect(sweep_dir: str, show_compare: bool = False) -> int:
     return 0
 
 
+def newest_sweep(root: Path = Path("outputs") / "multirun") -> str | None:
+    """The newest sweep folder ``<root>/<date>/<time>`` (the default output layout, relative to
+    the current directory), announced on stdout; None with a one-line error when there is none."""
+    sweeps = sorted(p for p in root.glob("*/*") if p.is_dir()) if root.is_dir() else []
+    if not sweeps:
+        print(f"error: collect: no sweep under '{root}'; pass the sweep folder: "
+              "python -m robustbench_fm collect <multirun folder>", file=sys.stderr)
+        return None
+    print(f"collect: the newest sweep, {sweeps[-1]}")
+    return str(sweeps[-1])
+
+
 def compare(sweep_dir: str) -> int:
     """Rebuild the sweep's paper tables (``report.tables``) and print them beside the published
     values (``compare.md`` / ``compare.csv`` in the sweep folder); 2 with a one-line error."""
@@ -88,6 +137,23 @@ def compare(sweep_dir: str) -> int:
     return 0
 
 
+def _remove_dry_run_folder(out: Path, output_root: Path) -> None:
+    """Hydra made the run folder (and its empty job log) before the job ran; a dry run leaves
+    nothing behind, nor the empty date folders above it, up to (not including) ``paths.output_root``."""
+    for handler in list(logging.root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == out:
+            handler.close()
+            logging.root.removeHandler(handler)
+    if not out.is_dir() or any(not (p.is_file() and p.suffix == ".log") for p in out.iterdir()):
+        return
+    for p in out.iterdir():
+        p.unlink()
+    folder = out
+    while folder != output_root and output_root in folder.parents and not any(folder.iterdir()):
+        folder.rmdir()
+        folder = folder.parent
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "list":
         print(listing(sys.argv[2] if len(sys.argv) > 2 else None))
@@ -98,9 +164,10 @@ def main() -> None:
         return
     if len(sys.argv) > 1 and sys.argv[1] == "collect":
         args = [a for a in sys.argv[2:] if a != "--compare"]
-        if len(args) != 1:
-            raise SystemExit("usage: python -m robustbench_fm collect <multirun sweep folder> [--compare]")
-        sys.exit(collect(args[0], "--compare" in sys.argv[2:]))
+        if len(args) > 1:
+            raise SystemExit("usage: python -m robustbench_fm collect [<multirun sweep folder>] [--compare]")
+        sweep = args[0] if args else newest_sweep()
+        sys.exit(collect(sweep, "--compare" in sys.argv[2:]) if sweep else 2)
     if len(sys.argv) > 1 and sys.argv[1] == "compare":
         if len(sys.argv) != 3:
             raise SystemExit("usage: python -m robustbench_fm compare <multirun sweep folder or run folder>")
@@ -136,7 +203,8 @@ def main() -> None:
         try:
             if cfg.dry_run:
                 print(redacted_yaml(cfg))
-                print(app.plan(cfg, overrides))
+                print(app.plan(cfg, overrides).describe(cfg))
+                _remove_dry_run_folder(Path(hc.runtime.output_dir), Path(cfg.paths.output_root))
                 return
             app.run(cfg, Path(hc.runtime.output_dir), overrides)
         except app.USER_ERRORS as exc:

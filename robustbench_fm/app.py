@@ -56,6 +56,23 @@ class Plan:
     findings: list[str]
     features_file: Path | None
 
+    def describe(self, cfg: DictConfig) -> str:
+        """The plan in words, as ``dry_run=true`` prints it."""
+        params = OmegaConf.to_container(cfg.stage.params, resolve=True)
+        if self.features_file is not None:
+            source = f"features {self.features_file}, manifest {cfg.manifest_file}"
+        else:
+            generated = "" if self.root.is_dir() else " (generated on the first run)"
+            source = f"{self.dataset} at {self.root}{generated}"
+        rows = [("data", source),
+                ("encoders", f"{', '.join(self.encoders)} ({len(self.encoders)})" if self.encoders else "-"),
+                ("stage", f"{self.stage} on {', '.join(self.findings)}"),
+                ("params", ", ".join(f"{k}={v}" for k, v in params.items())),
+                ("cache", str(cfg.paths.cache_dir)),
+                ("device", str(cfg.device))]
+        return "\n".join(["plan (dry_run=true: nothing was read, embedded or written):"]
+                         + [f"  {k:9s}{v}" for k, v in rows])
+
 
 def panel(cfg: DictConfig, cli_overrides: list[str] | None = None) -> list[str]:
     """The encoders of this job: an explicit ``encoder=`` override wins over a panel."""
@@ -185,8 +202,9 @@ def _extract_panel(job: Plan, cfg: DictConfig, manifest: pd.DataFrame) -> tuple[
                         num_workers=cfg.extract.num_workers, shard_size=cfg.extract.shard_size,
                         on_bad_image=cfg.extract.on_bad_image, num_shards=cfg.extract.num_shards,
                         shard=cfg.extract.shard, read=False)
-        log.info("%s: %d images embedded, %d forward passes, %.1f images/s, cache %s", name,
-                 feats.n_images_embedded, feats.n_forward, feats.images_per_s, feats.path)
+        if feats.n_images_embedded:  # a full cache hit is logged by the cache ("cache hit: N rows, ...")
+            log.info("%s: %d images embedded, %d forward passes, %.1f images/s, cache %s", name,
+                     feats.n_images_embedded, feats.n_forward, feats.images_per_s, feats.path)
         entries.append((name, feats.path, feats.missing_shards))
         cache[name] = {"images": len(images), "embedded": feats.n_images_embedded,
                        "cached": max(len(images) - feats.n_images_embedded, 0), "hit": feats.n_forward == 0,

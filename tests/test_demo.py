@@ -46,10 +46,11 @@ def test_demo_reproduces_the_calibration(demo):
 
 
 def test_second_run_hits_the_cache_with_zero_forwards(demo):
-    _, first, second, run1, run2 = demo
+    out, first, second, run1, run2 = demo
     for name in ("planted_blur", "planted_sharp", "random_vit_s"):
-        assert f"{name}: 0 images embedded, 0 forward passes" in second
         assert f"{name}: 200 images embedded" in first
+        assert f"cache hit: 200 rows, 0 forward passes ({out / 'cache' / 'features' / name}/" in second
+    assert "images embedded" not in second and "images/s" not in second  # no "0 images ... 0.0 images/s"
     pd.testing.assert_frame_equal(pd.read_parquet(run1 / "summary.parquet"),
                                   pd.read_parquet(run2 / "summary.parquet"))
 

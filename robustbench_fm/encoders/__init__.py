@@ -6,13 +6,27 @@ honours a local weights file or folder and ``HF_HUB_OFFLINE``.
 """
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from . import catalog, loaders, slide, synthetic  # noqa: F401  (register the loaders and the entries)
-from .base import Encoder, build_transform, resolve_device
+from . import catalog  # noqa: F401  (register the entries: specs only, no torch)
 from .registry import get, loader, names
-from .slide import SlideEncoder
 from .spec import EncoderSpec
+
+if TYPE_CHECKING:
+    from .base import Encoder, build_transform, resolve_device
+    from .slide import SlideEncoder
+
+# Names that need torch are imported on first use, so that `list`, `doctor` and the registry
+# (``names``/``get``) answer without importing torch (about 2 s).
+_LAZY = {"Encoder": "base", "build_transform": "base", "resolve_device": "base", "SlideEncoder": "slide"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["Encoder", "EncoderSpec", "SlideEncoder", "build_transform", "get", "load", "load_slide", "names",
            "resolve_device"]
@@ -40,6 +54,8 @@ def load(name: str | EncoderSpec, weights: str | Path | None = None, device="aut
                          f"embedding; embed the tiles with encoder={spec.tile_encoder} and use "
                          f"robustbench_fm.encoders.load_slide('{spec.name}')")
     _check(spec, weights, allow_remote_code)
+    from .base import resolve_device
+
     return loader(spec.library)(spec, weights, resolve_device(device), allow_remote_code)
 
 
@@ -50,4 +66,6 @@ def load_slide(name: str | EncoderSpec, weights: str | Path | None = None, devic
     if not spec.is_slide:
         raise ValueError(f"encoder '{spec.name}' embeds images; use robustbench_fm.encoders.load('{spec.name}')")
     _check(spec, weights, allow_remote_code)
+    from .base import resolve_device
+
     return loader(spec.library)(spec, weights, resolve_device(device), allow_remote_code)

@@ -1,6 +1,7 @@
 """Name -> EncoderSpec registry, and the library loaders that turn a spec into an Encoder."""
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
 from ..registry import Registry
@@ -25,5 +26,14 @@ def register_loader(library: str):
 names, get = SPECS.names, SPECS.get
 
 
+#: Modules whose import registers the loaders (``@register_loader``); imported on the first
+#: :func:`loader` call because they import torch and the model libraries.
+LOADER_MODULES = ("robustbench_fm.encoders.loaders", "robustbench_fm.encoders.synthetic",
+                  "robustbench_fm.encoders.slide")
+
+
 def loader(library: str) -> Callable:
+    if library not in _LOADERS:
+        for module in LOADER_MODULES:
+            importlib.import_module(module)
     return _LOADERS[library]

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 
 from .base import Encoder
 from .loaders.weights import file_weights_id, load_strict, pick_checkpoint
-from .registry import register, register_loader
+from .catalog.synthetic import PLANTED_BLUR, PLANTED_SHARP  # noqa: F401  (re-exported)
+from .registry import register_loader
 from .spec import EncoderSpec
 
 KINDS = ("blur", "sharp")
@@ -99,25 +100,6 @@ class PlantedEncoder(torch.nn.Module):
         if self.sort:
             cells = cells.sort(dim=1, descending=True).values
         return cells @ self.projection.to(cells.dtype)
-
-
-def _spec(name: str, kind: str, description: str) -> EncoderSpec:
-    return EncoderSpec(
-        name=name, library="synthetic", hub_id=f"planted:{kind}", input_size=224,
-        mean=(0.5,), std=(0.25,), embedding="pooled", embed_dim=256, params_m=0.07,
-        channels=1, pretrained=False, seed=0, amp_dtype=None,
-        model_kwargs={"kind": kind, "grid": 16, "blur_sigma": 8.0, "hp_sigma": 1.5, "sort": True},
-        description=description)
-
-
-PLANTED_BLUR = register(_spec(
-    "planted_blur", "blur",
-    "CANDOR calibration reference blind to a small local marker: Gaussian blur (sigma 8 px), "
-    "16x16 average cells, sorted, fixed random projection (D ~ 1/2 on the planted set)."))
-PLANTED_SHARP = register(_spec(
-    "planted_sharp", "sharp",
-    "CANDOR calibration reference sensitive to a small local marker: |x - blur_1.5(x)|, 16x16 "
-    "max cells, sorted, the same random projection (D = 0 on the planted set)."))
 
 
 @register_loader("synthetic")
