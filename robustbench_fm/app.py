@@ -313,7 +313,10 @@ def _write_report(job: Plan, cfg: DictConfig, summary: pd.DataFrame, out_dir: Pa
     long = to_long(summary, job.stage, OmegaConf.create(redact_config(cfg)), out_dir.name)
     write_atomic(out_dir / "results_long.parquet", lambda f: long.to_parquet(f, index=False))
     write_text_atomic(out_dir / "results_long.csv", long.to_csv(index=False))
-    return write_report(run_report(out_dir, redacted_yaml(cfg), long, seconds), out_dir)[1]
+    from hydra.core.hydra_config import HydraConfig
+
+    experiment = HydraConfig.get().runtime.choices.get("experiment") if HydraConfig.initialized() else None
+    return write_report(run_report(out_dir, redacted_yaml(cfg), long, seconds, experiment=experiment), out_dir)[1]
 
 
 def _record_entries(out_dir: Path, job: Plan, entries, cache: dict) -> None:
