@@ -12,14 +12,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from report_fixtures import job_config, write_job
 
 from robustbench_fm import app, results
+from robustbench_fm.api import evaluate
 from robustbench_fm.report import candor_plots, html
 from robustbench_fm.report.long_format import to_long
 from robustbench_fm.report.tables import PaperTable, SweepResults
 
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 DEMO = {"planted_blur": (0.46, 0.366, 0.56), "planted_sharp": (0.0, 0.0, 0.0), "random_vit_s": (0.71, 0.626, 0.796)}
 REASON = "fewer than k+1=6 positives or negatives (3 positives, 40 negatives)"
 
@@ -225,3 +228,46 @@ def test_each_job_records_its_start_and_end_even_when_it_fails(tmp_path, monkeyp
     (tmp_path / "ok").mkdir()
     assert app._run(None, None, tmp_path / "ok", None)["x"].tolist() == [1]
     assert (tmp_path / "ok" / "timing.json").exists()
+
+
+# --- item 14: the demo's note on random_vit_s ---------------------------------------------------
+
+def demo_config(tmp_path: Path):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", overrides=[f"paths.root={tmp_path}", "experiment=demo"])
+
+
+def test_demo_report_explains_why_random_vit_s_is_above_chance(tmp_path):
+    cfg = demo_config(tmp_path)
+    out, long, _ = run_folder(tmp_path, demo_summary())
+    yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    md, page = (p.read_text() for p in html.write_report(html.run_report(out, yaml, long, 1.0, "demo"), out))
+    notes = md[md.index("## Notes"):]
+    assert "Why random_vit_s sits above 0.5" in notes and "positives spread apart" in notes
+    assert "nearest positives end up less similar than their nearest negatives" in notes
+    assert re.search(r"<h2>Notes</h2><p>Why random_vit_s sits above 0.5", page.replace("\n", ""))
+    without = long[long["encoder"] != "random_vit_s"]  # e.g. the two-encoder multirun: no note
+    assert html.run_report(out, yaml, without, 1.0, "demo").experiment_notes == []
+
+
+def test_random_per_positive_shifts_raise_d_above_chance_and_a_shared_one_lowers_it():
+    """The mechanism the demo's note states, on features with no label information: small
+    random shifts of the positives (each its own direction) spread them apart, D > 0.5; the same
+    size of shift in one shared direction pulls them together, D < 0.5."""
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(400, 64)) + 8.0  # one tight cloud, as a random ViT's embeddings (cosine ~ 0.99)
+    labels = np.r_[np.ones(200), np.zeros(200)]
+    manifest = pd.DataFrame({"sample_id": [f"s{i}" for i in range(400)], "path": "x", "patient_id":
+                             [f"p{i}" for i in range(400)], "acq_group": "g", "marker": labels})
+
+    def d(features):
+        return evaluate("candor", features, manifest, finding="marker", n_boot=10).summary.iloc[-1]["d"]
+
+    shift = 0.8 * rng.normal(size=(200, 64))
+    own = base.copy()
+    own[:200] += shift  # each positive its own direction
+    direction = rng.normal(size=64)
+    shared = base.copy()
+    shared[:200] += np.linalg.norm(shift, axis=1).mean() * direction / np.linalg.norm(direction)  # one for all
+    assert 0.4 < d(base) < 0.6
+    assert d(own) > 0.6 and d(shared) < 0.3
