@@ -102,8 +102,8 @@ def counts_as_int(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _task_rows(long: pd.DataFrame) -> pd.DataFrame:
-    """``long`` with readable groups: a pooled row (CANDOR's ``__pooled__``) is kept only where
-    more than one matched group was scored (else it repeats the one group's row) and reads
+    """``long`` with readable groups: a pooled row (CANDOR's ``__pooled__``) is left out where
+    exactly one matched group was scored (it would repeat that group's row), else it reads
     ``pooled``; a group part equal to the task (CANDOR's target of a binary finding) is left out.
     ``task_level`` marks the rows that stand for a whole task (the pooled row, the only group,
     or every row of a stage without pooling)."""
@@ -119,9 +119,9 @@ def _task_rows(long: pd.DataFrame) -> pd.DataFrame:
         others = parts.map(lambda p: "\x1f".join(x for i, x in enumerate(p) if i != where))
         key = rows[["encoder", "dataset", "task", "job"]].astype(str).agg("\x1f".join, axis=1) + "\x1f" + others
         groups = rows[in_stage & ~is_pooled & rows["value"].notna()].assign(key=key)
-        several = key.map(groups.drop_duplicates(["key", "group"]).groupby("key").size()).fillna(0) > 1
-        drop |= in_stage & is_pooled & ~several
-        rows.loc[in_stage & ~is_pooled & several, "task_level"] = False
+        count = key.map(groups.drop_duplicates(["key", "group"]).groupby("key").size()).fillna(0)
+        drop |= in_stage & is_pooled & (count == 1)  # a pool with no group rows (e.g. __chest__) stays
+        rows.loc[in_stage & ~is_pooled & (count > 1), "task_level"] = False
     labels = [" / ".join("pooled" if x == POOLED else x for x in p if x != task)
               for p, task in zip(parts, rows["task"].astype(str))]
     return rows.assign(group=labels)[~drop].reset_index(drop=True)

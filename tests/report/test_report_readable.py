@@ -132,6 +132,10 @@ def test_pooled_row_is_shown_when_there_are_several_groups():
     assert table["group"].tolist() == ["AP", "PA", "pooled"]
     one = html.summary_table(to_long(pd.DataFrame(candor_rows("planted_blur", 0.4, 0.3, 0.5, groups=("AP",))), "candor"))
     assert one["group"].tolist() == ["AP"] and one["n_queries"].tolist() == [100]
+    chest = candor_rows("planted_blur", 0.45, 0.4, 0.5, groups=(), finding="__chest__")  # a pool across tasks
+    both = html.summary_table(to_long(pd.DataFrame(candor_rows("planted_blur", 0.4, 0.3, 0.5, groups=("AP",))
+                                                   + chest), "candor"))
+    assert both[["task", "group"]].values.tolist() == [["marker", "AP"], ["__chest__", "pooled"]]
 
 
 def test_positives_figure_labels_points_and_shows_the_whole_rate_axis():
@@ -160,7 +164,7 @@ def test_collapse_figure_puts_tasks_on_x_and_is_left_out_with_one_task(tmp_path)
     df = pd.DataFrame({"encoder": ["a", "b", "c"] * 2, "task": ["t1"] * 3 + ["t2"] * 3, "d": 0.4})
     ax = candor_plots.collapse_figure(df).axes[0]
     assert ax.get_xlim() == (-0.5, 1.5) and [t.get_text() for t in ax.get_xticklabels()] == ["t1", "t2"]
-    for k, coll in enumerate(ax.collections):  # one marker set per encoder, beside its task
+    for coll in ax.collections:  # one marker set per encoder, beside its task
         assert np.all(np.abs(coll.get_offsets()[:, 0] - np.array([0, 1])) <= 0.3)
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a", "b", "c"]
     out, long, _ = run_folder(tmp_path, demo_summary())
