@@ -18,7 +18,7 @@ from . import manifest as mf
 from .atomic import write_atomic, write_text_atomic
 from .errors import UserError
 from .redact import redact_config, redacted_yaml
-from .results import to_markdown
+from .results import not_scored, to_markdown
 
 log = logging.getLogger("robustbench_fm")
 
@@ -261,6 +261,16 @@ def run_stage_on_entries(job: Plan, cfg: DictConfig, manifest: pd.DataFrame, ent
 
 
 def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFrame:
+    """:func:`_run_job`, with its wall-clock start and end written to ``timing.json`` (also when it
+    fails): a sweep's report takes its runtime from the earliest job start to the last job end."""
+    started = time.time()
+    try:
+        return _run_job(job, cfg, out_dir, cli_overrides)
+    finally:
+        write_text_atomic(out_dir / "timing.json", json.dumps({"start": started, "end": time.time()}) + "\n")
+
+
+def _run_job(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFrame:
     write_text_atomic(out_dir / "config.yaml", redacted_yaml(cfg))
     if cli_overrides:
         write_text_atomic(out_dir / "overrides.yaml", redacted_yaml(OmegaConf.create(cli_overrides)))
@@ -285,14 +295,31 @@ def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFra
                                              out_dir)
     summary = pd.concat(summaries, ignore_index=True)
     write_atomic(out_dir / "summary.parquet", lambda f: summary.to_parquet(f, index=False))
-    shown = summary[[c for c in CONSOLE_COLUMNS.get(job.stage, summary.columns) if c in summary.columns]]
-    table = to_markdown(shown)
+    table = console_table(summary, job.stage)
     write_text_atomic(out_dir / "summary.md", table)
     seconds = time.perf_counter() - started
     report = _write_report(job, cfg, summary, out_dir, seconds)
     print(f"\n{job.stage} on {job.dataset or job.features_file} ({seconds:.1f} s) -> {out_dir}\n\n{table}"
           f"\nreport: {report}")
     return summary
+
+
+#: at most this many "not scored" lines under the console table (all of them are in the report)
+MAX_REASONS = 20
+
+
+def console_table(summary: pd.DataFrame, stage: str) -> str:
+    """The console's (and ``summary.md``'s) table: the stage's :data:`CONSOLE_COLUMNS`, then one
+    line per row the stage left blank, with its ``reason`` (:func:`.results.not_scored`)."""
+    shown = summary[[c for c in CONSOLE_COLUMNS.get(stage, summary.columns) if c in summary.columns]]
+    table = to_markdown(shown)
+    reasons = not_scored(summary)
+    if reasons:
+        table += (f"\nNot scored ({len(reasons)} rows, blank above):\n"
+                  + "".join(f"- {line}\n" for line in reasons[:MAX_REASONS])
+                  + (f"- ... and {len(reasons) - MAX_REASONS} more (report.md, summary.parquet column reason)\n"
+                     if len(reasons) > MAX_REASONS else ""))
+    return table
 
 
 def _write_report(job: Plan, cfg: DictConfig, summary: pd.DataFrame, out_dir: Path, seconds: float) -> Path:
@@ -304,7 +331,10 @@ def _write_report(job: Plan, cfg: DictConfig, summary: pd.DataFrame, out_dir: Pa
     long = to_long(summary, job.stage, OmegaConf.create(redact_config(cfg)), out_dir.name)
     write_atomic(out_dir / "results_long.parquet", lambda f: long.to_parquet(f, index=False))
     write_text_atomic(out_dir / "results_long.csv", long.to_csv(index=False))
-    return write_report(run_report(out_dir, redacted_yaml(cfg), long, seconds), out_dir)[1]
+    from hydra.core.hydra_config import HydraConfig
+
+    experiment = HydraConfig.get().runtime.choices.get("experiment") if HydraConfig.initialized() else None
+    return write_report(run_report(out_dir, redacted_yaml(cfg), long, seconds, experiment=experiment), out_dir)[1]
 
 
 def _record_entries(out_dir: Path, job: Plan, entries, cache: dict) -> None:

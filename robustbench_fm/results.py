@@ -12,8 +12,10 @@ from .atomic import write_atomic, write_text_atomic
 
 
 def to_markdown(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
-    """A plain GitHub-markdown table (no extra dependency)."""
+    """A plain GitHub-markdown table (no extra dependency); missing values (NaN, NA, None) blank."""
     def fmt(v):
+        if v is None or v is pd.NA:
+            return ""
         if isinstance(v, float):
             return "" if pd.isna(v) else format(v, floatfmt)
         return str(v)
@@ -21,6 +23,35 @@ def to_markdown(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join(lines) + "\n"
+
+
+#: columns that name a summary row, in the order :func:`not_scored` names them
+ROW_KEYS = ("encoder", "dataset", "finding", "target", "acq_group", "stratum", "method", "test_set")
+POOLED_GROUPS = ("__pooled__", "pooled")
+
+
+def not_scored(summary: pd.DataFrame) -> list[str]:
+    """One line per summary row that carries a ``reason`` (why the stage left it blank), e.g.
+    ``planted_blur, planted, marker, group AP: fewer than k+1=6 positives or negatives (...)``.
+    A ``target`` equal to its finding is not repeated; the pooled group reads ``all groups``."""
+    if summary.empty or "reason" not in summary.columns:
+        return []
+    reason = summary["reason"].astype("string").fillna("").str.strip()
+    lines = []
+    for (_, row), why in zip(summary[reason != ""].iterrows(), reason[reason != ""]):
+        parts = []
+        for col in ROW_KEYS:
+            value = row.get(col)
+            if value is None or value is pd.NA or (isinstance(value, float) and pd.isna(value)) or str(value) == "":
+                continue
+            value = str(value)
+            if col == "target" and value == str(row.get("finding")):
+                continue
+            if col == "acq_group":
+                value = "all groups" if value in POOLED_GROUPS else f"group {value}"
+            parts.append(value)
+        lines.append(f"{', '.join(parts)}: {why}")
+    return lines
 
 
 @dataclass

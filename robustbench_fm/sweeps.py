@@ -170,14 +170,15 @@ def _write_tables(sweep_dir: Path, combined: pd.DataFrame) -> list:
 
 
 def _write_report(sweep_dir: Path, long: pd.DataFrame, tables: list, missing: list[str], seconds: float) -> None:
-    """``report.md`` / ``report.html`` of the sweep (:mod:`.report.html`)."""
-    from .report.html import sweep_report, write_report
-    from .results import to_markdown
+    """``report.md`` / ``report.html`` of the sweep (:mod:`.report.html`); ``seconds``: the collect
+    step's time (the report's runtime is the sweep's wall clock, from the jobs' ``timing.json``)."""
+    from .report.html import console_summary, sweep_report, write_report
 
     report = sweep_report(sweep_dir, long, tables, missing, seconds)
     md, html = write_report(report, sweep_dir)
-    if len(report.summary):
-        print("\n" + to_markdown(report.summary))
+    shown = console_summary(report)
+    if shown:
+        print("\n" + shown)
     print(f"collect: report -> {html} ({md.name} beside it)")
 
 

@@ -27,8 +27,9 @@ EMBEDDINGS = ("cls", "patch_mean", "cls_patch_mean", "projected", "pooled", "nat
 #: ``input_size``; longest_pad: longer side to ``input_size``, zero padding right/bottom (FLAIR);
 #: none: the tensor is taken as is (slide entries aggregate cached tile embeddings).
 RESIZES = ("shorter_center_crop", "squash", "longest_pad", "none")
-#: Pretraining objective, as CANDOR groups encoders (SSL / I-T / Sup. / untrained).
-OBJECTIVES = ("ssl", "image-text", "supervised", "none")
+#: Pretraining objective, as CANDOR groups encoders (SSL / I-T / Sup. / untrained), plus
+#: ``synthetic``: a fixed hand-built calibration encoder (the planted references), not trained.
+OBJECTIVES = ("ssl", "image-text", "supervised", "none", "synthetic")
 
 
 @dataclass(frozen=True)

@@ -2,22 +2,30 @@
 self-contained ``report.html`` (images embedded as base64 PNG, inline style, no script and no
 external URL, so it opens offline and can be mailed as one file).
 
-A report holds the resolved config, the summary table, the paper tables (bold best, underlined
-second, as :mod:`.render`), their comparison with the published values (:mod:`.compare`), the
-figures (:func:`figures`), the runtime, the feature-cache hits per encoder and the jobs that
-failed or never ran.
+A report opens with what ran (title from the experiment, stage and dataset; the encoders; the
+runtime) and a short "How to read this" per stage, then the results with their 95% intervals
+(:func:`summary_table`), the rows that could not be scored and why (:func:`not_scored`), the
+experiment's notes (``report.notes``), the paper tables (bold best, underlined second, as
+:mod:`.render`) and their comparison with the published values (:mod:`.compare`), the figures
+(:func:`figures`), the feature-cache hits per encoder, the jobs that failed or never ran and the
+resolved config. With paper tables or more than :data:`MAX_INLINE_ROWS` result rows, a compact
+per-encoder summary (:func:`encoder_summary`) comes first and the full result table last,
+collapsed.
 """
 from __future__ import annotations
 
 import base64
 import html
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from ..atomic import write_text_atomic
+from ..results import not_scored as summary_reasons
 from ..results import to_markdown as frame_markdown
 from . import compare as cmp_mod
 from .render import _cell, ranks
@@ -28,7 +36,26 @@ STYLE = ("body{font-family:sans-serif;max-width:70em;margin:2em auto;color:#222}
          "table{border-collapse:collapse;margin:1em 0;font-size:0.85em}"
          "td,th{border:1px solid #bbb;padding:2px 6px;text-align:right}th{background:#eee}"
          "pre{background:#f6f6f6;padding:1em;overflow:auto;font-size:0.8em}img{max-width:100%}"
-         ".outside{color:#b00;font-weight:bold}")
+         ".outside{color:#b00;font-weight:bold}.overview{line-height:1.5}.guide p{max-width:60em}"
+         "summary{cursor:pointer;font-weight:bold;margin:1em 0}")
+
+#: result tables longer than this (or any report with paper tables) show a per-encoder summary
+#: first and the full table last, collapsed
+MAX_INLINE_ROWS = 40
+#: how a stage is named in titles and in "How to read this"
+STAGE_NAMES = {"candor": "CANDOR", "croma": "CRoMa", "spar": "SPAR-Bench", "retention": "occlusion retention",
+               "linear_head": "linear heads", "mlp_head": "MLP heads", "candor_heads": "CANDOR and head errors",
+               "error_detection": "error detection", "logme": "LogME", "shortcut": "shortcut test"}
+#: the metrics of the per-encoder summary (median over the encoder's tasks); other stages: all
+HEADLINE = {"candor": ["d", "d_all", "margin_auroc"], "croma": ["croma", "f0", "ltm", "ri", "mari"],
+            "retention": ["retention", "retention_std", "control_minus_box"], "linear_head": ["auroc"],
+            "mlp_head": ["auroc"], "candor_heads": ["auroc", "d", "miss_discordant", "miss_other"],
+            "error_detection": ["auroc"], "logme": ["logme"], "shortcut": ["apd", "nipd"], "spar": ["accuracy"]}
+#: count columns besides ``n_*`` (printed as integers when they hold whole numbers)
+COUNT_COLUMNS = {"n", "support", "images", "embedded", "cached", "bank_size", "k", "tasks"}
+POOLED = "__pooled__"
+CONFIG_NOTE = ("The encoders that ran are listed at the top (a panel's are the config's `encoders`); "
+               "`encoder` is the default entry of the encoder group.")
 
 
 @dataclass
@@ -37,29 +64,268 @@ class Report:
 
     title: str
     config_yaml: str = ""
-    summary: pd.DataFrame = field(default_factory=pd.DataFrame)
+    summary: pd.DataFrame = field(default_factory=pd.DataFrame)  # the results, :func:`summary_table`
     tables: list[PaperTable] = field(default_factory=list)
     compare: pd.DataFrame = field(default_factory=pd.DataFrame)
     figures: list[tuple[str, Path]] = field(default_factory=list)  # (caption, PNG)
     runtime_s: float | None = None
     cache: pd.DataFrame = field(default_factory=pd.DataFrame)  # encoder, images, embedded, cached
     missing: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # figures that could not be drawn
+    overview: list[str] = field(default_factory=list)  # what ran: encoders, datasets, stages
+    runtime_note: str = ""  # what the runtime measures
+    guide: list[tuple[str, str]] = field(default_factory=list)  # "How to read this": (stage, text)
+    by_encoder: pd.DataFrame = field(default_factory=pd.DataFrame)  # :func:`encoder_summary`
+    not_scored: list[str] = field(default_factory=list)  # rows the stages left blank, with the reason
+    experiment_notes: list[str] = field(default_factory=list)  # the experiment's ``report.notes``
+
+    @property
+    def inline(self) -> bool:
+        """The results table comes right after the guide (else last, collapsed)."""
+        return not self.tables and len(self.summary) <= MAX_INLINE_ROWS
+
+
+def _is_count(name) -> bool:
+    return str(name) in COUNT_COLUMNS or str(name).startswith("n_")
+
+
+def counts_as_int(df: pd.DataFrame) -> pd.DataFrame:
+    """Count columns (``n``, ``n_*``, the cache counts) holding whole numbers as integers, so they
+    print ``100`` and not ``100.000``."""
+    out = df.copy()
+    for col in out.columns:
+        if _is_count(col) and pd.api.types.is_float_dtype(out[col]):
+            values = out[col].dropna()
+            if np.isfinite(values).all() and (values == values.round()).all():
+                out[col] = out[col].round().astype("Int64")
+    return out
+
+
+def _task_rows(long: pd.DataFrame) -> pd.DataFrame:
+    """``long`` with readable groups: a pooled row (CANDOR's ``__pooled__``) is left out where
+    exactly one matched group was scored (it would repeat that group's row), else it reads
+    ``pooled``; a group part equal to the task (CANDOR's target of a binary finding) is left out.
+    ``task_level`` marks the rows that stand for a whole task (the pooled row, the only group,
+    or every row of a stage without pooling)."""
+    rows = long.reset_index(drop=True).copy()
+    rows["group"] = rows["group"].fillna("").astype(str)
+    parts = rows["group"].str.split(" / ")
+    is_pooled = parts.map(lambda p: POOLED in p)
+    rows["task_level"] = True
+    drop = pd.Series(False, index=rows.index)
+    for stage in rows.loc[is_pooled, "stage"].unique():
+        in_stage = rows["stage"] == stage
+        where = parts[in_stage & is_pooled].iloc[0].index(POOLED)  # the matched group's place in the group
+        others = parts.map(lambda p: "\x1f".join(x for i, x in enumerate(p) if i != where))
+        key = rows[["encoder", "dataset", "task", "job"]].astype(str).agg("\x1f".join, axis=1) + "\x1f" + others
+        groups = rows[in_stage & ~is_pooled & rows["value"].notna()].assign(key=key)
+        count = key.map(groups.drop_duplicates(["key", "group"]).groupby("key").size()).fillna(0)
+        drop |= in_stage & is_pooled & (count == 1)  # a pool with no group rows (e.g. __chest__) stays
+        rows.loc[in_stage & ~is_pooled & (count > 1), "task_level"] = False
+    labels = [" / ".join("pooled" if x == POOLED else x for x in p if x != task)
+              for p, task in zip(parts, rows["task"].astype(str))]
+    return rows.assign(group=labels)[~drop].reset_index(drop=True)
+
+
+def _wide(long: pd.DataFrame) -> pd.DataFrame:
+    """One row per (stage, encoder, dataset, task, group[, job]) with ``n``, every metric and its
+    ``<metric>_ci_low`` / ``_ci_high`` where it has an interval; rows with no value dropped. The
+    job is a key only where two jobs share the rest (e.g. an ablation's settings)."""
+    rows = _task_rows(long)
+    keys = ["stage", "encoder", "dataset", "task", "group"]
+    if rows.groupby(keys + ["metric"], sort=False)["job"].nunique().gt(1).any():
+        keys.append("job")
+    frame = rows.drop_duplicates(keys)[keys + ["n", "task_level"]].set_index(keys)
+    for metric in dict.fromkeys(rows["metric"]):
+        part = rows[rows["metric"] == metric].drop_duplicates(keys).set_index(keys)
+        frame[metric] = part["value"]
+        if part["ci_low"].notna().any():
+            frame[f"{metric}_ci_low"], frame[f"{metric}_ci_high"] = part["ci_low"], part["ci_high"]
+    metrics = list(dict.fromkeys(rows["metric"]))
+    return frame[frame[metrics].notna().any(axis=1)].reset_index()
+
+
+def _interval(value: float, low: float, high: float) -> str:
+    if pd.isna(value):
+        return ""
+    return f"{value:.3f}" if pd.isna(low) or pd.isna(high) else f"{value:.3f} [{low:.3f}, {high:.3f}]"
 
 
 def summary_table(long: pd.DataFrame) -> pd.DataFrame:
     """The long-format results back to one row per (stage, encoder, dataset, task, group) and one
-    column per metric, for reading."""
+    column per metric, for reading: a metric with a 95% interval as ``value [low, high]`` in
+    column ``<metric> [95% CI]`` (its bootstrap ``<metric>_sd`` then left out), counts as
+    integers, the pooled row only where more than one matched group was scored
+    (:func:`_task_rows`), rows without any value left out (:func:`not_scored` says why)."""
     if long.empty:
         return pd.DataFrame()
-    keys = ["stage", "encoder", "dataset", "task", "group"]
-    wide = long.pivot_table(index=keys, columns="metric", values="value", sort=False, dropna=False)
-    wide = wide.dropna(how="all").reset_index()
-    wide.columns.name = None
-    return wide[[c for c in wide.columns if c != "group" or (wide["group"] != "").any()]]
+    wide = _wide(long)
+    out = wide[[c for c in wide.columns if c in ("stage", "encoder", "dataset", "task", "group", "job", "n")]].copy()
+    with_ci = {c[:-len("_ci_low")] for c in wide.columns if c.endswith("_ci_low")}
+    for metric in dict.fromkeys(long["metric"]):
+        if metric not in wide.columns or (metric.endswith("_sd") and metric[:-3] in with_ci):
+            continue
+        if metric in with_ci:
+            out[f"{metric} [95% CI]"] = [_interval(v, lo, hi) for v, lo, hi in
+                                         zip(wide[metric], wide[f"{metric}_ci_low"], wide[f"{metric}_ci_high"])]
+        else:
+            out[metric] = wide[metric]
+    if (out["group"] == "").all():
+        out = out.drop(columns="group")
+    if out["n"].isna().all():
+        out = out.drop(columns="n")
+    elif out["stage"].nunique() == 1:  # the stage's own name of its count, e.g. CANDOR's n_queries
+        from .long_format import stage_conventions
+
+        count = stage_conventions(str(out["stage"].iloc[0]))[2]
+        if count not in out.columns:
+            out = out.rename(columns={"n": count})
+    return counts_as_int(out.reset_index(drop=True))
 
 
-POOLED = "__pooled__"
+def _shown(summary: pd.DataFrame) -> pd.DataFrame:
+    """The results table as the report prints it: ``stage``, ``dataset`` and ``job`` left out
+    where they hold one value (the overview names it)."""
+    return summary.drop(columns=[c for c in ("stage", "dataset", "job")
+                                 if c in summary.columns and summary[c].nunique() <= 1])
+
+
+def encoder_summary(long: pd.DataFrame) -> pd.DataFrame:
+    """Per stage and encoder: the number of tasks scored and the median of the stage's
+    :data:`HEADLINE` metrics over them (task-level rows; pools across tasks such as CANDOR's
+    ``__chest__`` left out)."""
+    if long.empty:
+        return pd.DataFrame()
+    wide = _wide(long)
+    wide = wide[wide["task_level"]]
+    pool = wide["task"].astype(str).str.startswith("__") | wide["group"].astype(str).str.contains("__")
+    wide = wide[~pool]
+    out = []
+    for (stage, encoder), rows in wide.groupby(["stage", "encoder"], sort=False):
+        metrics = [m for m in HEADLINE.get(stage, [m for m in dict.fromkeys(long.loc[long["stage"] == stage, "metric"])
+                                                    if not m.endswith("_sd") and not _is_count(m)])
+                   if m in rows.columns]
+        rec = {"stage": stage, "encoder": encoder, "tasks": len(rows)}
+        rec.update({f"median {m}": float(rows[m].median()) for m in metrics})
+        out.append(rec)
+    frame = pd.DataFrame(out)
+    if frame.empty or frame["stage"].nunique() == 1:
+        frame = frame.drop(columns="stage", errors="ignore")
+    return counts_as_int(frame)
+
+
+def not_scored(results: SweepResults, stages) -> list[str]:
+    """Why rows are blank: the ``reason`` of every summary row of ``stages`` that has one
+    (:func:`robustbench_fm.results.not_scored`)."""
+    lines = []
+    for stage in stages:
+        lines += summary_reasons(results.summaries(stage))
+    return lines
+
+
+def how_to_read(stages, cfg: DictConfig | None = None) -> list[tuple[str, str]]:
+    """One or two sentences per stage present on what its numbers mean (candor.md "The
+    Discordance Rate and Its Chance Level", "Unequal Candidate Sets", "Reporting", "Baselines";
+    croma.md §2.5; spar.md §3)."""
+    def param(stage, name, default):
+        if cfg is None or OmegaConf.select(cfg, "stage.name", default=None) != stage:
+            return default
+        return OmegaConf.select(cfg, f"stage.params.{name}", default=default)
+
+    texts = {
+        "candor": lambda: (
+            f"D (discordance rate) is the share of positive queries whose k = {param('candor', 'k', 5)} nearest "
+            "positives are on average less similar to them than their k nearest negatives, both drawn from the "
+            "query's matched group (images acquired the same way). With positive and negative candidate sets of "
+            "equal size, D = 0.5 (chance) by construction for features that carry no information about the "
+            "label; lower is better: D = 0 means every positive is nearer to positives, D above 0.5 that "
+            "positives are nearer to negatives than to each other.\n"
+            "D_all takes every positive and negative of the group as candidates, so with more negatives than "
+            "positives it lies above 0.5 even for uninformative features (compare encoders on D); the margin "
+            "AUROC ranks every image by c+ − c− (chance 0.5, higher is better). [low, high] is the 95% interval "
+            f"of {int(param('candor', 'n_boot', 1000)):,} bootstrap resamples clustered by patient, with the "
+            "candidate sets held fixed."),
+        "croma": lambda: (
+            "CRoMa of a sample is (d_OS − d_SO)/(d_OS + d_SO), with d_SO its mean distance to the 5 nearest "
+            "samples of the same label but another confounder value (e.g. another site) and d_OS to the 5 "
+            "nearest of another label but the same confounder value: from −1 to 1, above 0 the biology "
+            "dominates the neighbourhood, below 0 the confounder. croma is the median over samples (higher is "
+            "better), f0 the share below 0, ltm the mean of the worst 10%; RI and MaRI are the share of "
+            "biological matches among the nearest cross-confounder neighbours (0 to 1, higher is better)."),
+        "retention": lambda: (
+            "Retention is the cosine similarity between an image's features and those of the same image with "
+            "the finding's box filled in; it has no fixed reference level, and lower means the features moved "
+            "more when the evidence was removed. retention_std = (retention − c)/(1 − c) removes the encoder's "
+            "similarity c of random image pairs; the control fills a box of the same size elsewhere "
+            "(control_minus_box > 0: the expert box mattered more)."),
+        "linear_head": lambda: (
+            "auroc is the test AUROC of a head trained on the frozen features (chance 0.5, higher is better), "
+            "with the 95% interval of bootstrap resamples clustered by patient; the threshold is the operating "
+            "point with 0.8 sensitivity on the validation split."),
+        "candor_heads": lambda: (
+            "miss_discordant and miss_other are the shares of discordant positives (D's flag) and of the other "
+            "positives that the trained head misses at its operating point; fpr_near and fpr_far the "
+            "false-positive rates of the negatives nearer to the positives and of the others."),
+        "error_detection": lambda: (
+            "auroc measures how well a score ranks the head's errors above its correct predictions (chance 0.5); "
+            "diff_vs_msp is its difference from the maximum softmax probability, q_value BH-corrected."),
+        "logme": lambda: "logme is the log evidence of a linear model on the frozen features (higher is better); "
+                         "it has no fixed chance level.",
+        "spar": lambda: (
+            "accuracy is the share of correct answers of a probe head, chance is 1 / the number of classes "
+            "(column chance); a probe that falls to chance on the zero-shot cohort (eval_dataset other than the "
+            "training data) was answered from the usual layout of anatomy rather than from the image."),
+    }
+    texts["mlp_head"] = texts["linear_head"]
+    return [(STAGE_NAMES.get(s, s), texts[s]()) for s in stages if s in texts]
+
+
+def report_title(experiment: str | None, stages, datasets, encoders, jobs: int | None = None) -> str:
+    """E.g. ``demo: CANDOR on planted (3 encoders)``; a sweep: ``demo sweep: ... (2 encoders, 2 jobs)``."""
+    what = " + ".join(STAGE_NAMES.get(s, s) for s in stages) or "no results"
+    where = f" on {', '.join(datasets)}" if len(datasets) else ""
+    count = f"{len(encoders)} encoder{'s' if len(encoders) != 1 else ''}"
+    if jobs is not None:
+        count += f", {jobs} job{'s' if jobs != 1 else ''}"
+    prefix = " ".join(x for x in (experiment, "sweep" if jobs is not None else None) if x)
+    return f"{prefix + ': ' if prefix else ''}{what}{where} ({count})"
+
+
+def _overview(long: pd.DataFrame, cfg: DictConfig | None, folder: Path) -> tuple[list[str], list, list, list]:
+    """The lines under the title (encoders, datasets, stages, findings, folder) and the
+    stages, datasets and encoders they name."""
+    stages = list(dict.fromkeys(long["stage"])) if len(long) else \
+        [OmegaConf.select(cfg, "stage.name", default="")] if cfg is not None else []
+    datasets = list(dict.fromkeys(long["dataset"])) if len(long) else []
+    encoders = list(dict.fromkeys(long["encoder"])) if len(long) else []
+    if not encoders and cfg is not None:
+        encoders = list(cfg.get("encoders") or [OmegaConf.select(cfg, "encoder.name", default="")])
+    tasks = [t for t in dict.fromkeys(long["task"]) if t and not str(t).startswith("__")] if len(long) else []
+    shown = ", ".join(tasks) if len(tasks) <= 8 else f"{len(tasks)} ({', '.join(tasks[:6])}, ...)"
+    lines = [f"Encoders ({len(encoders)}): {', '.join(encoders)}",
+             f"Dataset{'s' if len(datasets) != 1 else ''}: {', '.join(datasets) or '-'} · "
+             f"stage{'s' if len(stages) != 1 else ''}: {', '.join(stages)}"
+             + (f" · finding{'s' if len(tasks) != 1 else ''}: {shown}" if tasks else ""),
+             f"Folder: {folder}"]
+    return lines, stages, datasets, encoders
+
+
+def _experiment_notes(cfg: DictConfig | None, encoders) -> list[str]:
+    """The experiment's ``report.notes``: a sentence, or ``{encoder: name or [names], text: ...}``
+    shown only when one of those encoders ran."""
+    notes = OmegaConf.select(cfg, "report.notes", default=None) if cfg is not None else None
+    out = []
+    for note in notes or []:
+        if isinstance(note, (dict, DictConfig)):
+            about = note.get("encoder")
+            about = [about] if isinstance(about, str) else list(about or [])
+            if about and not set(about) & set(encoders):
+                continue
+            note = note.get("text", "")
+        out.append(" ".join(str(note).split()))
+    return out
+
+
 
 
 def _metrics(long: pd.DataFrame, stage: str) -> pd.DataFrame:
@@ -103,12 +369,15 @@ def figures(results: SweepResults, long: pd.DataFrame, fig_dir: Path) -> tuple[l
 
     if "candor" in stages:
         candor = _metrics(long, "candor")
+        candor = candor[~candor["task"].astype(str).str.contains("__")].copy()  # not the pools across tasks
         several = candor["dataset"].nunique() > 1
         candor["task"] = (candor["dataset"] + "/" + candor["task"]) if several else candor["task"]
-        add("candor_positives: D and D_all against the number of positives (CANDOR Figure 2)",
-            candor_plots.plot_positives, candor)
-        add("candor_collapse: collapse rate per task, one marker per encoder (CANDOR v1 Figure 2b)",
-            candor_plots.plot_collapse, candor)
+        if len(candor):
+            add("candor_positives: D and D_all against the number of positives (CANDOR Figure 2)",
+                candor_plots.plot_positives, candor)
+        if candor["task"].nunique() > 1:  # with one task the positives figure already shows each encoder's D
+            add("candor_collapse: collapse rate per task, one marker per encoder (CANDOR v1 Figure 2b)",
+                candor_plots.plot_collapse, candor)
         if "retention" in stages:
             ret = _metrics(long, "retention").groupby("encoder")["retention"].mean()
             both = candor.groupby("encoder")["d"].mean().to_frame().join(ret, how="inner").reset_index()
@@ -152,8 +421,6 @@ def figures(results: SweepResults, long: pd.DataFrame, fig_dir: Path) -> tuple[l
 def cache_hits(job_dirs: list[Path]) -> pd.DataFrame:
     """Feature-cache use per (job, encoder) from ``entries.json`` (``cache`` records of
     :func:`robustbench_fm.app._record_entries`): images, embedded now, read from the cache."""
-    import json
-
     rows = []
     for d in job_dirs:
         f = d / "entries.json"
@@ -163,57 +430,141 @@ def cache_hits(job_dirs: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def job_times(job_dirs: list[Path]) -> tuple[float | None, int]:
+    """Wall-clock seconds from the earliest start to the last end recorded in the jobs'
+    ``timing.json`` (:func:`robustbench_fm.app._run`), and how many jobs recorded one."""
+    spans = []
+    for d in job_dirs:
+        f = d / "timing.json"
+        if f.exists():
+            try:
+                rec = json.loads(f.read_text())
+                spans.append((float(rec["start"]), float(rec["end"])))
+            except (ValueError, KeyError, TypeError):
+                continue
+    if not spans:
+        return None, 0
+    return max(e for _, e in spans) - min(s for s, _ in spans), len(spans)
+
+
+def _sweep_experiment(sweep_dir: Path) -> str | None:
+    """The experiment a sweep ran (``hydra.runtime.choices.experiment`` of Hydra's
+    ``multirun.yaml``), None without that file."""
+    f = sweep_dir / "multirun.yaml"
+    if not f.exists():
+        return None
+    try:
+        value = OmegaConf.select(OmegaConf.load(f), "hydra.runtime.choices.experiment", default=None)
+    except Exception:  # an unreadable multirun.yaml only costs the title its experiment name
+        return None
+    return None if value is None else str(value)
+
+
 def sweep_report(sweep_dir: Path, long: pd.DataFrame, tables: list[PaperTable], missing: list[str],
                  seconds: float) -> Report:
-    """The report of a collected sweep (:func:`robustbench_fm.sweeps.collect`)."""
+    """The report of a collected sweep (:func:`robustbench_fm.sweeps.collect`); ``seconds`` is
+    the collect step's time, the runtime shown is the sweep's wall clock (:func:`job_times`)."""
     results = SweepResults(sweep_dir)
     config = OmegaConf.to_yaml(results.config) if results.config is not None else ""
     figs, notes = figures(results, long, sweep_dir) if len(long) else ([], [])
     jobs = [p for p in sorted(sweep_dir.iterdir()) if p.is_dir()]
-    return Report(title=f"Sweep {sweep_dir.name}", config_yaml=config, summary=summary_table(long), tables=tables,
-                  compare=cmp_mod.compare_tables(tables), figures=figs, runtime_s=seconds, cache=cache_hits(jobs),
-                  missing=missing, notes=notes)
+    overview, stages, datasets, encoders = _overview(long, results.config, sweep_dir)
+    n_jobs = len([j for j in jobs if (j / "status.json").exists() or (j / "config.yaml").exists()])
+    wall, timed = job_times(jobs)
+    if wall is None:
+        runtime, runtime_note = seconds, "the collect step only: the jobs recorded no timing.json"
+    else:
+        runtime, runtime_note = wall, (f"wall clock from the earliest job start to the last job end, from the "
+                                       f"timing.json of {timed} job{'s' if timed != 1 else ''}; the collect "
+                                       f"step took {seconds:.1f} s more")
+    return Report(title=report_title(_sweep_experiment(sweep_dir), stages, datasets, encoders, jobs=n_jobs),
+                  config_yaml=config, summary=summary_table(long), tables=tables,
+                  compare=cmp_mod.compare_tables(tables), figures=figs, runtime_s=runtime, cache=cache_hits(jobs),
+                  missing=missing, notes=notes, overview=overview, runtime_note=runtime_note,
+                  guide=how_to_read(stages, results.config), by_encoder=encoder_summary(long),
+                  not_scored=not_scored(results, stages),
+                  experiment_notes=_experiment_notes(results.config, encoders))
 
 
-def run_report(out_dir: Path, config_yaml: str, long: pd.DataFrame, seconds: float) -> Report:
-    """The report of one run folder (written by :func:`robustbench_fm.app.run`)."""
-    figs, notes = figures(SweepResults(out_dir), long, out_dir) if len(long) else ([], [])
-    return Report(title=f"Run {out_dir.name}", config_yaml=config_yaml, summary=summary_table(long), figures=figs,
-                  runtime_s=seconds, cache=cache_hits([out_dir]), notes=notes)
+def run_report(out_dir: Path, config_yaml: str, long: pd.DataFrame, seconds: float,
+               experiment: str | None = None) -> Report:
+    """The report of one run folder (written by :func:`robustbench_fm.app.run`); ``experiment``
+    names the experiment in the title."""
+    results = SweepResults(out_dir)
+    cfg = OmegaConf.create(config_yaml) if config_yaml.strip() else None
+    figs, notes = figures(results, long, out_dir) if len(long) else ([], [])
+    overview, stages, datasets, encoders = _overview(long, cfg, out_dir)
+    return Report(title=report_title(experiment, stages, datasets, encoders), config_yaml=config_yaml,
+                  summary=summary_table(long), figures=figs, runtime_s=seconds, cache=cache_hits([out_dir]),
+                  notes=notes, overview=overview, runtime_note="this run, from its start to this report",
+                  guide=how_to_read(stages, cfg), by_encoder=encoder_summary(long),
+                  not_scored=not_scored(results, stages), experiment_notes=_experiment_notes(cfg, encoders))
+
+
+def console_summary(report: Report) -> str:
+    """What a sweep's collect step prints: the results table, or where it is long the
+    per-encoder summary (the full table is in the report)."""
+    if report.inline or report.by_encoder.empty:
+        return frame_markdown(report.summary) if len(report.summary) else ""
+    return (frame_markdown(report.by_encoder)
+            + f"({len(report.summary)} result rows in the report and results_long.csv)\n")
 
 
 # --- writers --------------------------------------------------------------------------------------
 
+def _runtime(report: Report) -> str:
+    return f"Runtime: {report.runtime_s:.1f} s" + (f" ({report.runtime_note})" if report.runtime_note else "")
+
+
+def _show_by_encoder(report: Report) -> bool:
+    return not report.inline and len(report.by_encoder) > 0
+
+
 def to_markdown(report: Report, root: Path) -> str:
     """``report.md``: images linked relative to ``root``."""
     parts = [f"# {report.title}", ""]
+    parts += [f"{line}  " for line in report.overview] + ([""] if report.overview else [])
     if report.runtime_s is not None:
-        parts += [f"Runtime: {report.runtime_s:.1f} s", ""]
+        parts += [_runtime(report), ""]
     if report.missing:
         parts += ["## Failed or missing runs", ""] + [f"- {m}" for m in report.missing] + [""]
-    if len(report.summary):
-        parts += ["## Results", "", frame_markdown(report.summary)]
+    if report.guide:
+        parts += ["## How to read this", ""] + [f"**{name}.** " + "\n\n".join(text.split("\n")) + "\n"
+                                                for name, text in report.guide]
+    if report.inline and len(report.summary):
+        parts += ["## Results", "", frame_markdown(_shown(report.summary))]
     for table in report.tables:
         parts += [f"## {table.name}", "", table_markdown(table)]
     if report.tables:
         parts += ["## Compared with the published values", "", cmp_mod.to_markdown(report.compare)]
+    if _show_by_encoder(report):
+        parts += ["## Per encoder (median over tasks)", "", frame_markdown(report.by_encoder)]
+    if report.not_scored:
+        parts += ["## Not scored", ""] + [f"- {line}" for line in report.not_scored] + [""]
+    if report.experiment_notes:
+        parts += ["## Notes", ""] + [f"{n}\n" for n in report.experiment_notes]
     for caption, png in report.figures:
         parts += [f"![{caption}]({png.relative_to(root).as_posix()})", "", f"*{caption}*", ""]
     parts += [f"- {n}" for n in report.notes] + ([""] if report.notes else [])
     if len(report.cache):
-        parts += ["## Feature cache", "", frame_markdown(report.cache)]
+        parts += ["## Feature cache", "", frame_markdown(counts_as_int(report.cache))]
+    if not report.inline and len(report.summary):
+        parts += ["## All results", "", f"<details><summary>{len(report.summary)} rows (also in "
+                  "[results_long.csv](results_long.csv))</summary>", "", frame_markdown(_shown(report.summary)),
+                  "</details>", ""]
     if report.config_yaml:
-        parts += ["## Resolved config", "", "```yaml", report.config_yaml.rstrip(), "```", ""]
+        parts += ["## Resolved config", "", CONFIG_NOTE, "", "```yaml", report.config_yaml.rstrip(), "```", ""]
     return "\n".join(parts)
 
 
-def _html_frame(df: pd.DataFrame, marks: pd.DataFrame | None = None, decimals: int = 3) -> str:
+def _html_frame(df: pd.DataFrame, marks: pd.DataFrame | None = None, decimals: int = 3, na_rep: str = "") -> str:
+    df = counts_as_int(df)
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
     body = []
     for i, (_, row) in enumerate(df.iterrows()):
         cells = []
         for j, value in enumerate(row):
-            text = html.escape(_cell(value, decimals))
+            text = html.escape(_cell(value, decimals, na_rep))
             rank = 0 if marks is None else marks.iat[i, j]
             cells.append(f"<td><b>{text}</b></td>" if rank == 1 else f"<td><u>{text}</u></td>" if rank == 2
                          else f"<td>{text}</td>")
@@ -225,16 +576,22 @@ def to_html(report: Report) -> str:
     """``report.html``: one file, every image inlined as ``data:image/png;base64``."""
     esc = html.escape
     parts = [f"<h1>{esc(report.title)}</h1>"]
+    if report.overview:
+        parts.append("<p class='overview'>" + "<br>".join(esc(line) for line in report.overview) + "</p>")
     if report.runtime_s is not None:
-        parts.append(f"<p>Runtime: {report.runtime_s:.1f} s</p>")
+        parts.append(f"<p>{esc(_runtime(report))}</p>")
     if report.missing:
         parts += ["<h2>Failed or missing runs</h2><ul>"] + [f"<li>{esc(m)}</li>" for m in report.missing] + ["</ul>"]
-    if len(report.summary):
-        parts += ["<h2>Results</h2>", _html_frame(report.summary)]
+    if report.guide:
+        parts += ["<h2>How to read this</h2><div class='guide'>"] + [
+            f"<p><b>{esc(name)}.</b> " + "</p><p>".join(esc(t) for t in text.split("\n")) + "</p>"
+            for name, text in report.guide] + ["</div>"]
+    if report.inline and len(report.summary):
+        parts += ["<h2>Results</h2>", _html_frame(_shown(report.summary))]
     for table in report.tables:
         parts += [f"<h2>{esc(table.name)}</h2>", f"<p>{esc(table.caption)}</p>",
                   _html_frame(table.frame.reset_index(drop=True),
-                              ranks(table).reset_index(drop=True), table.decimals)]
+                              ranks(table).reset_index(drop=True), table.decimals, table.na_rep)]
     if report.tables:
         parts.append("<h2>Compared with the published values</h2>")
         if report.compare.empty:
@@ -244,6 +601,12 @@ def to_html(report: Report) -> str:
             parts += [f"<p>{len(report.compare)} cells compared, <span class='outside'>{n_out}</span> outside "
                       "the published interval (published ± half a printed unit, ± 1.96 sd where printed).</p>",
                       _html_frame(report.compare, decimals=4)]
+    if _show_by_encoder(report):
+        parts += ["<h2>Per encoder (median over tasks)</h2>", _html_frame(report.by_encoder)]
+    if report.not_scored:
+        parts += ["<h2>Not scored</h2><ul>"] + [f"<li>{esc(line)}</li>" for line in report.not_scored] + ["</ul>"]
+    if report.experiment_notes:
+        parts += ["<h2>Notes</h2>"] + [f"<p>{esc(n)}</p>" for n in report.experiment_notes]
     for caption, png in report.figures:
         data = base64.b64encode(png.read_bytes()).decode("ascii")
         parts.append(f"<figure><img alt='{esc(caption)}' src='data:image/png;base64,{data}'>"
@@ -252,8 +615,11 @@ def to_html(report: Report) -> str:
         parts += ["<ul>"] + [f"<li>{esc(n)}</li>" for n in report.notes] + ["</ul>"]
     if len(report.cache):
         parts += ["<h2>Feature cache</h2>", _html_frame(report.cache)]
+    if not report.inline and len(report.summary):
+        parts += ["<h2>All results</h2>", f"<details><summary>{len(report.summary)} rows (also in results_long.csv "
+                  "beside this report)</summary>", _html_frame(_shown(report.summary)), "</details>"]
     if report.config_yaml:
-        parts += ["<h2>Resolved config</h2>", f"<pre>{esc(report.config_yaml)}</pre>"]
+        parts += ["<h2>Resolved config</h2>", f"<p>{esc(CONFIG_NOTE)}</p>", f"<pre>{esc(report.config_yaml)}</pre>"]
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
             f"<title>{esc(report.title)}</title><style>{STYLE}</style></head><body>"
             + "\n".join(parts) + "</body></html>\n")
@@ -266,4 +632,3 @@ def write_report(report: Report, out_dir: str | Path) -> tuple[Path, Path]:
     write_text_atomic(md, to_markdown(report, out_dir))
     write_text_atomic(page, to_html(report))
     return md, page
-

@@ -29,9 +29,10 @@ LONG_COLUMNS = ["encoder", "dataset", "task", "stage", "group", "metric", "value
 ID_COLUMNS = ("encoder", "dataset", "finding", "stage", "job")
 #: config keys left out of :func:`config_hash`: where files are (not what was computed) and which
 #: part of a sharded extraction a job ran; ``encoder``/``encoders`` too, since ``encoder`` is a
-#: column of its own, so one hash names the settings shared by a whole panel.
+#: column of its own, so one hash names the settings shared by a whole panel; and the report's
+#: ``notes`` (text for the reader).
 HASH_EXCLUDED = ("paths", "dataset.root", "features_file", "manifest_file", "dry_run", "debug", "encoder",
-                 "encoders", "extract.shard", "extract.num_shards", "extract.num_workers", "hydra")
+                 "encoders", "extract.shard", "extract.num_shards", "extract.num_workers", "hydra", "report.notes")
 
 
 def config_hash(cfg: DictConfig | dict) -> str:

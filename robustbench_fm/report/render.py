@@ -30,9 +30,12 @@ def ranks(table: PaperTable) -> pd.DataFrame:
     return out
 
 
-def _cell(value, decimals: int) -> str:
+def _cell(value, decimals: int, na_rep: str = "") -> str:
+    """``value`` as printed: floats to ``decimals`` places, missing values (NaN, NA, None) as ``na_rep``."""
+    if value is None or value is pd.NA:
+        return na_rep
     if isinstance(value, (float, np.floating)):
-        return "" if pd.isna(value) else f"{value:.{decimals}f}"
+        return na_rep if pd.isna(value) else f"{value:.{decimals}f}"
     return str(value)
 
 
@@ -44,7 +47,7 @@ def to_markdown(table: PaperTable) -> str:
     for i, row in table.frame.iterrows():
         cells = []
         for col, value in row.items():
-            text, rank = _cell(value, table.decimals), marks.at[i, col]
+            text, rank = _cell(value, table.decimals, table.na_rep), marks.at[i, col]
             cells.append(f"**{text}**" if rank == 1 else f"<u>{text}</u>" if rank == 2 else text)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -69,7 +72,7 @@ def to_latex(table: PaperTable) -> str:
         block = row[table.group_by] if table.group_by else None
         cells = []
         for col, value in row.items():
-            text, rank = _tex_escape(_cell(value, table.decimals)), marks.at[i, col]
+            text, rank = _tex_escape(_cell(value, table.decimals, table.na_rep)), marks.at[i, col]
             cells.append(rf"\textbf{{{text}}}" if rank == 1 else rf"\underline{{{text}}}" if rank == 2 else text)
         lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]

@@ -28,7 +28,8 @@ class PaperTable:
     """One table in a paper's layout. ``frame`` holds numbers as numbers (formatting is the
     renderer's job); ``best`` maps a column to ``"max"`` or ``"min"``: the renderer bolds the best
     value and underlines the second, as the paper does. ``group_by`` optionally names a column
-    whose blocks (e.g. benchmark) are ranked separately."""
+    whose blocks (e.g. benchmark) are ranked separately. ``na_rep`` is how the renderers print a
+    missing cell (CSV keeps it empty)."""
 
     name: str
     frame: pd.DataFrame
@@ -36,6 +37,7 @@ class PaperTable:
     best: dict[str, str] = field(default_factory=dict)
     group_by: str | None = None
     decimals: int = 3
+    na_rep: str = ""
 
 
 class SweepResults:

@@ -33,7 +33,7 @@ import pandas as pd
 from ..candor_sets import overlap_summary, pairwise_overlaps
 from ..candor_tasks import SEVERITY_WEIGHTS
 from ..manifest import CHEST_FINDINGS
-from ..rank_stats import association_family, spearman
+from ..rank_stats import MIN_TEST_N, association_family, spearman
 from .tables import PaperTable, SweepResults
 
 TABLES = ["candor_table4", "candor_v1_consensus", "candor_head_errors", "candor_failure_detection",
@@ -44,7 +44,13 @@ POOLED = "__pooled__"  # stages/candor.py: the row pooling a task's matched grou
 #: stages/candor.py rows pooled across tasks (candor_tasks.CHEST_POOL, CLASS_MEAN) start with this
 POOL_PREFIX = "__"
 ALL_STRATA = "__all__"  # stages/error_detection.py: the stratum of all test rows
-OBJECTIVE_LABELS = {"ssl": "SSL", "image-text": "I-T", "supervised": "Sup.", "none": "None"}
+#: the Objective column of Table 2 (the paper's labels; encoders outside the paper: what they are)
+OBJECTIVE_LABELS = {"ssl": "SSL", "image-text": "I-T", "supervised": "Sup.", "none": "random init",
+                    "synthetic": "synthetic (calibration)"}
+#: chest datasets as the paper names them (Table 2's caption names the datasets a sweep ran)
+DATASET_NAMES = {"mimic_cxr": "MIMIC-CXR", "chexpert": "CheXpert", "padchest": "PadChest", "vindr_cxr": "VinDr-CXR",
+                 "vindr_pcxr": "VinDr-PCXR", "openi": "Open-I", "nih_cxr14": "NIH ChestX-ray14",
+                 "rsna_pneumonia": "RSNA", "ms_cxr": "MS-CXR"}
 CHEST_SPECIALISTS = ("rad_dino", "densenet121_xrv", "biomedclip")
 #: Table 3 columns: the (dataset, finding) sources of each task; finding None = every class of a
 #: natural-image dataset (D is then the unweighted mean over the classes, candor.md "Scope").
@@ -199,18 +205,29 @@ def _chest_panel(results: SweepResults) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _section(encoder: str) -> int:
+    """Table 2's blocks: chest specialists, general-purpose, untrained; synthetic references last."""
     spec = _spec(encoder)
     if encoder in CHEST_SPECIALISTS:
         return 0
-    return 2 if spec is not None and spec.objective == "none" else 1
+    return {"none": 2, "synthetic": 3}.get(spec.objective, 1) if spec is not None else 1
+
+
+def _dataset_list(datasets) -> str:
+    """``MIMIC-CXR and CheXpert``, ``CheXpert``, ``A, B and C`` (paper names where known)."""
+    names = [DATASET_NAMES.get(d, d) for d in datasets]
+    return " and ".join(names) if len(names) <= 2 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def candor_table2(results: SweepResults) -> list[PaperTable]:
     """Table 2: chest encoders on MIMIC-CXR and CheXpert (specialists, general-purpose, untrained;
-    within each block by D as printed). Bold/underline: highest AUROCs, lowest D and retention."""
+    within each block by D as printed). Bold/underline: highest AUROCs, lowest D and retention.
+    The caption names the chest datasets the sweep's CANDOR rows come from."""
     _, enc = _chest_panel(results)
     if enc.empty:
         return []
+    rows = _candor_rows(results)
+    datasets = sorted(set(rows.loc[rows["finding"].isin(CHEST_FINDINGS), "dataset"].astype(str)),
+                      key=lambda d: (list(DATASET_NAMES).index(d) if d in DATASET_NAMES else len(DATASET_NAMES), d))
     enc["section"] = enc["encoder"].map(_section)
     enc = enc.sort_values(["section", "d", "encoder"], kind="stable")
     specs = {e: _spec(e) for e in enc["encoder"]}
@@ -221,7 +238,7 @@ def candor_table2(results: SweepResults) -> list[PaperTable]:
         "AUROC Head": enc["head_auroc"].to_numpy(float), "AUROC Margin": enc["margin_auroc"].to_numpy(float),
         "D": enc["d"].to_numpy(float), "D_all": enc["d_all"].to_numpy(float),
         "Retention": enc["retention"].to_numpy(float)})
-    return [PaperTable("candor_table2", frame, caption="Chest encoders on MIMIC-CXR and CheXpert "
+    return [PaperTable("candor_table2", frame, caption=f"Chest encoders on {_dataset_list(datasets)} "
                        "(D_all with unequal candidate sets; D and D_all severity-weighted over the 12 findings)",
                        best={"AUROC Head": "max", "AUROC Margin": "max", "D": "min", "Retention": "min"})]
 
@@ -386,9 +403,13 @@ def candor_associations(results: SweepResults) -> list[PaperTable]:
     combos = combos[combos["finding"].isin(CHEST_FINDINGS)]
     tests = association_family(enc, combos)
     frame = tests.rename(columns={"quantity": "Quantity", "kind": "Test", "statistic": "Statistic", "p": "p",
-                                  "n": "n", "p_bh": "p (BH)", "significant": "Significant"})
+                                  "n": "n", "p_bh": "p (BH)", "significant": "Significant", "note": "Note"})
+    # a test refused for too few encoders has no p-value: "—", and no verdict either
+    frame["Significant"] = frame["Significant"].astype(object).where(frame["p"].notna(), None)
+    frame = frame[["Quantity", "Test", "Statistic", "p", "n", "p (BH)", "Significant", "Note"]]
     return [PaperTable("candor_associations", frame, caption="Chest association tests (Spearman ρ or slope; "
-                       "p-values BH-corrected as one family at FDR 0.05)")]
+                       f"p-values BH-corrected as one family at FDR 0.05; no p-value below n = {MIN_TEST_N})",
+                       na_rep="—")]
 
 
 def candor_chest_overlap(results: SweepResults) -> list[PaperTable]:

@@ -61,3 +61,25 @@ def test_association_family_is_bh_corrected_together():
     has_p = out["p"].notna().to_numpy()
     assert out["p_bh"].to_numpy()[has_p] == pytest.approx(stats.false_discovery_control(out["p"].to_numpy()[has_p]))
     assert ref["significant"].tolist() == out["significant"].tolist()
+
+
+def test_too_few_encoders_get_no_p_value_and_a_note():
+    """Issue 16 item 13: with n = 3 a perfect ranking has p = 0 (scipy), which read as significant."""
+    from robustbench_fm.rank_stats import MIN_TEST_N
+
+    assert MIN_TEST_N == 5
+    enc = pd.DataFrame({"encoder": ["a", "b", "c"], "d": [0.2, 0.3, 0.4], "d_all": [0.6, 0.7, 0.8],
+                        "head_auroc": [0.9, 0.8, 0.7], "objective": ["ssl", "ssl", "synthetic"],
+                        "release_year": [2021, 2022, np.nan]})
+    combos = pd.DataFrame([dict(encoder=e, finding=f, d=0.3, d_all=1 - n / 2000, n_pos=n, head_auroc=0.8)
+                           for e in "abc" for f, n in (("x", 100), ("y", 300), ("z", 900))])
+    out = association_family(enc, combos).set_index("quantity")
+    for test in ("head AUROC vs D (encoders)", "D_all vs D (encoders)"):
+        assert np.isnan(out.loc[test, "p"]) and not out.loc[test, "significant"]
+        assert out.loc[test, "note"] == "too few encoders (n = 3) for a rank test"
+        assert out.loc[test, "statistic"] == pytest.approx(1.0 if test.startswith("D_all") else -1.0)
+    assert out.loc["D vs release year (trained encoders)", "note"] == "too few encoders (n = 2) for a slope test"
+    assert out.loc["head AUROC vs -D (per finding, mean)", "note"] == "too few encoders (n = 3) for a rank test"
+    # 9 combinations are enough units for the tests over combinations
+    assert out.loc["D_all vs number of positives (combinations)", "note"] == ""
+    assert out.loc["D_all vs number of positives (combinations)", "p"] < 0.05

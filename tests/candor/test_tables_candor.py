@@ -234,3 +234,44 @@ def test_chest_overlap_is_corrected_over_the_whole_chest_family(tmp_path):
     frame = table.frame.set_index("Finding")
     assert frame.loc["All findings", "Pairs"] == 6 and frame.loc["edema", "Pairs"] == 3
     assert frame.loc["edema", "ΔJ"] > 0.1 and frame.loc["All findings", "Sig."] == pytest.approx(2 / 6)
+
+
+def test_table2_caption_names_the_datasets_that_ran_and_labels_untrained_encoders(tmp_path):
+    """Issue 16 item 13: a CheXpert-only sweep is not titled "MIMIC-CXR and CheXpert"; the planted
+    references are "synthetic (calibration)", a random ViT "random init", neither "SSL"."""
+    for enc in ("planted_blur", "planted_sharp", "random_vit_s", "dinov3_s"):
+        for finding in FINDINGS:
+            write_result(tmp_path, f"candor-chexpert-{enc}", "candor", enc, "chexpert", finding,
+                         {**candor_row(0.4, 0.8, 0.6, 10), "target": finding})
+    [table] = candor_table2(SweepResults(tmp_path))
+    assert table.caption.startswith("Chest encoders on CheXpert (") and "MIMIC" not in table.caption
+    objective = table.frame.set_index("Encoder")["Objective"]
+    assert objective["planted_blur"] == objective["planted_sharp"] == "synthetic (calibration)"
+    assert objective["random_vit_s"] == "random init" and objective["DINOv3-S"] == "SSL"
+    assert list(table.frame["Encoder"])[-2:] == ["planted_blur", "planted_sharp"]  # after the untrained block
+    for finding in FINDINGS:
+        write_result(tmp_path, "candor-mimic-dinov3_s", "candor", "dinov3_s", "mimic_cxr", finding,
+                     {**candor_row(0.4, 0.8, 0.6, 10), "target": finding})
+    [both] = candor_table2(SweepResults(tmp_path))
+    assert both.caption.startswith("Chest encoders on MIMIC-CXR and CheXpert (")
+
+
+def test_associations_refuse_a_rank_test_over_three_encoders(tmp_path):
+    """Issue 16 item 13: n = 3 encoders gave "Significant: True" with p = 0.000; now no p-value,
+    no verdict, and a note, rendered as "—"."""
+    from robustbench_fm.report.render import to_markdown
+
+    for i, enc in enumerate(("rad_dino", "dinov3_s", "random_vit_l")):
+        for finding in FINDINGS:
+            write_result(tmp_path, f"candor-{enc}", "candor", enc, "chexpert", finding,
+                         {**candor_row(0.2 + 0.1 * i, 0.6 + 0.1 * i, 0.8, 10 + i), "target": finding})
+    [assoc] = candor_associations(SweepResults(tmp_path))
+    row = assoc.frame.set_index("Quantity").loc["D_all vs D (encoders)"]
+    assert row["Statistic"] == pytest.approx(1.0) and row["n"] == 3
+    assert np.isnan(row["p"]) and row["Significant"] is None
+    assert row["Note"] == "too few encoders (n = 3) for a rank test"
+    assert "| D_all vs D (encoders) | spearman | 1.000 | — | 3 | — | — | too few encoders (n = 3) for a rank test |" \
+        in to_markdown(assoc)
+    flagged = assoc.frame["Note"] != ""
+    assert flagged.sum() >= 2 and assoc.frame.loc[flagged, "Significant"].isna().all()
+    assert (assoc.frame.loc[assoc.frame["Significant"].fillna(False).astype(bool), "n"] >= 5).all()

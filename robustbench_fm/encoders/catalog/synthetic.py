@@ -10,7 +10,7 @@ def _spec(name: str, kind: str, description: str) -> EncoderSpec:
     return EncoderSpec(
         name=name, library="synthetic", hub_id=f"planted:{kind}", input_size=224,
         mean=(0.5,), std=(0.25,), embedding="pooled", embed_dim=256, params_m=0.07,
-        channels=1, pretrained=False, seed=0, amp_dtype=None,
+        channels=1, pretrained=False, seed=0, amp_dtype=None, objective="synthetic",
         model_kwargs={"kind": kind, "grid": 16, "blur_sigma": 8.0, "hp_sigma": 1.5, "sort": True},
         description=description)
 
