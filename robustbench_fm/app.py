@@ -18,7 +18,7 @@ from . import manifest as mf
 from .atomic import write_atomic, write_text_atomic
 from .errors import UserError
 from .redact import redact_config, redacted_yaml
-from .results import not_scored, to_markdown
+from .results import not_scored, to_markdown, without_single_group_pools
 
 log = logging.getLogger("robustbench_fm")
 
@@ -309,10 +309,11 @@ MAX_REASONS = 20
 
 
 def console_table(summary: pd.DataFrame, stage: str) -> str:
-    """The console's (and ``summary.md``'s) table: the stage's :data:`CONSOLE_COLUMNS`, then one
-    line per row the stage left blank, with its ``reason`` (:func:`.results.not_scored`)."""
-    shown = summary[[c for c in CONSOLE_COLUMNS.get(stage, summary.columns) if c in summary.columns]]
-    table = to_markdown(shown)
+    """The console's (and ``summary.md``'s) table: the stage's :data:`CONSOLE_COLUMNS`, pooled
+    rows only where they pool two or more matched groups, then one line per row the stage left
+    blank, with its ``reason`` (:func:`.results.not_scored`)."""
+    shown = without_single_group_pools(summary)
+    table = to_markdown(shown[[c for c in CONSOLE_COLUMNS.get(stage, shown.columns) if c in shown.columns]])
     reasons = not_scored(summary)
     if reasons:
         table += (f"\nNot scored ({len(reasons)} rows, blank above):\n"

@@ -54,6 +54,20 @@ def not_scored(summary: pd.DataFrame) -> list[str]:
     return lines
 
 
+def without_single_group_pools(summary: pd.DataFrame) -> pd.DataFrame:
+    """``summary`` without the pooled (``__pooled__``) rows that merely copy their only matched
+    group's row: a pool is shown only where it pools two or more groups."""
+    if summary.empty or "acq_group" not in summary.columns:
+        return summary
+    pooled = summary["acq_group"].astype(str) == POOLED_GROUPS[0]
+    keys = [c for c in ("encoder", "dataset", "finding", "target") if c in summary.columns]
+    if not pooled.any() or not keys:
+        return summary
+    groups = summary[~pooled].groupby(keys, dropna=False).size()
+    single = summary[keys].apply(tuple, axis=1).map(lambda k: groups.get(k if len(keys) > 1 else k[0], 0) == 1)
+    return summary[~(pooled & single)].reset_index(drop=True)
+
+
 @dataclass
 class Results:
     """What a stage returns; ``save(dir)`` writes summary/per-sample parquet and a markdown table."""
