@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from .atomic import write_atomic, write_text_atomic
 from .errors import UserError
 from .redact import redacted_yaml
+from .resolvers import register, sweep_values  # noqa: F401  (sweep_values: kept importable from here)
 
 log = logging.getLogger("robustbench_fm")
 
@@ -45,13 +46,9 @@ class IncompleteSweep(UserError, RuntimeError):
     """Some cache entries of a sharded sweep lack parts; the message names the missing shards."""
 
 
-def sweep_values(encoders, name) -> str:
-    """The sweeper's value list for ``encoder``: the panel as ``a,b,c``, else the one encoder."""
-    return ",".join(str(e) for e in encoders) if encoders else str(name)
-
-
 def register_resolvers() -> None:
-    OmegaConf.register_new_resolver("sweep_values", sweep_values, replace=True)
+    """The configs' resolvers (:mod:`.resolvers`; importing the package registers them too)."""
+    register()
 
 
 def _job_dirs(sweep_dir: Path) -> list[Path]:
