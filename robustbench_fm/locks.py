@@ -45,7 +45,12 @@ _BREAK_MUTEX_STALE = 30.0
 
 
 class LockTimeout(UserError, TimeoutError):
-    """The lock stayed held by another live process for longer than ``timeout``."""
+    """The lock stayed held by another live process for longer than ``timeout``; ``holder`` is
+    what the lock file said about that process when we gave up."""
+
+    def __init__(self, message: str, holder: LockHolder | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class LockLost(RuntimeError):
@@ -254,7 +259,7 @@ class FileLock:
                 continue
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                raise LockTimeout(self._timeout_message(holder))
+                raise LockTimeout(self._timeout_message(holder), holder)
             pause = self.poll * random.uniform(0.5, 1.5)
             if deadline is not None:
                 pause = min(pause, max(0.0, deadline - now))

@@ -351,7 +351,10 @@ def _entry_lock(cache: FeatureCache, num_shards: int = 1, shard: int = 0):
     try:
         lock = FileLock(path, timeout=0).acquire()
     except LockTimeout as busy:
-        log.info("waiting: %s", busy)
+        holder = busy.holder
+        who = f"pid {holder.pid} on {holder.host}" if holder is not None and holder.pid is not None \
+            else "another process"
+        log.info("waiting for %s to finish %s ...", who, cache.path)
         lock = FileLock(path, timeout=None).acquire()
     try:
         yield lock
