@@ -26,6 +26,7 @@ from PIL import Image
 
 import robustbench_fm.features.cache as cache_mod
 from robustbench_fm.features import (
+    ExtractionInterrupted,
     FeatureCache,
     FeatureCacheError,
     ImageReadError,
@@ -278,3 +279,31 @@ def test_in_process_crash_keeps_whole_shards_and_resumes(data, encoder, referenc
     assert (entry / "meta.json").read_bytes() == (ref.path / "meta.json").read_bytes()
     assert (entry / ".shard-00002.parquet.tmp-99999-abc").read_bytes() == b"PAR1 half written"
     np.testing.assert_array_equal(resumed.embeddings, ref.embeddings)
+
+
+def test_ctrl_c_during_extraction_says_what_was_saved_and_the_same_call_resumes(data, encoder, references,
+                                                                                tmp_path):
+    """Ctrl-C (KeyboardInterrupt) at row 19 of shard 2: the error says 2 of 5 shards are saved
+    and where; it is still a KeyboardInterrupt; the same call resumes from those shards."""
+    root, manifests = data
+    manifest, ref = manifests["error"], references["error"]
+    seen = []
+
+    def interrupted_reader(image_root, row):
+        if len(seen) == 19:
+            raise KeyboardInterrupt
+        seen.append(row["sample_id"])
+        with Image.open(image_root / row["path"]) as im:
+            im.load()
+            return im
+
+    with pytest.raises(ExtractionInterrupted) as err:
+        extract(encoder, manifest, root, tmp_path, batch_size=BATCH, shard_size=SHARD, progress=False,
+                reader=interrupted_reader)
+    entry = tmp_path / "tiny" / ref.key
+    assert isinstance(err.value, KeyboardInterrupt)
+    assert str(err.value) == f"2 of 5 shards of tiny saved in {entry}"
+    assert not list(entry.parent.glob("*.lock"))  # the entry lock was released
+    resumed = extract(encoder, manifest, root, tmp_path, batch_size=BATCH, shard_size=SHARD, progress=False)
+    assert resumed.n_images_embedded == N_IMAGES - 16
+    assert shard_bytes(entry) == shard_bytes(ref.path)
