@@ -35,7 +35,7 @@ from typing import Any
 
 from .errors import UserError
 
-__all__ = ["FileLock", "LockHolder", "LockLost", "LockTimeout", "read_holder"]
+__all__ = ["FileLock", "LockHolder", "LockLost", "LockTimeout", "abandoned", "read_holder"]
 
 log = logging.getLogger("robustbench_fm.locks")
 
@@ -125,6 +125,17 @@ def read_holder(path: str | os.PathLike[str]) -> LockHolder | None:
         pid = host = created = token = None
     return LockHolder(path, pid, host, created, token, st.st_mtime, st.st_dev, st.st_ino,
                       st.st_size, st.st_mtime_ns)
+
+
+def abandoned(path: str | os.PathLike[str], stale_after: float | None = None,
+              grace: float = 5.0) -> str | None:
+    """Why the lock file ``path`` counts as abandoned by its holder (the rules of
+    :class:`FileLock`: a dead pid on this host, an old heartbeat with ``stale_after``, an
+    unwritten file after ``grace``), or None: no such file, or its holder may still be alive."""
+    holder = read_holder(path)
+    if holder is None:
+        return None
+    return FileLock(path, stale_after=stale_after, grace=grace)._stale_reason(holder, time.time())
 
 
 def _pid_alive(pid: int) -> bool:

@@ -54,6 +54,28 @@ def test_readme_multirun_writes_under_the_launch_folder(tmp_path):
     assert str(sweep / "combined.parquet") in proc.stdout
 
 
+@pytest.mark.parametrize("launcher", ["local", "submitit_local"])
+def test_a_failed_job_is_recorded_and_the_sweep_runs_every_other_job(tmp_path, launcher):
+    """Job 0 fails (a bad option, found when the job starts), job 1 still runs; the collect step
+    merges job 1, lists job 0 in missing.txt, the console ends with the summary line and the
+    sweep's exit code is 1."""
+    sweep = tmp_path / "sweep"
+    proc = cli("-m", "encoder=planted_sharp", "dataset.options.n=40", "stage.params.n_boot=-1,20",
+               f"launcher={launcher}", f"hydra.sweep.dir={sweep}", cwd=tmp_path, check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    failed, ok = "0_planted_sharp-planted-candor", "1_planted_sharp-planted-candor"
+    assert [j["dir"] for j in json.loads((sweep / "jobs.json").read_text())["jobs"]] == [failed, ok]
+    assert json.loads((sweep / failed / "status.json").read_text()) == {
+        "status": "failed", "error": "ValueError: candor: n_boot=-1 must be 0 or more"}
+    assert json.loads((sweep / ok / "status.json").read_text())["status"] == "done"
+    assert set(pd.read_parquet(sweep / "combined.parquet")["job"]) == {ok}
+    assert (sweep / "missing.txt").read_text() == f"{failed}: failed (ValueError: candor: n_boot=-1 must be 0 or more)\n"
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"1 of 2 jobs failed: {failed} (failed: ValueError: candor: n_boot=-1 must be 0 or more); "
+        f"see {sweep / 'missing.txt'}")
+    assert "Traceback" not in proc.stderr
+
+
 def test_panel_fans_out_on_submitit_local_and_collect_combines(tmp_path):
     sweep = tmp_path / "sweep"
     cli("-m", *SMALL, "launcher=submitit_local", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
