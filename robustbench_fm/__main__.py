@@ -90,20 +90,19 @@ def verify(path: str, manifest: str | None = None) -> int:
 
 def collect(sweep_dir: str, show_compare: bool = False) -> int:
     """Merge a sweep's results (``combined.parquet``, ``results_long.parquet``, tables, report);
-    with ``show_compare`` print ``compare.md``; 2 with a one-line error when incomplete."""
-    from .errors import UserError
-    from .sweeps import collect as collect_sweep
+    with ``show_compare`` print ``compare.md``; 1 with a one-line summary when jobs did not
+    finish, 2 with a one-line error when incomplete."""
+    from .sweeps import collect_and_report
 
-    try:
-        collect_sweep(sweep_dir)
-    except (UserError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    result = collect_and_report(sweep_dir)
+    if result is None or result.problems:
         return 2
+    rc = 1 if result.unfinished else 0
     if show_compare:
         shown = Path(sweep_dir) / "compare.md"
         print(shown.read_text() if shown.exists() else "compare: the sweep's experiment lists no paper tables "
               "(report.tables); nothing to compare")
-    return 0
+    return rc
 
 
 def newest_sweep(root: Path = Path("outputs") / "multirun") -> str | None:
@@ -176,8 +175,11 @@ def main() -> None:
         if len(sys.argv) not in (3, 4):
             raise SystemExit("usage: python -m robustbench_fm verify <cache entry or cache root> [manifest]")
         sys.exit(verify(*sys.argv[2:]))
+    import traceback
+
     import hydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
     from omegaconf import DictConfig
 
     from .sweeps import register_resolvers
@@ -200,22 +202,48 @@ def main() -> None:
             if rc:
                 sys.exit(rc)
             return
+        # In a multirun a failed job is recorded (status.json) and the sweep goes on to the next
+        # job; its collect step lists the failures and sets the exit code (sweeps.CollectCallback).
+        multirun = hc.mode == RunMode.MULTIRUN
+        out_dir = Path(hc.runtime.output_dir)
+        where = f"job {out_dir.name}: " if multirun else ""
         try:
             if cfg.dry_run:
                 print(redacted_yaml(cfg))
                 print(app.plan(cfg, overrides).describe(cfg))
                 _remove_dry_run_folder(Path(hc.runtime.output_dir), Path(cfg.paths.output_root))
                 return
-            app.run(cfg, Path(hc.runtime.output_dir), overrides)
+            app.run(cfg, out_dir, overrides)
+        except KeyboardInterrupt as exc:
+            if cfg.get("debug"):
+                traceback.print_exc()
+            saved = f"{exc}; " if str(exc) else f"run folder {out_dir}; finished feature-cache shards are kept; "
+            print(f"interrupted: {saved}re-run the same command to resume", file=sys.stderr)
+            if multirun:
+                print(f"the sweep stopped at {out_dir.name}; python -m robustbench_fm collect {hc.sweep.dir} "
+                      "merges the jobs that finished", file=sys.stderr)
+            sys.exit(130)
         except app.USER_ERRORS as exc:
             if cfg.get("debug"):
-                raise
+                if not multirun:
+                    raise
+                traceback.print_exc()
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-            print(f"error: {message}", file=sys.stderr)
-            sys.exit(2)
+            print(f"error: {where}{message}", file=sys.stderr)
+            if not multirun:
+                sys.exit(2)
+        except Exception:
+            if not multirun:
+                raise
+            traceback.print_exc()
+            print(f"error: {where}failed with the traceback above", file=sys.stderr)
 
     logging.getLogger("robustbench_fm").setLevel(logging.INFO)
-    _job()
+    try:
+        _job()
+    except KeyboardInterrupt:  # outside a job (composing the config, a sweep's collect step)
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -219,21 +219,35 @@ def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None) 
 
     The output folder is locked for the run (a second run aimed at it fails at once). Rows that
     any encoder skipped are dropped for every encoder, so comparisons stay paired.
-    ``status.json`` says ``running``, then ``done`` or ``failed`` with the error (the collect step
-    of a sweep lists the jobs that did not finish).
+    ``status.json`` says ``running``, then ``done``, ``failed`` with the error (a bad option
+    too) or ``interrupted`` (Ctrl-C); the collect step of a sweep lists the jobs that did not
+    finish, and reports a ``running`` job whose process is gone as interrupted.
     """
     from .locks import FileLock
 
-    job = plan(cfg, cli_overrides)
     with FileLock(out_dir / ".lock", timeout=0):
+        if _read_status(out_dir) == "running":  # we hold the lock, so whoever wrote that is gone
+            log.warning("%s: the previous run there was interrupted; running it again", out_dir)
         _status(out_dir, "running")
         try:
+            job = plan(cfg, cli_overrides)
             summary = _run(job, cfg, out_dir, cli_overrides)
+        except KeyboardInterrupt as exc:
+            _status(out_dir, "interrupted", " ".join(str(exc).split()))
+            raise
         except BaseException as exc:
-            _status(out_dir, "failed", f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+            text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError's str() quotes
+            _status(out_dir, "failed", f"{type(exc).__name__}: {' '.join(str(text).split())}")
             raise
         _status(out_dir, "done")
         return summary
+
+
+def _read_status(out_dir: Path) -> str | None:
+    try:
+        return json.loads((out_dir / "status.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _status(out_dir: Path, status: str, error: str = "") -> None:

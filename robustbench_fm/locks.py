@@ -35,7 +35,7 @@ from typing import Any
 
 from .errors import UserError
 
-__all__ = ["FileLock", "LockHolder", "LockLost", "LockTimeout", "read_holder"]
+__all__ = ["FileLock", "LockHolder", "LockLost", "LockTimeout", "abandoned", "read_holder"]
 
 log = logging.getLogger("robustbench_fm.locks")
 
@@ -45,7 +45,12 @@ _BREAK_MUTEX_STALE = 30.0
 
 
 class LockTimeout(UserError, TimeoutError):
-    """The lock stayed held by another live process for longer than ``timeout``."""
+    """The lock stayed held by another live process for longer than ``timeout``; ``holder`` is
+    what the lock file said about that process when we gave up."""
+
+    def __init__(self, message: str, holder: LockHolder | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class LockLost(RuntimeError):
@@ -120,6 +125,17 @@ def read_holder(path: str | os.PathLike[str]) -> LockHolder | None:
         pid = host = created = token = None
     return LockHolder(path, pid, host, created, token, st.st_mtime, st.st_dev, st.st_ino,
                       st.st_size, st.st_mtime_ns)
+
+
+def abandoned(path: str | os.PathLike[str], stale_after: float | None = None,
+              grace: float = 5.0) -> str | None:
+    """Why the lock file ``path`` counts as abandoned by its holder (the rules of
+    :class:`FileLock`: a dead pid on this host, an old heartbeat with ``stale_after``, an
+    unwritten file after ``grace``), or None: no such file, or its holder may still be alive."""
+    holder = read_holder(path)
+    if holder is None:
+        return None
+    return FileLock(path, stale_after=stale_after, grace=grace)._stale_reason(holder, time.time())
 
 
 def _pid_alive(pid: int) -> bool:
@@ -254,7 +270,7 @@ class FileLock:
                 continue
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                raise LockTimeout(self._timeout_message(holder))
+                raise LockTimeout(self._timeout_message(holder), holder)
             pause = self.poll * random.uniform(0.5, 1.5)
             if deadline is not None:
                 pause = min(pause, max(0.0, deadline - now))

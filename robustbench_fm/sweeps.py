@@ -7,7 +7,11 @@
 :func:`collect` (run by :class:`CollectCallback` when a multirun ends, and by
 ``python -m robustbench_fm collect <sweep dir>``) reads every job folder of a sweep:
 
-* jobs whose ``status.json`` is not ``done`` are listed in ``missing.txt`` with their error;
+* jobs whose ``status.json`` is not ``done`` are listed in ``missing.txt`` with their error:
+  ``failed``, ``interrupted`` (Ctrl-C, or a ``running`` job whose process is gone: its lock is
+  abandoned), ``running``, and ``never started``: the sweep writes the list of its jobs to
+  ``jobs.json`` when it starts (:class:`CollectCallback`), so jobs that never got a folder are
+  listed too;
 * sharded extractions: once every part of a cache entry is in, the stage runs here on the
   complete entries (``collect/<dataset>-<stage>/``); an entry with missing shards is refused,
   naming the shards, in ``missing.txt`` and in the :class:`IncompleteSweep` error;
@@ -25,6 +29,7 @@ import json
 import logging
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from .atomic import write_atomic, write_text_atomic
 from .errors import UserError
 from .redact import redacted_yaml
+from .resolvers import register, sweep_values  # noqa: F401  (sweep_values: kept importable from here)
 
 log = logging.getLogger("robustbench_fm")
 
@@ -45,19 +51,88 @@ class IncompleteSweep(UserError, RuntimeError):
     """Some cache entries of a sharded sweep lack parts; the message names the missing shards."""
 
 
-def sweep_values(encoders, name) -> str:
-    """The sweeper's value list for ``encoder``: the panel as ``a,b,c``, else the one encoder."""
-    return ",".join(str(e) for e in encoders) if encoders else str(name)
-
-
 def register_resolvers() -> None:
-    OmegaConf.register_new_resolver("sweep_values", sweep_values, replace=True)
+    """The configs' resolvers (:mod:`.resolvers`; importing the package registers them too)."""
+    register()
+
+
+#: the sweep's job list, written when a multirun starts: {"jobs": [{"num", "dir", "overrides"}]}
+JOBS_FILE = "jobs.json"
+
+
+def plan_jobs(config: DictConfig) -> list[dict] | None:
+    """The jobs Hydra's basic sweeper launches for the multirun config ``config``, in launch
+    order: number, folder (``hydra.sweep.subdir``, relative to the sweep folder) and overrides.
+    Expanded as the sweeper does (its ``params`` then the command line, each job's config
+    composed to resolve its folder name); None for another sweeper."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import open_dict
+
+    sweeper = config.hydra.sweeper
+    if sweeper.get("_target_") != f"{BasicSweeper.__module__}.{BasicSweeper.__name__}":
+        return None
+    loader = GlobalHydra.instance().config_loader()
+    arguments = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+    arguments += OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
+    overrides = OverridesParser.create(config_loader=loader).parse_overrides(arguments)
+    batches = BasicSweeper.split_arguments(overrides, sweeper.get("max_batch_size"))
+    jobs = []
+    for num, job in enumerate(job for batch in batches for job in batch):
+        job_cfg = loader.load_sweep_config(config, list(job))
+        with open_dict(job_cfg):
+            job_cfg.hydra.job.id = job_cfg.hydra.job.num = num
+        jobs.append({"num": num, "dir": str(job_cfg.hydra.sweep.subdir), "overrides": list(job)})
+    return jobs
 
 
 def _job_dirs(sweep_dir: Path) -> list[Path]:
-    return sorted(p for p in sweep_dir.iterdir()
-                  if p.is_dir() and p.name not in ("collect", ".submitit")
-                  and ((p / "status.json").exists() or (p / "config.yaml").exists()))
+    """The sweep's job folders: those of ``jobs.json`` in launch order (whether or not they
+    exist), then any other folder holding a job's ``status.json`` or ``config.yaml``."""
+    planned = []
+    if (sweep_dir / JOBS_FILE).is_file():
+        planned = [sweep_dir / job["dir"] for job in json.loads((sweep_dir / JOBS_FILE).read_text())["jobs"]]
+    found = sorted(p for p in sweep_dir.iterdir()
+                   if p.is_dir() and p.name not in ("collect", ".submitit")
+                   and ((p / "status.json").exists() or (p / "config.yaml").exists()))
+    return planned + [p for p in found if p not in planned]
+
+
+def job_state(job_dir: Path) -> tuple[str, str]:
+    """``(status, detail)`` of one job folder: ``done``, ``failed``, ``interrupted``, ``running``
+    or ``never started``. A ``running`` job whose lock is abandoned (its process died on this
+    host: SIGKILL, out of memory, node lost) is ``interrupted``, and its ``status.json`` says so."""
+    from .locks import abandoned, read_holder
+
+    status_file = job_dir / "status.json"
+
+    def read() -> tuple[str, str]:
+        record = json.loads(status_file.read_text())
+        return record.get("status", "unknown"), record.get("error", "") or ""
+
+    if not status_file.exists():
+        return "never started", ""
+    status, detail = read()
+    if status != "running":
+        return status, detail
+    lock = job_dir / ".lock"
+    holder = read_holder(lock)
+    reason = abandoned(lock) if holder is not None else None
+    if holder is not None and reason is None:
+        return "running", f"held by {holder.describe()}"
+    status, detail = read()  # a run writes its result before it releases its lock: look again
+    if status != "running":
+        return status, detail
+    detail = f"the run stopped: {reason or 'its lock is gone but it recorded no result'}"
+    now = read_holder(lock)
+    if holder is not None and now is not None and now.identity == holder.identity:
+        # still the dead holder's lock (a new run breaks it before it writes): record what happened
+        try:
+            write_text_atomic(status_file, json.dumps({"status": "interrupted", "error": detail}) + "\n")
+        except OSError:
+            pass
+    return "interrupted", detail
 
 
 def _collect_parts(records: list[tuple[Path, dict]], sweep_dir: Path) -> tuple[list, list[str]]:
@@ -100,18 +175,75 @@ def _collect_parts(records: list[tuple[Path, dict]], sweep_dir: Path) -> tuple[l
     return summaries, problems
 
 
+@dataclass
+class Collected:
+    """What :func:`collect_sweep` found: the combined table, the number of jobs, the jobs that did
+    not finish (``(job folder, status, detail)``) and the incomplete sharded entries."""
+
+    combined: pd.DataFrame
+    n_jobs: int
+    unfinished: list[tuple[str, str, str]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def summary_line(self, sweep_dir: Path) -> str | None:
+        """``N of M jobs failed: ...; see <sweep>/missing.txt``, or None when every job is done."""
+        if not self.unfinished:
+            return None
+        shown = [f"{name} ({status}{': ' + _short(detail) if status == 'failed' and detail else ''})"
+                 for name, status, detail in self.unfinished[:3]]
+        more = f" and {len(self.unfinished) - 3} more" if len(self.unfinished) > 3 else ""
+        return (f"{len(self.unfinished)} of {self.n_jobs} jobs failed: {', '.join(shown)}{more}; "
+                f"see {Path(sweep_dir) / 'missing.txt'}")
+
+
+def _short(text: str, width: int = 100) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 def collect(sweep_dir: str | Path) -> pd.DataFrame:
-    """Merge a sweep's results into ``combined.parquet``/``.csv`` (see module docstring)."""
+    """Merge a sweep's results into ``combined.parquet``/``.csv`` (see module docstring); raises
+    :class:`IncompleteSweep` when sharded cache entries lack parts."""
+    result = collect_sweep(sweep_dir)
+    if result.problems:
+        raise IncompleteSweep(f"{sweep_dir}: {len(result.problems)} cache entries incomplete: "
+                              + "; ".join(result.problems))
+    return result.combined
+
+
+def collect_and_report(sweep_dir: str | Path) -> Collected | None:
+    """:func:`collect`, then its outcome in one line each (the end of every sweep, and
+    ``python -m robustbench_fm collect``): ``error: ...`` for incomplete sharded entries, and
+    last ``N of M jobs failed: ...`` when jobs failed, were interrupted or never started.
+    None (after a one-line error) when nothing could be collected."""
+    try:
+        result = collect_sweep(sweep_dir)
+    except (UserError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+    sys.stdout.flush()
+    if result.problems:
+        print(f"error: {sweep_dir}: {len(result.problems)} cache entries incomplete: " + "; ".join(result.problems),
+              file=sys.stderr)
+    line = result.summary_line(Path(sweep_dir))
+    if line:
+        print(line, file=sys.stderr)
+    return result
+
+
+def collect_sweep(sweep_dir: str | Path) -> Collected:
+    """Merge a sweep's results (see module docstring) and say which jobs did not finish."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise FileNotFoundError(f"collect: sweep folder '{sweep_dir}' does not exist; pass the multirun folder")
     started = time.perf_counter()
-    summaries, missing, parts = [], [], []  # summaries: (summary, job config) pairs
-    for job_dir in _job_dirs(sweep_dir):
-        status_file = job_dir / "status.json"
-        status = json.loads(status_file.read_text()) if status_file.exists() else {"status": "not started"}
-        if status["status"] != "done":
-            missing.append(f"{job_dir.name}: {status['status']}" + (f" ({status['error']})" if status.get("error") else ""))
+    summaries, missing, parts, unfinished = [], [], [], []  # summaries: (summary, job config) pairs
+    jobs = _job_dirs(sweep_dir)
+    for job_dir in jobs:
+        status, detail = job_state(job_dir)
+        if status != "done":
+            name = job_dir.relative_to(sweep_dir).as_posix()
+            unfinished.append((name, status, detail))
+            missing.append(f"{name}: {status}" + (f" ({detail})" if detail else ""))
             continue
         if (job_dir / "extracted.json").exists():
             parts.append((job_dir, json.loads((job_dir / "extracted.json").read_text())))
@@ -132,9 +264,7 @@ def collect(sweep_dir: str | Path) -> pd.DataFrame:
     _write_report(sweep_dir, long, tables, missing, time.perf_counter() - started)
     print(f"collect: {len(combined)} summary rows from {len(summaries)} results -> {sweep_dir / 'combined.parquet'}"
           + (f"; {len(missing)} problems listed in {sweep_dir / 'missing.txt'}" if missing else ""))
-    if problems:
-        raise IncompleteSweep(f"{sweep_dir}: {len(problems)} cache entries incomplete: " + "; ".join(problems))
-    return combined
+    return Collected(combined, len(jobs), unfinished, problems)
 
 
 def _long(summaries: list[tuple[pd.DataFrame, DictConfig | None]]) -> pd.DataFrame:
@@ -183,10 +313,25 @@ def _write_report(sweep_dir: Path, long: pd.DataFrame, tables: list, missing: li
 
 
 class CollectCallback(Callback):
-    """Hydra callback: run :func:`collect` on the sweep folder when a multirun ends."""
+    """Hydra callback: when a multirun starts, write its job list (``jobs.json``); when it ends,
+    run :func:`collect` on the sweep folder and exit non-zero if any job did not finish (the
+    jobs themselves record a failure and return, so every job of the sweep runs)."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            jobs = plan_jobs(config)
+        except Exception as exc:  # noqa: BLE001  (bookkeeping never stops a sweep; the sweeper reports bad configs)
+            log.warning("could not list the sweep's jobs (%s: %s); collect lists only the jobs that start",
+                        type(exc).__name__, exc)
+            return
+        if jobs is not None:
+            sweep_dir = Path(str(config.hydra.sweep.dir))
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(sweep_dir / JOBS_FILE, json.dumps({"jobs": jobs}, indent=1) + "\n")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        try:
-            collect(config.hydra.sweep.dir)
-        except UserError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        result = collect_and_report(str(config.hydra.sweep.dir))
+        # a sweep of some parts of a sharded extraction (the rest run elsewhere) is fine: the
+        # error names the missing shards, and `collect` exits 2 until they are in
+        if result is None or result.unfinished:
+            raise SystemExit(1)

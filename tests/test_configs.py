@@ -77,3 +77,15 @@ def test_experiments_pick_their_panel_and_a_panel_override_wins(tmp_path):
     assert app.plan(cfg).encoders == list(chest)
     cfg = compose_cfg(["panel=candor_chest"], tmp_path)  # on the default (demo) experiment
     assert app.plan(cfg).encoders == list(chest)
+
+
+def test_paths_resolve_to_the_launch_folder_without_a_hydra_job(tmp_path, monkeypatch):
+    """paths.root is the folder the command runs from, also where no Hydra job config is set: the
+    sweep folder of a multirun (built before any job) and configs composed with the compose API."""
+    monkeypatch.chdir(tmp_path)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", return_hydra_config=True)
+    assert cfg.paths.root == str(tmp_path)
+    assert cfg.paths.cache_dir == str(tmp_path / "outputs" / "cache" / "features")
+    assert Path(cfg.hydra.sweep.dir).parent.parent == tmp_path / "outputs" / "multirun"
+    assert Path(cfg.hydra.run.dir).parent.parent == tmp_path / "outputs" / "runs"

@@ -9,6 +9,7 @@ entry folder, or your own file with ``sample_id`` and ``embedding`` columns);
 from .cache import SKIPPED_NAME, FeatureCache, FeatureCacheError
 from .extract import (
                     BAD_IMAGE_POLICIES,
+                    ExtractionInterrupted,
                     FeatureSet,
                     ImageReadError,
                     default_num_workers,
@@ -18,7 +19,7 @@ from .key import CACHE_FORMAT, cache_key, cache_key_fields
 from .load import load_features, missing_shards, read_skipped, skipped_ids
 from .verify import VerifyReport, verify_cache, verify_entry
 
-__all__ = ["BAD_IMAGE_POLICIES", "CACHE_FORMAT", "SKIPPED_NAME", "FeatureCache", "FeatureCacheError",
-           "FeatureSet", "ImageReadError", "VerifyReport", "cache_key", "cache_key_fields",
+__all__ = ["BAD_IMAGE_POLICIES", "CACHE_FORMAT", "SKIPPED_NAME", "ExtractionInterrupted", "FeatureCache",
+           "FeatureCacheError", "FeatureSet", "ImageReadError", "VerifyReport", "cache_key", "cache_key_fields",
            "default_num_workers", "extract", "load_features", "missing_shards", "read_skipped", "skipped_ids",
            "verify_cache", "verify_entry"]

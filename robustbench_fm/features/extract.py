@@ -54,6 +54,11 @@ class ImageReadError(UserError, RuntimeError):
     """An image could not be read or transformed; the message names the file and manifest row."""
 
 
+class ExtractionInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) during extraction; the message says how much of the cache entry is saved
+    (complete shards are kept: the same call resumes from them)."""
+
+
 @dataclass
 class FeatureSet:
     """Features aligned row-for-row with the manifest, and what this call did to get them."""
@@ -315,8 +320,15 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
             else:
                 log.info("extracting %d rows with '%s' into %s (%d shards)", len(ids), encoder.spec.name,
                          cache.path, cache.n_shards)
-            n_forward, n_images = _run(encoder, manifest, image_root, cache, missing, batch_size,
-                                       num_workers, progress, reader, on_bad_image, records, lock.refresh)
+            try:
+                n_forward, n_images = _run(encoder, manifest, image_root, cache, missing, batch_size,
+                                           num_workers, progress, reader, on_bad_image, records, lock.refresh)
+            except KeyboardInterrupt as exc:
+                if isinstance(exc, ExtractionInterrupted):
+                    raise
+                saved = cache.n_shards - len(cache.missing_shards())
+                raise ExtractionInterrupted(f"{saved} of {cache.n_shards} shards of {encoder.spec.name} saved in "
+                                            f"{cache.path}") from exc
         if cache.path.is_dir():
             with cache.bookkeeping():
                 # re-read: another process filling the same entry may have listed rows of its shards
@@ -351,7 +363,10 @@ def _entry_lock(cache: FeatureCache, num_shards: int = 1, shard: int = 0):
     try:
         lock = FileLock(path, timeout=0).acquire()
     except LockTimeout as busy:
-        log.info("waiting: %s", busy)
+        holder = busy.holder
+        who = f"pid {holder.pid} on {holder.host}" if holder is not None and holder.pid is not None \
+            else "another process"
+        log.info("waiting for %s to finish %s ...", who, cache.path)
         lock = FileLock(path, timeout=None).acquire()
     try:
         yield lock

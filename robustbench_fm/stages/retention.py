@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 import zlib
 from pathlib import Path
 
@@ -288,6 +289,53 @@ def _sources(job, params: dict) -> list[dict]:
     return list(params.get("sources") or [{"dataset": job.dataset}])
 
 
+def _sources_key(cfg) -> str:
+    """The override that sets the sources: ``retention_sources`` when ``stage.params.sources``
+    reads it (the chest experiments; a sweep over stages can only set it there), else
+    ``stage.params.sources``."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(cfg.stage.params, resolve=False).get("sources")
+    return "retention_sources" if isinstance(raw, str) and "retention_sources" in raw and "retention_sources" in cfg \
+        else "stage.params.sources"
+
+
+def _override_value(value) -> str:
+    """``value`` in Hydra's override syntax (strings double-quoted unless plainly safe)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_override_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_override_value(v) for v in value) + "]"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    text = str(value)
+    if re.fullmatch(r"[A-Za-z_/.][A-Za-z0-9_./-]*", text) and text.lower() not in ("true", "false", "null", "nan",
+                                                                                      "inf"):
+        return text
+    return '"' + text.replace('"', '\\"') + '"'  # Hydra: backslashes are literal except before a quote
+
+
+def _check_roots(sources: list[dict], cfg) -> None:
+    """One line naming every source whose folder is missing, the sources to keep and the
+    override for each (before anything is read or embedded)."""
+    gone = [(i, s) for i, s in enumerate(sources) if s.get("root") is not None and not Path(s["root"]).is_dir()]
+    if not gone:
+        return
+    key = _sources_key(cfg)
+    have = [s for i, s in enumerate(sources) if i not in dict(gone)]
+    named = " and ".join(f"'{s['dataset']}' (root '{s['root']}')" for _, s in gone)
+    keep = _override_value(have) if have else "[{dataset: <boxed dataset>, root: <its folder>}]"
+    roots = ", ".join(f"{key}.{i}.root=<folder of {s['dataset']}>" for i, s in gone)
+    raise FileNotFoundError(
+        f"stage retention: retention source{'s' if len(gone) > 1 else ''} {named} "
+        f"{'do' if len(gone) > 1 else 'does'} not exist; set {key} to the boxed datasets you have: "
+        f"'{key}={keep}', or give the folder{'s' if len(gone) > 1 else ''}: {roots}")
+
+
 def _source_boxes(src: dict, findings: list[str], job, cfg, manifest: pd.DataFrame
                   ) -> tuple[Path, dict[str, pd.DataFrame]]:
     """(root, {finding: boxed positives}) of one source. An adapter with a ``box_finding`` option
@@ -328,6 +376,7 @@ def run_job(job, cfg, manifest: pd.DataFrame, out_dir: Path) -> list[pd.DataFram
     findings = [str(f) for f in cfg.stage.findings]
     fill, seed = params.get("fill", "image_mean"), params.get("seed", 42)
     cluster_col = params.get("cluster_col", "patient_id")
+    _check_roots(_sources(job, params), cfg)
     derived = []
     for src in _sources(job, params):
         name = src["dataset"]
@@ -340,7 +389,7 @@ def run_job(job, cfg, manifest: pd.DataFrame, out_dir: Path) -> list[pd.DataFram
     if not derived:
         raise UserError(f"stage retention: no boxed positives of {', '.join(findings)} in "
                         f"{', '.join(s['dataset'] for s in _sources(job, params))}; set stage.findings to findings "
-                        "with boxes or masks, or stage.params.sources to datasets that have them")
+                        f"with boxes or masks, or {_sources_key(cfg)} to datasets that have them")
     combined = pd.concat([t for _, _, t in derived], ignore_index=True)
     dup = combined["sample_id"].duplicated()
     if dup.any():

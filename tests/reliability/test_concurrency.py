@@ -73,3 +73,24 @@ def test_a_second_run_on_a_locked_output_folder_stops_at_once(tmp_path):
     assert not (out / "summary.parquet").exists()
     app.run(cfg, out)  # once the first run is gone the folder is usable
     assert (out / "summary.parquet").is_file() and not (out / ".lock").exists()
+
+
+def test_a_waiter_on_a_busy_entry_logs_one_calm_line(tmp_path, caplog):
+    """A run that finds the entry being filled by another process logs who it waits for and
+    which entry, once, and no timeout message (it does not time out: it waits, then hits the
+    cache)."""
+    import logging
+    import os
+    import socket
+    import threading
+
+    root = tmp_path / "data"
+    manifest = write_images(root, n=8)
+    first = extract(tiny_encoder(), manifest, root, tmp_path / "cache", batch_size=4, progress=False)
+    lock = FileLock(first.path.parent / f"{first.key}.lock").acquire()  # another run is filling the entry
+    threading.Timer(1.0, lock.release).start()
+    with caplog.at_level(logging.INFO, logger="robustbench_fm"):
+        again = extract(tiny_encoder(), manifest, root, tmp_path / "cache", batch_size=4, progress=False)
+    assert again.n_forward == 0
+    waits = [m for m in caplog.messages if m.startswith("waiting") or "timed out" in m.lower() or ".lock" in m]
+    assert waits == [f"waiting for pid {os.getpid()} on {socket.gethostname()} to finish {first.path} ..."]

@@ -14,6 +14,10 @@ import io
 import json
 import multiprocessing as mp
 import os
+import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +30,7 @@ from PIL import Image
 
 import robustbench_fm.features.cache as cache_mod
 from robustbench_fm.features import (
+    ExtractionInterrupted,
     FeatureCache,
     FeatureCacheError,
     ImageReadError,
@@ -278,3 +283,70 @@ def test_in_process_crash_keeps_whole_shards_and_resumes(data, encoder, referenc
     assert (entry / "meta.json").read_bytes() == (ref.path / "meta.json").read_bytes()
     assert (entry / ".shard-00002.parquet.tmp-99999-abc").read_bytes() == b"PAR1 half written"
     np.testing.assert_array_equal(resumed.embeddings, ref.embeddings)
+
+
+def test_ctrl_c_during_extraction_says_what_was_saved_and_the_same_call_resumes(data, encoder, references,
+                                                                                tmp_path):
+    """Ctrl-C (KeyboardInterrupt) at row 19 of shard 2: the error says 2 of 5 shards are saved
+    and where; it is still a KeyboardInterrupt; the same call resumes from those shards."""
+    root, manifests = data
+    manifest, ref = manifests["error"], references["error"]
+    seen = []
+
+    def interrupted_reader(image_root, row):
+        if len(seen) == 19:
+            raise KeyboardInterrupt
+        seen.append(row["sample_id"])
+        with Image.open(image_root / row["path"]) as im:
+            im.load()
+            return im
+
+    with pytest.raises(ExtractionInterrupted) as err:
+        extract(encoder, manifest, root, tmp_path, batch_size=BATCH, shard_size=SHARD, progress=False,
+                reader=interrupted_reader)
+    entry = tmp_path / "tiny" / ref.key
+    assert isinstance(err.value, KeyboardInterrupt)
+    assert str(err.value) == f"2 of 5 shards of tiny saved in {entry}"
+    assert not list(entry.parent.glob("*.lock"))  # the entry lock was released
+    resumed = extract(encoder, manifest, root, tmp_path, batch_size=BATCH, shard_size=SHARD, progress=False)
+    assert resumed.n_images_embedded == N_IMAGES - 16
+    assert shard_bytes(entry) == shard_bytes(ref.path)
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_the_cli_prints_one_line_exits_130_and_the_same_command_resumes(tmp_path):
+    """SIGINT to the process group (what Ctrl-C sends, decode workers included) while the demo
+    extracts: one line saying how many shards are saved, exit code 130, status.json
+    "interrupted", no traceback; the same command then resumes from those shards."""
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
+    cmd = [sys.executable, "-m", "robustbench_fm", "encoder=random_vit_s", "dataset.options.n=96",
+           "extract.shard_size=8", "stage.params.n_boot=20"]
+    cache = tmp_path / "outputs" / "cache" / "features" / "random_vit_s"
+    # own session (so the signal reaches the decode worker too, as from a terminal), SIGINT not ignored
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 300
+        while not list(cache.glob("*/shard-00001.parquet")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    last = err.strip().splitlines()[-1]
+    m = re.fullmatch(r"interrupted: (\d+) of 12 shards of random_vit_s saved in (\S+); "
+                     r"re-run the same command to resume", last)
+    assert m, last
+    entry = Path(m.group(2))
+    assert entry.parent == cache and len(list(entry.glob("shard-*.parquet"))) == int(m.group(1)) >= 2
+    (run,) = (tmp_path / "outputs" / "runs").glob("*/*")
+    saved = last.removeprefix("interrupted: ").removesuffix("; re-run the same command to resume")
+    assert json.loads((run / "status.json").read_text()) == {"status": "interrupted", "error": saved}
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"resuming {entry}: {m.group(1)} of 12 shards present" in again.stdout

@@ -156,3 +156,46 @@ def test_app_run_on_idrid_lesion_masks(tmp_path):
     assert s.loc["microaneurysms", "box_area"] == pytest.approx(2 / 20 * 2 / 16)
     # the fixture's images are constant (value 90): a box_mean fill changes no pixel, so ρ = 1
     assert s.loc["pooled", "retention"] == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_missing_retention_source_names_the_override_that_fixes_it(tmp_path):
+    """experiment=chest_candor on a machine without MIMIC-CXR (so without MS-CXR's boxes): the
+    error names retention source 'ms_cxr' and the `retention_sources=...` override (a sweep over
+    stages can only set it there), and that override, as printed, runs."""
+    import re
+
+    from chest_fixtures import write_chexpert, write_rsna_pneumonia
+    from hydra import compose, initialize_config_dir
+
+    from robustbench_fm import app
+    from robustbench_fm.__main__ import CONFIG_DIR
+
+    data = tmp_path / "data"
+    write_chexpert(data / "CheXpert-v1.0-small")
+    rsna = write_rsna_pneumonia(data / "rsna-pneumonia-detection-challenge")
+    base = [f"paths.root={tmp_path}", "experiment=chest_candor", "dataset=chexpert", "stage=retention",
+            "encoder=planted_sharp", "encoders=null", "stage.params.n_boot=50", "stage.params.n_pairs=100"]
+
+    def config(*extra):
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            return compose("config", overrides=[*base, *extra])
+
+    with pytest.raises(FileNotFoundError) as err:
+        app.run(config(), tmp_path / "run1")
+    message = str(err.value)
+    assert message == (
+        f"stage retention: retention source 'ms_cxr' (root '{data}/mimic-cxr-jpg/2.1.0') does not exist; "
+        f"set retention_sources to the boxed datasets you have: "
+        f"'retention_sources=[{{dataset: rsna_pneumonia, root: {rsna}}}]', "
+        f"or give the folder: retention_sources.0.root=<folder of ms_cxr>")
+    assert "dataset.root" not in message
+    assert not (tmp_path / "outputs" / "cache").exists()  # refused before any image was embedded
+
+    suggested = re.search(r"'(retention_sources=[^']+)'", message).group(1)
+    summary = app.run(config(suggested), tmp_path / "run2").set_index("finding")
+    assert summary["n"].to_dict() == {"pneumothorax": 0, "pneumonia": 2, "pooled": 2}
+    assert set(summary["dataset"]) == {"chexpert"}
+    # the other way out: the source's folder, by list index
+    moved = config(f"retention_sources.0.root={tmp_path}/elsewhere")
+    assert moved.stage.params.sources[0] == {"dataset": "ms_cxr", "root": f"{tmp_path}/elsewhere"}

@@ -4,6 +4,7 @@ jobs are collected into the stage's results, and an incomplete entry is refused 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +17,14 @@ from robustbench_fm.sweeps import IncompleteSweep, collect, sweep_values
 pytestmark = pytest.mark.slow
 SMALL = ["experiment=demo", "encoders=[planted_blur,planted_sharp]", "dataset.options.n=40",
          "stage.params.n_boot=20"]
+#: the checkout under test, ahead of any installed copy, for commands run from a scratch folder
+REPO = Path(__file__).resolve().parents[2]
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
 
 
 def cli(*args, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "robustbench_fm", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=900, env=ENV)
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -28,6 +32,48 @@ def cli(*args, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
 
 def pooled(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["acq_group"] == "__pooled__"].set_index("encoder")[["d", "d_sd", "d_all", "margin_auroc"]]
+
+
+def test_readme_multirun_writes_under_the_launch_folder(tmp_path):
+    """The README's `python -m robustbench_fm -m encoder=planted_blur,planted_sharp`, as written (plus
+    appended size overrides), run from a scratch folder: no paths.output_root, no hydra.sweep.dir."""
+    proc = cli("-m", "encoder=planted_blur,planted_sharp", "dataset.options.n=40", "stage.params.n_boot=20",
+               cwd=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]
+    sweeps = list((tmp_path / "outputs" / "multirun").glob("*/*"))
+    assert len(sweeps) == 1
+    sweep = sweeps[0]
+    for job, encoder in [("0_planted_blur-planted-candor", "planted_blur"),
+                         ("1_planted_sharp-planted-candor", "planted_sharp")]:
+        assert json.loads((sweep / job / "status.json").read_text())["status"] == "done"
+        assert set(pd.read_parquet(sweep / job / "summary.parquet")["encoder"]) == {encoder}
+    combined = pd.read_parquet(sweep / "combined.parquet")
+    assert sorted(combined["encoder"].unique()) == ["planted_blur", "planted_sharp"]
+    assert pooled(combined).loc["planted_sharp", "d"] == 0.0
+    assert list((tmp_path / "outputs" / "cache" / "features").iterdir())  # the cache under the launch folder too
+    assert str(sweep / "combined.parquet") in proc.stdout
+
+
+@pytest.mark.parametrize("launcher", ["local", "submitit_local"])
+def test_a_failed_job_is_recorded_and_the_sweep_runs_every_other_job(tmp_path, launcher):
+    """Job 0 fails (a bad option, found when the job starts), job 1 still runs; the collect step
+    merges job 1, lists job 0 in missing.txt, the console ends with the summary line and the
+    sweep's exit code is 1."""
+    sweep = tmp_path / "sweep"
+    proc = cli("-m", "encoder=planted_sharp", "dataset.options.n=40", "stage.params.n_boot=-1,20",
+               f"launcher={launcher}", f"hydra.sweep.dir={sweep}", cwd=tmp_path, check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    failed, ok = "0_planted_sharp-planted-candor", "1_planted_sharp-planted-candor"
+    assert [j["dir"] for j in json.loads((sweep / "jobs.json").read_text())["jobs"]] == [failed, ok]
+    assert json.loads((sweep / failed / "status.json").read_text()) == {
+        "status": "failed", "error": "ValueError: candor: n_boot=-1 must be 0 or more"}
+    assert json.loads((sweep / ok / "status.json").read_text())["status"] == "done"
+    assert set(pd.read_parquet(sweep / "combined.parquet")["job"]) == {ok}
+    assert (sweep / "missing.txt").read_text() == f"{failed}: failed (ValueError: candor: n_boot=-1 must be 0 or more)\n"
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"1 of 2 jobs failed: {failed} (failed: ValueError: candor: n_boot=-1 must be 0 or more); "
+        f"see {sweep / 'missing.txt'}")
+    assert "Traceback" not in proc.stderr
 
 
 def test_panel_fans_out_on_submitit_local_and_collect_combines(tmp_path):

@@ -1,0 +1,40 @@
+"""The OmegaConf resolvers of the shipped configs, registered when the package is imported, so the
+CLI, Hydra's compose API and the launchers' job processes (which unpickle package objects) all
+have them before anything is resolved.
+
+* ``${launch_dir:}``: the directory the command was run from (``paths.root``). Unlike
+  ``${hydra:runtime.cwd}`` it also resolves where Hydra's job config is not set: when a multirun
+  builds its sweep folder, and in a config composed with ``hydra.compose`` (there: the current
+  directory). Inside a job it is Hydra's ``runtime.cwd``, so ``hydra.job.chdir=true`` does not
+  move it. Cached per config: a sweep's jobs (also in submitit's subprocesses, which get the
+  sweep's resolver cache) see the value of the sweep's own process.
+* ``${sweep_values:${encoders},${encoder.name}}``: the sweeper's ``encoder`` list, the panel as
+  ``a,b,c`` or else the one encoder.
+"""
+from __future__ import annotations
+
+import os
+
+from omegaconf import OmegaConf
+
+
+def launch_dir() -> str:
+    """Hydra's ``runtime.cwd`` when a Hydra job config is set, else the current directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        cwd = HydraConfig.get().runtime.get("cwd")
+        if cwd:
+            return str(cwd)
+    return os.getcwd()
+
+
+def sweep_values(encoders, name) -> str:
+    """The sweeper's value list for ``encoder``: the panel as ``a,b,c``, else the one encoder."""
+    return ",".join(str(e) for e in encoders) if encoders else str(name)
+
+
+def register() -> None:
+    """Register the resolvers (idempotent)."""
+    OmegaConf.register_new_resolver("launch_dir", launch_dir, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("sweep_values", sweep_values, replace=True)
