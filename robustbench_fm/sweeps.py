@@ -87,6 +87,42 @@ def plan_jobs(config: DictConfig) -> list[dict] | None:
     return jobs
 
 
+#: launcher settings a dry run of a sweep shows (where the launcher has them)
+LAUNCHER_SETTINGS = ("partition", "account", "qos", "gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min",
+                     "array_parallelism", "n_jobs")
+
+
+def dry_run_sweep(config: DictConfig) -> int:
+    """``-m ... dry_run=true``: print the jobs the sweep would launch, with which launcher and
+    settings, each job's plan checked (:func:`.app.plan`: names, data folders, options); launch
+    nothing and write nothing. Returns the exit code: 0, or 2 when a job's plan fails."""
+    from . import app
+    from hydra.core.global_hydra import GlobalHydra
+
+    jobs = plan_jobs(config)
+    launcher = config.hydra.launcher
+    settings = ", ".join(f"{k}={launcher[k]}" for k in LAUNCHER_SETTINGS if launcher.get(k) is not None)
+    kind = str(launcher.get("_target_", "?")).rsplit(".", 1)[-1]
+    if jobs is None:
+        print(f"dry run: the sweeper {config.hydra.sweeper.get('_target_')} lists its jobs only when it runs")
+        return 0
+    print(f"dry run of a sweep: {len(jobs)} jobs with {kind}" + (f" ({settings})" if settings else "")
+          + f" into {config.hydra.sweep.dir}")
+    loader = GlobalHydra.instance().config_loader()
+    bad = 0
+    for job in jobs:
+        try:
+            app.plan(loader.load_sweep_config(config, job["overrides"]), job["overrides"])
+            verdict = "ok"
+        except app.USER_ERRORS as exc:
+            bad += 1
+            verdict = "error: " + str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+        print(f"  #{job['num']} {job['dir']}: {verdict}")
+    print(f"nothing was launched (dry_run=true); {bad} of {len(jobs)} jobs would fail their checks" if bad
+          else "nothing was launched (dry_run=true); every job's names, data folders and options check out")
+    return 2 if bad else 0
+
+
 def _job_dirs(sweep_dir: Path) -> list[Path]:
     """The sweep's job folders: those of ``jobs.json`` in launch order (whether or not they
     exist), then any other folder holding a job's ``status.json`` or ``config.yaml``."""
@@ -318,6 +354,8 @@ class CollectCallback(Callback):
     jobs themselves record a failure and return, so every job of the sweep runs)."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.get("dry_run"):
+            raise SystemExit(dry_run_sweep(config))
         try:
             jobs = plan_jobs(config)
         except Exception as exc:  # noqa: BLE001  (bookkeeping never stops a sweep; the sweeper reports bad configs)

@@ -127,3 +127,22 @@ def test_sweep_values():
     with pytest.raises(FileNotFoundError, match="does not exist"):
         collect("/nonexistent/sweep")
     assert issubclass(IncompleteSweep, RuntimeError)
+
+
+def test_dry_run_of_a_slurm_sweep_lists_its_jobs_and_launches_nothing(tmp_path):
+    """No Slurm needed: the launcher settings and every job's checked plan, nothing submitted."""
+    proc = cli("-m", "encoder=planted_blur,planted_sharp", "launcher=slurm", "hydra.launcher.partition=gpu",
+               "dry_run=true", cwd=tmp_path)
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("dry run of a sweep: 2 jobs with SlurmLauncher (partition=gpu, gpus_per_node=1,")
+    assert lines[1:] == ["  #0 0_planted_blur-planted-candor: ok", "  #1 1_planted_sharp-planted-candor: ok",
+                         "nothing was launched (dry_run=true); every job's names, data folders and options check out"]
+    assert not list(tmp_path.iterdir())  # no sweep folder, no .submitit, no generated data
+    bad = cli("-m", "encoder=planted_blur", "dataset=chexpert,planted", "dataset.root=nowhere", "dry_run=true",
+              cwd=tmp_path, check=False)
+    assert bad.returncode == 2
+    assert bad.stdout.strip().splitlines()[1:] == [
+        "  #0 0_planted_blur-chexpert-candor: error: dataset 'chexpert': root 'nowhere' does not exist; "
+        "set dataset.root=<folder holding the dataset>",
+        "  #1 1_planted_blur-planted-candor: ok",
+        "nothing was launched (dry_run=true); 1 of 2 jobs would fail their checks"]
