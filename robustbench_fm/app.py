@@ -153,7 +153,7 @@ def load_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
                  job.root)
         return manifest
     adapter = data.get(job.dataset)
-    options = OmegaConf.to_container(cfg.dataset.get("options") or {}, resolve=True)
+    options = OmegaConf.to_container(cfg.dataset.get("options") or OmegaConf.create(), resolve=True)
     if cfg.dataset.get("generate") and adapter.generate is not None:
         from .locks import FileLock
 

@@ -89,3 +89,18 @@ def test_paths_resolve_to_the_launch_folder_without_a_hydra_job(tmp_path, monkey
     assert cfg.paths.cache_dir == str(tmp_path / "outputs" / "cache" / "features")
     assert Path(cfg.hydra.sweep.dir).parent.parent == tmp_path / "outputs" / "multirun"
     assert Path(cfg.hydra.run.dir).parent.parent == tmp_path / "outputs" / "runs"
+
+
+def test_a_dataset_with_empty_options_builds_its_manifest(tmp_path):
+    """`options: {}` (CUB's card) is an empty DictConfig; it once failed as 'Input cfg is not an
+    OmegaConf config object' before any image was read."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "data"))
+    from fixtures_natural import CUB_CLASSES, write_cub
+
+    write_cub(tmp_path / "cub", per_class=3)
+    cfg = compose_cfg(["dataset=cub", f"dataset.root={tmp_path / 'cub'}", "encoder=planted_blur"], tmp_path)
+    assert OmegaConf.to_container(cfg.dataset.options) == {}
+    manifest = app.load_manifest(app.plan(cfg, ["encoder=planted_blur"]), cfg)
+    assert len(manifest) == 3 * len(CUB_CLASSES)

@@ -126,7 +126,7 @@ def run_job(job, cfg, manifest, out_dir) -> list[pd.DataFrame]:
     p = OmegaConf.to_container(cfg.stage.params, resolve=True)
     out_dir = Path(out_dir)
     cache_dir = Path(cfg.paths.cache_dir)
-    options = OmegaConf.to_container(cfg.dataset.get("options") or {}, resolve=True)
+    options = OmegaConf.to_container(cfg.dataset.get("options") or OmegaConf.create(), resolve=True)
     samples = _samples(job.dataset, job.root, cache_dir, int(cfg.seed), options)
     summaries = []
     if p.get("vqa_models"):
