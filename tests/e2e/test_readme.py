@@ -1,0 +1,183 @@
+"""Every command in README.md's fenced code blocks, run exactly as written, in order, in one
+scratch working directory (a newcomer's shell after ``cd`` into a fresh clone: ``scripts/`` is
+there, ``outputs/`` is not).
+
+* ``bash`` blocks: each command (``\\`` continuations joined) runs through ``bash -c``; it must exit 0.
+  Where a command needs data or weights that cannot ship with the repository, :data:`SUBSTITUTES`
+  appends overrides to it (never edits it) and says why; nothing else is changed.
+* ``python`` blocks run as scripts with ``python -``, in the same folder.
+* ``text`` blocks are output or layouts, not commands; a block without a language is refused, so
+  nothing the README shows escapes this test.
+* The two set-up commands (``python3 -m venv ... && pip install ... && <command>``): the install
+  prefix is what ``.ci/run`` does on every submission (checked to be the same command); the demo
+  after the install runs here like any other command, the test command is this suite itself.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text()
+BLOCK = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
+SETUP = re.compile(r"^python3 -m venv \.venv && \. \.venv/bin/activate && pip install (?P<what>.+?) && (?P<cmd>.+)$")
+
+
+def blocks() -> list[tuple[str, str]]:
+    return [(lang.strip(), body) for lang, body in BLOCK.findall(README)]
+
+
+def commands(body: str) -> list[str]:
+    """The commands of a bash block: continuation lines joined, comments and blank lines dropped."""
+    joined = re.sub(r"\\\n\s*", " ", body)
+    return [c for c in (_strip_comment(line) for line in joined.splitlines()) if c]
+
+
+def _strip_comment(line: str) -> str:
+    """The line without its trailing ``# comment`` (a ``#`` outside quotes, at the start or after a space)."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].strip()
+    return line.strip()
+
+
+def _chest_data(data_dir: Path) -> None:
+    """MIMIC-CXR-JPG and CheXpert in their released layouts (two views each, 12 findings, a planted
+    marker on the edema positives), MS-CXR boxes on MIMIC's pneumothorax positives and an RSNA
+    pneumonia copy: what ``paths.data_dir=/data`` holds for ``experiment=chest_candor``."""
+    sys.path.insert(0, str(REPO / "tests" / "candor"))
+    sys.path.insert(0, str(REPO / "tests" / "data"))
+    from chest_fixtures import write_rsna_pneumonia
+    from test_chest_candor_e2e import write_chexpert, write_mimic
+
+    rng = np.random.default_rng(0)
+    mimic = data_dir / "mimic-cxr-jpg" / "2.1.0"
+    write_mimic(mimic, rng)
+    write_chexpert(data_dir / "CheXpert-v1.0-small", rng)
+    meta = pd.read_csv(mimic / "mimic-cxr-2.0.0-metadata.csv.gz")
+    labels = pd.read_csv(mimic / "mimic-cxr-2.0.0-chexpert.csv.gz")
+    pos = meta.merge(labels, on=["subject_id", "study_id"]).query("Pneumothorax == 1")
+    rows = [{"dicom_id": r.dicom_id, "category_name": "Pneumothorax", "label_text": "pneumothorax",
+             "path": f"files/p{str(r.subject_id)[:2]}/p{r.subject_id}/s{r.study_id}/{r.dicom_id}.jpg",
+             "x": 10, "y": 10, "w": 40, "h": 30, "image_width": 112, "image_height": 112, "split": "train"}
+            for r in pos.itertuples()]
+    folder = mimic / "ms-cxr" / "1.1.0"
+    folder.mkdir(parents=True)
+    pd.DataFrame(rows).to_csv(folder / "MS_CXR_Local_Alignment_v1.1.0.csv", index=False)
+    write_rsna_pneumonia(data_dir / "rsna-pneumonia-detection-challenge")
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    """The scratch working directory: a clone's ``scripts/`` and nothing else."""
+    cwd = tmp_path_factory.mktemp("newcomer")
+    (cwd / "scripts").symlink_to(REPO / "scripts")
+    return cwd
+
+
+#: command as written in the README -> (overrides appended, why). Only data and weights that
+#: cannot ship are substituted, always by appending (a later override wins in Hydra).
+NO_DATA = "the datasets cannot ship: the same layouts, generated under ./data"
+NO_WEIGHTS = "no weights can be downloaded here: cheap encoders of the same interface instead"
+SLURM = "no Slurm here: the dry run lists the jobs and launcher settings it would submit"
+SUBSTITUTES: dict[str, tuple[str, str]] = {
+    "python -m robustbench_fm -m experiment=chest_candor paths.data_dir=/data":
+        ("paths.data_dir=data encoders=[planted_blur,planted_sharp]", f"{NO_DATA}; {NO_WEIGHTS}"),
+    "python -m robustbench_fm panel=candor_chest dataset=chexpert dataset.root=/data/CheXpert-v1.0-small":
+        ("dataset.root=data/CheXpert-v1.0-small encoders=[planted_blur,random_vit_s]", f"{NO_DATA}; {NO_WEIGHTS}"),
+    "python -m robustbench_fm dataset=chexpert dataset.root=/data/CheXpert-v1.0-small encoder=rad_dino "
+    "encoder.weights=/data/weights/rad-dino":
+        ("dataset.root=data/CheXpert-v1.0-small encoder=random_vit_s encoder.weights=null",
+         f"{NO_DATA}; {NO_WEIGHTS}"),
+    "python -m robustbench_fm dataset=cub dataset.root=/data/CUB_200_2011 encoder=dinov2_l stage=candor":
+        ("dataset.root=data/CUB_200_2011 encoder=random_vit_s", f"{NO_DATA}; {NO_WEIGHTS}"),
+    "python -m robustbench_fm -m panel=candor_chest dataset=chexpert launcher=slurm hydra.launcher.partition=gpu":
+        ("dry_run=true paths.data_dir=data", f"{SLURM}; {NO_DATA}"),
+    "python -m robustbench_fm -m panel=candor_chest dataset=mimic_cxr extract.num_shards=8 'extract.shard=range(8)' "
+    "launcher=slurm":
+        ("dry_run=true paths.data_dir=data", f"{SLURM}; {NO_DATA}"),
+}
+
+
+def _data(data_dir: Path) -> None:
+    """Everything the substituted commands read under ``./data``, in the released layouts."""
+    _chest_data(data_dir)
+    sys.path.insert(0, str(REPO / "tests" / "data"))
+    from fixtures_natural import write_cub
+
+    write_cub(data_dir / "CUB_200_2011", per_class=12)
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python` is this venv's
+    env["HF_HUB_OFFLINE"] = "1"
+    return env
+
+
+def test_every_block_has_a_language():
+    langs = [lang for lang, _ in blocks()]
+    assert langs and all(lang in ("bash", "python", "text") for lang in langs), langs
+
+
+def test_readme_shows_exactly_two_setup_commands_and_ci_runs_the_test_one():
+    setup = [c for lang, body in blocks() if lang == "bash" for c in commands(body) if SETUP.match(c)]
+    assert len(setup) == 2, setup
+    demo, tests = (SETUP.match(c) for c in setup)
+    assert demo["what"] == "-e ." and demo["cmd"] == "HF_HUB_OFFLINE=1 python -m robustbench_fm"
+    assert tests["what"] == "-e '.[dev]'" and tests["cmd"] == "HF_HUB_OFFLINE=1 python -m pytest -q"
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "pip install -q -e '.[dev]'" in ci and "export HF_HUB_OFFLINE=1" in ci and "python -m pytest -q" in ci
+
+
+def test_substitutes_name_commands_the_readme_shows():
+    shown = {c for lang, body in blocks() if lang == "bash" for c in commands(body)}
+    assert set(SUBSTITUTES) <= shown, set(SUBSTITUTES) - shown
+
+
+def test_every_readme_command_runs_as_written(workspace):
+    env = _env()
+    ran, demo_output = [], ""
+    for lang, body in blocks():
+        if lang == "text":
+            continue
+        if lang == "python":
+            proc = subprocess.run([sys.executable, "-"], input=body, cwd=workspace, env=env, capture_output=True,
+                                  text=True, timeout=600)
+            assert proc.returncode == 0, f"python block failed:\n{body}\n{proc.stderr[-3000:]}"
+            ran.append("python block")
+            continue
+        for cmd in commands(body):
+            setup = SETUP.match(cmd)
+            if setup and "pytest" in setup["cmd"]:
+                continue  # the test command is this suite: .ci/run runs it (test above)
+            run = setup["cmd"] if setup else cmd
+            extra, _why = SUBSTITUTES.get(cmd, ("", ""))
+            if "data" in extra and not (workspace / "data").exists():
+                _data(workspace / "data")
+            proc = subprocess.run(["bash", "-c", f"{run} {extra}".strip()], cwd=workspace, env=env,
+                                  capture_output=True, text=True, timeout=900)
+            assert proc.returncode == 0, f"{cmd!r} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+            ran.append(cmd)
+            if setup and not demo_output:
+                demo_output = proc.stdout
+    assert len(ran) >= 20, ran
+    # the table the README says the demo prints is the one it printed
+    shown = next(body for lang, body in blocks() if lang == "text")
+    assert shown.splitlines()[0].startswith("| encoder |")
+    missing = [line for line in shown.splitlines() if line not in demo_output.splitlines()]
+    assert not missing, f"README's demo table differs from the demo's output: {missing}\n{demo_output[-2000:]}"
