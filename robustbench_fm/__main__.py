@@ -88,14 +88,25 @@ def compare(sweep_dir: str) -> int:
     return 0
 
 
+def doctor(selected: list[str]) -> int:
+    """Print the doctor's report; 2 with a one-line error for an unknown encoder name."""
+    from .doctor import report
+
+    try:
+        text = report(selected)
+    except KeyError as exc:
+        print(f"error: doctor: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "list":
         print(listing(sys.argv[2] if len(sys.argv) > 2 else None))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "doctor":
-        from .doctor import report
-        print(report(sys.argv[2:]))
-        return
+        sys.exit(doctor(sys.argv[2:]))
     if len(sys.argv) > 1 and sys.argv[1] == "collect":
         args = [a for a in sys.argv[2:] if a != "--compare"]
         if len(args) != 1:

@@ -1,0 +1,93 @@
+"""A newcomer's first hour (issue 16): what a user who installed with the README's plain
+``pip install -e .``, mistyped a setting or pointed the tool at an unusual folder sees. Every bad
+input gets one line on stderr starting ``error:`` (exit code 2) naming the setting and a fix that
+works; nothing is read or written before that."""
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from robustbench_fm import encoders as enc
+from robustbench_fm.encoders.loaders.extras import INSTALL, MissingExtraError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args, timeout=300, **kwargs):
+    return subprocess.run([sys.executable, "-m", "robustbench_fm", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, **kwargs)
+
+
+def one_error_line(proc) -> str:
+    """The run failed with exit code 2 and exactly one stderr line, an ``error:`` line."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    return lines[0]
+
+
+# ------------------------------------------------------------------ item 3: the doctor
+
+@pytest.fixture
+def no_xrv(monkeypatch):
+    """torchxrayvision not importable, as after the README's ``pip install -e .`` (no dev extra)."""
+    monkeypatch.setitem(sys.modules, "torchxrayvision", None)
+
+
+def test_doctor_runs_without_torchxrayvision_and_says_how_to_install_it(no_xrv):
+    from robustbench_fm.doctor import report
+
+    text = report(["densenet121_xrv", "planted_sharp"])
+    lines = text.splitlines()
+    assert lines[0].startswith("densenet121_xrv  offline: no ") and "packages: missing torchxrayvision" in lines[0]
+    assert "weights: unknown: torchxrayvision not installed" in lines[0]
+    assert lines[1].startswith("planted_sharp    offline: yes")
+    assert lines[2] == ("1 of 2 encoders can run offline now; pass encoder.weights=PATH for the others")
+    assert lines[3:] == ["missing packages, one install line each:",
+                         "  pip install 'robustbench_fm[xrv]'  # torchxrayvision (for densenet121_xrv)"]
+
+
+def test_loading_the_xrv_entry_without_torchxrayvision_names_the_extra(no_xrv):
+    with pytest.raises(MissingExtraError) as err:
+        enc.load("densenet121_xrv", device="cpu")
+    assert str(err.value) == ("encoder 'densenet121_xrv' needs the optional package(s) torchxrayvision "
+                              "(extra 'xrv': pip install 'robustbench_fm[xrv]')")
+
+
+def test_every_missing_package_gets_one_install_line_from_the_extras(monkeypatch):
+    """With nothing importable, every package of every entry is listed under an install line
+    naming that entry, and every robustbench_fm extra a line names exists in pyproject.toml."""
+    from robustbench_fm import doctor
+    from robustbench_fm.encoders.loaders.extras import CORE_INSTALL
+
+    monkeypatch.setattr(doctor, "_module_found", lambda name: False)
+    text = doctor.report()
+    install = text.split("missing packages, one install line each:\n", 1)[1].splitlines()
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    covered: dict[str, set[str]] = {}
+    for line in install:
+        command, comment = (part.strip() for part in line.split("  # ", 1))
+        assert command in set(INSTALL.values()) | {CORE_INSTALL}, line
+        assert set(re.findall(r"robustbench_fm\[(\w+)\]", command)) <= extras, line
+        packages, encoders = re.fullmatch(r"(.+) \(for (.+)\)", comment).groups()
+        for name in encoders.split(", "):
+            covered.setdefault(name, set()).update(packages.split(", "))
+    for name in enc.names():
+        spec = enc.get(name)
+        want = set(spec.requires) | ({doctor._LIBRARY_MODULES[spec.library]} - {None})
+        assert want <= covered.get(name, set()), name
+    assert set(covered) == {n for n in enc.names() if enc.get(n).library != "synthetic"}
+    assert "  pip install 'robustbench_fm[xrv]'" in text and "git+https://github.com/Mahmoodlab/CONCH" in text
+
+
+@pytest.mark.parametrize("name, message", [
+    ("nosuch", "error: doctor: unknown encoder 'nosuch'; run 'python -m robustbench_fm list encoders'"),
+    ("planted_sharpp", "error: doctor: unknown encoder 'planted_sharpp'; did you mean planted_sharp, planted_blur?"),
+])
+def test_doctor_with_an_unknown_name_prints_one_line(name, message):
+    proc = cli("doctor", "planted_blur", name)
+    assert one_error_line(proc) == message
+    assert proc.stdout == ""
