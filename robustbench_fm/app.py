@@ -143,7 +143,8 @@ def load_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
         # parallel sweep jobs share the generated folder: one writes it, the others wait
         with FileLock(job.root.parent / f".{job.root.name}.generate.lock", timeout=None):
             adapter.generate(job.root, **options)
-    manifest = data.build_manifest(job.dataset, job.root, verify_images=cfg.dataset.verify_images, **options)
+    manifest = data.build_manifest(job.dataset, job.root, verify_images=cfg.dataset.verify_images,
+                                   findings=job.findings, **options)
     log.info("dataset %s: %d rows from %s", job.dataset, len(manifest), job.root)
     card = cfg.dataset.get("card")
     if card:
