@@ -64,10 +64,26 @@ def panel(cfg: DictConfig, cli_overrides: list[str] | None = None) -> list[str]:
     return list(cfg.encoders) if cfg.get("encoders") else [cfg.encoder.name]
 
 
+def _require_settings(cfg: DictConfig) -> None:
+    """The settings an experiment lists under ``required`` (``experiment=from_features``:
+    features_file, manifest_file, stage.findings) must be set: one line naming the first unset one
+    and an override that sets it (for stage.findings, one of the manifest's own columns)."""
+    for key, hint in (cfg.get("required") or {}).items():
+        if OmegaConf.select(cfg, key) is not None:
+            continue
+        if key == "stage.findings" and cfg.get("manifest_file") and Path(cfg.manifest_file).is_file():
+            columns = [c for c in mf.header(cfg.manifest_file) if c not in mf.STRING_COLUMNS + mf.BOX_COLUMNS]
+            if columns:
+                hint = (hint.replace("[<column>]", f"[{columns[0]}]")
+                        + f" (the non-canonical columns of {cfg.manifest_file}: {', '.join(columns[:12])})")
+        raise UserError(f"{key} is not set: {hint}")
+
+
 def plan(cfg: DictConfig, cli_overrides: list[str] | None = None) -> Plan:
     """Validate names and options (one-line errors) without touching data or models."""
     from . import data, encoders, stages
 
+    _require_settings(cfg)
     stage = stages.get(cfg.stage.name)
     findings = list(cfg.stage.findings)
     stage.check_params(**OmegaConf.to_container(cfg.stage.params, resolve=True))

@@ -32,6 +32,18 @@ for _name, _module in {
 names = STAGES.names
 
 
+def missing_column(stage: str, column: str, param: str, columns) -> ValueError:
+    """The one-line error of a stage whose manifest lacks ``column`` (the value of parameter
+    ``param``): the command-line override that names another column (``stage.findings=[...]`` for
+    the finding, ``stage.params.<param>=...`` otherwise; ``param=`` in Python) and the columns
+    the manifest has."""
+    override = "stage.findings=[<column>]" if param == "finding" else f"stage.params.{param}=<column>"
+    names = [str(c) for c in columns]
+    return ValueError(f"{stage}: the manifest has no column '{column}' ({param}); add it, or name one of its "
+                      f"columns with {override} ({param}= in Python; columns: {', '.join(names[:12])}"
+                      f"{', ...' if len(names) > 12 else ''})")
+
+
 def get(name: str) -> ModuleType:
     """The stage module registered as ``name`` (imported now); unknown names get close matches."""
     return importlib.import_module(STAGES.get(name))

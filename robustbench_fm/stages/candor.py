@@ -230,10 +230,10 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     check_params(k=k, bank_size=bank_size, max_group_sample=max_group_sample, n_boot=n_boot, task=task,
                  queries=queries, unmatched=unmatched, isolated=isolated, box_verified=box_verified,
                  auroc_bootstrap=auroc_bootstrap)
-    for col in (*findings, group_col, cluster_col):
+    for col, param in (*((f, "finding") for f in findings), (group_col, "group_col"), (cluster_col, "cluster_col")):
         if col not in manifest.columns:
-            raise ValueError(f"candor: manifest has no column '{col}'; "
-                             f"add it or set {'finding' if col in findings else col}=<column>")
+            from . import missing_column
+            raise missing_column("candor", col, param, manifest.columns)
     groups = manifest[group_col].astype(str).to_numpy()
     tasks = _prepared_tasks(manifest, findings, task, group_col, groups, seed, queries, shuffle_labels, isolated,
                             box_verified)

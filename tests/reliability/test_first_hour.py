@@ -91,3 +91,74 @@ def test_doctor_with_an_unknown_name_prints_one_line(name, message):
     proc = cli("doctor", "planted_blur", name)
     assert one_error_line(proc) == message
     assert proc.stdout == ""
+
+
+# ------------------------------------------------------------------ item 5: experiment=from_features
+
+@pytest.fixture
+def own_features(tmp_path):
+    """60 embeddings that separate 'marker' and their manifest, without an acq_group column."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    ids = [f"s{i}" for i in range(60)]
+    marker = (np.arange(60) % 2).astype(float)
+    emb = rng.normal(size=(60, 8)).astype(np.float32)
+    emb[:, 0] += 3 * marker
+    pq.write_table(pa.table({"sample_id": ids, "embedding": [e.tolist() for e in emb]}), tmp_path / "feats.parquet")
+    pd.DataFrame({"sample_id": ids, "patient_id": [f"p{i}" for i in range(60)], "site": "a",
+                  "marker": marker}).to_csv(tmp_path / "manifest.csv", index=False)
+    return tmp_path / "feats.parquet", tmp_path / "manifest.csv"
+
+
+def test_from_features_names_each_missing_setting_instead_of_running_the_demo(own_features, tmp_path):
+    feats, manifest = own_features
+    out = f"paths.output_root={tmp_path / 'out'}"
+    assert one_error_line(cli(out, "experiment=from_features")) == (
+        "error: features_file is not set: experiment=from_features needs the parquet of your features (columns "
+        "sample_id, embedding) or a feature-cache folder: add features_file=/path/to/features.parquet")
+    assert one_error_line(cli(out, "experiment=from_features", f"features_file={feats}")) == (
+        "error: manifest_file is not set: experiment=from_features needs the manifest of those samples (CSV or "
+        "parquet: sample_id, the finding columns, acq_group, patient_id): add manifest_file=/path/to/manifest.csv")
+    assert one_error_line(cli(out, "experiment=from_features", f"features_file={feats}",
+                              f"manifest_file={manifest}")) == (
+        "error: stage.findings is not set: experiment=from_features needs the manifest's 0/1 finding columns to "
+        f"score: add stage.findings=[marker] (the non-canonical columns of {manifest}: marker)")
+    assert not (tmp_path / "out" / "demo_data").exists() and not (tmp_path / "out" / "cache").exists()
+    assert not list((tmp_path / "out").rglob("summary.parquet"))  # the demo did not run
+
+
+def test_a_missing_group_column_names_the_stage_parameter_override(own_features):
+    import pandas as pd
+
+    import robustbench_fm
+
+    feats, manifest = own_features
+    with pytest.raises(ValueError) as err:
+        robustbench_fm.evaluate("candor", str(feats), pd.read_csv(manifest), finding="marker", n_boot=0)
+    assert str(err.value) == (
+        "candor: the manifest has no column 'acq_group' (group_col); add it, or name one of its columns with "
+        "stage.params.group_col=<column> (group_col= in Python; columns: sample_id, patient_id, site, marker)")
+    with pytest.raises(ValueError, match=r"no column 'tumour' \(finding\); add it, or name one of its columns "
+                                         r"with stage.findings=\[<column>\]"):
+        robustbench_fm.evaluate("candor", str(feats), pd.read_csv(manifest), finding="tumour", group_col="site")
+
+
+@pytest.mark.slow
+def test_the_suggested_from_features_overrides_run(own_features, tmp_path):
+    """The overrides the errors suggest, with the user's values, make a run that scores."""
+    import pandas as pd
+
+    feats, manifest = own_features
+    args = [f"paths.output_root={tmp_path / 'out'}", "experiment=from_features", f"features_file={feats}",
+            f"manifest_file={manifest}", "stage.params.n_boot=10"]
+    findings = re.search(r"add (stage\.findings=\[\w+\])", one_error_line(cli(*args))).group(1)
+    group = re.search(r"with (stage\.params\.group_col=)<column>", one_error_line(cli(*args, findings))).group(1)
+    proc = cli(*args, findings, group + "site")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = pd.read_parquet(next((tmp_path / "out" / "runs").glob("*/*/summary.parquet")))
+    assert summary["acq_group"].tolist() == ["a", "__pooled__"] and summary["n_queries"].tolist() == [30, 30]
+    assert summary["encoder"].unique().tolist() == ["feats"] and summary["d"].iloc[0] < 0.2
