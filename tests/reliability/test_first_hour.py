@@ -162,3 +162,95 @@ def test_the_suggested_from_features_overrides_run(own_features, tmp_path):
     summary = pd.read_parquet(next((tmp_path / "out" / "runs").glob("*/*/summary.parquet")))
     assert summary["acq_group"].tolist() == ["a", "__pooled__"] and summary["n_queries"].tolist() == [30, 30]
     assert summary["encoder"].unique().tolist() == ["feats"] and summary["d"].iloc[0] < 0.2
+
+
+# ------------------------------------------------------------------ item 6: read-only cache and output folder
+
+def test_a_complete_cache_entry_is_read_from_a_read_only_cache(tmp_path, monkeypatch):
+    """No lock file, no bookkeeping write: the second extraction only reads."""
+    import numpy as np
+    import readonly_fs
+    from feature_fixtures import tiny_encoder, write_images
+
+    from robustbench_fm.features import extract
+
+    manifest = write_images(tmp_path / "images", n=20)
+    encoder = tiny_encoder()
+    first = extract(encoder, manifest, tmp_path / "images", tmp_path / "cache", shard_size=8, progress=False)
+    before = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in (tmp_path / "cache").rglob("*"))
+    readonly_fs.install(tmp_path / "cache", monkeypatch.setattr)
+    with pytest.raises(OSError, match="Read-only file system"):  # the simulation holds
+        (tmp_path / "cache" / "probe").write_text("x")
+    again = extract(encoder, manifest, tmp_path / "images", tmp_path / "cache", shard_size=8, progress=False)
+    assert again.n_forward == 0 and again.path == first.path
+    np.testing.assert_array_equal(again.embeddings, first.embeddings)
+    assert sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in (tmp_path / "cache").rglob("*")) == before
+
+
+def test_an_incomplete_entry_in_a_read_only_cache_is_one_line_naming_paths_cache_dir(tmp_path, monkeypatch):
+    import readonly_fs
+    from feature_fixtures import tiny_encoder, write_images
+
+    from robustbench_fm.features import FeatureCacheError, extract
+
+    manifest = write_images(tmp_path / "images", n=20)
+    first = extract(tiny_encoder(), manifest, tmp_path / "images", tmp_path / "cache", shard_size=8, progress=False)
+    (first.path / "shard-00001.parquet").unlink()
+    readonly_fs.install(tmp_path / "cache", monkeypatch.setattr)
+    with pytest.raises(FeatureCacheError) as err:
+        extract(tiny_encoder(), manifest, tmp_path / "images", tmp_path / "cache", shard_size=8, progress=False)
+    assert str(err.value) == (
+        f"feature cache '{tmp_path / 'cache'}' is not writable ([Errno 30] Read-only file system: "
+        f"'{first.path.parent / (first.key + '.lock')}') and the entry of 'tiny' for this manifest needs writing "
+        "(1 of 3 shards missing); set paths.cache_dir=<a writable folder>")
+
+
+@pytest.fixture(scope="module")
+def planted_cache(tmp_path_factory):
+    """A small planted run whose cache entry is complete (planted_sharp, 40 images)."""
+    out = tmp_path_factory.mktemp("planted")
+    proc = cli(f"paths.output_root={out}", "dataset=planted", "encoder=planted_sharp", "dataset.options.n=40",
+               "stage.params.n_boot=10")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_cli_reads_a_read_only_cache_and_refuses_an_unwritable_one_in_one_line(planted_cache, tmp_path):
+    import readonly_fs
+
+    common = [f"paths.cache_dir={planted_cache / 'cache' / 'features'}", "dataset=planted", "dataset.options.n=40",
+              f"dataset.root={planted_cache / 'demo_data' / 'planted'}", "stage.params.n_boot=10"]
+    ok = subprocess.run(readonly_fs.cli_command(planted_cache / "cache", f"paths.output_root={tmp_path / 'a'}",
+                                                "encoder=planted_sharp", *common),
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "planted_sharp: 0 images embedded, 0 forward passes" in ok.stdout
+    assert "| planted_sharp | marker | planted | marker | 20 | 20 | 0.000 |" in ok.stdout
+    bad = subprocess.run(readonly_fs.cli_command(planted_cache / "cache", f"paths.output_root={tmp_path / 'b'}",
+                                                 "encoder=planted_blur", *common),
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert one_error_line(bad) == (
+        f"error: feature cache '{planted_cache / 'cache' / 'features'}' is not writable ([Errno 30] Read-only file "
+        f"system: '{planted_cache / 'cache' / 'features' / 'planted_blur'}') and the entry of 'planted_blur' for "
+        "this manifest needs writing (1 of 1 shards missing); set paths.cache_dir=<a writable folder>")
+
+
+def test_an_unwritable_output_folder_is_one_line_naming_paths_output_root(tmp_path):
+    import readonly_fs
+
+    out = tmp_path / "ro"
+    out.mkdir()
+    proc = subprocess.run(readonly_fs.cli_command(out, f"paths.output_root={out}", "hydra.run.dir=" + str(out / "run"),
+                                                  "encoder=planted_sharp"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert one_error_line(proc) == (f"error: cannot write the output folder '{out / 'run'}' ([Errno 30] Read-only "
+                                    f"file system: '{out / 'run'}'); set paths.output_root=<a writable folder>")
+    sweep = subprocess.run(readonly_fs.cli_command(out, "-m", f"paths.output_root={out}", "encoder=planted_sharp"),
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    line = one_error_line(sweep)
+    folder = line.split("'")[1]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d", str(Path(folder).relative_to(out / "multirun")))
+    assert line == (f"error: cannot write the output folder '{folder}' ([Errno 30] Read-only file system: "
+                    f"'{out / 'multirun'}'); set paths.output_root=<a writable folder>")
+    assert list(out.iterdir()) == []
