@@ -79,14 +79,38 @@ def _require_settings(cfg: DictConfig) -> None:
         raise UserError(f"{key} is not set: {hint}")
 
 
+def _refuse_encoder_field(cfg: DictConfig, cli_overrides: list[str] | None) -> None:
+    """``encoder.name=<x>`` does not choose the encoder (the group does, and only ``encoder=``
+    overrides an experiment's panel): one line saying to use ``encoder=<x>``, with the registry's
+    closest names when <x> is unknown."""
+    if not any(o.split("=")[0].lstrip("+~") == "encoder.name" for o in cli_overrides or ()):
+        return
+    from . import encoders
+
+    name = str(cfg.encoder.name)
+    try:
+        encoders.get(name)
+    except KeyError as exc:
+        import difflib
+
+        close = difflib.get_close_matches(name, encoders.names(), n=1)
+        how = f" Choose it with encoder={close[0]}" if close else " and choose one with encoder=<name>"
+        raise UserError(f"encoder.name={name}: {exc.args[0]}{how}, not encoder.name=") from None
+    raise UserError(f"encoder.name={name} does not choose the encoder (the experiment's panel would run); "
+                    f"use encoder={name}")
+
+
 def plan(cfg: DictConfig, cli_overrides: list[str] | None = None) -> Plan:
     """Validate names and options (one-line errors) without touching data or models."""
     from . import data, encoders, stages
 
     _require_settings(cfg)
+    _refuse_encoder_field(cfg, cli_overrides)
     stage = stages.get(cfg.stage.name)
     findings = list(cfg.stage.findings)
-    stage.check_params(**OmegaConf.to_container(cfg.stage.params, resolve=True))
+    params = OmegaConf.to_container(cfg.stage.params, resolve=True)
+    stages.check_param_types(cfg.stage.name, params)  # k=abc: one line naming the type, not a TypeError
+    stage.check_params(**params)
     if cfg.get("features_file"):
         return Plan(None, None, [], cfg.stage.name, findings, Path(cfg.features_file))
     data.get(cfg.dataset.name)
@@ -266,12 +290,14 @@ def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFra
     started = time.perf_counter()
     if job.features_file is not None:
         manifest = mf.read(cfg.manifest_file, findings=job.findings)
+        _check_scorable(job, cfg, manifest)
         summaries = _stage_results(job.stage, str(job.features_file), manifest, cfg, out_dir,
                                    encoder=job.features_file.stem, dataset=Path(cfg.manifest_file).stem)
     else:
         from . import stages
 
         manifest = load_manifest(job, cfg)
+        _check_scorable(job, cfg, manifest)  # before any image is read
         module = stages.get(job.stage)
         if hasattr(module, "run_job"):  # the stage drives the encoder itself (stages/__init__.py)
             summaries = module.run_job(job, cfg, manifest, out_dir)
@@ -287,11 +313,37 @@ def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFra
     shown = summary[[c for c in CONSOLE_COLUMNS.get(job.stage, summary.columns) if c in summary.columns]]
     table = to_markdown(shown)
     write_text_atomic(out_dir / "summary.md", table)
+    _refuse_all_blank(job.stage, summary)
     seconds = time.perf_counter() - started
     report = _write_report(job, cfg, summary, out_dir, seconds)
     print(f"\n{job.stage} on {job.dataset or job.features_file} ({seconds:.1f} s) -> {out_dir}\n\n{table}"
           f"\nreport: {report}")
     return summary
+
+
+def _check_scorable(job: Plan, cfg: DictConfig, manifest: pd.DataFrame) -> None:
+    """The stage's ``check_manifest(manifest, findings, **params)`` (CANDOR: a k no matched group
+    can satisfy) refuses a run whose every row would be blank, before any image is read."""
+    from . import stages
+
+    check = getattr(stages.get(job.stage), "check_manifest", None)
+    if check is not None:
+        check(manifest, [str(f) for f in job.findings], **OmegaConf.to_container(cfg.stage.params, resolve=True))
+
+
+def _refuse_all_blank(stage: str, summary: pd.DataFrame) -> None:
+    """A run none of whose rows could be scored (every ``reason`` set) fails with one line naming
+    the first row's reason, after ``summary.parquet`` / ``summary.md`` are written."""
+    if summary.empty or "reason" not in summary.columns:
+        return
+    reasons = summary["reason"].fillna("").astype(str)
+    if (reasons == "").any():
+        return
+    first = summary.iloc[0]
+    where = ", ".join(f"{c} '{first[c]}'" for c in ("encoder", "finding", "acq_group")
+                      if c in summary.columns and pd.notna(first[c]))
+    raise UserError(f"{stage}: none of the {len(summary)} result rows could be scored; {where}: {reasons.iloc[0]}; "
+                    "check stage.params and stage.findings")
 
 
 def _write_report(job: Plan, cfg: DictConfig, summary: pd.DataFrame, out_dir: Path, seconds: float) -> Path:

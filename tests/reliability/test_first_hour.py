@@ -254,3 +254,89 @@ def test_an_unwritable_output_folder_is_one_line_naming_paths_output_root(tmp_pa
     assert line == (f"error: cannot write the output folder '{folder}' ([Errno 30] Read-only file system: "
                     f"'{out / 'multirun'}'); set paths.output_root=<a writable folder>")
     assert list(out.iterdir()) == []
+
+
+# ------------------------------------------------------------------ item 7: encoder.name=, stage.params.k
+
+def compose_cfg(tmp_path, *overrides):
+    from hydra import compose, initialize_config_dir
+
+    from robustbench_fm.__main__ import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", overrides=[f"paths.root={tmp_path}", *overrides])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("encoder.name=planted_sharpp", "error: encoder.name=planted_sharpp: unknown encoder 'planted_sharpp'; did you "
+                                    "mean planted_sharp, planted_blur? Choose it with encoder=planted_sharp, not "
+                                    "encoder.name="),
+    ("encoder.name=planted_sharp", "error: encoder.name=planted_sharp does not choose the encoder (the experiment's "
+                                   "panel would run); use encoder=planted_sharp"),
+    ("stage.params.k=abc", "error: candor: stage.params.k=abc must be an integer (default: 5)"),
+])
+def test_cli_refuses_encoder_name_and_a_mistyped_k_in_one_line(tmp_path, override, message):
+    proc = cli(f"paths.output_root={tmp_path}", override)
+    assert one_error_line(proc) == message
+    assert not (tmp_path / "demo_data").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["stage=croma", "stage.params.k=abc"], "croma: stage.params.k=abc must be an integer or null (default: null)"),
+    (["stage.params.shuffle_labels=3"], "candor: stage.params.shuffle_labels=3 must be true or false (default: false)"),
+    (["stage.params.bank_size=[1,2]"], "candor: stage.params.bank_size=[1,2] must be an integer (default: 4000)"),
+    (["stage=linear_head", "stage.params.lr=fast"], "linear_head: stage.params.lr=fast must be a number (default: 0.001)"),
+])
+def test_a_parameter_of_the_wrong_type_names_the_type(tmp_path, overrides, message):
+    from robustbench_fm import app
+
+    with pytest.raises(ValueError) as err:
+        app.plan(compose_cfg(tmp_path, *overrides), overrides)
+    assert str(err.value) == message
+
+
+def test_a_k_no_matched_group_can_satisfy_is_refused_before_any_image_is_read(tmp_path):
+    from robustbench_fm import app
+
+    overrides = ["dataset=planted", "encoder=planted_sharp", "dataset.options.n=40", "stage.params.k=1000"]
+    cfg = compose_cfg(tmp_path, *overrides)
+    with pytest.raises(ValueError) as err:
+        app.run(cfg, tmp_path / "run", overrides)
+    assert str(err.value) == (
+        "candor: stage.params.k=1000 needs k+1=1001 positives and k+1 negatives in a matched group, but the best one "
+        "has 20 positives and 20 negatives (finding 'marker', acq_group 'planted'); every row would be blank: use at "
+        "most stage.params.k=19")
+    assert not (tmp_path / "outputs" / "cache").exists()  # no image embedded
+    assert '"status": "failed"' in (tmp_path / "run" / "status.json").read_text()
+
+
+def test_a_run_whose_every_row_is_blank_fails_naming_the_reason(own_features, tmp_path):
+    """Here the k check passes (30 positives, 30 negatives) but exclude_patient leaves no query
+    k candidates when every image is one patient's."""
+    import pandas as pd
+
+    from robustbench_fm import app
+    from robustbench_fm.errors import UserError
+
+    feats, manifest = own_features
+    pd.read_csv(manifest).assign(patient_id="p0").to_csv(manifest, index=False)
+    overrides = ["experiment=from_features", f"features_file={feats}", f"manifest_file={manifest}",
+                 "stage.findings=[marker]", "stage.params.group_col=site", "stage.params.exclude_patient=true",
+                 "stage.params.n_boot=0"]
+    with pytest.raises(UserError) as err:
+        app.run(compose_cfg(tmp_path, *overrides), tmp_path / "run", overrides)
+    assert str(err.value) == (
+        "candor: none of the 2 result rows could be scored; encoder 'feats', finding 'marker', acq_group 'a': no query "
+        "keeps k candidates in both banks; check stage.params and stage.findings")
+    assert pd.read_parquet(tmp_path / "run" / "summary.parquet")["n_queries"].tolist() == [0, 0]
+
+
+@pytest.mark.slow
+def test_cli_k_too_large_exits_2_in_one_line(tmp_path):
+    proc = cli(f"paths.output_root={tmp_path}", "dataset=planted", "encoder=planted_sharp", "dataset.options.n=40",
+               "stage.params.k=1000")
+    assert one_error_line(proc) == (
+        "error: candor: stage.params.k=1000 needs k+1=1001 positives and k+1 negatives in a matched group, but the "
+        "best one has 20 positives and 20 negatives (finding 'marker', acq_group 'planted'); every row would be "
+        "blank: use at most stage.params.k=19")
+    assert not (tmp_path / "cache").exists()
