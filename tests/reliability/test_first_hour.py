@@ -340,3 +340,59 @@ def test_cli_k_too_large_exits_2_in_one_line(tmp_path):
         "best one has 20 positives and 20 negatives (finding 'marker', acq_group 'planted'); every row would be "
         "blank: use at most stage.params.k=19")
     assert not (tmp_path / "cache").exists()
+
+
+# ------------------------------------------------------------------ item 11: paths with spaces / non-ASCII
+
+@pytest.mark.parametrize("args, message", [
+    (["dataset.root=/data/my", "scans"],  # bash split the unquoted value at the space
+     """error: could not parse override 'dataset.root=/data/my scans': quote values with spaces or special """
+     """characters: 'dataset.root="/data/my scans"'"""),
+    (["dataset.root=/data/données"],
+     """error: could not parse override 'dataset.root=/data/données': quote values with spaces or special """
+     """characters: 'dataset.root="/data/données"'"""),
+    (["k=1000"], "error: there is no setting 'k' (in override 'k=1000'); did you mean stage.params.k=1000?"),
+])
+def test_cli_an_unparsable_override_gets_the_quoting_that_works(tmp_path, args, message):
+    proc = cli(f"paths.output_root={tmp_path}", *args)
+    assert one_error_line(proc) == message
+    assert not (tmp_path / "runs").exists()
+
+
+def test_check_overrides_quotes_for_bash_and_lets_valid_overrides_through():
+    from robustbench_fm.__main__ import check_overrides
+
+    assert check_overrides(["dataset.root=/data/x(1)"]) == (
+        """could not parse override 'dataset.root=/data/x(1)': quote values with spaces or special characters: """
+        """'dataset.root="/data/x(1)"'""")
+    assert check_overrides(["encoder=uni", "dataset.root=/data/O'Brien", "scans"]) == (
+        """could not parse override 'dataset.root=/data/O'Brien scans': quote values with spaces or special """
+        """characters: 'dataset.root="/data/O'"'"'Brien scans"'""")
+    assert check_overrides(["n_boot=10"]) == ("there is no setting 'n_boot' (in override 'n_boot=10'); did you mean "
+                                              "stage.params.n_boot=10?")
+    assert check_overrides(["dataset.root=/data/my scans"]) is None  # one quoted argument: Hydra reads it
+    for ok in (['dataset.root="/tmp/my scans/données"'], ["-m", "encoder=planted_blur,planted_sharp"],
+               ["experiment=collect", "sweep_dir=/x", "compare=true"], ["+stage.params.extra=1"],
+               ["extract.num_shards=8", "extract.shard=range(8)"], ["hydra.run.dir=/tmp/x", "dry_run=true"],
+               ["panel=candor_chest", "launcher=slurm", "hydra.launcher.partition=gpu"], ["--help"]):
+        assert check_overrides(ok) is None, ok
+
+
+@pytest.mark.slow
+def test_a_quoted_path_with_spaces_and_non_ascii_runs_end_to_end_in_bash(tmp_path):
+    """The quoting the error suggests, pasted into bash, runs the planted dataset there."""
+    import shlex
+
+    root = tmp_path / "my scans" / "données"
+    unquoted = cli(f"paths.output_root={tmp_path / 'out'}", f"dataset.root={root}")
+    suggested = one_error_line(unquoted).rsplit(": ", 1)[1]
+    assert suggested == f"""'dataset.root="{root}"'"""
+    out = tmp_path / "sortie ü"
+    command = (f"{shlex.quote(sys.executable)} -m robustbench_fm {suggested} 'paths.output_root=\"{out}\"' "
+               "dataset=planted encoder=planted_sharp dataset.options.n=40 stage.params.n_boot=10")
+    proc = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (root / "labels.csv").is_file() and len(list((root / "images").glob("*.png"))) == 40
+    run = next((out / "runs").glob("*/*"))
+    assert (run / "report.html").is_file() and f"report: {run / 'report.html'}" in proc.stdout
+    assert "| planted_sharp | marker | planted | marker | 20 | 20 | 0.000 |" in proc.stdout
