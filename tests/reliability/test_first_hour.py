@@ -285,7 +285,8 @@ def test_cli_refuses_encoder_name_and_a_mistyped_k_in_one_line(tmp_path, overrid
     (["stage=croma", "stage.params.k=abc"], "croma: stage.params.k=abc must be an integer or null (default: null)"),
     (["stage.params.shuffle_labels=3"], "candor: stage.params.shuffle_labels=3 must be true or false (default: false)"),
     (["stage.params.bank_size=[1,2]"], "candor: stage.params.bank_size=[1,2] must be an integer (default: 4000)"),
-    (["stage=linear_head", "stage.params.lr=fast"], "linear_head: stage.params.lr=fast must be a number (default: 0.001)"),
+    (["stage=linear_head", "stage.params.lr=fast"],
+     "linear_head: stage.params.lr=fast must be a number (default: 0.001)"),
 ])
 def test_a_parameter_of_the_wrong_type_names_the_type(tmp_path, overrides, message):
     from robustbench_fm import app
