@@ -153,14 +153,105 @@ def _remove_dry_run_folder(out: Path, output_root: Path) -> None:
         folder = folder.parent
 
 
+def doctor(selected: list[str]) -> int:
+    """Print the doctor's report; 2 with a one-line error for an unknown encoder name."""
+    from .doctor import report
+
+    try:
+        text = report(selected)
+    except KeyError as exc:
+        print(f"error: doctor: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
+def _settings() -> tuple[set[str], list[str]]:
+    """The top-level names an override may start with (config.yaml's keys, the config groups,
+    the keys the ``@package _global_`` configs add, ``hydra``) and every setting as a dotted path
+    (``stage.params.k``), read from the YAML files alone (no composition)."""
+    import yaml
+
+    def leaves(node, prefix: str) -> list[str]:
+        if not isinstance(node, dict):
+            return [prefix]
+        return [p for k, v in node.items() if k != "defaults" for p in leaves(v, f"{prefix}.{k}" if prefix else k)]
+
+    roots, paths = {"hydra"}, []
+    for path in [CONFIG_DIR / "config.yaml", *sorted(CONFIG_DIR.glob("*/*.yaml"))]:
+        tree = yaml.safe_load(path.read_text()) or {}
+        glob = path.parent == CONFIG_DIR or "@package _global_" in path.read_text().split("\n", 1)[0]
+        if glob:
+            roots |= set(tree)
+        else:
+            roots.add(path.parent.name)
+        paths += leaves(tree, "" if glob else path.parent.name)
+    return roots, sorted({p for p in paths if not p.startswith("hydra.") and not set(p) & set("+~@/")})
+
+
+def check_overrides(argv: list[str]) -> str | None:
+    """Why Hydra would refuse the command line's overrides, as one line with the fix, else None.
+
+    A value Hydra's grammar cannot read (a space the shell split on, a non-ASCII letter,
+    parentheses) gets the quoting that works in bash; a top-level name that is no setting
+    (``k=1000``) gets the setting it most likely means (``stage.params.k``), instead of Hydra's
+    traceback or its ``+k=1000`` advice (which would add an unused key)."""
+    import difflib
+    import shlex
+
+    import yaml
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+    from hydra.errors import HydraException
+
+    try:
+        overrides = get_args_parser().parse_known_args(argv)[0].overrides or []
+    except SystemExit:  # a malformed flag: Hydra reports it itself
+        return None
+    parser, roots, paths = OverridesParser.create(), None, None
+    groups = {"hydra", *(p.name for p in CONFIG_DIR.iterdir() if p.is_dir()),
+              *yaml.safe_load((CONFIG_DIR / "config.yaml").read_text())}
+    for i, text in enumerate(overrides):
+        try:
+            override = parser.parse_override(text)
+        except HydraException:
+            # the shell split an unquoted value at its spaces: the pieces without '=' belong to it
+            j, k = i, i
+            while j > 0 and "=" not in overrides[j]:
+                j -= 1
+            while k + 1 < len(overrides) and "=" not in overrides[k + 1]:
+                k += 1
+            text = " ".join(overrides[j:k + 1]) if "=" in overrides[j] else text
+            key, _, value = text.partition("=")
+            inner = f"{key}='{value}'" if '"' in value else f'{key}="{value}"'
+            return (f"could not parse override '{text}': quote values with spaces or special characters: "
+                    f"{shlex.quote(inner)}")
+        if override.type != OverrideType.CHANGE:  # +key / ++key / ~key: Hydra's own checks
+            continue
+        key = override.key_or_group
+        top = key.split("@")[0].split("/")[0].split(".")[0]
+        if top in groups:  # most overrides: no YAML read
+            continue
+        if roots is None:
+            roots, paths = _settings()
+        if top in roots:
+            continue
+        last = key.split(".")[-1]
+        close = [p for p in paths if p.split(".")[-1] == last] or difflib.get_close_matches(key, paths, n=3)
+        value = text.partition("=")[2]
+        hint = f"did you mean {' or '.join(f'{c}={value}' for c in close[:3])}?" if close else \
+            "print the settings with dry_run=true"
+        return f"there is no setting '{key}' (in override '{text}'); {hint}"
+    return None
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "list":
         print(listing(sys.argv[2] if len(sys.argv) > 2 else None))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "doctor":
-        from .doctor import report
-        print(report(sys.argv[2:]))
-        return
+        sys.exit(doctor(sys.argv[2:]))
     if len(sys.argv) > 1 and sys.argv[1] == "collect":
         args = [a for a in sys.argv[2:] if a != "--compare"]
         if len(args) > 1:
@@ -239,6 +330,10 @@ def main() -> None:
             print(f"error: {where}failed with the traceback above", file=sys.stderr)
 
     logging.getLogger("robustbench_fm").setLevel(logging.INFO)
+    problem = check_overrides(sys.argv[1:])  # before Hydra: its parse errors are tracebacks
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
     try:
         _job()
     except KeyboardInterrupt:  # outside a job (composing the config, a sweep's collect step)

@@ -81,13 +81,53 @@ def panel(cfg: DictConfig, cli_overrides: list[str] | None = None) -> list[str]:
     return list(cfg.encoders) if cfg.get("encoders") else [cfg.encoder.name]
 
 
+def _require_settings(cfg: DictConfig) -> None:
+    """The settings an experiment lists under ``required`` (``experiment=from_features``:
+    features_file, manifest_file, stage.findings) must be set: one line naming the first unset one
+    and an override that sets it (for stage.findings, one of the manifest's own columns)."""
+    for key, hint in (cfg.get("required") or {}).items():
+        if OmegaConf.select(cfg, key) is not None:
+            continue
+        if key == "stage.findings" and cfg.get("manifest_file") and Path(cfg.manifest_file).is_file():
+            columns = [c for c in mf.header(cfg.manifest_file) if c not in mf.STRING_COLUMNS + mf.BOX_COLUMNS]
+            if columns:
+                hint = (hint.replace("[<column>]", f"[{columns[0]}]")
+                        + f" (the non-canonical columns of {cfg.manifest_file}: {', '.join(columns[:12])})")
+        raise UserError(f"{key} is not set: {hint}")
+
+
+def _refuse_encoder_field(cfg: DictConfig, cli_overrides: list[str] | None) -> None:
+    """``encoder.name=<x>`` does not choose the encoder (the group does, and only ``encoder=``
+    overrides an experiment's panel): one line saying to use ``encoder=<x>``, with the registry's
+    closest names when <x> is unknown."""
+    if not any(o.split("=")[0].lstrip("+~") == "encoder.name" for o in cli_overrides or ()):
+        return
+    from . import encoders
+
+    name = str(cfg.encoder.name)
+    try:
+        encoders.get(name)
+    except KeyError as exc:
+        import difflib
+
+        close = difflib.get_close_matches(name, encoders.names(), n=1)
+        how = f" Choose it with encoder={close[0]}" if close else " and choose one with encoder=<name>"
+        raise UserError(f"encoder.name={name}: {exc.args[0]}{how}, not encoder.name=") from None
+    raise UserError(f"encoder.name={name} does not choose the encoder (the experiment's panel would run); "
+                    f"use encoder={name}")
+
+
 def plan(cfg: DictConfig, cli_overrides: list[str] | None = None) -> Plan:
     """Validate names and options (one-line errors) without touching data or models."""
     from . import data, encoders, stages
 
+    _require_settings(cfg)
+    _refuse_encoder_field(cfg, cli_overrides)
     stage = stages.get(cfg.stage.name)
     findings = list(cfg.stage.findings)
-    stage.check_params(**OmegaConf.to_container(cfg.stage.params, resolve=True))
+    params = OmegaConf.to_container(cfg.stage.params, resolve=True)
+    stages.check_param_types(cfg.stage.name, params)  # k=abc: one line naming the type, not a TypeError
+    stage.check_params(**params)
     if cfg.get("features_file"):
         return Plan(None, None, [], cfg.stage.name, findings, Path(cfg.features_file))
     data.get(cfg.dataset.name)
@@ -160,7 +200,8 @@ def load_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
         # parallel sweep jobs share the generated folder: one writes it, the others wait
         with FileLock(job.root.parent / f".{job.root.name}.generate.lock", timeout=None):
             adapter.generate(job.root, **options)
-    manifest = data.build_manifest(job.dataset, job.root, verify_images=cfg.dataset.verify_images, **options)
+    manifest = data.build_manifest(job.dataset, job.root, verify_images=cfg.dataset.verify_images,
+                                   findings=job.findings, **options)
     log.info("dataset %s: %d rows from %s", job.dataset, len(manifest), job.root)
     card = cfg.dataset.get("card")
     if card:
@@ -291,12 +332,14 @@ def _run_job(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.Dat
     started = time.perf_counter()
     if job.features_file is not None:
         manifest = mf.read(cfg.manifest_file, findings=job.findings)
+        _check_scorable(job, cfg, manifest)
         summaries = _stage_results(job.stage, str(job.features_file), manifest, cfg, out_dir,
                                    encoder=job.features_file.stem, dataset=Path(cfg.manifest_file).stem)
     else:
         from . import stages
 
         manifest = load_manifest(job, cfg)
+        _check_scorable(job, cfg, manifest)  # before any image is read
         module = stages.get(job.stage)
         if hasattr(module, "run_job"):  # the stage drives the encoder itself (stages/__init__.py)
             summaries = module.run_job(job, cfg, manifest, out_dir)
@@ -315,6 +358,7 @@ def _run_job(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.Dat
     report = _write_report(job, cfg, summary, out_dir, seconds)
     print(f"\n{job.stage} on {job.dataset or job.features_file} ({seconds:.1f} s) -> {out_dir}\n\n{table}"
           f"\nreport: {report}")
+    _refuse_all_blank(job.stage, summary)  # after the table, its reasons and the report are out
     return summary
 
 
@@ -335,6 +379,31 @@ def console_table(summary: pd.DataFrame, stage: str) -> str:
                   + (f"- ... and {len(reasons) - MAX_REASONS} more (report.md, summary.parquet column reason)\n"
                      if len(reasons) > MAX_REASONS else ""))
     return table
+
+
+def _check_scorable(job: Plan, cfg: DictConfig, manifest: pd.DataFrame) -> None:
+    """The stage's ``check_manifest(manifest, findings, **params)`` (CANDOR: a k no matched group
+    can satisfy) refuses a run whose every row would be blank, before any image is read."""
+    from . import stages
+
+    check = getattr(stages.get(job.stage), "check_manifest", None)
+    if check is not None:
+        check(manifest, [str(f) for f in job.findings], **OmegaConf.to_container(cfg.stage.params, resolve=True))
+
+
+def _refuse_all_blank(stage: str, summary: pd.DataFrame) -> None:
+    """A run none of whose rows could be scored (every ``reason`` set) fails with one line naming
+    the first row's reason, after the summary, its table and the report are written."""
+    if summary.empty or "reason" not in summary.columns:
+        return
+    reasons = summary["reason"].fillna("").astype(str)
+    if (reasons == "").any():
+        return
+    first = summary.iloc[0]
+    where = ", ".join(f"{c} '{first[c]}'" for c in ("encoder", "finding", "acq_group")
+                      if c in summary.columns and pd.notna(first[c]))
+    raise UserError(f"{stage}: none of the {len(summary)} result rows could be scored; {where}: {reasons.iloc[0]}; "
+                    "check stage.params and stage.findings")
 
 
 def _write_report(job: Plan, cfg: DictConfig, summary: pd.DataFrame, out_dir: Path, seconds: float) -> Path:

@@ -5,6 +5,8 @@ Per encoder: the packages its loader imports (found or missing, without importin
 its weights are (random/built-in, the local Hugging Face cache, torchxrayvision's cache, or
 outside the hub so ``encoder.weights=PATH`` is needed), whether it is gated and a Hugging Face
 token is configured, and whether it needs ``trust_remote_code``. Nothing touches the network.
+After the table, one install line per missing package (its robustbench_fm extra, or the authors'
+repository for packages that are not on PyPI); packages one command installs share its line.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import importlib.util
 from dataclasses import dataclass
 
 from .encoders import get, names
+from .encoders.loaders.extras import install_line
 from .encoders.spec import EncoderSpec
 
 #: import name of each library's loader dependency (None: built into robustbench_fm)
@@ -74,6 +77,8 @@ def _weights(spec: EncoderSpec) -> tuple[str, bool]:
     if not spec.pretrained:
         return f"random (seed {spec.seed}, no download)", True
     if spec.library == "torchxrayvision":
+        if not _module_found("torchxrayvision"):  # its cache folder and file names come from the package
+            return "unknown: torchxrayvision not installed", False
         from .encoders.loaders.xrv_loader import cached_release
         path = cached_release(spec)
         return (f"torchxrayvision cache {path.name[:24]}", True) if path else ("not in torchxrayvision cache", False)
@@ -94,7 +99,7 @@ def _weights(spec: EncoderSpec) -> tuple[str, bool]:
 def diagnose(name: str) -> Diagnosis:
     """The readiness of one registry entry on this machine (no import of its packages, no network)."""
     spec = get(name)
-    modules = [m for m in (_LIBRARY_MODULES[spec.library], *spec.requires) if m]
+    modules = list(dict.fromkeys(m for m in (_LIBRARY_MODULES[spec.library], *spec.requires) if m))
     missing = tuple(m for m in modules if not _module_found(m))
     where, found = _weights(spec)
     return Diagnosis(name=name, packages_missing=missing, weights=where, weights_found=found, gated=spec.gated,
@@ -102,12 +107,32 @@ def diagnose(name: str) -> Diagnosis:
                      offline_ok=not missing and found)
 
 
+def install_lines(rows: list[Diagnosis]) -> list[str]:
+    """One line per install command the missing packages of ``rows`` need: the command, then the
+    packages it installs and the encoders that need them (a package several extras hold, e.g.
+    fairscale, is listed under each entry's own command)."""
+    commands: dict[str, tuple[dict, dict]] = {}
+    for row in rows:
+        for module in row.packages_missing:
+            packages, encoders = commands.setdefault(install_line(get(row.name), module), ({}, {}))
+            packages[module] = encoders[row.name] = None
+    if not commands:
+        return []
+    width = max(len(c) for c in commands)
+    return ["missing packages, one install line each:"] + [
+        f"  {command:{width}s}  # {', '.join(packages)} (for {', '.join(encoders)})"
+        for command, (packages, encoders) in commands.items()]
+
+
 def report(selected: list[str] | None = None) -> str:
-    """The doctor's table: one line per encoder (all registered ones by default) and a summary."""
+    """The doctor's table: one line per encoder (all registered ones by default), a summary and
+    the install line of every missing package. An unknown name raises KeyError (one line, with
+    the registry's closest names) before any output."""
     chosen = selected or names()
     for name in chosen:
         get(name)  # unknown names fail with the registry's suggestion before any output
     rows = [diagnose(n) for n in chosen]
     ready = sum(r.offline_ok for r in rows)
     return "\n".join([r.line() for r in rows] + [f"{ready} of {len(rows)} encoders can run offline now; "
-                                                 "pass encoder.weights=PATH for the others"])
+                                                 "pass encoder.weights=PATH for the others"]
+                     + install_lines(rows))

@@ -125,6 +125,16 @@ def content_hash(df: pd.DataFrame, columns: tuple[str, ...] | None = None) -> st
     return h.hexdigest()[:16]
 
 
+def header(path: str | Path) -> list[str]:
+    """The column names of a manifest file (CSV or parquet), without reading its rows."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(path).names)
+    return [str(c) for c in pd.read_csv(path, nrows=0).columns]
+
+
 def read(path: str | Path, findings: tuple[str, ...] | list[str] = ()) -> pd.DataFrame:
     """Read a manifest from CSV or parquet and validate it, naming ``path`` in every error."""
     path = Path(path)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import pandas as pd
 
@@ -40,18 +40,27 @@ def register(adapter: Adapter) -> Adapter:
     return ADAPTERS.register(adapter.name, adapter)
 
 
-def build_manifest(name: str, root: str | Path, verify_images: bool = True, **options) -> pd.DataFrame:
+def build_manifest(name: str, root: str | Path, verify_images: bool = True,
+                   findings: Iterable[str] | None = None, **options) -> pd.DataFrame:
     """Build and validate the canonical manifest of dataset ``name`` stored under ``root``.
 
     With ``verify_images`` every ``path`` must exist under ``root``; the error names the first
-    missing file and how many are missing.
+    missing file and how many are missing. ``findings`` are the findings the caller will score
+    (``stage.findings``): a label file lacking a column one of them is read from is an error
+    naming the file and the column; a column feeding only other findings is a warning line
+    (:func:`.files.check_label_gaps`).
     """
+    from .files import check_label_gaps, collect_label_gaps
+
     adapter = get(name)
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"dataset '{name}': root '{root}' does not exist; "
                                 f"set dataset.root to the folder holding the dataset")
-    df = mf.validate(adapter.build(root, **options), source=f"{name}@{root}", findings=adapter.findings)
+    with collect_label_gaps() as gaps:
+        built = adapter.build(root, **options)
+    check_label_gaps(gaps, findings)
+    df = mf.validate(built, source=f"{name}@{root}", findings=adapter.findings)
     if verify_images and "path" in df.columns:
         from .images import locator_file
 

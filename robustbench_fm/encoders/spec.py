@@ -14,8 +14,9 @@ IMNET_MEAN, IMNET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 OPENAI_MEAN, OPENAI_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 HALF_MEAN, HALF_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
 
-#: Libraries with a loader in ``encoders/loaders``. The first five are dependencies of the package;
-#: the others are optional extras (``spec.extra``) imported only when such an entry is loaded.
+#: Libraries with a loader in ``encoders/loaders``. timm, open_clip, transformers (and the built-in
+#: synthetic one) are dependencies of the package; torchxrayvision and the others are optional
+#: extras (``spec.extra``) imported only when such an entry is loaded.
 LIBRARIES = ("timm", "open_clip", "transformers", "torchxrayvision", "synthetic",
              "conch", "musk", "flair", "panderm", "sam_med2d", "titan_conch", "slide")
 #: cls: last-layer class token; patch_mean: mean of patch tokens (registers excluded);

@@ -269,6 +269,23 @@ class FeatureCache:
     def is_complete(self) -> bool:
         return not self.missing_shards()
 
+    def settled(self) -> bool:
+        """Complete, and ``meta.json`` / ``skipped.csv`` hold exactly what the bookkeeping of an
+        extraction would write: reading the entry needs no lock and no write access (a
+        read-only cache, a shared cache owned by someone else)."""
+        if self.missing_shards() or not self.meta_path.is_file():
+            return False
+        try:
+            if set(self._records) != set(range(self.n_shards)):  # a shard the meta does not record
+                return False
+            if self.meta_path.read_bytes() != _json_bytes(self.meta("complete")):
+                return False
+            listed = self.read_skipped(complete_only=True)
+            on_disk = self.skipped_path.read_bytes() if self.skipped_path.exists() else None
+            return on_disk == (skipped_csv_bytes(listed) if listed else None)
+        except OSError:
+            return False
+
     # ---- meta -----------------------------------------------------------------------------
     def _read_meta(self) -> dict | None:
         if not self.meta_path.exists():

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import logging
 import os
 import time
@@ -288,6 +289,46 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
     fields = cache_key_fields(encoder, manifest, image_root)
     cache = FeatureCache(cache_root, fields, shard_size=shard_size, n_rows=len(manifest))
     mine = set(cache.part_shards(num_shards, shard))
+    # A settled entry is read without the lock: no write access needed (a read-only cache). Only
+    # on_bad_image="error" over skipped rows must write (it recomputes their shards).
+    if cache.settled() and not (on_bad_image == "error" and cache.read_skipped()):
+        cache.done_ids(manifest)  # checks every shard's sample_ids against the manifest
+        log.info("cache hit: %d rows, 0 forward passes (%s)", len(ids), cache.path)
+        n_forward = n_images = 0
+        skipped = cache.read_skipped()
+    else:
+        try:
+            n_forward, n_images, skipped = _fill(encoder, manifest, image_root, cache, mine, ids, num_shards,
+                                                 shard, batch_size, num_workers, progress, reader, on_bad_image)
+        except OSError as exc:
+            if not _unwritable(exc, cache.root):
+                raise
+            raise FeatureCacheError(
+                f"feature cache '{cache.root}' is not writable ({_one_line(exc)}) and the entry of "
+                f"'{encoder.spec.name}' for this manifest needs writing ({len(cache.missing_shards())} of "
+                f"{cache.n_shards} shards missing); set paths.cache_dir=<a writable folder>") from None
+    still_missing = cache.missing_shards()
+    embeddings = cache.read(manifest) if read and not still_missing else None
+    if still_missing:
+        log.info("%s: part %d of %d done; %d of %d shards still missing (other parts)", cache.path, shard,
+                 num_shards, len(still_missing), cache.n_shards)
+    skipped_ids = [str(ids[r]) for r in sorted(skipped)]
+    if skipped_ids:
+        first = skipped[min(skipped)]
+        log.warning("%s: skipped %d of %d rows whose image could not be read (on_bad_image=skip), listed in "
+                    "%s; first: row %d %s: %s", encoder.spec.name, len(skipped_ids), len(ids),
+                    cache.skipped_path, first["row"], first["path"], first["error"])
+    seconds = time.perf_counter() - t0
+    return FeatureSet(sample_ids=ids, embeddings=embeddings, key=cache.key, path=cache.path,
+                      n_forward=n_forward, n_images_embedded=n_images, seconds=seconds,
+                      images_per_s=n_images / seconds if n_images else 0.0, fields=fields,
+                      skipped=skipped_ids, missing_shards=still_missing)
+
+
+def _fill(encoder, manifest, image_root, cache: FeatureCache, mine: set[int], ids, num_shards: int, shard: int,
+          batch_size: int, num_workers: int, progress: bool, reader, on_bad_image: str) -> tuple[int, int, dict]:
+    """Compute this part's missing shards under the entry lock; (forward batches, images embedded,
+    the entry's skipped rows)."""
     with _entry_lock(cache, num_shards, shard) as lock:
         # one listing for both sides of the guard: other parts may write shards meanwhile
         complete = cache.complete_shards()
@@ -335,22 +376,20 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
                 skipped = cache.read_skipped(complete_only=True)
                 cache.write_skipped(skipped)
                 cache.write_meta()  # no-op when unchanged; records shards a killed run did not record
-    still_missing = cache.missing_shards()
-    embeddings = cache.read(manifest) if read and not still_missing else None
-    if still_missing:
-        log.info("%s: part %d of %d done; %d of %d shards still missing (other parts)", cache.path, shard,
-                 num_shards, len(still_missing), cache.n_shards)
-    skipped_ids = [str(ids[r]) for r in sorted(skipped)]
-    if skipped_ids:
-        first = skipped[min(skipped)]
-        log.warning("%s: skipped %d of %d rows whose image could not be read (on_bad_image=skip), listed in "
-                    "%s; first: row %d %s: %s", encoder.spec.name, len(skipped_ids), len(ids),
-                    cache.skipped_path, first["row"], first["path"], first["error"])
-    seconds = time.perf_counter() - t0
-    return FeatureSet(sample_ids=ids, embeddings=embeddings, key=cache.key, path=cache.path,
-                      n_forward=n_forward, n_images_embedded=n_images, seconds=seconds,
-                      images_per_s=n_images / seconds if n_images else 0.0, fields=fields,
-                      skipped=skipped_ids, missing_shards=still_missing)
+    return n_forward, n_images, skipped
+
+
+def _unwritable(exc: OSError, folder: Path) -> bool:
+    """``exc`` is a refused write (read-only file system, no permission) in ``folder``, below it
+    or in a parent it was being created in."""
+    if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or not exc.filename:
+        return False
+    path, folder = Path(os.fsdecode(exc.filename)).resolve(), Path(folder).resolve()
+    return path.is_relative_to(folder) or path in folder.parents
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 @contextlib.contextmanager

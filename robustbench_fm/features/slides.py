@@ -133,6 +133,9 @@ def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir:
     xy = tiles[["x", "y"]].to_numpy(np.int64)
     cache = FeatureCache(cache_dir, slide_key_fields(slide_enc, tile_set.key, slides), shard_size=shard_size,
                          n_rows=len(slides))
+    if cache.settled():  # read without the lock: a complete entry needs no write access
+        log.info("%s: cache hit, %d slides (%s)", spec.name, len(slides), cache.path)
+        return cache.path
     cache.path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(cache.path.parent / f"{cache.key}.lock", timeout=None):
         missing_shards = cache.missing_shards()

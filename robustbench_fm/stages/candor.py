@@ -208,6 +208,36 @@ def check_params(k: int = 5, bank_size: int = 4000, max_group_sample: int = 4000
                          "(a one-vs-rest class is defined within its matched group)")
 
 
+def check_manifest(manifest: pd.DataFrame, finding: str | list[str], k: int = 5, group_col: str = "acq_group",
+                   task: str = "auto", unmatched: bool = False, **_) -> None:
+    """Refuse, before any image is embedded, a ``k`` that no matched group of any binary finding
+    can satisfy (every row would be blank): a task is scored in a group holding at least k+1
+    positives and k+1 negatives (over all groups with ``unmatched``). The controls that drop
+    labels (isolated, box_verified) only lower these counts, so this never refuses a run that
+    could score; columns and class-name findings are left to :func:`run`."""
+    findings = [finding] if isinstance(finding, str) else list(finding)
+    if group_col not in manifest.columns or any(f not in manifest.columns for f in findings):
+        return
+    best = None  # (min(positives, negatives), positives, negatives, finding, group)
+    for f in findings:
+        if ct.task_kind(manifest, f, task) != "binary":
+            return
+        labels = pd.to_numeric(manifest[f], errors="coerce")
+        groups = pd.Series(UNMATCHED if unmatched else manifest[group_col].astype(str).to_numpy(), index=manifest.index)
+        counts = pd.DataFrame({"pos": labels.eq(1), "neg": labels.eq(0)}).groupby(groups).sum()
+        for group, (pos, neg) in counts.iterrows():
+            if best is None or min(pos, neg) > best[0]:
+                best = (min(pos, neg), int(pos), int(neg), f, group)
+    if best is None or best[0] >= k + 1:
+        return
+    _, pos, neg, f, group = best
+    where = "over all groups (unmatched)" if unmatched else f"{group_col} '{group}'"
+    fix = f"at most stage.params.k={best[0] - 1}" if best[0] >= 2 else "more labelled images"
+    raise ValueError(f"candor: stage.params.k={k} needs k+1={k + 1} positives and k+1 negatives in a matched group, "
+                     f"but the best one has {pos} positives and {neg} negatives (finding '{f}', {where}); "
+                     f"every row would be blank: use {fix}")
+
+
 def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], k: int = 5,
         bank_size: int = 4000, max_group_sample: int = 4000, seed: int = 42, group_col: str = "acq_group",
         cluster_col: str = "patient_id", n_boot: int = 1000, device="auto", block_size: int = 4096,
@@ -230,10 +260,10 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     check_params(k=k, bank_size=bank_size, max_group_sample=max_group_sample, n_boot=n_boot, task=task,
                  queries=queries, unmatched=unmatched, isolated=isolated, box_verified=box_verified,
                  auroc_bootstrap=auroc_bootstrap)
-    for col in (*findings, group_col, cluster_col):
+    for col, param in (*((f, "finding") for f in findings), (group_col, "group_col"), (cluster_col, "cluster_col")):
         if col not in manifest.columns:
-            raise ValueError(f"candor: manifest has no column '{col}'; "
-                             f"add it or set {'finding' if col in findings else col}=<column>")
+            from . import missing_column
+            raise missing_column("candor", col, param, manifest.columns)
     groups = manifest[group_col].astype(str).to_numpy()
     tasks = _prepared_tasks(manifest, findings, task, group_col, groups, seed, queries, shuffle_labels, isolated,
                             box_verified)

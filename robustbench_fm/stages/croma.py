@@ -132,7 +132,8 @@ def check_params(m: int = 5, alpha: float = 0.10, k_grid=DEFAULT_K_GRID, k: int 
 def _strings(manifest: pd.DataFrame, col: str, param: str) -> np.ndarray:
     """Column values as stripped strings; a missing column or an empty value is refused."""
     if col not in manifest.columns:
-        raise ValueError(f"croma: manifest has no column '{col}'; add it or set {param}=<column>")
+        from . import missing_column
+        raise missing_column("croma", col, param, manifest.columns)
     values = manifest[col]
     text = values.map(lambda v: "" if pd.isna(v) else str(v).strip()).to_numpy(dtype=object)
     empty = np.flatnonzero(text == "")
@@ -154,7 +155,7 @@ def _scope(name: str, rows: np.ndarray, labels: np.ndarray, confs: np.ndarray, g
 def build_scopes(manifest: pd.DataFrame, label_col: str, confounder_col: str, exclude_col: str,
                  design: str, subset_col: str) -> list[Scope]:
     """One scope of all rows, or the complete 2×2 subsets in sorted subset order (A.8)."""
-    labels = _strings(manifest, label_col, "label_col")
+    labels = _strings(manifest, label_col, "finding")  # the label column is the finding (stage.findings)
     confs = _strings(manifest, confounder_col, "confounder_col")
     groups = _strings(manifest, exclude_col, "exclude_col")
     if design == "all":

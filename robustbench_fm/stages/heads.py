@@ -59,7 +59,8 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, head: str = 
                   test_fraction=test_fraction)
     check_params(**params)
     if finding not in manifest.columns:
-        raise ValueError(f"heads: manifest has no column '{finding}'; add it or set finding=<column>")
+        from . import missing_column
+        raise missing_column("heads", finding, "finding", manifest.columns)
     rows = draw_rows(manifest, max_train, max_test, seed, cluster_col, val_fraction, test_fraction)
     fit = fit_finding(features, manifest, finding, rows, head=head, seed=seed, sensitivity=sensitivity,
                       cluster_col=cluster_col, n_boot=n_boot, device=device, epochs=epochs, lr=lr,

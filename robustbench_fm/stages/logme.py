@@ -32,7 +32,8 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, max_train: i
                   val_fraction=val_fraction, test_fraction=test_fraction)
     check_params(max_train=max_train)
     if finding not in manifest.columns:
-        raise ValueError(f"logme: manifest has no column '{finding}'; add it or set finding=<column>")
+        from . import missing_column
+        raise missing_column("logme", finding, "finding", manifest.columns)
     train = draw_rows(manifest, max_train, 1, seed, cluster_col, val_fraction, test_fraction).train
     y = manifest[finding].to_numpy()[train]
     train, y = train[np.isin(y, (0.0, 1.0))], y[np.isin(y, (0.0, 1.0))]

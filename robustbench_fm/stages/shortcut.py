@@ -152,7 +152,8 @@ def run(features: np.ndarray, manifest: pd.DataFrame, benchmark: str = "camelyon
     needed = {finding: "finding", site_col: "site_col"} | ({slide_col: "slide_col"} if bm.case_split_max_sizes else {})
     for col, param in needed.items():
         if col not in manifest.columns:
-            raise ValueError(f"shortcut: manifest has no column '{col}'; add it or set {param}=<column>")
+            from . import missing_column
+            raise missing_column("shortcut", col, param, manifest.columns)
     sites, labels = manifest[site_col].astype(str), manifest[finding].astype(str)
     unknown = ~sites.isin(bm.centres + bm.ood_centres)
     if unknown.any():

@@ -21,6 +21,7 @@ from ..registry import Adapter, register
 from .common import (
     ChestDataError,
     assemble,
+    check_label_columns,
     finding_sources,
     findings_from_columns,
     first_existing,
@@ -35,6 +36,7 @@ COLUMNS = ["Path", "Frontal/Lateral", "AP/PA", "No Finding"]
 
 def _rows(csv: Path, split: str, uncertain: str) -> pd.DataFrame:
     table = read_table(csv, "chexpert", COLUMNS, dtype={"Path": str, "AP/PA": str, "Frontal/Lateral": str})
+    check_label_columns(table, csv, "chexpert")
     parts = table["Path"].str.extract(PATH_PATTERN)
     if parts.isna().any(axis=None):
         bad = table.loc[parts.isna().any(axis=1), "Path"].iloc[0]

@@ -19,6 +19,7 @@ from ...manifest import BOX_COLUMNS, CHEST_FINDINGS
 
 # One error family and one set of file helpers for every adapter (data/files.py).
 from ..files import DatasetError as ChestDataError
+from ..files import LabelGap, report_label_gap
 from ..files import first_existing, read_table  # noqa: F401  (used by the chest modules)
 
 FINDINGS_FILE = Path(__file__).resolve().parent.parent / "chest_findings.csv"
@@ -45,6 +46,19 @@ def finding_sources(dataset: str) -> dict[str, tuple[str, ...]]:
     rows = table[table["dataset"] == dataset]
     return {f: tuple(rows.loc[rows["finding"] == f, "source_label"]) for f in CHEST_FINDINGS
             if (rows["finding"] == f).any()}
+
+
+def check_label_columns(table: pd.DataFrame, path: Path | str, dataset: str) -> None:
+    """Report (:func:`..files.report_label_gap`) the source columns of ``dataset``'s findings that
+    label file ``path`` (read into ``table``) lacks: those findings would get no labels, or fewer,
+    from it. For the files that carry one 1/0/-1/blank column per source label."""
+    sources = finding_sources(dataset)
+    missing = {f: [c for c in cols if c not in table.columns] for f, cols in sources.items()}
+    missing = {f: cols for f, cols in missing.items() if cols}
+    if missing:
+        report_label_gap(LabelGap(
+            dataset=dataset, path=str(path), columns=tuple(dict.fromkeys(c for cols in missing.values() for c in cols)),
+            findings=tuple(missing), empty=tuple(f for f, cols in missing.items() if len(cols) == len(sources[f]))))
 
 
 def box_sources(dataset: str, finding: str) -> tuple[str, ...]:

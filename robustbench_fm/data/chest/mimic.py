@@ -29,6 +29,7 @@ from .common import (
     ChestDataError,
     assemble,
     box_sources,
+    check_label_columns,
     enclosing_boxes,
     finding_sources,
     findings_from_columns,
@@ -59,8 +60,9 @@ def build_mimic_cxr(root: Path, uncertain: str = "nan", labeler: str = "chexpert
     meta = _mimic_metadata(root)
     split_file = _mimic_file(root, "mimic-cxr-2.0.0-split")
     split = read_table(split_file, "mimic_cxr", ["dicom_id", "split"], dtype={"dicom_id": str})
-    labels = read_table(_mimic_file(root, f"mimic-cxr-2.0.0-{labeler}"), "mimic_cxr",
-                        ["subject_id", "study_id", "No Finding"])
+    label_file = _mimic_file(root, f"mimic-cxr-2.0.0-{labeler}")
+    labels = read_table(label_file, "mimic_cxr", ["subject_id", "study_id", "No Finding"])
+    check_label_columns(labels, label_file, "mimic_cxr")
     if labels.duplicated(["subject_id", "study_id"]).any():
         raise ChestDataError(f"dataset 'mimic_cxr': the {labeler} file has several rows for one study; "
                              "use the official file unmodified")

@@ -25,6 +25,7 @@ from .common import (
     ChestDataError,
     assemble,
     box_sources,
+    check_label_columns,
     dicom_headers,
     enclosing_boxes,
     finding_sources,
@@ -59,6 +60,7 @@ def _physionet_split(root: Path, dataset: str, split: str, readers: str) -> pd.D
     if path is None:
         return None
     table = read_table(path, dataset, ["image_id"], dtype={"image_id": str})
+    check_label_columns(table, path, dataset)
     reader = next((c for c in READER_COLUMNS if c in table.columns), None)
     votes = table.drop(columns=[reader] if reader else [])
     votes = votes.set_index("image_id").apply(pd.to_numeric, errors="coerce").reset_index()

@@ -43,6 +43,7 @@ register(EncoderSpec(
     embedding="pooled", embed_dim=1024, params_m=6.97,
     architecture="DenseNet", amp_dtype=None,
     licence="Apache-2.0", release_year=2020, objective="supervised",
+    extra="xrv", requires=("torchxrayvision",),  # not a core dependency (pip install -e . lacks it)
     weights_url="https://github.com/mlmed/torchxrayvision/releases/download/v1/"
                 "nih-pc-chex-mimic_ch-google-openi-kaggle-densenet121-d121-tw-lr001-rot45-tr15-sc15-seed0-best.pt",
     description="torchxrayvision DenseNet-121 'all' (NIH, PadChest, CheXpert, MIMIC, Google, Open-I, RSNA; "
