@@ -189,6 +189,26 @@ def _settings() -> tuple[set[str], list[str]]:
     return roots, sorted({p for p in paths if not p.startswith("hydra.") and not set(p) & set("+~@/")})
 
 
+def _unknown_group_option(key: str, override) -> str | None:
+    """``encoder=planted_sharpp`` (an option of a config group that has no file): one line with the
+    closest options, instead of Hydra's 60-line list of every option."""
+    import difflib
+
+    folder = CONFIG_DIR / key
+    if "." in key or "/" in key or not folder.is_dir():
+        return None
+    values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
+    options = sorted(p.stem for p in folder.glob("*.yaml"))
+    for value in values:
+        if value is None or str(value) in options or str(value) == "null":
+            continue
+        close = difflib.get_close_matches(str(value), options, n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else f"run 'python -m robustbench_fm list {key}s'"
+        noun = key[:-1] if key.endswith("s") else key
+        return f"unknown {noun} '{value}'; {hint}"
+    return None
+
+
 def check_overrides(argv: list[str]) -> str | None:
     """Why Hydra would refuse the command line's overrides, as one line with the fix, else None.
 
@@ -230,6 +250,9 @@ def check_overrides(argv: list[str]) -> str | None:
         if override.type != OverrideType.CHANGE:  # +key / ++key / ~key: Hydra's own checks
             continue
         key = override.key_or_group
+        unknown = _unknown_group_option(key, override)
+        if unknown is not None:
+            return f"{unknown} (in override '{text}')"
         top = key.split("@")[0].split("/")[0].split(".")[0]
         if top in groups:  # most overrides: no YAML read
             continue

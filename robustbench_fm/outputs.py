@@ -39,6 +39,8 @@ class OutputFolderCheck(Callback):
     """Exit with code 2 and one ``error:`` line when the run's (or sweep's) folder is not writable."""
 
     def _check(self, config: DictConfig, key: str) -> None:
+        if config.get("dry_run"):  # a dry run writes nothing
+            return
         HydraConfig.instance().set_config(config)  # resolves ${hydra:...} in paths.root
         folder = OmegaConf.select(config, key)
         if folder is None:

@@ -90,3 +90,21 @@ def test_collect_without_a_folder_takes_the_newest_sweep(tmp_path):
         (tmp_path / "outputs" / "multirun" / name).mkdir(parents=True)
     proc = run("collect", cwd=tmp_path, check=False)
     assert "collect: the newest sweep, outputs/multirun/2026-12-01/08-00-00" in proc.stdout
+
+
+@pytest.mark.parametrize("override, line", [
+    ("encoder=planted_sharpp",
+     "error: unknown encoder 'planted_sharpp'; did you mean planted_sharp, planted_blur? "
+     "(in override 'encoder=planted_sharpp')"),
+    ("encoder=planted_blur,plantd_sharp",
+     "error: unknown encoder 'plantd_sharp'; did you mean planted_sharp, planted_blur? "
+     "(in override 'encoder=planted_blur,plantd_sharp')"),
+    ("experiment=nothing",
+     "error: unknown experiment 'nothing'; run 'python -m robustbench_fm list experiments' "
+     "(in override 'experiment=nothing')"),
+])
+def test_an_unknown_group_option_is_one_line_with_the_closest_names(override, line, tmp_path):
+    proc = run("-m" if "," in override else "dry_run=true", override, cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [line]  # not Hydra's list of all 48 encoders
+    assert not list(tmp_path.iterdir())

@@ -87,8 +87,17 @@ def test_a_waiter_on_a_busy_entry_logs_one_calm_line(tmp_path, caplog):
     root = tmp_path / "data"
     manifest = write_images(root, n=8)
     first = extract(tiny_encoder(), manifest, root, tmp_path / "cache", batch_size=4, progress=False)
-    lock = FileLock(first.path.parent / f"{first.key}.lock").acquire()  # another run is filling the entry
-    threading.Timer(1.0, lock.release).start()
+    # another run is filling the entry: it holds the lock and the entry is not settled yet (a
+    # settled entry is read without the lock, see test_first_hour's read-only cache)
+    meta = (first.path / "meta.json").read_bytes()
+    (first.path / "meta.json").unlink()
+    lock = FileLock(first.path.parent / f"{first.key}.lock").acquire()
+
+    def finish():
+        (first.path / "meta.json").write_bytes(meta)
+        lock.release()
+
+    threading.Timer(1.0, finish).start()
     with caplog.at_level(logging.INFO, logger="robustbench_fm"):
         again = extract(tiny_encoder(), manifest, root, tmp_path / "cache", batch_size=4, progress=False)
     assert again.n_forward == 0

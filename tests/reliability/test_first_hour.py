@@ -225,7 +225,7 @@ def test_cli_reads_a_read_only_cache_and_refuses_an_unwritable_one_in_one_line(p
                                                 "encoder=planted_sharp", *common),
                         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr[-3000:]
-    assert "planted_sharp: 0 images embedded, 0 forward passes" in ok.stdout
+    assert "cache hit: 40 rows, 0 forward passes" in ok.stdout and "images embedded" not in ok.stdout
     assert "| planted_sharp | marker | planted | marker | 20 | 20 | 0.000 |" in ok.stdout
     bad = subprocess.run(readonly_fs.cli_command(planted_cache / "cache", f"paths.output_root={tmp_path / 'b'}",
                                                  "encoder=planted_blur", *common),
