@@ -37,12 +37,15 @@ class Diagnosis:
     remote_code: bool
     offline_ok: bool
 
-    def line(self) -> str:
+    def cells(self) -> tuple[str, ...]:
+        """The doctor's columns for this encoder: name, offline, packages, weights, access."""
         pkgs = "ok" if not self.packages_missing else "missing " + ",".join(self.packages_missing)
         gate = ("gated, token set" if self.token else "gated, NO token") if self.gated else "open"
-        ready = "yes" if self.offline_ok else "no"
-        return (f"{self.name:16s} offline: {ready:3s}  packages: {pkgs:24s} weights: {self.weights:44s} "
-                f"access: {gate}{'  remote code' if self.remote_code else ''}")
+        return (self.name, "yes" if self.offline_ok else "no", pkgs, self.weights,
+                gate + ("  remote code" if self.remote_code else ""))
+
+    def line(self) -> str:
+        return "  ".join(self.cells())
 
 
 def _module_found(name: str) -> bool:
@@ -133,6 +136,9 @@ def report(selected: list[str] | None = None) -> str:
         get(name)  # unknown names fail with the registry's suggestion before any output
     rows = [diagnose(n) for n in chosen]
     ready = sum(r.offline_ok for r in rows)
-    return "\n".join([r.line() for r in rows] + [f"{ready} of {len(rows)} encoders can run offline now; "
-                                                 "pass encoder.weights=PATH for the others"]
+    table = [("encoder", "offline", "packages", "weights", "access"), *(r.cells() for r in rows)]
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    lines = ["  ".join([c.ljust(w) for c, w in zip(row, widths)] + [row[-1]]) for row in table]
+    return "\n".join(lines + [f"{ready} of {len(rows)} encoders can run offline now; "
+                               "pass encoder.weights=PATH for the others"]
                      + install_lines(rows))

@@ -381,9 +381,11 @@ def test_no_network_at_import_listing_and_doctor(tmp_path, monkeypatch):
     out = subprocess.run([sys.executable, "-c", NO_SOCKET_SCRIPT], env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    lines = {ln.split()[0]: ln for ln in out.stdout.splitlines() if "offline:" in ln}
+    table = out.stdout.split("\n\n")[-1].splitlines()
+    start = table.index(next(ln for ln in table if ln.startswith("encoder ")))
+    lines = {ln.split()[0]: ln for ln in table[start + 1:start + 1 + len(enc.names())]}
     assert sorted(lines) == enc.names()
-    ready = {n for n, ln in lines.items() if "offline: yes" in ln}
+    ready = {n for n, ln in lines.items() if ln.split()[1] == "yes"}
     assert ready == {"planted_blur", "planted_sharp", "random_vit_s", "random_vit_l", "phikon_v2"}
     assert "gated, NO token" in lines["uni"] and "missing conch" in lines["conch"]
     assert "encoder.weights=PATH needed" in lines["sam_med2d"] and "remote code" in lines["hibou_l"]
