@@ -374,7 +374,8 @@ def console_table(summary: pd.DataFrame, stage: str) -> str:
     table = to_markdown(shown[[c for c in CONSOLE_COLUMNS.get(stage, shown.columns) if c in shown.columns]])
     reasons = not_scored(summary)
     if reasons:
-        table += (f"\nNot scored ({len(reasons)} rows, blank above):\n"
+        rows = f"{len(reasons)} row" + ("s" if len(reasons) != 1 else "")
+        table += (f"\nNot scored ({rows}, blank above):\n"
                   + "".join(f"- {line}\n" for line in reasons[:MAX_REASONS])
                   + (f"- ... and {len(reasons) - MAX_REASONS} more (report.md, summary.parquet column reason)\n"
                      if len(reasons) > MAX_REASONS else ""))

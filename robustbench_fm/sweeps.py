@@ -299,7 +299,8 @@ def collect_sweep(sweep_dir: str | Path) -> Collected:
     tables = _write_tables(sweep_dir, combined)
     _write_report(sweep_dir, long, tables, missing, time.perf_counter() - started)
     print(f"collect: {len(combined)} summary rows from {len(summaries)} results -> {sweep_dir / 'combined.parquet'}"
-          + (f"; {len(missing)} problems listed in {sweep_dir / 'missing.txt'}" if missing else ""))
+          + (f"; {len(missing)} problem{'s' if len(missing) != 1 else ''} listed in {sweep_dir / 'missing.txt'}"
+             if missing else ""))
     return Collected(combined, len(jobs), unfinished, problems)
 
 

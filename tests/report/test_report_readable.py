@@ -67,7 +67,7 @@ def test_not_scored_names_the_row_and_its_reason():
 def test_console_table_lists_the_reasons_under_the_table():
     summary = demo_summary([blank_row("planted_blur", "AP", finding="edema")])
     table = app.console_table(summary, "candor")
-    head, _, tail = table.partition("Not scored (1 rows, blank above):")
+    head, _, tail = table.partition("Not scored (1 row, blank above):")
     assert head.startswith("| encoder | finding | acq_group |") and "random_vit_s" in head
     assert tail.strip() == f"- planted_blur, planted, edema, group AP: {REASON}"
     assert "Not scored" not in app.console_table(demo_summary(), "candor")
@@ -85,16 +85,30 @@ def test_run_report_lists_the_blank_rows_with_their_reason(tmp_path):
 
 @pytest.mark.slow  # the CLI on 10 planted images: 5 positives, too few for k = 5
 def test_cli_prints_why_a_group_is_blank(tmp_path):
+    """One matched group too small for k = 5 (3 positives), one scorable: the blank row's reason
+    is printed under the console table and written to report.md and report.html."""
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "robustbench_fm", f"paths.output_root={tmp_path}", "encoder=planted_blur",
-                           "dataset.options.n=10", "hydra.run.dir=" + str(tmp_path / "run")],
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    groups = ["big"] * 40 + ["small"] * 6
+    marker = [1, 0] * 20 + [1, 0] * 3
+    manifest = pd.DataFrame({"sample_id": [f"s{i}" for i in range(46)], "path": [f"s{i}.png" for i in range(46)],
+                             "patient_id": [f"p{i}" for i in range(46)], "acq_group": groups, "marker": marker})
+    manifest.to_csv(tmp_path / "manifest.csv", index=False)
+    emb = rng.normal(size=(46, 8)) + 2.0 * np.array(marker)[:, None]
+    pd.DataFrame({"sample_id": manifest["sample_id"], "embedding": list(emb)}).to_parquet(tmp_path / "f.parquet")
+    proc = subprocess.run([sys.executable, "-m", "robustbench_fm", f"paths.output_root={tmp_path}",
+                           "experiment=from_features", f"features_file={tmp_path / 'f.parquet'}",
+                           f"manifest_file={tmp_path / 'manifest.csv'}", "stage.findings=[marker]",
+                           "stage.params.n_boot=20", "hydra.run.dir=" + str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    reason = "fewer than k+1=6 positives or negatives (5 positives, 5 negatives)"
-    assert f"- planted_blur, planted, marker, group planted: {reason}" in proc.stdout
-    assert "- planted_blur, planted, marker, all groups: no matched group could be scored" in proc.stdout
+    reason = "fewer than k+1=6 positives or negatives (3 positives, 3 negatives)"
+    assert f"- f, manifest, marker, group small: {reason}" in proc.stdout
+    assert "Not scored (1 row, blank above):" in proc.stdout
     assert reason in (tmp_path / "run" / "report.md").read_text()
     assert reason in (tmp_path / "run" / "report.html").read_text()
 
