@@ -359,8 +359,8 @@ def _fill(encoder, manifest, image_root, cache: FeatureCache, mine: set[int], id
                 log.info("resuming %s: %d of %d shards present, embedding %d of %d rows",
                          cache.path, cache.n_shards - len(missing), cache.n_shards, expected, len(ids))
             else:
-                log.info("extracting %d rows with '%s' into %s (%d shards)", len(ids), encoder.spec.name,
-                         cache.path, cache.n_shards)
+                log.info("extracting %d rows with '%s' into %s (%d shard%s)", len(ids), encoder.spec.name,
+                         cache.path, cache.n_shards, "" if cache.n_shards == 1 else "s")
             try:
                 n_forward, n_images = _run(encoder, manifest, image_root, cache, missing, batch_size,
                                            num_workers, progress, reader, on_bad_image, records, lock.refresh)
