@@ -81,8 +81,8 @@ def association_family(encoders: pd.DataFrame, combos: pd.DataFrame) -> pd.DataF
     """The chest association tests of candor.md, BH-corrected as one family.
 
     ``encoders``: one row per encoder with ``d``, ``d_all``, ``head_auroc``, optional ``logme``,
-    ``retention``, ``retention_std``, ``release_year`` and ``objective``; ``combos``: one row per (encoder, finding) with ``finding``,
-    ``d``, ``d_all``, ``n_pos`` (positives of the finding), ``head_auroc``, optional ``logme``.
+    ``retention``, ``retention_std``, ``release_year`` and ``objective``; ``combos``: one row per (encoder, finding)
+    with ``finding``, ``d``, ``d_all``, ``n_pos`` (positives of the finding), ``head_auroc``, optional ``logme``.
     Rows: quantity, kind (spearman | mean spearman | slope), statistic, p, n, note, p_bh, significant
     (``note``: why a test has no p-value, e.g. "too few encoders (n = 3) for a rank test").
     """

@@ -96,8 +96,9 @@ def dry_run_sweep(config: DictConfig) -> int:
     """``-m ... dry_run=true``: print the jobs the sweep would launch, with which launcher and
     settings, each job's plan checked (:func:`.app.plan`: names, data folders, options); launch
     nothing and write nothing. Returns the exit code: 0, or 2 when a job's plan fails."""
-    from . import app
     from hydra.core.global_hydra import GlobalHydra
+
+    from . import app
 
     jobs = plan_jobs(config)
     launcher = config.hydra.launcher

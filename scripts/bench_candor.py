@@ -40,7 +40,8 @@ def cohort(n_groups: int, group_size: int, dim: int, seed: int = 0) -> tuple[pd.
                                                group_size)})
     feats = rng.standard_normal((n, dim), dtype=np.float32)
     for j, finding in enumerate(CHEST_FINDINGS):
-        labels = np.concatenate([rng.permutation(np.r_[np.ones(group_size // 2), np.zeros(group_size - group_size // 2)])
+        labels = np.concatenate([rng.permutation(np.r_[np.ones(group_size // 2),
+                                                       np.zeros(group_size - group_size // 2)])
                                  for _ in range(n_groups)])
         man[finding] = labels
         feats[:, j] += 0.3 * labels

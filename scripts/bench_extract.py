@@ -187,7 +187,8 @@ def main(argv=None) -> dict:
         "n_images": args.n, "image_size": args.size, "batch_size": args.batch_size, "num_workers": workers[0],
         "num_workers_arg": args.num_workers, "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(), "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
+        "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                        else platform.processor() or platform.machine()),
         "torch": torch.__version__, "python": sys.version.split()[0], "models": {},
     }
     with tempfile.TemporaryDirectory(prefix="bench_extract_") as tmp:

@@ -2,7 +2,8 @@
 
 ``tiny_encoder()`` is a seeded 2-layer conv net on 32 px inputs (8-d features) that embeds a few
 dozen images in well under a second on one CPU core; ``write_images(root, n)`` writes ``n`` small
-random PNGs and returns their manifest. Importable from every test module (tests/ is on sys.path through its conftest.py).
+random PNGs and returns their manifest. Importable from every test module (tests/ is on sys.path through its
+conftest.py).
 """
 from __future__ import annotations
 

@@ -99,14 +99,17 @@ def test_dinov2_l_real_architecture():
     import timm
     spec = enc.get("dinov2_l")
     cfg = timm.models.get_pretrained_cfg(spec.hub_id)
-    assert cfg.input_size[-1] == spec.input_size and tuple(cfg.mean) == spec.mean and cfg.interpolation == spec.interpolation
+    assert (cfg.input_size[-1] == spec.input_size and tuple(cfg.mean) == spec.mean
+            and cfg.interpolation == spec.interpolation)
     # full size on the meta device: exact parameter count and output width, no compute
-    assert _meta_params(lambda: timm.create_model(spec.hub_id, pretrained=False, num_classes=0)) == pytest.approx(spec.params_m, rel=2e-3)
+    assert (_meta_params(lambda: timm.create_model(spec.hub_id, pretrained=False, num_classes=0))
+            == pytest.approx(spec.params_m, rel=2e-3))
     with torch.device("meta"):
         m = timm.create_model(spec.hub_id, pretrained=False, num_classes=0)
         assert m.forward_features(torch.empty(1, 3, 518, 518)).shape == (1, 1 + 37 * 37, spec.embed_dim)
     # real forward through the loader: same class and width, 2 blocks, small input (pos-embed interpolation)
-    e = enc.load(spec.replace(pretrained=False, seed=0, model_kwargs={"depth": 2, "dynamic_img_size": True}), device=CPU)
+    e = enc.load(spec.replace(pretrained=False, seed=0, model_kwargs={"depth": 2, "dynamic_img_size": True}),
+                 device=CPU)
     assert type(e.model) is type(m) and e.model.patch_embed.patch_size == (14, 14)
     assert e.embed(torch.randn(1, 3, 56, 56)).shape == (1, spec.embed_dim)
 
@@ -218,7 +221,9 @@ def test_transformers_checkpoint_roundtrip(tmp_path):
     model = _tiny_dinov2(tmp_path / "plain")
     x = torch.randn(2, 3, 28, 28)
     e = enc.load(spec, weights=tmp_path / "plain", device=CPU)
-    assert e.weights_id == f"file:sha256:{hashlib.sha256(b'model.safetensors' + bytes(1) + open(tmp_path / 'plain' / 'model.safetensors', 'rb').read()).hexdigest()[:16]}"
+    digest = hashlib.sha256(b"model.safetensors" + bytes(1)
+                            + open(tmp_path / "plain" / "model.safetensors", "rb").read()).hexdigest()[:16]
+    assert e.weights_id == f"file:sha256:{digest}"
     with torch.inference_mode():
         assert torch.equal(e.embed(x), model(pixel_values=x).last_hidden_state[:, 0])
     # the checkpoint file alone (config.json beside it) gives the same features and the file's hash

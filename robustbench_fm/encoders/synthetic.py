@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from .base import Encoder
-from .loaders.weights import file_weights_id, load_strict, pick_checkpoint
 from .catalog.synthetic import PLANTED_BLUR, PLANTED_SHARP  # noqa: F401  (re-exported)
+from .loaders.weights import file_weights_id, load_strict, pick_checkpoint
 from .registry import register_loader
 from .spec import EncoderSpec
 

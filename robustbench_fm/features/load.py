@@ -96,7 +96,8 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
         try:
             table = pq.read_table(f, memory_map=True)
         except Exception as exc:  # noqa: BLE001
-            raise FeatureCacheError(f"{f}: unreadable parquet ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
+            raise FeatureCacheError(f"{f}: unreadable parquet "
+                                    f"({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
         for col in ("sample_id", "embedding"):
             if col not in table.column_names:
                 raise FeatureCacheError(f"{f}: no '{col}' column (present: {', '.join(table.column_names[:12])}); "

@@ -129,7 +129,8 @@ def to_markdown(cmp: pd.DataFrame) -> str:
     for name, rows in cmp.groupby("table", sort=False):
         lines += [f"### {name}", "",
                   f"{len(rows)} cells compared, {int(rows['outside'].sum())} outside the published interval.", "",
-                  "| section | row | column | ours | published | difference | ± | |", "|---|---|---|---|---|---|---|---|"]
+                  "| section | row | column | ours | published | difference | ± | |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in rows.itertuples():
             lines.append(f"| {r.section} | {r.row} | {r.column} | {r.ours:.4g} | {r.published:.4g} | "
                          f"{r.difference:+.4f} | {r.tolerance:.4g} | {'**outside**' if r.outside else ''} |")

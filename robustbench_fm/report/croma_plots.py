@@ -177,8 +177,8 @@ def _accuracy_panel(ax, probe: pd.DataFrame, test_set: str) -> None:
     for k, (encoder, part) in enumerate(rows.groupby("encoder", sort=True)):
         stats = part.groupby("cramers_v")["accuracy"].agg(["mean", "std", "count"]).sort_index()
         half = t.ppf(0.975, np.maximum(stats["count"] - 1, 1)) * stats["std"].fillna(0) / np.sqrt(stats["count"])
-        ax.errorbar(stats.index.to_numpy(float), stats["mean"].to_numpy(float), yerr=half.to_numpy(float), ls="--", marker="o", ms=3, lw=1, capsize=2,
-                    color=f"C{k % 10}", label=str(encoder))
+        ax.errorbar(stats.index.to_numpy(float), stats["mean"].to_numpy(float), yerr=half.to_numpy(float), ls="--",
+                    marker="o", ms=3, lw=1, capsize=2, color=f"C{k % 10}", label=str(encoder))
     ax.set_xlabel("Cramér's V (centre–label association in training)")
     ax.set_ylabel("balanced-test accuracy")
     ax.set_xlim(-0.03, 1.03)

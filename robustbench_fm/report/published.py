@@ -126,7 +126,8 @@ def validate() -> list[str]:
     for kind, frame in (("table", _tables()), ("text", _text())):
         for _, r in frame.iterrows():
             where = f"{r['file']}: {r.get('row', r.get('quantity'))!s} / {r.get('column', '')!s}"
-            if r["unit"] == "" and kind == "table" and math.isnan(r["value"]) and re.match(r"printed n/[ad] ", r["note"]):
+            if (r["unit"] == "" and kind == "table" and math.isnan(r["value"])
+                    and re.match(r"printed n/[ad] ", r["note"])):
                 continue
             if r["unit"] not in UNIT_RANGES:
                 problems.append(f"{where}: unknown unit '{r['unit']}'")

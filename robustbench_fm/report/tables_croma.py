@@ -445,14 +445,16 @@ def typed_rank_medians(results: SweepResults, key: str) -> pd.DataFrame:
     if not path.exists():
         group = _groups(results).get(key)
         if group is None:
-            raise ValueError(f"croma_table12: the sweep {results.root} has no {BENCHMARKS.get(key, key)} ({key}) results")
+            raise ValueError(f"croma_table12: the sweep {results.root} has no {BENCHMARKS.get(key, key)} "
+                             f"({key}) results")
         params = _croma_params(group["cfg"], group["stage"])
         manifest = _manifest(group["cfg"], group["entries"])
         rows = []
         for encoder, entry in group["entries"].items():
             ranks = typed_ranks(_features(entry, manifest), manifest, params["findings"][0], params["confounder_col"],
                                 params["exclude_col"], device=params["device"])
-            rows.append({"encoder": encoder, "rank_so": ranks["rank_so"].median(), "rank_os": ranks["rank_os"].median()})
+            rows.append({"encoder": encoder, "rank_so": ranks["rank_so"].median(),
+                         "rank_os": ranks["rank_os"].median()})
         frame = pd.DataFrame(rows)
         write_atomic(path, lambda f: frame.to_parquet(f, index=False))
     return pd.read_parquet(path)

@@ -77,7 +77,8 @@ def _word(root: Path) -> list[CTVolume]:
             labels = base / f"labels{suffix}" / image.name
             if not labels.is_file():
                 raise FileNotFoundError(f"WORD: label map '{labels}' missing for '{image.name}'; unzip the "
-                                        f"labels{suffix} archive (WORD_V0.1.0_labelsTs.zip for the test set) into '{base}'")
+                                        f"labels{suffix} archive (WORD_V0.1.0_labelsTs.zip for the test set) "
+                                        f"into '{base}'")
             out.append(CTVolume("word", image.name.removesuffix(".nii.gz"), split, image, labels))
     return out
 
@@ -164,6 +165,7 @@ def load_labels(volume: CTVolume) -> tuple[np.ndarray, np.ndarray | None]:
             mask = load_ras(path, np.uint8) > 0
             labels = np.zeros(mask.shape, np.uint8) if labels is None else labels
             if mask.shape != labels.shape:
-                raise ValueError(f"'{path}' has shape {mask.shape}, other classes {labels.shape}; re-extract the subject")
+                raise ValueError(f"'{path}' has shape {mask.shape}, other classes {labels.shape}; "
+                                 "re-extract the subject")
             labels[mask] = organ_id
     return labels, None

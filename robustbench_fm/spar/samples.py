@@ -255,7 +255,8 @@ def build_samples(dataset: str, root: str | Path, cache_dir: str | Path, seed: i
                   "n_present": int(p.sum())} for z, p in zip(part["z"], part["tile_present"])]
         l3_rows += [{"sample_id": f"{volume.subject_id}_z{z:04d}", **ids, "z": int(z), "height": part["shape"][0],
                      "width": part["shape"][1]} for z in part["l3_z"]]
-        np.save(tmp / f"tiles-{shard:05d}.npy", np.asarray(part["tiles"], np.uint8).reshape(-1, len(ORGANS), size, size))
+        np.save(tmp / f"tiles-{shard:05d}.npy",
+                np.asarray(part["tiles"], np.uint8).reshape(-1, len(ORGANS), size, size))
         np.save(tmp / f"slices-{shard:05d}.npy", np.asarray(part["slices"], np.uint8).reshape(-1, size, size))
         small["present"] += part["tile_present"]
         small["centroids"] += part["tile_centroids"]

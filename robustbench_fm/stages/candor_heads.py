@@ -52,7 +52,8 @@ def check_params(**params) -> None:
 
 
 def bank_similarities(feats: torch.Tensor, manifest: pd.DataFrame, finding: str, rows: np.ndarray, k: int,
-                      bank_size: int, max_group_sample: int, seed: int, group_col: str) -> tuple[np.ndarray, np.ndarray]:
+                      bank_size: int, max_group_sample: int, seed: int,
+                      group_col: str) -> tuple[np.ndarray, np.ndarray]:
     """(c+, c−) of ``rows`` against CANDOR's banks of their matched group (NaN where a bank is too small)."""
     labels = manifest[finding].to_numpy(dtype=float)
     groups = manifest[group_col].astype(str).to_numpy()

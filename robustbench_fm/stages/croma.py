@@ -373,7 +373,8 @@ def run(features, manifest: pd.DataFrame, label_col: str = "bio_label", confound
     if finding is not None:
         row = {"finding": finding, **row}
     params = dict(label_col=label_col, confounder_col=confounder_col, exclude_col=exclude_col, m=m,
-                  alpha=alpha, k_grid=list(_grid(k_grid)), k=int(k), k_source=k_source, bio_knn_bacc_by_k={str(kk): v for kk, v in bacc_by_k.items()}, tau=tau,
+                  alpha=alpha, k_grid=list(_grid(k_grid)), k=int(k), k_source=k_source,
+                  bio_knn_bacc_by_k={str(kk): v for kk, v in bacc_by_k.items()}, tau=tau,
                   design=design, subset_col=subset_col, on_short=on_short, finding=finding,
                   device=str(device), block_size=block_size, tau_source=tau_source)
     return Results(summary=pd.DataFrame([row]), per_sample=per_sample, params=params)

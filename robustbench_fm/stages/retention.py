@@ -351,7 +351,8 @@ def _source_boxes(src: dict, findings: list[str], job, cfg, manifest: pd.DataFra
     if src.get("root") is None and not own:
         raise UserError(f"stage retention: source '{name}' has no root; add root: <folder holding {name}>")
     root = Path(src.get("root") or job.root)
-    options = dict(src.get("options") or (OmegaConf.to_container(cfg.dataset.get("options") or OmegaConf.create(), resolve=True)
+    options = dict(src.get("options") or (OmegaConf.to_container(cfg.dataset.get("options") or OmegaConf.create(),
+                                                                 resolve=True)
                                           if own else {}))
     verify = bool(cfg.dataset.get("verify_images", True))
     if "box_finding" in inspect.signature(adapter.build).parameters:

@@ -107,7 +107,8 @@ def test_chest_candor_multirun_writes_table2(tmp_path):
         assert got["D"] == pytest.approx(num / den)
         assert 0.0 <= got["D_all"] <= 1.0 and 0.0 <= got["AUROC Margin"] <= 1.0
     # the matched groups are site x view, each query in exactly one
-    per_sample = pd.concat([pd.read_parquet(f) for f in sweep.glob("*/results/planted_blur/*/candor/edema/per_sample.parquet")])
+    per_sample = pd.concat([pd.read_parquet(f)
+                            for f in sweep.glob("*/results/planted_blur/*/candor/edema/per_sample.parquet")])
     groups = set(per_sample["acq_group"])
     assert groups == {"mimic_cxr_PA", "mimic_cxr_AP", "chexpert_PA", "chexpert_AP"}
     assert (sweep / "tables" / "candor_associations.md").exists()

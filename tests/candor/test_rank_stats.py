@@ -56,7 +56,8 @@ def test_association_family_is_bh_corrected_together():
     assert out.loc["retention vs D (trained encoders)", "statistic"] == pytest.approx(1.0)
     assert out.loc["retention vs D (trained encoders)", "n"] == 7
     slopes = out[out["kind"] == "slope"]
-    assert slopes.loc["D_all vs number of positives, slope (combinations)", "statistic"] == pytest.approx(-1 / 2000, rel=0.05)
+    assert (slopes.loc["D_all vs number of positives, slope (combinations)", "statistic"]
+            == pytest.approx(-1 / 2000, rel=0.05))
     ref = correct_family(out.reset_index())
     has_p = out["p"].notna().to_numpy()
     assert out["p_bh"].to_numpy()[has_p] == pytest.approx(stats.false_discovery_control(out["p"].to_numpy()[has_p]))

@@ -23,7 +23,8 @@ def cohort(n_labels=2, n_confs=2, slides_per_cell=4, tiles_per_slide=20, dim=24,
         return v / np.linalg.norm(v, axis=1, keepdims=True)
 
     x = (label_shift * directions(n_labels)[lab] + conf_shift * directions(n_confs)[con]
-         + slide_shift * directions(slide.max() + 1)[slide] + noise * rng.standard_normal((len(lab), dim)) / np.sqrt(dim))
+         + slide_shift * directions(slide.max() + 1)[slide]
+         + noise * rng.standard_normal((len(lab), dim)) / np.sqrt(dim))
     manifest = pd.DataFrame({"sample_id": [f"t{i:05d}" for i in range(len(lab))],
                              "bio_label": np.array([f"class{v}" for v in range(n_labels)])[lab],
                              "site": np.array([f"centre{v}" for v in range(n_confs)])[con],

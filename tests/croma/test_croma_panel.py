@@ -56,7 +56,8 @@ def test_pareto_front_rings_the_undominated():
 
 
 def test_mean_ranks_average_within_benchmark_ranks():
-    b1 = pd.DataFrame({"encoder": ["x", "y", "z", "only1"], "croma": [0.3, 0.1, 0.1, 0.9], "ltm": [-0.1, -0.3, -0.2, 0]})
+    b1 = pd.DataFrame({"encoder": ["x", "y", "z", "only1"], "croma": [0.3, 0.1, 0.1, 0.9],
+                       "ltm": [-0.1, -0.3, -0.2, 0]})
     b2 = pd.DataFrame({"encoder": ["z", "y", "x"], "croma": [0.5, 0.4, 0.2], "ltm": [-0.4, -0.1, -0.2]})
     out = panel.mean_ranks({"b1": b1, "b2": b2}).set_index("encoder")
     assert list(out.index) == ["x", "y", "z"]  # encoders present in every benchmark
@@ -119,6 +120,7 @@ def test_typed_ranks_equal_a_brute_force_count():
     lab, con, grp = (manifest[c].to_numpy() for c in ("bio_label", "site", "slide_id"))
     for i in range(len(x)):
         other = grp != grp[i]
-        for col, typed in (("rank_so", (lab == lab[i]) & (con != con[i])), ("rank_os", (lab != lab[i]) & (con == con[i]))):
+        for col, typed in (("rank_so", (lab == lab[i]) & (con != con[i])),
+                           ("rank_os", (lab != lab[i]) & (con == con[i]))):
             nearest = sim[i][other & typed].max()
             assert got.at[i, col] == (sim[i][other] > nearest).sum() + 1

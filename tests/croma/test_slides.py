@@ -78,8 +78,9 @@ def test_slide_embeddings_equal_the_aggregator_on_cached_tiles(slides, tmp_path)
     assert len(calls) == n_calls + 5 and shard_bytes(entry) == before
 
     # the croma stage on the entry = on the slide embeddings computed directly
-    direct = np.stack([slide_enc.embed_slide(torch.from_numpy(direct_tiles.embeddings[(tiles["slide"] == s).to_numpy()]),
-                                             torch.tensor(tiles.loc[tiles["slide"] == s, ["x", "y"]].to_numpy()))
+    direct = np.stack([slide_enc.embed_slide(
+                           torch.from_numpy(direct_tiles.embeddings[(tiles["slide"] == s).to_numpy()]),
+                           torch.tensor(tiles.loc[tiles["slide"] == s, ["x", "y"]].to_numpy()))
                        .numpy() for s in manifest["sample_id"]])
     params = dict(exclude_col="slide_id", m=2, k_grid=[1, 3, 5], device="cpu")
     from_entry = evaluate("croma", entry, manifest, **params).summary

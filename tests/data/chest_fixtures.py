@@ -47,7 +47,8 @@ def write_dicom(path: Path, rows: int, cols: int, photometric: str = "MONOCHROME
         ds.ViewPosition = view
     ds.Rows, ds.Columns = rows, cols
     ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, photometric
-    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = (8, 8, 7, 0) if bits == 8 else (16, bits, bits - 1, 0)
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = ((8, 8, 7, 0) if bits == 8
+                                                                           else (16, bits, bits - 1, 0))
     ds.RescaleIntercept, ds.RescaleSlope = 0, 1
     ds.WindowCenter, ds.WindowWidth = (2 ** bits) // 2, 2 ** bits
     rng = np.random.default_rng(RNG_SEED)
@@ -307,7 +308,8 @@ def write_vindr_pcxr(root: Path) -> Path:
     """VinDr-PCXR 1.0.0 layout (VinDr pattern): image_labels_{train,test}.csv, DICOMs."""
     root.mkdir(parents=True, exist_ok=True)
     for split, images in (("train", PCXR_TRAIN), ("test", PCXR_TEST)):
-        rows = [{"image_id": i, "rad_ID": "R1", **{c: float(c in pos) for c in PCXR_LABELS}} for i, pos in images.items()]
+        rows = [{"image_id": i, "rad_ID": "R1", **{c: float(c in pos) for c in PCXR_LABELS}}
+                for i, pos in images.items()]
         pd.DataFrame(rows).to_csv(root / f"image_labels_{split}.csv", index=False)
         for image in images:
             write_dicom(root / split / f"{image}.dicom", 128, 100, photometric="MONOCHROME2", view="PA")

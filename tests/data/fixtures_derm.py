@@ -25,7 +25,8 @@ ISIC_ROWS = (("ISIC_0000000", "NV", "BCN_0000001"), ("ISIC_0000001", "MEL", "HAM
 ISIC_CLASSES = ("MEL", "NV", "BCC", "AK", "BKL", "DF", "VASC", "SCC", "UNK")
 #: (DDI_ID, DDI_file, skin_tone, malignant, disease)
 DDI_ROWS = ((1, "000001.png", 56, "True", "melanoma-in-situ"), (2, "000002.png", 12, "False", "seborrheic-keratosis"),
-            (3, "000003.png", 34, "False", "verruca-vulgaris"), (4, "000004.png", 56, "True", "squamous-cell-carcinoma"))
+            (3, "000003.png", 34, "False", "verruca-vulgaris"),
+            (4, "000004.png", 56, "True", "squamous-cell-carcinoma"))
 
 
 def _image(path: Path, value: int, fmt: str) -> None:

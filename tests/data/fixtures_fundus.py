@@ -51,7 +51,8 @@ def write_fairvision(root: Path, dr: bool = True) -> Path:
                      race=np.int64(k % 3), male=np.int64(k % 2), **extra)
             _image(folder / f"slo_{fid}.jpg", 30 + k)
             csv_label = label if disease == "Glaucoma" else ("vision threatening dr" if label == "pdr" else "normal")
-            lines.append(f"data_{fid}.npz,{60 + k},{'Male' if k % 2 else 'Female'},{['Asian', 'Black', 'White'][k % 3]},"
+            lines.append(f"data_{fid}.npz,{60 + k},{'Male' if k % 2 else 'Female'},"
+                         f"{['Asian', 'Black', 'White'][k % 3]},"
                          f"Non-Hispanic,English,Married,-1.5,{csv_label},{use}")
         (root / f"data_summary_{disease.lower()}.csv").write_text("\n".join(lines) + "\n")
     return root

@@ -43,7 +43,8 @@ def test_check_warns_once_per_mismatch_and_skips_nulls():
             "source": "Kather 2019"}
     warnings = check(manifest(), card, "nct_crc@/data")
     assert len(warnings) == 3
-    assert warnings[0].startswith("nct_crc@/data: the number of images is 4 but the dataset card expects 5 (Kather 2019)")
+    assert warnings[0].startswith("nct_crc@/data: the number of images is 4 but the dataset card expects 5 "
+                                  "(Kather 2019)")
     assert "'tumour' positives is 2 but the dataset card expects 3" in warnings[1]
     assert "finding column 'glaucoma' missing" in warnings[2]
     assert check(manifest(), {"expected": {"images": None, "patients": 2}}, "x") == [

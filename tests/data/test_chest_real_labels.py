@@ -83,7 +83,8 @@ def test_nih_cxr14_equals_torchxrayvision(tmp_path):
             "lung_lesion": ["Nodule", "Mass"]}
     theirs = _txv_frame(ds, ds.csv["Image Index"].str[:-4], same)
     assert (ours["sample_id"].to_numpy() == theirs["sample_id"].to_numpy()).all()
-    assert ours["view"].value_counts().to_dict() == theirs["view"].value_counts().to_dict() == {"PA": 67310, "AP": 44810}
+    assert (ours["view"].value_counts().to_dict() == theirs["view"].value_counts().to_dict()
+            == {"PA": 67310, "AP": 44810})
     _assert_same(ours, theirs, same)
     assert check(ours, load_card("nih_cxr14"), "nih") == []
     # NIH has no fracture, opacity or mediastinum label: unlabelled, not negative.
@@ -165,7 +166,8 @@ def test_rsna_pneumonia_equals_torchxrayvision(tmp_path):
     assert len(ours) == len(ds) == 26684 and ours["patient_id"].nunique() == 26684
     assert check(ours, load_card("rsna_pneumonia"), "rsna") == []
     theirs = _txv_frame(ds, ds.csv["patientId"], {"pneumonia": ["Pneumonia"]})
-    assert ours["view"].value_counts().to_dict() == theirs["view"].value_counts().to_dict() == {"PA": 14511, "AP": 12173}
+    assert (ours["view"].value_counts().to_dict() == theirs["view"].value_counts().to_dict()
+            == {"PA": 14511, "AP": 12173})
     _assert_same(ours, theirs, ["pneumonia"])
     raw = pd.read_csv(root / "stage_2_train_labels.csv").dropna(subset=["x"])
     assert ours["n_boxes"].sum() == len(raw) and ours["box_x0"].notna().sum() == 6012

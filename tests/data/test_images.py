@@ -59,7 +59,8 @@ def test_alpha_and_palette_become_rgb(tmp_path):
     Image.fromarray(rgba).save(tmp_path / "a.png")
     im = read_image(tmp_path, {"path": "a.png"})
     assert im.mode == "RGB" and pixels(im)[0][0] == [200, 0, 0]
-    Image.fromarray(np.full((2, 2, 3), 90, np.uint8)).convert("P", palette=Image.Palette.ADAPTIVE).save(tmp_path / "p.png")
+    Image.fromarray(np.full((2, 2, 3), 90, np.uint8)).convert("P", palette=Image.Palette.ADAPTIVE).save(
+        tmp_path / "p.png")
     im = read_image(tmp_path, {"path": "p.png"})
     assert im.mode == "RGB" and pixels(im)[1][1] == [90, 90, 90]
 

@@ -171,7 +171,8 @@ def test_every_readme_command_runs_as_written(workspace):
                 _data(workspace / "data")
             proc = subprocess.run(["bash", "-c", f"{run} {extra}".strip()], cwd=workspace, env=env,
                                   capture_output=True, text=True, timeout=900)
-            assert proc.returncode == 0, f"{cmd!r} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+            assert proc.returncode == 0, (f"{cmd!r} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                                          f"{proc.stderr[-3000:]}")
             ran.append(cmd)
             if setup and not demo_output:
                 demo_output = proc.stdout

@@ -75,7 +75,8 @@ def test_table4_rules_against_direct_counts(panel):
         sample_pos = per[per["in_sample"] & (per["label"] == 1)]
         rates.append((~sample_pos["pred"].astype(bool)).mean())
     assert frame.loc["Single head (mean of 3)", "Miss rate All"] == pytest.approx(np.mean(rates))
-    assert (frame.loc["OR rule", ["Miss rate All", "Miss rate 33,770"]] <= frame[["Miss rate All", "Miss rate 33,770"]].min() + 1e-12).all()
+    assert (frame.loc["OR rule", ["Miss rate All", "Miss rate 33,770"]]
+            <= frame[["Miss rate All", "Miss rate 33,770"]].min() + 1e-12).all()
     assert frame.loc["OR rule", "FP rate Negatives"] == frame["FP rate Negatives"].max()
 
 

@@ -21,7 +21,8 @@ def test_confidence_measures_agree_for_a_binary_head():
     assert max(aurocs) - min(aurocs) < 1e-6
     msp = 1 / (1 + np.exp(-np.abs(logit - 0.4)))  # the textbook MSP ranks the same way where it does not saturate
     ok = np.abs(logit) < 30
-    assert roc_auc_score(error[ok], -msp[ok]) == pytest.approx(roc_auc_score(error[ok], confidence_scores(logit, 0.4)["msp"][ok]))
+    assert (roc_auc_score(error[ok], -msp[ok])
+            == pytest.approx(roc_auc_score(error[ok], confidence_scores(logit, 0.4)["msp"][ok])))
 
 
 def test_mahalanobis_matches_a_direct_inverse():

@@ -114,7 +114,8 @@ def test_tolkach_runs_end_to_end():
     bm = sm.benchmark("tolkach_esca")
     rows = [dict(site=c, bio_label=k, slide_id=f"c{i}_{s}") for i, c in enumerate(bm.centres) for k in bm.classes
             for s in range(9) for _ in range(3)]
-    rows += [dict(site="VALSET3_TCGA", bio_label=k, slide_id="t") for k in bm.classes if k != "REGR_TU" for _ in range(2)]
+    rows += [dict(site="VALSET3_TCGA", bio_label=k, slide_id="t") for k in bm.classes if k != "REGR_TU"
+             for _ in range(2)]
     m = pd.DataFrame(rows).assign(sample_id=lambda d: [f"r{i}" for i in range(len(d))])
     x = np.random.default_rng(1).normal(size=(len(m), 8))
     x[np.arange(len(m)), m["bio_label"].map({k: j for j, k in enumerate(bm.classes)}).to_numpy()] += 3.0

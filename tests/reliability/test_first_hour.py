@@ -43,7 +43,8 @@ def test_doctor_runs_without_torchxrayvision_and_says_how_to_install_it(no_xrv):
     text = report(["densenet121_xrv", "planted_sharp"])
     lines = text.splitlines()
     assert lines[0].split() == ["encoder", "offline", "packages", "weights", "access"]
-    assert lines[1].startswith("densenet121_xrv  no       missing torchxrayvision  unknown: torchxrayvision not installed")
+    assert lines[1].startswith("densenet121_xrv  no       missing torchxrayvision  "
+                               "unknown: torchxrayvision not installed")
     assert lines[2].split()[:3] == ["planted_sharp", "yes", "ok"]
     assert len({ln.index(" ok ") if " ok " in ln else ln.index(" missing ") for ln in lines[1:3]}) == 1  # aligned
     assert lines[3] == ("1 of 2 encoders can run offline now; pass encoder.weights=PATH for the others")

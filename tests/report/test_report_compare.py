@@ -80,7 +80,8 @@ def test_the_candor_table2_builder_output_is_matched(tmp_path):
     """The real builder on a synthetic sweep (registry names in, paper names out): D and D_all
     of both encoders find their published cells; the planted RAD-DINO D is the flagged one."""
     for k, (encoder, d, d_all) in enumerate([("rad_dino", 0.290, 0.732), ("random_vit_l", 0.463, 0.927)]):
-        rows = pd.concat([candor_summary(encoder, f, 100, d, d_all) for f in CHEST_FINDINGS]).assign(dataset="mimic_cxr")
+        rows = pd.concat([candor_summary(encoder, f, 100, d, d_all)
+                          for f in CHEST_FINDINGS]).assign(dataset="mimic_cxr")
         write_job(tmp_path, f"{k}_{encoder}", job_config("candor", "mimic_cxr"), rows)
     cmp = compare.compare_table(build(SweepResults(tmp_path))[0]).set_index(["row", "column"])
     rates = cmp.loc[[(r, c) for r in ("RAD-DINO", "Random ViT-L") for c in ("D", "D_all")]]

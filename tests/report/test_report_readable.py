@@ -144,7 +144,8 @@ def test_pooled_row_is_shown_when_there_are_several_groups():
     summary = pd.DataFrame(candor_rows("planted_blur", 0.4, 0.3, 0.5, groups=("AP", "PA")))
     table = html.summary_table(to_long(summary, "candor"))
     assert table["group"].tolist() == ["AP", "PA", "pooled"]
-    one = html.summary_table(to_long(pd.DataFrame(candor_rows("planted_blur", 0.4, 0.3, 0.5, groups=("AP",))), "candor"))
+    one = html.summary_table(to_long(pd.DataFrame(candor_rows("planted_blur", 0.4, 0.3, 0.5, groups=("AP",))),
+                                     "candor"))
     assert one["group"].tolist() == ["AP"] and one["n_queries"].tolist() == [100]
     chest = candor_rows("planted_blur", 0.45, 0.4, 0.5, groups=(), finding="__chest__")  # a pool across tasks
     both = html.summary_table(to_long(pd.DataFrame(candor_rows("planted_blur", 0.4, 0.3, 0.5, groups=("AP",))

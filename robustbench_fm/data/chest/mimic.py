@@ -8,8 +8,9 @@ MIMIC-CXR-JPG 2.0.0/2.1.0 (catalog 1.1, "MIMIC-CXR-JPG")::
     <root>/files/p10/p10000032/s50414267/<dicom_id>.jpg
 
 One row per image of the metadata file (with its ``study_id`` as an extra column); each image
-takes its study's labels (studies without a labeler row stay unlabelled). ``No Finding == 1`` makes the blank findings negative, as the
-CheXpert labeler only sets it when nothing is positive or uncertain (torchxrayvision does the same).
+takes its study's labels (studies without a labeler row stay unlabelled). ``No Finding == 1`` makes the blank
+findings negative, as the CheXpert labeler only sets it when nothing is positive or uncertain (torchxrayvision does
+the same).
 
 MS-CXR (catalog 1.1, "MS-CXR") ships annotations only: ``MS_CXR_Local_Alignment_v1.1.0.csv``
 (dicom_id, category_name, label_text, path, x, y, w, h, image_width, image_height, split), one row
@@ -145,7 +146,8 @@ register(Adapter(
 ))
 register(Adapter(
     name="ms_cxr", build=build_ms_cxr, findings=tuple(finding_sources("ms_cxr")),
-    description="MS-CXR: 1,162 radiologist boxes with phrases on MIMIC-CXR images (8 findings); boxes of one finding per row.",
+    description="MS-CXR: 1,162 radiologist boxes with phrases on MIMIC-CXR images (8 findings); boxes of one finding "
+                "per row.",
     access="PhysioNet https://physionet.org/content/ms-cxr/ ; credentialed access; needs the "
            "MIMIC-CXR-JPG images (same root)",
     licence="PhysioNet Credentialed Health Data License 1.5.0",

@@ -40,7 +40,8 @@ def _headers(root: Path, ids: pd.Series, headers: str | None) -> pd.DataFrame:
         if not path.is_file():
             raise ChestDataError(f"dataset 'rsna_pneumonia': option 'headers' '{path}' is not a file; "
                                  "point it at a table with PatientID and ViewPosition columns")
-        table = read_table(path, "rsna_pneumonia", ["PatientID", "ViewPosition"], dtype={"PatientID": str, "ViewPosition": str})
+        table = read_table(path, "rsna_pneumonia", ["PatientID", "ViewPosition"],
+                           dtype={"PatientID": str, "ViewPosition": str})
         table = table.drop_duplicates("PatientID").set_index("PatientID")
         for col in ("Rows", "Columns"):
             if col not in table.columns:
@@ -58,7 +59,8 @@ def build_rsna_pneumonia(root: Path, headers: str | None = None, box_finding: st
                              "RSNA has pneumonia boxes only")
     csv = first_existing(root, ["stage_2_train_labels.csv", "stage_2_train_labels.csv.zip"],
                     "rsna_pneumonia", "'stage_2_train_labels.csv'")
-    raw = read_table(csv, "rsna_pneumonia", ["patientId", "x", "y", "width", "height", "Target"], dtype={"patientId": str})
+    raw = read_table(csv, "rsna_pneumonia", ["patientId", "x", "y", "width", "height", "Target"],
+                     dtype={"patientId": str})
     images = raw.groupby("patientId", sort=False).agg(Target=("Target", "max")).reset_index()
     head = _headers(root, images["patientId"], headers)
     base = pd.DataFrame({

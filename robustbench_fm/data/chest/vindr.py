@@ -113,7 +113,8 @@ def _build(root: Path, dataset: str, readers: str, box_finding: str | None, exte
                              f"{'or train.csv (Kaggle) ' if dataset == 'vindr_cxr' else ''}under '{root}'; "
                              "point dataset.root at the folder of the official download")
     if labels["image_id"].duplicated().any():
-        raise ChestDataError(f"dataset '{dataset}': image {labels['image_id'][labels['image_id'].duplicated()].iloc[0]} "
+        raise ChestDataError(f"dataset '{dataset}': image "
+                             f"{labels['image_id'][labels['image_id'].duplicated()].iloc[0]} "
                              "is in both the train and test label files; use the official files")
     base = pd.DataFrame({
         "sample_id": labels["image_id"],

@@ -24,7 +24,8 @@ call, so a missing checkpoint fails at once with one line naming the hub id (and
 instead of retrying the network. Local weights never touch the hub.
 
 Modules: :mod:`.hub` (cache, commits, errors), :mod:`.weights` (random and local weights),
-:mod:`.preprocessing`, :mod:`.pooling`, :mod:`.extras` (optional packages), and one ``<library>_loader`` module per library.
+:mod:`.preprocessing`, :mod:`.pooling`, :mod:`.extras` (optional packages), and one ``<library>_loader`` module per
+library.
 """
 from . import (  # noqa: F401  (register the loaders)
     open_clip_loader,

@@ -2,7 +2,8 @@
 
 ``last_hidden_state[:, 0]`` for cls, the mean of the tokens after the CLS and
 ``num_register_tokens`` registers for patch_mean, ``pooler_output`` for pooled and
-``get_image_features`` for projected and the model's own output for native (remote code). ``spec.model_kwargs`` goes to ``from_pretrained``; for
+``get_image_features`` for projected and the model's own output for native (remote code).
+``spec.model_kwargs`` goes to ``from_pretrained``; for
 random entries ``model_kwargs["config"]`` (a dict with ``model_type``) builds the config offline,
 other keys override config attributes; without it, ``spec.architecture`` (a model_type) and
 ``spec.arch_kwargs`` build the config. A local ``preprocessor_config.json`` (folder or cache)
