@@ -44,7 +44,6 @@ from .resolvers import register, sweep_values  # noqa: F401  (sweep_values: kept
 
 log = logging.getLogger("robustbench_fm")
 
-SHARD_NAME = "shard-{:05d}.parquet"
 
 
 class IncompleteSweep(UserError, RuntimeError):
@@ -177,6 +176,7 @@ def _collect_parts(records: list[tuple[Path, dict]], sweep_dir: Path) -> tuple[l
     Returns ``(summary, config of the group's first part)`` pairs and the problems."""
     from . import app
     from .features import missing_shards, skipped_ids
+    from .features.cache import SHARD_NAME
 
     summaries, problems = [], []
     groups: dict[tuple[str, str], list[tuple[Path, dict]]] = {}

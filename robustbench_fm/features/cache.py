@@ -65,6 +65,8 @@ SKIPPED_NAME = "skipped.csv"
 SKIPPED_COLUMNS = ("sample_id", "row", "path", "error")
 #: Parquet schema-metadata key holding the cache key fields (JSON).
 PARQUET_META_KEY = b"robustbench_fm.features"
+#: the file name of shard ``i`` (``SHARD_NAME.format(i)``); :func:`shard_index` reads it back
+SHARD_NAME = "shard-{:05d}.parquet"
 _SHARD_RE = re.compile(r"^shard-(\d{5,})\.parquet$")
 #: Temp files of :func:`robustbench_fm.atomic.write_atomic` (left behind by a killed write).
 TEMP_GLOB = ".*.tmp-*"
@@ -231,7 +233,7 @@ class FeatureCache:
         return i * self.shard_size, min((i + 1) * self.shard_size, self.n_rows)
 
     def shard_path(self, i: int) -> Path:
-        return self.path / f"shard-{i:05d}.parquet"
+        return self.path / SHARD_NAME.format(i)
 
     def complete_shards(self) -> list[int]:
         """Indices of the shard files present (temp files and stray names are ignored)."""

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from .cache import (
     META_NAME,
+    SHARD_NAME,
     SKIPPED_COLUMNS,
     SKIPPED_NAME,
     FeatureCacheError,
@@ -59,7 +60,7 @@ def missing_shards(entry: str | Path) -> list[int]:
     """Shards of a cache entry folder (as its ``meta.json`` lays them out) whose file is absent."""
     entry = Path(entry)
     meta = json.loads((entry / META_NAME).read_text())
-    return [i for i in range(int(meta["n_shards"])) if not (entry / f"shard-{i:05d}.parquet").exists()]
+    return [i for i in range(int(meta["n_shards"])) if not (entry / SHARD_NAME.format(i)).exists()]
 
 
 def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
@@ -81,7 +82,8 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
             if missing:
                 n, size, rows = int(meta["n_shards"]), int(meta["shard_size"]), int(meta["n_rows"])
                 n_missing = sum(min((i + 1) * size, rows) - i * size for i in missing)
-                names = ", ".join(f"shard-{i:05d}" for i in missing[:5]) + (", ..." if len(missing) > 5 else "")
+                names = (", ".join(SHARD_NAME.format(i).removesuffix(".parquet") for i in missing[:5])
+                         + (", ..." if len(missing) > 5 else ""))
                 raise FeatureCacheError(f"{path}: incomplete cache entry, {n_missing} of {rows} rows in "
                                         f"{len(missing)} of {n} shards missing ({names}); run the missing "
                                         "extraction parts (extract.shard=...) or extraction again to resume")

@@ -25,6 +25,7 @@ from .. import manifest as mf
 from .cache import (
     META_NAME,
     PARQUET_META_KEY,
+    SHARD_NAME,
     SKIPPED_NAME,
     TEMP_GLOB,
     FeatureCacheError,
@@ -175,7 +176,7 @@ def verify_entry(path: str | Path, manifest: pd.DataFrame | str | Path | None = 
     missing = []
     for i in range(n_shards):
         lo, hi = i * shard_size, min((i + 1) * shard_size, n_rows)
-        sp = path / f"shard-{i:05d}.parquet"
+        sp = path / SHARD_NAME.format(i)
         if not sp.exists():
             missing.append(i)
             if i in recorded:
@@ -256,7 +257,7 @@ def verify_entry(path: str | Path, manifest: pd.DataFrame | str | Path | None = 
     unrecorded_missing = [i for i in missing if i not in recorded]
     for i in unrecorded_missing[:_MAX_NAMED]:
         lo, hi = i * shard_size, min((i + 1) * shard_size, n_rows)
-        problems.append(f"{path / f'shard-{i:05d}.parquet'}: missing (manifest rows {lo}-{hi - 1}); the entry "
+        problems.append(f"{path / SHARD_NAME.format(i)}: missing (manifest rows {lo}-{hi - 1}); the entry "
                         "is incomplete, run extraction again to resume")
     if len(unrecorded_missing) > _MAX_NAMED:
         problems.append(f"{path}: {len(unrecorded_missing) - _MAX_NAMED} more shards missing; run extraction "
