@@ -1,6 +1,6 @@
 """SPAR-Bench (spar.md): spatial anatomical reasoning probes over multi-organ abdominal CT.
 
-Data half: ``volumes`` (NIfTI in RAS), ``ct_datasets`` (WORD / LiTS / TotalSegmentator layouts),
-``samples`` (slice selection, organ tiles, cached sample tables), ``probes`` (probe labels) and
-``phantoms`` (synthetic CT in the real layouts).
+Samples: ``samples`` (slice selection, organ tiles, cached sample tables) and ``probes`` (probe
+labels), over the CT volumes of :mod:`robustbench_fm.data.ct` (NIfTI in RAS, the WORD / LiTS /
+TotalSegmentator layouts, phantoms).
 """

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .ct_datasets import ORGANS
+from ..data.ct.layouts import ORGANS
 
 #: The six Level-3 probes (spar.md section 3.1, Level 3 (i)-(vi)).
 L3_PROBES = ("relative_position", "orientation", "kidney_symmetry", "liver_size", "distance_compare", "tumour_count")

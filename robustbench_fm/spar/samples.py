@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .ct_datasets import ORGANS
+from ..data.ct.layouts import DATASET_LAYOUTS, ORGANS, sample_options
 from .probes import L3_PROBES, TRANSFORMS
 
 __all__ = ["ORGANS", "L3_PROBES", "TRANSFORMS", "SparSamples", "apply_transform", "build_samples"]
@@ -60,27 +60,8 @@ def apply_transform(image: np.ndarray, transform: str) -> np.ndarray:
 
 #: Bumped whenever sample construction changes, so old caches are rebuilt.
 SAMPLES_VERSION = 1
-#: Registry name -> CT layout of the volumes (phantom datasets hold their LiTS set in root/lits).
-DATASET_LAYOUTS = {"word": "word", "lits": "lits", "totalsegmentator": "totalsegmentator",
-                   "spar_phantom_word": "word", "spar_phantom_totalsegmentator": "totalsegmentator"}
-#: Options of build_samples, and the phantom-generation options it accepts and ignores (they
-#: arrive with the dataset config's ``options`` that ``generate`` also receives).
-SAMPLE_OPTIONS = {"lits_root": None, "n_lits": 20, "min_organs": 5, "size": 224}
-GENERATOR_OPTIONS = ("n_subjects", "phantom_seed")
 _ARRAYS = ("tiles", "present", "centroids", "centroids_px", "grid_cells", "slices", "slice_present",
            "slice_centroids", "slice_areas", "slice_tumours")
-
-
-def sample_options(dataset: str, options: dict) -> dict:
-    """``SAMPLE_OPTIONS`` updated by ``options``; unknown keys fail naming the accepted ones."""
-    unknown = sorted(set(options) - set(SAMPLE_OPTIONS) - set(GENERATOR_OPTIONS))
-    if unknown:
-        raise TypeError(f"dataset '{dataset}': unknown option(s) {unknown}; accepted: "
-                        f"{', '.join([*SAMPLE_OPTIONS, *GENERATOR_OPTIONS])}")
-    out = {**SAMPLE_OPTIONS, **{k: v for k, v in options.items() if k in SAMPLE_OPTIONS}}
-    if int(out["min_organs"]) < 1 or int(out["size"]) < 8 or int(out["n_lits"]) < 0:
-        raise ValueError(f"dataset '{dataset}': need min_organs >= 1, size >= 8, n_lits >= 0 (got {out})")
-    return out
 
 
 def _resize(image: np.ndarray, size: int) -> np.ndarray:
@@ -135,8 +116,8 @@ def _volume_samples(volume, size: int, min_organs: int) -> dict:
     """Tile sets and Level-3 slices of one volume (section 3.1)."""
     from scipy import ndimage
 
-    from .ct_datasets import load_labels
-    from .volumes import load_ras, to_display, window
+    from ..data.ct.layouts import load_labels
+    from ..data.ct.volumes import load_ras, to_display, window
 
     hu = to_display(load_ras(volume.image))
     organ_ras, tumour_ras = load_labels(volume)
@@ -172,7 +153,7 @@ def _volume_samples(volume, size: int, min_organs: int) -> dict:
 
 def _volumes(dataset: str, root: Path, opts: dict) -> tuple[list, list]:
     """(volumes of the dataset's own layout, LiTS candidate volumes for the counting probe)."""
-    from .ct_datasets import list_volumes
+    from ..data.ct.layouts import list_volumes
 
     if dataset not in DATASET_LAYOUTS:
         raise ValueError(f"unknown SPAR dataset {dataset!r}; use one of {', '.join(DATASET_LAYOUTS)}")

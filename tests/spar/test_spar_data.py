@@ -5,9 +5,10 @@ import pandas as pd
 import pytest
 
 from robustbench_fm import data
-from robustbench_fm.spar import ct_datasets, phantoms
+from robustbench_fm.data.ct import layouts as ct_datasets
+from robustbench_fm.data.ct import phantoms
+from robustbench_fm.data.ct.volumes import load_ras, to_display
 from robustbench_fm.spar.samples import ORGANS, build_samples
-from robustbench_fm.spar.volumes import load_ras, to_display
 
 SIZE = 32  # tile / slice size for these tests (224 in the benchmark); keeps them fast
 

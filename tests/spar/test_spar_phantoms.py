@@ -1,4 +1,4 @@
-"""Synthetic CT phantoms (robustbench_fm.spar.phantoms) in the WORD, TotalSegmentator and LiTS layouts."""
+"""Synthetic CT phantoms (robustbench_fm.data.ct.phantoms) in the WORD, TotalSegmentator and LiTS layouts."""
 from pathlib import Path
 
 import numpy as np
@@ -9,9 +9,10 @@ from scipy import ndimage
 
 from robustbench_fm import app, data
 from robustbench_fm.__main__ import CONFIG_DIR
-from robustbench_fm.spar import ct_datasets, phantoms
+from robustbench_fm.data.ct import layouts as ct_datasets
+from robustbench_fm.data.ct import phantoms
+from robustbench_fm.data.ct.volumes import load_ras, to_display
 from robustbench_fm.spar.samples import L3_PROBES, ORGANS, build_samples
-from robustbench_fm.spar.volumes import load_ras, to_display
 
 
 def _centroid_x(labels, organ):

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from robustbench_fm.spar import phantoms, probes
+from robustbench_fm.data.ct import phantoms
+from robustbench_fm.data.ct.volumes import to_display
+from robustbench_fm.spar import probes
 from robustbench_fm.spar.samples import (
     L3_PROBES,
     ORGANS,
@@ -14,7 +16,6 @@ from robustbench_fm.spar.samples import (
     apply_transform,
     build_samples,
 )
-from robustbench_fm.spar.volumes import to_display
 
 SIZE = 32
 LK, RK, LIVER = ORGANS.index("left_kidney"), ORGANS.index("right_kidney"), ORGANS.index("liver")

@@ -144,7 +144,7 @@ def list_volumes(dataset: str, root: str | Path) -> list[CTVolume]:
     vols = {"word": _word, "lits": _lits, "totalsegmentator": _totalseg}[dataset](root)
     if not vols:
         raise FileNotFoundError(f"{dataset}: no labelled volumes found under '{root}'; check the layout "
-                                "(robustbench_fm/spar/ct_datasets.py describes it)")
+                                "(robustbench_fm/data/ct/layouts.py describes it)")
     return vols
 
 
@@ -169,3 +169,24 @@ def load_labels(volume: CTVolume) -> tuple[np.ndarray, np.ndarray | None]:
                                  "re-extract the subject")
             labels[mask] = organ_id
     return labels, None
+
+
+#: Registry name -> CT layout of the volumes (phantom datasets hold their LiTS set in root/lits).
+DATASET_LAYOUTS = {"word": "word", "lits": "lits", "totalsegmentator": "totalsegmentator",
+                   "spar_phantom_word": "word", "spar_phantom_totalsegmentator": "totalsegmentator"}
+#: Options of build_samples, and the phantom-generation options it accepts and ignores (they
+#: arrive with the dataset config's ``options`` that ``generate`` also receives).
+SAMPLE_OPTIONS = {"lits_root": None, "n_lits": 20, "min_organs": 5, "size": 224}
+GENERATOR_OPTIONS = ("n_subjects", "phantom_seed")
+
+
+def sample_options(dataset: str, options: dict) -> dict:
+    """``SAMPLE_OPTIONS`` updated by ``options``; unknown keys fail naming the accepted ones."""
+    unknown = sorted(set(options) - set(SAMPLE_OPTIONS) - set(GENERATOR_OPTIONS))
+    if unknown:
+        raise TypeError(f"dataset '{dataset}': unknown option(s) {unknown}; accepted: "
+                        f"{', '.join([*SAMPLE_OPTIONS, *GENERATOR_OPTIONS])}")
+    out = {**SAMPLE_OPTIONS, **{k: v for k, v in options.items() if k in SAMPLE_OPTIONS}}
+    if int(out["min_organs"]) < 1 or int(out["size"]) < 8 or int(out["n_lits"]) < 0:
+        raise ValueError(f"dataset '{dataset}': need min_organs >= 1, size >= 8, n_lits >= 0 (got {out})")
+    return out

@@ -1,5 +1,9 @@
 """Abdominal CT datasets of SPAR-Bench (spar.md section 3; catalog 1.7): one manifest row per volume.
 
+Modules: :mod:`.volumes` (NIfTI read in RAS, windows), :mod:`.layouts` (the WORD / LiTS /
+TotalSegmentator on-disk layouts, organ label maps, the datasets' options) and :mod:`.phantoms`
+(synthetic volumes in those layouts).
+
 The volumes themselves are read by ``robustbench_fm.spar.samples.build_samples``; the manifest
 lists them (``sample_id`` = subject, ``path`` = the CT file, ``split``) so that the datasets
 plan and compose like the others. ``spar_phantom_word`` (and ``spar_phantom_totalsegmentator``)
@@ -11,10 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..spar.ct_datasets import list_volumes
-from ..spar.phantoms import write_phantoms
-from ..spar.samples import DATASET_LAYOUTS, sample_options
-from .registry import Adapter, register
+from ..registry import Adapter, register
+from .layouts import DATASET_LAYOUTS, list_volumes, sample_options
+from .phantoms import write_phantoms
 
 PHANTOM_DEFAULTS = {"n_subjects": 30, "n_lits": 20, "phantom_seed": 0}
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..atomic import write_text_atomic
-from .ct_datasets import ORGANS, TOTALSEG_CLASSES, WORD_SPLIT_DIRS
+from ...atomic import write_text_atomic
+from .layouts import ORGANS, TOTALSEG_CLASSES, WORD_SPLIT_DIRS
 
 PHANTOM_VERSION = 3
 SHAPE = (96, 96, 40)              # x, y, z voxels
