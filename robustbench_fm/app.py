@@ -261,26 +261,30 @@ def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None) 
     The output folder is locked for the run (a second run aimed at it fails at once). Rows that
     any encoder skipped are dropped for every encoder, so comparisons stay paired.
     ``status.json`` says ``running``, then ``done``, ``failed`` with the error (a bad option
-    too) or ``interrupted`` (Ctrl-C); the collect step of a sweep lists the jobs that did not
-    finish, and reports a ``running`` job whose process is gone as interrupted.
+    too) or ``interrupted`` (Ctrl-C), with the job's wall-clock ``start`` and ``end`` (a sweep's
+    report takes its runtime from the earliest start to the last end); the collect step of a
+    sweep lists the jobs that did not finish, and reports a ``running`` job whose process is
+    gone as interrupted.
     """
     from .locks import FileLock
 
     with FileLock(out_dir / ".lock", timeout=0):
         if _read_status(out_dir) == "running":  # we hold the lock, so whoever wrote that is gone
             log.warning("%s: the previous run there was interrupted; running it again", out_dir)
-        _status(out_dir, "running")
+        started = time.time()
+        _status(out_dir, "running", start=started)
         try:
             job = plan(cfg, cli_overrides)
             summary = _run(job, cfg, out_dir, cli_overrides)
         except KeyboardInterrupt as exc:
-            _status(out_dir, "interrupted", " ".join(str(exc).split()))
+            _status(out_dir, "interrupted", " ".join(str(exc).split()), start=started, end=time.time())
             raise
         except BaseException as exc:
             text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError's str() quotes
-            _status(out_dir, "failed", f"{type(exc).__name__}: {' '.join(str(text).split())}")
+            _status(out_dir, "failed", f"{type(exc).__name__}: {' '.join(str(text).split())}", start=started,
+                    end=time.time())
             raise
-        _status(out_dir, "done")
+        _status(out_dir, "done", start=started, end=time.time())
         return summary
 
 
@@ -291,8 +295,10 @@ def _read_status(out_dir: Path) -> str | None:
         return None
 
 
-def _status(out_dir: Path, status: str, error: str = "") -> None:
-    write_text_atomic(out_dir / "status.json", json.dumps({"status": status, "error": error}) + "\n")
+def _status(out_dir: Path, status: str, error: str = "", start: float | None = None,
+            end: float | None = None) -> None:
+    times = {k: v for k, v in (("start", start), ("end", end)) if v is not None}
+    write_text_atomic(out_dir / "status.json", json.dumps({"status": status, "error": error, **times}) + "\n")
 
 
 def run_stage_on_entries(job: Plan, cfg: DictConfig, manifest: pd.DataFrame, entries, skipped: list[str],
@@ -316,16 +322,6 @@ def run_stage_on_entries(job: Plan, cfg: DictConfig, manifest: pd.DataFrame, ent
 
 
 def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFrame:
-    """:func:`_run_job`, with its wall-clock start and end written to ``timing.json`` (also when it
-    fails): a sweep's report takes its runtime from the earliest job start to the last job end."""
-    started = time.time()
-    try:
-        return _run_job(job, cfg, out_dir, cli_overrides)
-    finally:
-        write_text_atomic(out_dir / "timing.json", json.dumps({"start": started, "end": time.time()}) + "\n")
-
-
-def _run_job(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFrame:
     write_text_atomic(out_dir / "config.yaml", redacted_yaml(cfg))
     if cli_overrides:
         write_text_atomic(out_dir / "overrides.yaml", redacted_yaml(OmegaConf.create(cli_overrides)))

@@ -59,11 +59,12 @@ def register_resolvers() -> None:
 JOBS_FILE = "jobs.json"
 
 
-def plan_jobs(config: DictConfig) -> list[dict] | None:
+def plan_jobs(config: DictConfig, with_configs: bool = False) -> list[dict] | None:
     """The jobs Hydra's basic sweeper launches for the multirun config ``config``, in launch
-    order: number, folder (``hydra.sweep.subdir``, relative to the sweep folder) and overrides.
-    Expanded as the sweeper does (its ``params`` then the command line, each job's config
-    composed to resolve its folder name); None for another sweeper."""
+    order: number, folder (``hydra.sweep.subdir``, relative to the sweep folder) and overrides
+    (with ``with_configs``, also each job's composed ``config``). Expanded as the sweeper does
+    (its ``params`` then the command line, each job's config composed to resolve its folder
+    name); None for another sweeper."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -82,7 +83,8 @@ def plan_jobs(config: DictConfig) -> list[dict] | None:
         job_cfg = loader.load_sweep_config(config, list(job))
         with open_dict(job_cfg):
             job_cfg.hydra.job.id = job_cfg.hydra.job.num = num
-        jobs.append({"num": num, "dir": str(job_cfg.hydra.sweep.subdir), "overrides": list(job)})
+        jobs.append({"num": num, "dir": str(job_cfg.hydra.sweep.subdir), "overrides": list(job),
+                     **({"config": job_cfg} if with_configs else {})})
     return jobs
 
 
@@ -95,11 +97,9 @@ def dry_run_sweep(config: DictConfig) -> int:
     """``-m ... dry_run=true``: print the jobs the sweep would launch, with which launcher and
     settings, each job's plan checked (:func:`.app.plan`: names, data folders, options); launch
     nothing and write nothing. Returns the exit code: 0, or 2 when a job's plan fails."""
-    from hydra.core.global_hydra import GlobalHydra
-
     from . import app
 
-    jobs = plan_jobs(config)
+    jobs = plan_jobs(config, with_configs=True)
     launcher = config.hydra.launcher
     settings = ", ".join(f"{k}={launcher[k]}" for k in LAUNCHER_SETTINGS if launcher.get(k) is not None)
     kind = str(launcher.get("_target_", "?")).rsplit(".", 1)[-1]
@@ -108,11 +108,10 @@ def dry_run_sweep(config: DictConfig) -> int:
         return 0
     print(f"dry run of a sweep: {len(jobs)} jobs with {kind}" + (f" ({settings})" if settings else "")
           + f" into {config.hydra.sweep.dir}")
-    loader = GlobalHydra.instance().config_loader()
     bad = 0
     for job in jobs:
         try:
-            app.plan(loader.load_sweep_config(config, job["overrides"]), job["overrides"])
+            app.plan(job["config"], job["overrides"])
             verdict = "ok"
         except app.USER_ERRORS as exc:
             bad += 1
@@ -339,7 +338,7 @@ def _write_tables(sweep_dir: Path, combined: pd.DataFrame) -> list:
 
 def _write_report(sweep_dir: Path, long: pd.DataFrame, tables: list, missing: list[str], seconds: float) -> None:
     """``report.md`` / ``report.html`` of the sweep (:mod:`.report.html`); ``seconds``: the collect
-    step's time (the report's runtime is the sweep's wall clock, from the jobs' ``timing.json``)."""
+    step's time (the report's runtime is the sweep's wall clock, from the jobs' ``status.json``)."""
     from .report.html import console_summary, sweep_report, write_report
 
     report = sweep_report(sweep_dir, long, tables, missing, seconds)

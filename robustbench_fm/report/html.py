@@ -432,10 +432,10 @@ def cache_hits(job_dirs: list[Path]) -> pd.DataFrame:
 
 def job_times(job_dirs: list[Path]) -> tuple[float | None, int]:
     """Wall-clock seconds from the earliest start to the last end recorded in the jobs'
-    ``timing.json`` (:func:`robustbench_fm.app._run`), and how many jobs recorded one."""
+    ``status.json`` (:func:`robustbench_fm.app.run`), and how many jobs recorded both."""
     spans = []
     for d in job_dirs:
-        f = d / "timing.json"
+        f = d / "status.json"
         if f.exists():
             try:
                 rec = json.loads(f.read_text())
@@ -472,10 +472,10 @@ def sweep_report(sweep_dir: Path, long: pd.DataFrame, tables: list[PaperTable], 
     n_jobs = len([j for j in jobs if (j / "status.json").exists() or (j / "config.yaml").exists()])
     wall, timed = job_times(jobs)
     if wall is None:
-        runtime, runtime_note = seconds, "the collect step only: the jobs recorded no timing.json"
+        runtime, runtime_note = seconds, "the collect step only: the jobs recorded no start and end"
     else:
         runtime, runtime_note = wall, (f"wall clock from the earliest job start to the last job end, from the "
-                                       f"timing.json of {timed} job{'s' if timed != 1 else ''}; the collect "
+                                       f"status.json of {timed} job{'s' if timed != 1 else ''}; the collect "
                                        f"step took {seconds:.1f} s more")
     return Report(title=report_title(_sweep_experiment(sweep_dir), stages, datasets, encoders, jobs=n_jobs),
                   config_yaml=config, summary=summary_table(long), tables=tables,

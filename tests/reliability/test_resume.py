@@ -346,7 +346,9 @@ def test_ctrl_c_on_the_cli_prints_one_line_exits_130_and_the_same_command_resume
     assert entry.parent == cache and len(list(entry.glob("shard-*.parquet"))) == int(m.group(1)) >= 2
     (run,) = (tmp_path / "outputs" / "runs").glob("*/*")
     saved = last.removeprefix("interrupted: ").removesuffix("; re-run the same command to resume")
-    assert json.loads((run / "status.json").read_text()) == {"status": "interrupted", "error": saved}
+    status = json.loads((run / "status.json").read_text())
+    assert {k: status[k] for k in ("status", "error")} == {"status": "interrupted", "error": saved}
+    assert status["start"] <= status["end"]
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"resuming {entry}: {m.group(1)} of 12 shards present" in again.stdout

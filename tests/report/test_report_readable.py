@@ -190,14 +190,15 @@ def test_collapse_figure_puts_tasks_on_x_and_is_left_out_with_one_task(tmp_path)
 # --- item 13: the sweep report ------------------------------------------------------------------
 
 def chest_like_sweep(sweep: Path, findings: int = 15) -> pd.DataFrame:
-    """Two encoder jobs x ``findings`` findings x two matched groups, with timing.json."""
+    """Two encoder jobs x ``findings`` findings x two matched groups, each with its start and end."""
     longs = []
     for k, enc in enumerate(["planted_blur", "planted_sharp"]):
         rows = [r for f in range(findings) for r in candor_rows(enc, 0.3 + 0.01 * f, 0.2, 0.6, groups=("AP", "PA"),
                                                                   finding=f"f{f:02d}")]
         cfg = job_config("candor", "planted")
         job = write_job(sweep, f"{k}_{enc}-planted-candor", cfg, pd.DataFrame(rows))
-        (job / "timing.json").write_text(json.dumps({"start": 1000.0 + 10 * k, "end": 1012.5 + 10 * k}))
+        (job / "status.json").write_text(json.dumps({"status": "done", "error": "", "start": 1000.0 + 10 * k,
+                                                     "end": 1012.5 + 10 * k}))
         longs.append(to_long(pd.DataFrame(rows), "candor", OmegaConf.create(cfg), job.name))
     (sweep / "multirun.yaml").write_text("hydra:\n  runtime:\n    choices:\n      experiment: chest_candor\n")
     return pd.concat(longs, ignore_index=True)
@@ -228,8 +229,8 @@ def test_sweep_runtime_is_the_wall_clock_of_the_jobs(tmp_path):
     page = html.to_html(report)
     assert "Runtime: 22.5 s (wall clock from the earliest job start to the last job end" in page
     assert "the collect step took 8.6 s more" in page
-    for job in (tmp_path / "sweep").glob("*/timing.json"):
-        job.unlink()
+    for job in (tmp_path / "sweep").glob("*/status.json"):
+        job.write_text(json.dumps({"status": "done", "error": ""}))  # a job from before start/end were recorded
     assert html.sweep_report(tmp_path / "sweep", long, [], [], seconds=8.6).runtime_note.startswith(
         "the collect step only")
 
@@ -238,15 +239,17 @@ def test_each_job_records_its_start_and_end_even_when_it_fails(tmp_path, monkeyp
     def fails(job, cfg, out_dir, cli_overrides):
         raise ValueError("boom")
 
-    monkeypatch.setattr(app, "_run_job", fails)
+    monkeypatch.setattr(app, "plan", lambda cfg, overrides: None)
+    monkeypatch.setattr(app, "_run", fails)
     with pytest.raises(ValueError, match="boom"):
-        app._run(None, None, tmp_path, None)
-    rec = json.loads((tmp_path / "timing.json").read_text())
-    assert set(rec) == {"start", "end"} and rec["start"] <= rec["end"]
-    monkeypatch.setattr(app, "_run_job", lambda *a: pd.DataFrame({"x": [1]}))
+        app.run(None, tmp_path, None)
+    rec = json.loads((tmp_path / "status.json").read_text())
+    assert {"start", "end"} <= set(rec) and rec["start"] <= rec["end"] and rec["status"] == "failed"
+    monkeypatch.setattr(app, "_run", lambda *a: pd.DataFrame({"x": [1]}))
     (tmp_path / "ok").mkdir()
-    assert app._run(None, None, tmp_path / "ok", None)["x"].tolist() == [1]
-    assert (tmp_path / "ok" / "timing.json").exists()
+    assert app.run(None, tmp_path / "ok", None)["x"].tolist() == [1]
+    rec = json.loads((tmp_path / "ok" / "status.json").read_text())
+    assert {"start", "end"} <= set(rec) and rec["status"] == "done"
 
 
 # --- item 14: the demo's note on random_vit_s ---------------------------------------------------

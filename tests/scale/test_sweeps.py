@@ -65,8 +65,10 @@ def test_a_failed_job_is_recorded_and_the_sweep_runs_every_other_job(tmp_path, l
     assert proc.returncode == 1, proc.stderr[-3000:]
     failed, ok = "0_planted_sharp-planted-candor", "1_planted_sharp-planted-candor"
     assert [j["dir"] for j in json.loads((sweep / "jobs.json").read_text())["jobs"]] == [failed, ok]
-    assert json.loads((sweep / failed / "status.json").read_text()) == {
+    status = json.loads((sweep / failed / "status.json").read_text())
+    assert {k: status[k] for k in ("status", "error")} == {
         "status": "failed", "error": "ValueError: candor: n_boot=-1 must be 0 or more"}
+    assert status["start"] <= status["end"]
     assert json.loads((sweep / ok / "status.json").read_text())["status"] == "done"
     assert set(pd.read_parquet(sweep / "combined.parquet")["job"]) == {ok}
     assert (sweep / "missing.txt").read_text() == (f"{failed}: failed "
