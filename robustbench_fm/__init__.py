@@ -13,9 +13,9 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
-from . import resolvers as _resolvers  # noqa: E402
 from .api import evaluate  # noqa: E402
-from .results import Results  # noqa: E402
+from .cli import resolvers as _resolvers  # noqa: E402
+from .core.results import Results  # noqa: E402
 
 _resolvers.register()  # ${launch_dir:} and ${sweep_values:...} of the shipped configs
 

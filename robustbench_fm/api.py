@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import manifest as mf
-from .results import Results
+from .core.results import Results
+from .data import manifest as mf
 
 
 def align_features(sample_ids, embeddings: np.ndarray, manifest: pd.DataFrame, source: str) -> np.ndarray:
@@ -33,7 +33,7 @@ def evaluate(stage: str, features, manifest, **params) -> Results:
     ``params`` are the stage's parameters (see the stage module's docstring). An in-memory
     float64 matrix is passed on as float64, anything else as float32.
     """
-    from . import stages
+    from . import methods as stages
 
     module = stages.get(stage)
     if isinstance(manifest, (str, Path)):

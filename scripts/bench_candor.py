@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import torch
 
 from robustbench_fm import evaluate
-from robustbench_fm.manifest import CHEST_FINDINGS
+from robustbench_fm.data.manifest import CHEST_FINDINGS
 
 
 def cohort(n_groups: int, group_size: int, dim: int, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:

@@ -72,7 +72,7 @@ def _rss_mb() -> float:
 
 
 def run_ours(x: np.ndarray, manifest: pd.DataFrame, device: str) -> dict:
-    from robustbench_fm.stages import croma
+    from robustbench_fm.methods.croma import stage as croma
 
     row = croma.run(x, manifest, device=device).summary.iloc[0]
     return {key: float(row[key]) for key in SUMMARY_KEYS}
@@ -85,7 +85,7 @@ def run_reference(x: np.ndarray, manifest: pd.DataFrame) -> dict:
     from croma.metrics.neighbors import _balanced_accuracy_by_k_from_prepared_neighbors
     from croma.metrics.pairs import normalize_manifest
 
-    from robustbench_fm.stages.croma import DEFAULT_K_GRID
+    from robustbench_fm.methods.croma.stage import DEFAULT_K_GRID
 
     ref = manifest.assign(label=manifest["bio_label"], group_id=manifest["slide_id"],
                           image_path=manifest["sample_id"] + ".png")
@@ -109,7 +109,7 @@ def child(side: str, data: Path, device: str) -> None:
     warnings.simplefilter("ignore")
     import croma  # noqa: F401  (both packages are imported before the clock starts)
 
-    import robustbench_fm.stages.croma  # noqa: F401
+    import robustbench_fm.methods.croma.stage  # noqa: F401
 
     x = np.load(data / "features.npy")
     manifest = pd.read_parquet(data / "manifest.parquet")

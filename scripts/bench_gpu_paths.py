@@ -24,8 +24,8 @@ import pandas as pd
 import torch
 
 from robustbench_fm import encoders, evaluate
+from robustbench_fm.core.neighbors import Shortlist, l2_normalize, topk_similarity
 from robustbench_fm.features import extract
-from robustbench_fm.neighbors import Shortlist, l2_normalize, topk_similarity
 
 
 def _timed(fn):

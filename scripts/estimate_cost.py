@@ -31,7 +31,7 @@ SWEEPS = {"candor_all": 605_443, "croma_tiles": 150_000}
 def panel(name: str) -> list[str]:
     from omegaconf import OmegaConf
 
-    from robustbench_fm.__main__ import CONFIG_DIR
+    from robustbench_fm.cli.main import CONFIG_DIR
 
     return list(OmegaConf.load(CONFIG_DIR / "panel" / f"{name}.yaml").encoders)
 

@@ -34,7 +34,7 @@ import yaml
 from PIL import Image
 from tqdm import tqdm
 
-from robustbench_fm.atomic import write_atomic, write_text_atomic
+from robustbench_fm.core.atomic import write_atomic, write_text_atomic
 from robustbench_fm.data import build_manifest
 from robustbench_fm.data.images import CROP_COLUMNS, read_image
 

@@ -1,49 +1,108 @@
-"""Data flows one way: the lower layers (the base modules at the package root, ``data``,
-``encoders``, ``features``) never import the methods (``spar``, ``stages``, ``heads``, the
-method modules at the root), the reports or the command line, at module top or inside a
-function (docs/architecture.md, "Layers")."""
+"""Data flows one way (docs/architecture.md, "Layers and the one-direction rule").
+
+Each subpackage of ``robustbench_fm`` is a layer with a rank; a module may import its own layer
+and the layers ranked below it, never above, at module top or inside a function:
+
+    core  <  data, encoders  <  features  <  methods  <  report  <  api  <  cli
+
+``data`` and ``encoders`` are siblings (neither imports the other). Hydra (``hydra``) is the command
+line's: only ``cli`` imports it. Methods may import one another but not the reports' collector
+or the command line. The import graph between modules has no cycle."""
 import ast
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "robustbench_fm"
-LOWER = ("data", "encoders", "features")
-BASE = ("errors", "registry", "atomic", "locks", "devices", "redact", "results", "manifest", "neighbors", "stats",
-        "resolvers", "outputs")
-UPPER = ("spar", "stages", "heads", "report", "app", "sweeps", "__main__", "api", "doctor", "candor_tasks",
-         "candor_sets", "rank_stats", "impurity", "croma_panel", "shortcut_metrics")
+RANK = {"core": 0, "data": 1, "encoders": 1, "features": 2, "methods": 3, "report": 4, "api": 5, "cli": 6}
+LAYERS = sorted(RANK, key=RANK.get)
 
 
-def _imports(path: Path) -> list[str]:
-    """Every module ``path`` imports, as an absolute ``robustbench_fm....`` name where it is ours."""
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(path: Path, top_only: bool = False) -> list[str]:
+    """Every module of ours ``path`` imports (absolute names; ``from x import y`` counts
+    ``x.y`` where ``y`` is a module). ``top_only``: statements at module level only."""
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     package = parts[:-1]  # a module's package; for an __init__, the package itself
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_only else ast.walk(tree)
     out = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in nodes:
         if isinstance(node, ast.Import):
             out += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = list(package[:len(package) - node.level + 1]) if node.level else []
             module = ".".join(base + ([node.module] if node.module else []))
-            out += [module] + ([f"{module}.{a.name}" for a in node.names] if not node.module or node.level else [])
-    return out
+            out.append(module)
+            out += [f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in MODULES]
+    return [n for n in out if n == "robustbench_fm" or n.startswith(("robustbench_fm.", "hydra"))]
 
 
-@pytest.mark.parametrize("layer", [*LOWER, "base"])
-def test_lower_layers_never_import_upward(layer):
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in RANK else None
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_no_layer_imports_upward(layer):
     bad = []
-    paths = [PACKAGE / f"{m}.py" for m in BASE] if layer == "base" else sorted((PACKAGE / layer).rglob("*.py"))
-    for path in paths:
+    for module, path in MODULES.items():
+        if _layer(module) != layer:
+            continue
         for name in _imports(path):
-            top = name.split(".")
-            if top[0] == "robustbench_fm" and len(top) > 1 and top[1] in UPPER:
-                bad.append(f"{path.relative_to(PACKAGE.parent)} imports {name}")
+            if name.startswith("hydra"):
+                if layer != "cli":
+                    bad.append(f"{module} imports {name} (Hydra is the command line's)")
+                continue
+            target = _layer(name)
+            if target is not None and RANK[target] > RANK[layer]:
+                bad.append(f"{module} imports {name} ({target} is above {layer})")
+            if layer == "data" and target == "encoders" or layer == "encoders" and target == "data":
+                bad.append(f"{module} imports {name} (data and encoders are siblings)")
     assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    """Module-level imports form no cycle (imports inside functions are allowed to break one
+    only where they are lazy on purpose, and are not counted)."""
+    graph = {m: {n for n in _imports(p, top_only=True) if n in MODULES and n != m} for m, p in MODULES.items()}
+    # a package's __init__ importing its own submodules is not a cycle with those submodules
+    cycles = []
+    state: dict[str, int] = {}
+
+    def visit(node, stack):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                if not all(b.startswith(a + ".") or a.startswith(b + ".") for a, b in zip(cycle, cycle[1:])):
+                    cycles.append(" -> ".join(cycle))
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    assert not cycles, "\n".join(cycles)
 
 
 def test_the_check_resolves_relative_imports():
     """The scan itself: relative imports resolve to absolute module names."""
-    probe = PACKAGE / "data" / "ct" / "__init__.py"
-    names = _imports(probe)
+    names = _imports(PACKAGE / "data" / "ct" / "__init__.py")
     assert "robustbench_fm.data.registry" in names and "robustbench_fm.data.ct.layouts" in names
+
+
+def test_every_module_is_in_a_layer():
+    """Only ``__init__``, ``__main__`` and ``api`` sit at the package root."""
+    root = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert root == ["__init__", "__main__", "api"]

@@ -17,7 +17,7 @@ from typing import Iterable, Iterator
 
 import pandas as pd
 
-from ..errors import UserError
+from ..core.errors import UserError
 
 log = logging.getLogger("robustbench_fm.data")
 

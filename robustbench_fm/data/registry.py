@@ -7,8 +7,8 @@ from typing import Callable, Iterable
 
 import pandas as pd
 
-from .. import manifest as mf
-from ..registry import Registry
+from ..core.registry import Registry
+from . import manifest as mf
 
 
 @dataclass(frozen=True)

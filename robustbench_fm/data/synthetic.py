@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from ..atomic import write_atomic, write_text_atomic
+from ..core.atomic import write_atomic, write_text_atomic
 from .registry import Adapter, register
 
 #: Bumped whenever the drawing procedure changes, so old folders are regenerated.

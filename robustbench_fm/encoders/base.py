@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2 as T
 
-from ..devices import resolve_device  # noqa: F401  (re-exported)
+from ..core.devices import resolve_device  # noqa: F401  (re-exported)
 from .spec import EncoderSpec
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from ..registry import Registry
+from ..core.registry import Registry
 from .spec import EncoderSpec
 
 SPECS: Registry[EncoderSpec] = Registry("encoder")

@@ -52,9 +52,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..atomic import write_atomic
-from ..errors import UserError
-from ..locks import FileLock
+from ..core.atomic import write_atomic
+from ..core.errors import UserError
+from ..core.locking import FileLock
 from .key import CACHE_FORMAT, _canonical, cache_key, manifest_hash
 
 log = logging.getLogger("robustbench_fm.features")
@@ -68,7 +68,7 @@ PARQUET_META_KEY = b"robustbench_fm.features"
 #: the file name of shard ``i`` (``SHARD_NAME.format(i)``); :func:`shard_index` reads it back
 SHARD_NAME = "shard-{:05d}.parquet"
 _SHARD_RE = re.compile(r"^shard-(\d{5,})\.parquet$")
-#: Temp files of :func:`robustbench_fm.atomic.write_atomic` (left behind by a killed write).
+#: Temp files of :func:`robustbench_fm.core.atomic.write_atomic` (left behind by a killed write).
 TEMP_GLOB = ".*.tmp-*"
 #: Parquet writer settings; fixed so that the same rows always give the same bytes.
 _WRITE_OPTIONS = dict(compression={"sample_id": "zstd", "embedding": "none"}, use_dictionary=False,

@@ -35,11 +35,11 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from ..errors import UserError
-from ..locks import FileLock, LockTimeout
-from ..occlusion import occlude_row
+from ..core.errors import UserError
+from ..core.locking import FileLock, LockTimeout
 from .cache import FeatureCache, FeatureCacheError
 from .key import cache_key_fields
+from .occlusion import occlude_row
 
 log = logging.getLogger("robustbench_fm.features")
 
@@ -250,7 +250,7 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
 
     ``reader(image_root, row)`` returns a PIL image for a manifest row (default: open
     ``image_root / row['path']``); a row with occlusion columns has that rectangle filled
-    (:func:`robustbench_fm.occlusion.occlude_row`), then the encoder's own ``transform`` is applied.
+    (:func:`robustbench_fm.features.occlusion.occlude_row`), then the encoder's own ``transform`` is applied.
     ``num_workers="auto"`` picks :func:`default_num_workers` for the encoder's device.
     ``shard_size`` only applies to a new cache entry; an existing one keeps its layout.
     ``on_bad_image``: ``"error"`` (default) or ``"skip"`` (see the module docstring); skipped
@@ -272,7 +272,7 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
     num_workers = int(num_workers)
     manifest = manifest.reset_index(drop=True)
     if "sample_id" not in manifest.columns:
-        raise ValueError("manifest has no 'sample_id' column; validate it with robustbench_fm.manifest.validate")
+        raise ValueError("manifest has no 'sample_id' column; validate it with robustbench_fm.data.manifest.validate")
     ids = manifest["sample_id"].astype(str).to_numpy()
     dup = pd.Index(ids).duplicated()
     if dup.any():

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import manifest as mf
-from ..occlusion import OCCLUSION_COLUMNS
+from ..data import manifest as mf
+from .occlusion import OCCLUSION_COLUMNS
 
 #: Manifest columns that locate an image's pixels: ``sample_id``, ``path`` and, on occluded rows
-#: (:mod:`robustbench_fm.occlusion`), the erased rectangle and its fill. A manifest without
+#: (:mod:`robustbench_fm.features.occlusion`), the erased rectangle and its fill. A manifest without
 #: occlusion columns hashes exactly as before they existed.
 KEY_COLUMNS = (*mf.LOCATOR_COLUMNS, *OCCLUSION_COLUMNS)
 

@@ -28,8 +28,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import torch
 
-from .. import manifest as mf
-from ..locks import FileLock
+from ..core.locking import FileLock
+from ..data import manifest as mf
 from .cache import FeatureCache, _embedding_matrix
 from .key import CACHE_FORMAT, library_versions, package_version
 

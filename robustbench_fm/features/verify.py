@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from .. import manifest as mf
+from ..data import manifest as mf
 from .cache import (
     META_NAME,
     PARQUET_META_KEY,
@@ -81,7 +81,7 @@ def verify_entry(path: str | Path, manifest: pd.DataFrame | str | Path | None = 
     """Re-check one cache entry folder ``<root>/<encoder>/<key>`` (see the module docstring).
 
     ``manifest`` (a DataFrame, or a manifest CSV/parquet path read with
-    :func:`robustbench_fm.manifest.read`) adds the checks that the entry was built for it.
+    :func:`robustbench_fm.data.manifest.read`) adds the checks that the entry was built for it.
     """
     path = Path(path)
     rep = VerifyReport(path=path, ok=False)

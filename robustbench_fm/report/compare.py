@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..atomic import write_text_atomic
+from ..core.atomic import write_text_atomic
 from . import published
 from .tables import PaperTable
 

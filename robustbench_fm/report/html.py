@@ -24,9 +24,9 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from ..atomic import write_text_atomic
-from ..results import not_scored as summary_reasons
-from ..results import to_markdown as frame_markdown
+from ..core.atomic import write_text_atomic
+from ..core.results import not_scored as summary_reasons
+from ..core.results import to_markdown as frame_markdown
 from . import compare as cmp_mod
 from .render import _cell, ranks
 from .render import to_markdown as table_markdown
@@ -216,7 +216,7 @@ def encoder_summary(long: pd.DataFrame) -> pd.DataFrame:
 
 def not_scored(results: SweepResults, stages) -> list[str]:
     """Why rows are blank: the ``reason`` of every summary row of ``stages`` that has one
-    (:func:`robustbench_fm.results.not_scored`)."""
+    (:func:`robustbench_fm.core.results.not_scored`)."""
     lines = []
     for stage in stages:
         lines += summary_reasons(results.summaries(stage))
@@ -354,7 +354,9 @@ def figures(results: SweepResults, long: pd.DataFrame, fig_dir: Path) -> tuple[l
     """The papers' figures this run's results allow, written as ``fig_dir/figure_<name>.png`` and
     ``.pdf`` (files, not a folder: a sweep folder's subfolders are its jobs), returned as
     ``(caption, PNG)``, plus one note per figure a stage's results could not give."""
-    from . import candor_plots, croma_plots, spar_plots
+    from ..methods.candor import plots as candor_plots
+    from ..methods.croma import plots as croma_plots
+    from ..methods.spar import plots as spar_plots
 
     out, notes = [], []
     stages = set(long["stage"])
@@ -420,7 +422,7 @@ def figures(results: SweepResults, long: pd.DataFrame, fig_dir: Path) -> tuple[l
 
 def cache_hits(job_dirs: list[Path]) -> pd.DataFrame:
     """Feature-cache use per (job, encoder) from ``entries.json`` (``cache`` records of
-    :func:`robustbench_fm.app._record_entries`): images, embedded now, read from the cache."""
+    :func:`robustbench_fm.cli.app._record_entries`): images, embedded now, read from the cache."""
     rows = []
     for d in job_dirs:
         f = d / "entries.json"
@@ -432,7 +434,7 @@ def cache_hits(job_dirs: list[Path]) -> pd.DataFrame:
 
 def job_times(job_dirs: list[Path]) -> tuple[float | None, int]:
     """Wall-clock seconds from the earliest start to the last end recorded in the jobs'
-    ``status.json`` (:func:`robustbench_fm.app.run`), and how many jobs recorded both."""
+    ``status.json`` (:func:`robustbench_fm.cli.app.run`), and how many jobs recorded both."""
     spans = []
     for d in job_dirs:
         f = d / "status.json"
@@ -462,7 +464,7 @@ def _sweep_experiment(sweep_dir: Path) -> str | None:
 
 def sweep_report(sweep_dir: Path, long: pd.DataFrame, tables: list[PaperTable], missing: list[str],
                  seconds: float) -> Report:
-    """The report of a collected sweep (:func:`robustbench_fm.sweeps.collect`); ``seconds`` is
+    """The report of a collected sweep (:func:`robustbench_fm.cli.sweeps.collect`); ``seconds`` is
     the collect step's time, the runtime shown is the sweep's wall clock (:func:`job_times`)."""
     results = SweepResults(sweep_dir)
     config = OmegaConf.to_yaml(results.config) if results.config is not None else ""
@@ -488,7 +490,7 @@ def sweep_report(sweep_dir: Path, long: pd.DataFrame, tables: list[PaperTable], 
 
 def run_report(out_dir: Path, config_yaml: str, long: pd.DataFrame, seconds: float,
                experiment: str | None = None) -> Report:
-    """The report of one run folder (written by :func:`robustbench_fm.app.run`); ``experiment``
+    """The report of one run folder (written by :func:`robustbench_fm.cli.app.run`); ``experiment``
     names the experiment in the title."""
     results = SweepResults(out_dir)
     cfg = OmegaConf.create(config_yaml) if config_yaml.strip() else None

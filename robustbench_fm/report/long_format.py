@@ -63,7 +63,7 @@ def config_seed(cfg: DictConfig | None) -> float:
 def stage_conventions(stage: str) -> tuple[list[str], list[str], str]:
     """``(GROUP_COLUMNS, PARAM_COLUMNS, COUNT_COLUMN)`` of a registered stage module (empty lists
     and ``"n"`` for a stage that declares nothing, or a name no stage is registered under)."""
-    from .. import stages
+    from .. import methods as stages
 
     module = stages.get(stage) if stage in stages.names() else None
     return (list(getattr(module, "GROUP_COLUMNS", [])), list(getattr(module, "PARAM_COLUMNS", [])),

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..atomic import write_text_atomic
+from ..core.atomic import write_text_atomic
 from .tables import PaperTable
 
 

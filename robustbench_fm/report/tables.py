@@ -135,7 +135,7 @@ PAPERS = ("candor", "croma", "spar")
 
 def names() -> list[str]:
     """Every table name a builder module declares."""
-    return sorted(n for paper in PAPERS for n in importlib.import_module(f"{__package__}.tables_{paper}").TABLES)
+    return sorted(n for paper in PAPERS for n in _module(paper).TABLES)
 
 
 def get(name: str) -> Builder:
@@ -146,7 +146,11 @@ def get(name: str) -> Builder:
         close = difflib.get_close_matches(name, known, n=3)
         raise KeyError(f"unknown table '{name}'" + (f"; did you mean {', '.join(close)}?" if close else
                                                     f"; known tables: {', '.join(known)}"))
-    return getattr(importlib.import_module(f"{__package__}.tables_{paper}"), name)
+    return getattr(_module(paper), name)
+
+
+def _module(paper: str):
+    return importlib.import_module(f"robustbench_fm.methods.{paper}.tables")
 
 
 def build_tables(names, results: SweepResults, out_dir: str | Path) -> list[Path]:

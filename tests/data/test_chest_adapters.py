@@ -22,7 +22,7 @@ from chest_fixtures import (
 from robustbench_fm.data import build_manifest, get
 from robustbench_fm.data.chest.common import ChestDataError
 from robustbench_fm.data.images import read_image
-from robustbench_fm.manifest import CHEST_FINDINGS
+from robustbench_fm.data.manifest import CHEST_FINDINGS
 
 NAN = np.nan
 CHEST = ["mimic_cxr", "chexpert", "padchest", "vindr_cxr", "vindr_pcxr", "openi", "rsna_pneumonia",

@@ -10,7 +10,7 @@ from robustbench_fm.data.images import read_image
 from robustbench_fm.data.natural import classes_sharing_group, cub_family
 
 #: The official classes.txt of CUB-200-2011 (a copy of ../shared/reference/cub_classes.txt).
-CUB_NAMES = Path(__file__).resolve().parent / "cub_classes.txt"
+CUB_NAMES = Path(__file__).resolve().parents[1] / "fixtures" / "cub_classes.txt"
 
 
 def test_cub_species_family_and_split(tmp_path):

@@ -10,7 +10,7 @@ from fixtures_natural import write_fgvc
 from fixtures_pathology import pcam_patch, write_pcam
 from PIL import Image
 
-from robustbench_fm import manifest as mf
+from robustbench_fm.data import manifest as mf
 from robustbench_fm.data.images import read_image
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "prepare_dataset.py"

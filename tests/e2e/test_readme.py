@@ -59,8 +59,7 @@ def _chest_data(data_dir: Path) -> None:
     """MIMIC-CXR-JPG and CheXpert in their released layouts (two views each, 12 findings, a planted
     marker on the edema positives), MS-CXR boxes on MIMIC's pneumothorax positives and an RSNA
     pneumonia copy: what ``paths.data_dir=/data`` holds for ``experiment=chest_candor``."""
-    sys.path.insert(0, str(REPO / "tests" / "candor"))
-    sys.path.insert(0, str(REPO / "tests" / "data"))
+    sys.path.insert(0, str(REPO / "tests" / "methods" / "candor"))
     from chest_fixtures import write_rsna_pneumonia
     from test_chest_candor_e2e import write_chexpert, write_mimic
 
@@ -116,7 +115,6 @@ SUBSTITUTES: dict[str, tuple[str, str]] = {
 def _data(data_dir: Path) -> None:
     """Everything the substituted commands read under ``./data``, in the released layouts."""
     _chest_data(data_dir)
-    sys.path.insert(0, str(REPO / "tests" / "data"))
     from fixtures_natural import write_cub
 
     write_cub(data_dir / "CUB_200_2011", per_class=12)

@@ -7,7 +7,7 @@ import io
 import pytest
 from report_fixtures import candor_sweep
 
-from robustbench_fm.sweeps import collect
+from robustbench_fm.cli.sweeps import collect
 
 
 @pytest.fixture(scope="session")

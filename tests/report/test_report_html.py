@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from robustbench_fm import __main__ as cli
-from robustbench_fm import app
+from robustbench_fm.cli import app
+from robustbench_fm.cli import main as cli
 from robustbench_fm.report import html, published
 from robustbench_fm.report.tables import PaperTable
 

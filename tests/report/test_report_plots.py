@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 from scipy.stats import spearmanr
 
-from robustbench_fm.report import candor_plots, spar_plots
+from robustbench_fm.methods.candor import plots as candor_plots
+from robustbench_fm.methods.spar import plots as spar_plots
 
 
 def check_files(paths):

@@ -16,9 +16,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from report_fixtures import job_config, write_job
 
-from robustbench_fm import app, results
 from robustbench_fm.api import evaluate
-from robustbench_fm.report import candor_plots, html
+from robustbench_fm.cli import app
+from robustbench_fm.core import results
+from robustbench_fm.methods.candor import plots as candor_plots
+from robustbench_fm.report import html
 from robustbench_fm.report.long_format import to_long
 from robustbench_fm.report.tables import PaperTable, SweepResults
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ...manifest import CHEST_FINDINGS
+from ..manifest import CHEST_FINDINGS
 from ..registry import Adapter, register
 from .common import (
     ChestDataError,

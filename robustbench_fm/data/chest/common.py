@@ -15,11 +15,10 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from ...manifest import BOX_COLUMNS, CHEST_FINDINGS
-
 # One error family and one set of file helpers for every adapter (data/files.py).
 from ..files import DatasetError as ChestDataError
 from ..files import LabelGap, first_existing, read_table, report_label_gap  # noqa: F401  (used by the chest modules)
+from ..manifest import BOX_COLUMNS, CHEST_FINDINGS
 
 FINDINGS_FILE = Path(__file__).resolve().parent.parent / "chest_findings.csv"
 UNCERTAIN_POLICIES = {"nan": np.nan, "positive": 1.0, "negative": 0.0}

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ...manifest import CHEST_FINDINGS
+from ..manifest import CHEST_FINDINGS
 from ..registry import Adapter, register
 from .common import (
     ChestDataError,

@@ -4,7 +4,7 @@ Modules: :mod:`.volumes` (NIfTI read in RAS, windows), :mod:`.layouts` (the WORD
 TotalSegmentator on-disk layouts, organ label maps, the datasets' options) and :mod:`.phantoms`
 (synthetic volumes in those layouts).
 
-The volumes themselves are read by ``robustbench_fm.spar.samples.build_samples``; the manifest
+The volumes themselves are read by ``robustbench_fm.methods.spar.samples.build_samples``; the manifest
 lists them (``sample_id`` = subject, ``path`` = the CT file, ``split``) so that the datasets
 plan and compose like the others. ``spar_phantom_word`` (and ``spar_phantom_totalsegmentator``)
 are synthetic phantoms in the real layouts, written on first use by ``generate``.

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ...atomic import write_text_atomic
+from ...core.atomic import write_text_atomic
 from .layouts import ORGANS, TOTALSEG_CLASSES, WORD_SPLIT_DIRS
 
 PHANTOM_VERSION = 3

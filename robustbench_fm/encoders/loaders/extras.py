@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from ...errors import UserError
+from ...core.errors import UserError
 from ..spec import EncoderSpec
 
 #: extra -> how to install it (a command to paste, or the authors' checkout instruction). The PyPI

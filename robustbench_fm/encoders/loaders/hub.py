@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from ...errors import UserError
+from ...core.errors import UserError
 from ..spec import EncoderSpec
 
 _TRUE = {"1", "on", "yes", "true"}

@@ -1,0 +1,144 @@
+"""``python -m robustbench_fm doctor [encoder ...]``: what each encoder needs and whether it can
+run offline on this machine now.
+
+Per encoder: the packages its loader imports (found or missing, without importing them), where
+its weights are (random/built-in, the local Hugging Face cache, torchxrayvision's cache, or
+outside the hub so ``encoder.weights=PATH`` is needed), whether it is gated and a Hugging Face
+token is configured, and whether it needs ``trust_remote_code``. Nothing touches the network.
+After the table, one install line per missing package (its robustbench_fm extra, or the authors'
+repository for packages that are not on PyPI); packages one command installs share its line.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from ..encoders import get, names
+from ..encoders.loaders.extras import install_line
+from ..encoders.spec import EncoderSpec
+
+#: import name of each library's loader dependency (None: built into robustbench_fm)
+_LIBRARY_MODULES = {"timm": "timm", "open_clip": "open_clip", "transformers": "transformers",
+                    "torchxrayvision": "torchxrayvision", "synthetic": None, "conch": "timm", "musk": "timm",
+                    "flair": "torch", "panderm": "timm", "sam_med2d": "torch", "titan_conch": "transformers",
+                    "slide": "transformers"}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """One encoder's readiness; ``offline_ok`` is True when it can be loaded offline right now."""
+
+    name: str
+    packages_missing: tuple[str, ...]
+    weights: str
+    weights_found: bool
+    gated: bool
+    token: bool
+    remote_code: bool
+    offline_ok: bool
+
+    def cells(self) -> tuple[str, ...]:
+        """The doctor's columns for this encoder: name, offline, packages, weights, access."""
+        pkgs = "ok" if not self.packages_missing else "missing " + ",".join(self.packages_missing)
+        gate = ("gated, token set" if self.token else "gated, NO token") if self.gated else "open"
+        return (self.name, "yes" if self.offline_ok else "no", pkgs, self.weights,
+                gate + ("  remote code" if self.remote_code else ""))
+
+    def line(self) -> str:
+        return "  ".join(self.cells())
+
+
+def _module_found(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def hub_repo(spec: EncoderSpec) -> str | None:
+    """The Hugging Face repo holding the entry's weights (None when they live elsewhere)."""
+    hub_id = spec.hub_id
+    if hub_id.startswith(("gdrive:", "planted:")) or spec.library == "torchxrayvision":
+        return None
+    if ":" in hub_id:
+        return hub_id.split(":", 1)[1].split("@")[0]
+    if spec.library == "timm" and spec.hub_file is None:
+        from ..encoders.loaders.timm_loader import _timm_repo
+        return _timm_repo(hub_id)
+    return hub_id
+
+
+def _hf_token() -> bool:
+    from huggingface_hub import get_token
+    return bool(get_token())
+
+
+def _weights(spec: EncoderSpec) -> tuple[str, bool]:
+    """(where the weights are, found) without any network access."""
+    if spec.library == "synthetic":
+        return "built-in (no weights)", True
+    if not spec.pretrained:
+        return f"random (seed {spec.seed}, no download)", True
+    if spec.library == "torchxrayvision":
+        if not _module_found("torchxrayvision"):  # its cache folder and file names come from the package
+            return "unknown: torchxrayvision not installed", False
+        from ..encoders.loaders.xrv_loader import cached_release
+        path = cached_release(spec)
+        return (f"torchxrayvision cache {path.name[:24]}", True) if path else ("not in torchxrayvision cache", False)
+    repo = hub_repo(spec)
+    if repo is None:
+        return "encoder.weights=PATH needed (not on HF)", False
+    from huggingface_hub import try_to_load_from_cache
+
+    from ..encoders.loaders.hub import cached_commit
+    commit = cached_commit(repo, spec.revision)
+    if commit is not None and spec.hub_file is not None:
+        found = isinstance(try_to_load_from_cache(repo, spec.hub_file, revision=commit), str)
+    else:
+        found = commit is not None
+    return (f"HF cache {repo}@{commit[:8]}", True) if found else (f"not in HF cache ({repo})", False)
+
+
+def diagnose(name: str) -> Diagnosis:
+    """The readiness of one registry entry on this machine (no import of its packages, no network)."""
+    spec = get(name)
+    modules = list(dict.fromkeys(m for m in (_LIBRARY_MODULES[spec.library], *spec.requires) if m))
+    missing = tuple(m for m in modules if not _module_found(m))
+    where, found = _weights(spec)
+    return Diagnosis(name=name, packages_missing=missing, weights=where, weights_found=found, gated=spec.gated,
+                     token=spec.gated and _hf_token(), remote_code=spec.trust_remote_code,
+                     offline_ok=not missing and found)
+
+
+def install_lines(rows: list[Diagnosis]) -> list[str]:
+    """One line per install command the missing packages of ``rows`` need: the command, then the
+    packages it installs and the encoders that need them (a package several extras hold, e.g.
+    fairscale, is listed under each entry's own command)."""
+    commands: dict[str, tuple[dict, dict]] = {}
+    for row in rows:
+        for module in row.packages_missing:
+            packages, encoders = commands.setdefault(install_line(get(row.name), module), ({}, {}))
+            packages[module] = encoders[row.name] = None
+    if not commands:
+        return []
+    width = max(len(c) for c in commands)
+    return ["missing packages, one install line each:"] + [
+        f"  {command:{width}s}  # {', '.join(packages)} (for {', '.join(encoders)})"
+        for command, (packages, encoders) in commands.items()]
+
+
+def report(selected: list[str] | None = None) -> str:
+    """The doctor's table: one line per encoder (all registered ones by default), a summary and
+    the install line of every missing package. An unknown name raises KeyError (one line, with
+    the registry's closest names) before any output."""
+    chosen = selected or names()
+    for name in chosen:
+        get(name)  # unknown names fail with the registry's suggestion before any output
+    rows = [diagnose(n) for n in chosen]
+    ready = sum(r.offline_ok for r in rows)
+    table = [("encoder", "offline", "packages", "weights", "access"), *(r.cells() for r in rows)]
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    lines = ["  ".join([c.ljust(w) for c, w in zip(row, widths)] + [row[-1]]) for row in table]
+    return "\n".join(lines + [f"{ready} of {len(rows)} encoders can run offline now; "
+                               "pass encoder.weights=PATH for the others"]
+                     + install_lines(rows))

@@ -1,0 +1,369 @@
+"""Command line: ``python -m robustbench_fm [hydra overrides]`` runs a job (default
+``experiment=demo``); ``python -m robustbench_fm list [encoders|datasets|stages|experiments]``
+lists what is registered; ``python -m robustbench_fm verify <cache entry or root> [manifest]``
+re-checks feature-cache shards against their checksums, row counts and the manifest;
+``python -m robustbench_fm doctor [encoder ...]`` reports whether each encoder can run offline;
+``python -m robustbench_fm collect <sweep dir> [--compare]`` (or ``experiment=collect
+sweep_dir=<sweep dir> [compare=true]``) merges a multirun's results (run automatically when a
+multirun ends) and with ``--compare`` prints its paper tables beside the published values;
+``python -m robustbench_fm compare <sweep dir>`` only rebuilds that comparison."""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows as left-aligned columns (the last column is not padded)."""
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in rows]
+
+
+def _yaml_title(path: Path) -> str:
+    """The first line of a config file's leading comment (after ``# @package``)."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#") and not line.startswith("# @package"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def _panel_line(path: Path) -> str:
+    from omegaconf import OmegaConf
+
+    names = [str(n) for n in OmegaConf.load(path).get("encoders") or []]
+    shown = ", ".join(names)
+    return f"{len(names)}: " + (shown if len(shown) <= 90 else shown[:89] + "…")
+
+
+SECTIONS = ("encoders", "datasets", "stages", "experiments", "panels")
+
+
+def listing(what: str | None = None) -> str:
+    """Registered encoders, datasets, stages, shipped experiments and panels, aligned, one per
+    line with what each is. Imports no torch (the registries hold specs only)."""
+    if what is not None and what not in SECTIONS:
+        raise SystemExit(f"error: list: unknown section '{what}'; choose one of {', '.join(SECTIONS)}")
+    from .. import data, encoders
+    from .. import methods as stages
+
+    def encoder_rows():
+        for n in encoders.names():
+            spec = encoders.get(n)
+            yield n, spec.library, f"{spec.params_m:g}M" if spec.params_m else "", spec.hub_id
+
+    makers = {
+        "encoders": lambda: [("name", "library", "params", "weights (hub id)"), *encoder_rows()],
+        "datasets": lambda: [("name", "access / what it is")]
+        + [(n, data.get(n).access or data.get(n).description) for n in data.names()],
+        "stages": lambda: [("name", "what it measures")] + [(n, stages.DESCRIPTIONS[n]) for n in stages.names()],
+        "experiments": lambda: [("name", "what it reproduces")]
+        + [(p.stem, _yaml_title(p)) for p in sorted((CONFIG_DIR / "experiment").glob("*.yaml"))],
+        "panels": lambda: [("name", "encoders")]
+        + [(p.stem, _panel_line(p)) for p in sorted((CONFIG_DIR / "panel").glob("*.yaml"))],
+    }
+    keys = [what] if what else list(SECTIONS)
+    return "\n\n".join(f"{k}:\n" + "\n".join(f"  {line}" for line in _table(makers[k]())) for k in keys)
+
+
+def verify(path: str, manifest: str | None = None) -> int:
+    """Print one line per cache entry (plus its problems and notes); 1 when any entry is bad."""
+    from ..features import verify_cache, verify_entry
+
+    target = Path(path)
+    reports = [verify_entry(target, manifest)] if manifest or (target / "meta.json").exists() \
+        else verify_cache(target)
+    if not reports:
+        print(f"{target}: no cache entry found")
+        return 1
+    for report in reports:
+        print(report.summary())
+        for line in report.problems:
+            print(f"  problem: {line}")
+        for line in report.notes:
+            print(f"  note: {line}")
+    return 0 if all(r.ok for r in reports) else 1
+
+
+def collect(sweep_dir: str, show_compare: bool = False) -> int:
+    """Merge a sweep's results (``combined.parquet``, ``results_long.parquet``, tables, report);
+    with ``show_compare`` print ``compare.md``; 1 with a one-line summary when jobs did not
+    finish, 2 with a one-line error when incomplete."""
+    from .sweeps import collect_and_report
+
+    result = collect_and_report(sweep_dir)
+    if result is None or result.problems:
+        return 2
+    rc = 1 if result.unfinished else 0
+    if show_compare:
+        shown = Path(sweep_dir) / "compare.md"
+        print(shown.read_text() if shown.exists() else "compare: the sweep's experiment lists no paper tables "
+              "(report.tables); nothing to compare")
+    return rc
+
+
+def newest_sweep(root: Path = Path("outputs") / "multirun") -> str | None:
+    """The newest sweep folder ``<root>/<date>/<time>`` (the default output layout, relative to
+    the current directory), announced on stdout; None with a one-line error when there is none."""
+    sweeps = sorted(p for p in root.glob("*/*") if p.is_dir()) if root.is_dir() else []
+    if not sweeps:
+        print(f"error: collect: no sweep under '{root}'; pass the sweep folder: "
+              "python -m robustbench_fm collect <multirun folder>", file=sys.stderr)
+        return None
+    print(f"collect: the newest sweep, {sweeps[-1]}")
+    return str(sweeps[-1])
+
+
+def compare(sweep_dir: str) -> int:
+    """Rebuild the sweep's paper tables (``report.tables``) and print them beside the published
+    values (``compare.md`` / ``compare.csv`` in the sweep folder); 2 with a one-line error."""
+    from ..report.compare import to_markdown, write_compare
+    from ..report.tables import SweepResults, get
+
+    results = SweepResults(sweep_dir)
+    if not results.root.is_dir() or results.config is None:
+        print(f"error: compare: '{sweep_dir}' holds no finished run; pass a multirun or run folder", file=sys.stderr)
+        return 2
+    names = list((results.config.get("report") or {}).get("tables") or [])
+    if not names:
+        print(f"error: compare: the experiment of '{sweep_dir}' lists no paper tables; set report.tables",
+              file=sys.stderr)
+        return 2
+    print(to_markdown(write_compare([t for name in names for t in get(name)(results)], results.root)))
+    return 0
+
+
+def _remove_dry_run_folder(out: Path, output_root: Path) -> None:
+    """Hydra made the run folder (and its empty job log) before the job ran; a dry run leaves
+    nothing behind, nor the empty date folders above it, up to (not including) ``paths.output_root``."""
+    for handler in list(logging.root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == out:
+            handler.close()
+            logging.root.removeHandler(handler)
+    if not out.is_dir() or any(not (p.is_file() and p.suffix == ".log") for p in out.iterdir()):
+        return
+    for p in out.iterdir():
+        p.unlink()
+    folder = out
+    while folder != output_root and output_root in folder.parents and not any(folder.iterdir()):
+        folder.rmdir()
+        folder = folder.parent
+
+
+def doctor(selected: list[str]) -> int:
+    """Print the doctor's report; 2 with a one-line error for an unknown encoder name."""
+    from .doctor import report
+
+    try:
+        text = report(selected)
+    except KeyError as exc:
+        print(f"error: doctor: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
+def _settings() -> tuple[set[str], list[str]]:
+    """The top-level names an override may start with (config.yaml's keys, the config groups,
+    the keys the ``@package _global_`` configs add, ``hydra``) and every setting as a dotted path
+    (``stage.params.k``), read from the YAML files alone (no composition)."""
+    import yaml
+
+    def leaves(node, prefix: str) -> list[str]:
+        if not isinstance(node, dict):
+            return [prefix]
+        return [p for k, v in node.items() if k != "defaults" for p in leaves(v, f"{prefix}.{k}" if prefix else k)]
+
+    roots, paths = {"hydra"}, []
+    for path in [CONFIG_DIR / "config.yaml", *sorted(CONFIG_DIR.glob("*/*.yaml"))]:
+        tree = yaml.safe_load(path.read_text()) or {}
+        glob = path.parent == CONFIG_DIR or "@package _global_" in path.read_text().split("\n", 1)[0]
+        if glob:
+            roots |= set(tree)
+        else:
+            roots.add(path.parent.name)
+        paths += leaves(tree, "" if glob else path.parent.name)
+    return roots, sorted({p for p in paths if not p.startswith("hydra.") and not set(p) & set("+~@/")})
+
+
+def _unknown_group_option(key: str, override) -> str | None:
+    """``encoder=planted_sharpp`` (an option of a config group that has no file): one line with the
+    closest options, instead of Hydra's 60-line list of every option."""
+    import difflib
+
+    folder = CONFIG_DIR / key
+    if "." in key or "/" in key or not folder.is_dir():
+        return None
+    values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
+    options = sorted(p.stem for p in folder.glob("*.yaml"))
+    for value in values:
+        if value is None or str(value) in options or str(value) == "null":
+            continue
+        close = difflib.get_close_matches(str(value), options, n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else f"run 'python -m robustbench_fm list {key}s'"
+        noun = key[:-1] if key.endswith("s") else key
+        return f"unknown {noun} '{value}'; {hint}"
+    return None
+
+
+def check_overrides(argv: list[str]) -> str | None:
+    """Why Hydra would refuse the command line's overrides, as one line with the fix, else None.
+
+    A value Hydra's grammar cannot read (a space the shell split on, a non-ASCII letter,
+    parentheses) gets the quoting that works in bash; a top-level name that is no setting
+    (``k=1000``) gets the setting it most likely means (``stage.params.k``), instead of Hydra's
+    traceback or its ``+k=1000`` advice (which would add an unused key)."""
+    import difflib
+    import shlex
+
+    import yaml
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+    from hydra.errors import HydraException
+
+    try:
+        overrides = get_args_parser().parse_known_args(argv)[0].overrides or []
+    except SystemExit:  # a malformed flag: Hydra reports it itself
+        return None
+    parser, roots, paths = OverridesParser.create(), None, None
+    groups = {"hydra", *(p.name for p in CONFIG_DIR.iterdir() if p.is_dir()),
+              *yaml.safe_load((CONFIG_DIR / "config.yaml").read_text())}
+    for i, text in enumerate(overrides):
+        try:
+            override = parser.parse_override(text)
+        except HydraException:
+            # the shell split an unquoted value at its spaces: the pieces without '=' belong to it
+            j, k = i, i
+            while j > 0 and "=" not in overrides[j]:
+                j -= 1
+            while k + 1 < len(overrides) and "=" not in overrides[k + 1]:
+                k += 1
+            text = " ".join(overrides[j:k + 1]) if "=" in overrides[j] else text
+            key, _, value = text.partition("=")
+            inner = f"{key}='{value}'" if '"' in value else f'{key}="{value}"'
+            return (f"could not parse override '{text}': quote values with spaces or special characters: "
+                    f"{shlex.quote(inner)}")
+        if override.type != OverrideType.CHANGE:  # +key / ++key / ~key: Hydra's own checks
+            continue
+        key = override.key_or_group
+        unknown = _unknown_group_option(key, override)
+        if unknown is not None:
+            return f"{unknown} (in override '{text}')"
+        top = key.split("@")[0].split("/")[0].split(".")[0]
+        if top in groups:  # most overrides: no YAML read
+            continue
+        if roots is None:
+            roots, paths = _settings()
+        if top in roots:
+            continue
+        last = key.split(".")[-1]
+        close = [p for p in paths if p.split(".")[-1] == last] or difflib.get_close_matches(key, paths, n=3)
+        value = text.partition("=")[2]
+        hint = f"did you mean {' or '.join(f'{c}={value}' for c in close[:3])}?" if close else \
+            "print the settings with dry_run=true"
+        return f"there is no setting '{key}' (in override '{text}'); {hint}"
+    return None
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "list":
+        print(listing(sys.argv[2] if len(sys.argv) > 2 else None))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "doctor":
+        sys.exit(doctor(sys.argv[2:]))
+    if len(sys.argv) > 1 and sys.argv[1] == "collect":
+        args = [a for a in sys.argv[2:] if a != "--compare"]
+        if len(args) > 1:
+            raise SystemExit("usage: python -m robustbench_fm collect [<multirun sweep folder>] [--compare]")
+        sweep = args[0] if args else newest_sweep()
+        sys.exit(collect(sweep, "--compare" in sys.argv[2:]) if sweep else 2)
+    if len(sys.argv) > 1 and sys.argv[1] == "compare":
+        if len(sys.argv) != 3:
+            raise SystemExit("usage: python -m robustbench_fm compare <multirun sweep folder or run folder>")
+        sys.exit(compare(sys.argv[2]))
+    if len(sys.argv) > 1 and sys.argv[1] == "verify":
+        if len(sys.argv) not in (3, 4):
+            raise SystemExit("usage: python -m robustbench_fm verify <cache entry or cache root> [manifest]")
+        sys.exit(verify(*sys.argv[2:]))
+    import traceback
+
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import DictConfig
+
+    from .sweeps import register_resolvers
+
+    register_resolvers()
+
+    @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
+    def _job(cfg: DictConfig) -> None:
+        from ..core.redact import install_log_redaction, redacted_yaml
+        from . import app
+
+        install_log_redaction()
+        hc = HydraConfig.get()
+        overrides = list(hc.overrides.task)
+        if hc.runtime.choices.get("experiment") == "collect":
+            if cfg.get("sweep_dir") is None:
+                print("error: experiment=collect needs sweep_dir=<multirun folder>", file=sys.stderr)
+                sys.exit(2)
+            rc = collect(str(cfg.sweep_dir), bool(cfg.get("compare")))
+            if rc:
+                sys.exit(rc)
+            return
+        # In a multirun a failed job is recorded (status.json) and the sweep goes on to the next
+        # job; its collect step lists the failures and sets the exit code (sweeps.CollectCallback).
+        multirun = hc.mode == RunMode.MULTIRUN
+        out_dir = Path(hc.runtime.output_dir)
+        where = f"job {out_dir.name}: " if multirun else ""
+        try:
+            if cfg.dry_run:
+                print(redacted_yaml(cfg))
+                print(app.plan(cfg, overrides).describe(cfg))
+                _remove_dry_run_folder(Path(hc.runtime.output_dir), Path(cfg.paths.output_root))
+                return
+            app.run(cfg, out_dir, overrides)
+        except KeyboardInterrupt as exc:
+            if cfg.get("debug"):
+                traceback.print_exc()
+            saved = f"{exc}; " if str(exc) else f"run folder {out_dir}; finished feature-cache shards are kept; "
+            print(f"interrupted: {saved}re-run the same command to resume", file=sys.stderr)
+            if multirun:
+                print(f"the sweep stopped at {out_dir.name}; python -m robustbench_fm collect {hc.sweep.dir} "
+                      "merges the jobs that finished", file=sys.stderr)
+            sys.exit(130)
+        except app.USER_ERRORS as exc:
+            if cfg.get("debug"):
+                if not multirun:
+                    raise
+                traceback.print_exc()
+            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            print(f"error: {where}{message}", file=sys.stderr)
+            if not multirun:
+                sys.exit(2)
+        except Exception:
+            if not multirun:
+                raise
+            traceback.print_exc()
+            print(f"error: {where}failed with the traceback above", file=sys.stderr)
+
+    logging.getLogger("robustbench_fm").setLevel(logging.INFO)
+    problem = check_overrides(sys.argv[1:])  # before Hydra: its parse errors are tracebacks
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        _job()
+    except KeyboardInterrupt:  # outside a job (composing the config, a sweep's collect step)
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,472 @@
+"""CANDOR: chance-calibrated neighbourhood discordance (candor.md, "The CANDOR Framework",
+"Implementation", "Reporting", "Baselines", "Ablation Studies").
+
+For one task (a binary finding, or one class against the other classes of its family; see
+:mod:`robustbench_fm.methods.candor.tasks`) and each matched group s (``group_col``):
+
+* queries: the positives inside a seeded random sample of at most ``max_group_sample`` labelled
+  images of s;
+* banks R+_s and R−_s: n = min(bank_size, #positives, #negatives) images drawn once (seed) from
+  all positives / negatives of s; a query that is in R+_s is removed from it (it then meets n−1
+  positives, chance level ≤ 1/2 + k/n, candor.md "The Discordance Rate and Its Chance Level");
+* c±(x) = mean cosine similarity of the k nearest in R±_s; DM(x) = c−(x) − c+(x) (Eq. 1);
+  x is discordant iff DM(x) > 0 (ties are concordant);
+* D_s = share of discordant queries; D_all with all positives / all negatives of s as candidates,
+  the query excluded ("Unequal Candidate Sets": above 1/2 even on label-independent features);
+* margin AUROC: every labelled image of s scored by c+ − c− against the banks, each image
+  excluded from the bank holding it ("Baselines");
+* ± and 95% interval of D, D_all and the margin AUROC: ``n_boot`` resamples of patients
+  (``cluster_col``) with the banks fixed ("Reporting"). One matrix of patient multiplicities serves
+  every group, task and pool, so pooled rows are resampled jointly. The margin AUROC is resampled
+  through its placement-value expansion (``auroc_bootstrap="linear"``, the clustered DeLong variance;
+  one pass over the patients) or re-ranked in every resample (``"exact"``, a pass over every image
+  with a cumulative sum: about 3 times the stage's other bootstrap work at chest scale).
+
+Groups are pooled weighted by their number of queries (D and D_all as ratios of sums, the margin
+AUROC as the query-weighted mean of group AUROCs). A group that cannot be scored (fewer than
+k + 1 images in a bank) gets a row with its ``reason`` and is left out of the pool. Chest findings
+scored together add a ``__chest__`` row (severity-weighted D and D_all, mean AUROC); a one-vs-rest
+task adds a ``target="__mean__"`` row (unweighted mean over its classes).
+
+Controls (candor.md "Chest Encoders ...", "Ablation Studies"): ``shuffle_labels`` (labels permuted
+within each matched group), ``queries="negative"`` (roles of the two classes exchanged; n_pos then
+counts the query class), ``equal_size`` (a query removed from R+ also removes one random negative
+from R−, so its chance level is exactly 1/2), ``exclude_patient`` (the query's patient is left out
+of every candidate set: banks, D_all's sets and the margin's banks), ``unmatched`` (the same
+queries, but banks and D_all's sets drawn from the labelled images of all groups pooled; the margin
+scores each group's images against those banks), ``isolated`` (positives with none of the other
+findings, negatives with none of them all) and ``box_verified`` (positives restricted to those
+with an expert box). The shortlist fast path serves the default and the label controls; the
+neighbour controls use exact searches against each candidate set.
+
+Several findings (``finding`` as a list) are scored together: the similarities of a matched
+group's labelled images are computed once and shared by every task's banks and queries.
+
+``summary`` columns: finding, acq_group (``"__pooled__"`` for the pool), target, n_queries, n_pos,
+n_neg, bank_size, k, d, d_sd, d_ci_low, d_ci_high, d_all, d_all_sd, d_all_ci_low, d_all_ci_high,
+margin_auroc, margin_auroc_sd, margin_auroc_ci_low, margin_auroc_ci_high, reason.
+``per_sample`` columns: sample_id, finding, target, acq_group, c_pos, c_neg, dm, discordant,
+c_pos_all, c_neg_all, dm_all, discordant_all.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.metrics import roc_auc_score
+
+from ...core.devices import resolve_device
+from ...core.neighbors import Shortlist, l2_normalize, topk_similarity
+from ...core.results import Results
+from ...core.stats import LinearizedAUROC, ResampledAUROC, ResampledRatio, cluster_count_chunks, summarize_bootstrap
+from . import tasks as ct
+
+POOLED = "__pooled__"
+#: Matched group of every query under ``unmatched=True`` for the pooled banks' draw.
+UNMATCHED = "__unmatched__"
+#: ``run`` takes a list of findings and scores them from one similarity pass per matched group.
+MULTI_FINDING = True
+COUNT_COLUMN = "n_queries"
+#: A row is one task (``target``) in one matched group (or the pool).
+GROUP_COLUMNS = ["acq_group", "target"]
+PARAM_COLUMNS = ["bank_size", "k"]
+METRICS = ("d", "d_all", "margin_auroc")
+PER_SAMPLE_COLUMNS = ["sample_id", "finding", "target", "acq_group", "c_pos", "c_neg", "dm", "discordant",
+                      "c_pos_all", "c_neg_all", "dm_all", "discordant_all"]
+QUERY_ROLES = ("positive", "negative")
+#: margin-AUROC intervals: the bootstrap of its placement-value expansion, or re-ranked resamples
+AUROC_BOOTSTRAPS = {"linear": LinearizedAUROC, "exact": ResampledAUROC}
+
+
+def group_rng(seed: int, group: str) -> np.random.Generator:
+    """One generator per matched group, so a group's draws do not depend on the other groups."""
+    return np.random.default_rng([seed, zlib.crc32(str(group).encode())])
+
+
+def draw_group(pos: np.ndarray, neg: np.ndarray, bank_size: int, max_group_sample: int,
+               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Queries (positives of the ≤ max_group_sample sample) and the equal-size banks R+, R−."""
+    labelled = np.sort(np.concatenate([pos, neg]))
+    sample = labelled if len(labelled) <= max_group_sample else np.sort(
+        rng.choice(labelled, size=max_group_sample, replace=False))
+    queries = sample[np.isin(sample, pos)]
+    n = min(bank_size, len(pos), len(neg))
+    bank_pos = np.sort(rng.choice(pos, size=n, replace=False))
+    bank_neg = np.sort(rng.choice(neg, size=n, replace=False))
+    return queries, bank_pos, bank_neg
+
+
+def equal_size_drops(queries: np.ndarray, bank_pos: np.ndarray, bank_neg: np.ndarray,
+                     rng: np.random.Generator) -> np.ndarray:
+    """For each query inside R+, one random member of R− removed with it ("Removing one random
+    negative would restore equal sizes"); −1 for the other queries."""
+    inside = np.isin(queries, bank_pos)
+    drops = np.full(len(queries), -1, dtype=np.int64)
+    if inside.any():
+        drops[inside] = rng.choice(bank_neg, size=int(inside.sum()), replace=True)
+    return drops
+
+
+def masked_mean_topk(feats: torch.Tensor, queries, cands, k: int, clusters: np.ndarray | None = None,
+                     drops: np.ndarray | None = None, block_size: int = 4096, backend: str = "torch"
+                     ) -> np.ndarray:
+    """c(x) over the candidates minus the query itself, minus the query's cluster (``clusters``
+    given: its patient's images) and minus ``drops[i]`` (≥ 0) for query i; NaN when fewer than
+    k candidates remain.
+
+    Exact: the k + e nearest candidates are searched, e the most candidates one query can lose,
+    and the k nearest survivors are kept (every candidate outside that list is no nearer).
+    """
+    queries, cands = np.asarray(queries, np.int64), np.asarray(cands, np.int64)
+    extra = 0 if drops is None else 1
+    if clusters is not None and len(queries):
+        extra += int(np.bincount(clusters[cands], minlength=int(clusters.max()) + 1)[clusters[queries]].max())
+    reach = min(k + extra, len(cands) - int(np.isin(queries, cands).any()))
+    if reach < k or not len(queries):
+        return np.full(len(queries), np.nan)
+    values, at = topk_similarity(feats, queries, cands, reach, block_size, backend=backend)
+    values, rows = values.double().cpu().numpy(), cands[at.cpu().numpy()]
+    gone = np.zeros(values.shape, bool)
+    if clusters is not None:
+        gone |= clusters[rows] == clusters[queries][:, None]
+    if drops is not None:
+        gone |= rows == drops[:, None]
+    kept = -np.sort(-np.where(gone, -np.inf, values), axis=1)[:, :k]
+    return np.where(np.isfinite(kept).all(axis=1), kept.mean(axis=1), np.nan)
+
+
+@dataclass
+class _Setting:
+    """What every group's scoring needs besides its own images."""
+
+    feats: torch.Tensor
+    k: int
+    clusters: np.ndarray
+    exclude_patient: bool
+    exact: bool
+    block_size: int
+    backend: str
+
+
+def _neighbour_means(s: _Setting, shortlist, queries, cands, drops=None) -> np.ndarray:
+    """c(x) of ``queries`` on ``cands``: the shared shortlist, or an exact search when a control
+    changes the candidate set per query."""
+    if s.exact or drops is not None:
+        return masked_mean_topk(s.feats, queries, cands, s.k, s.clusters if s.exclude_patient else None,
+                                drops, s.block_size, s.backend)
+    return shortlist.mean_topk(queries, cands, s.k)
+
+
+def _score_group(s: _Setting, shortlist, pos, neg, queries, bank_pos, bank_neg, cand_pos, cand_neg, drops):
+    """c± of the queries on the banks and on all candidates, and the margin scores c+ − c− of the
+    group's labelled images (the queries' c± on the banks are read off the margin's terms)."""
+    everyone = np.concatenate([pos, neg])
+    m_pos = _neighbour_means(s, shortlist, everyone, bank_pos)
+    m_neg = _neighbour_means(s, shortlist, everyone, bank_neg)
+    at = np.searchsorted(pos, queries)  # queries are positives, pos is sorted
+    c_pos, c_neg = m_pos[at], m_neg[at]
+    if drops is not None and (drops >= 0).any():
+        inside = drops >= 0
+        c_neg[inside] = _neighbour_means(s, shortlist, queries[inside], bank_neg, drops[inside])
+    # a full bank is the set of all candidates: then D_all's scores are D's
+    c_pos_all = m_pos[at] if np.array_equal(bank_pos, cand_pos) else _neighbour_means(s, shortlist, queries, cand_pos)
+    c_neg_all = m_neg[at] if np.array_equal(bank_neg, cand_neg) else _neighbour_means(s, shortlist, queries, cand_neg)
+    labels = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
+    return c_pos, c_neg, c_pos_all, c_neg_all, everyone, m_pos - m_neg, labels
+
+
+def check_params(k: int = 5, bank_size: int = 4000, max_group_sample: int = 4000, n_boot: int = 1000,
+                 task: str = "auto", queries: str = "positive", unmatched: bool = False,
+                 isolated: bool = False, box_verified: bool = False, auroc_bootstrap: str = "linear", **_) -> None:
+    """Refuse inconsistent options before any heavy work (one line each)."""
+    if k < 1:
+        raise ValueError(f"candor: k={k} must be at least 1")
+    if bank_size < k + 1:
+        raise ValueError(f"candor: bank_size={bank_size} must exceed k={k} (a query in R+ meets "
+                         f"bank_size-1 positives); raise bank_size or lower k")
+    if max_group_sample < 1:
+        raise ValueError(f"candor: max_group_sample={max_group_sample} must be at least 1")
+    if n_boot < 0:
+        raise ValueError(f"candor: n_boot={n_boot} must be 0 or more")
+    if task not in ct.TASKS:
+        raise ValueError(f"candor: task={task!r} is not one of {', '.join(ct.TASKS)}")
+    if auroc_bootstrap not in AUROC_BOOTSTRAPS:
+        raise ValueError(f"candor: auroc_bootstrap={auroc_bootstrap!r} is not one of {', '.join(AUROC_BOOTSTRAPS)}")
+    if queries not in QUERY_ROLES:
+        raise ValueError(f"candor: queries={queries!r} is not one of {', '.join(QUERY_ROLES)}")
+    if task == "family_one_vs_rest" and (unmatched or isolated or box_verified):
+        raise ValueError("candor: unmatched, isolated and box_verified apply to binary findings only "
+                         "(a one-vs-rest class is defined within its matched group)")
+
+
+def check_manifest(manifest: pd.DataFrame, finding: str | list[str], k: int = 5, group_col: str = "acq_group",
+                   task: str = "auto", unmatched: bool = False, **_) -> None:
+    """Refuse, before any image is embedded, a ``k`` that no matched group of any binary finding
+    can satisfy (every row would be blank): a task is scored in a group holding at least k+1
+    positives and k+1 negatives (over all groups with ``unmatched``). The controls that drop
+    labels (isolated, box_verified) only lower these counts, so this never refuses a run that
+    could score; columns and class-name findings are left to :func:`run`."""
+    findings = [finding] if isinstance(finding, str) else list(finding)
+    if group_col not in manifest.columns or any(f not in manifest.columns for f in findings):
+        return
+    best = None  # (min(positives, negatives), positives, negatives, finding, group)
+    for f in findings:
+        if ct.task_kind(manifest, f, task) != "binary":
+            return
+        labels = pd.to_numeric(manifest[f], errors="coerce")
+        groups = pd.Series(UNMATCHED if unmatched else manifest[group_col].astype(str).to_numpy(), index=manifest.index)
+        counts = pd.DataFrame({"pos": labels.eq(1), "neg": labels.eq(0)}).groupby(groups).sum()
+        for group, (pos, neg) in counts.iterrows():
+            if best is None or min(pos, neg) > best[0]:
+                best = (min(pos, neg), int(pos), int(neg), f, group)
+    if best is None or best[0] >= k + 1:
+        return
+    _, pos, neg, f, group = best
+    where = "over all groups (unmatched)" if unmatched else f"{group_col} '{group}'"
+    fix = f"at most stage.params.k={best[0] - 1}" if best[0] >= 2 else "more labelled images"
+    raise ValueError(f"candor: stage.params.k={k} needs k+1={k + 1} positives and k+1 negatives in a matched group, "
+                     f"but the best one has {pos} positives and {neg} negatives (finding '{f}', {where}); "
+                     f"every row would be blank: use {fix}")
+
+
+def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], k: int = 5,
+        bank_size: int = 4000, max_group_sample: int = 4000, seed: int = 42, group_col: str = "acq_group",
+        cluster_col: str = "patient_id", n_boot: int = 1000, device="auto", block_size: int = 4096,
+        shortlist: int = 256, backend: str = "torch", task: str = "auto", queries: str = "positive",
+        shuffle_labels: bool = False, equal_size: bool = False, exclude_patient: bool = False,
+        unmatched: bool = False, isolated: bool = False, box_verified: bool = False,
+        auroc_bootstrap: str = "linear") -> Results:
+    """Discordance of the positives of ``finding`` (one column or a list) per matched group and
+    pooled (see module doc).
+
+    ``task="family_one_vs_rest"`` reads ``finding`` as a class column (e.g. ``bio_label``) and
+    scores every class against the other classes of its ``group_col`` group; ``task="auto"`` does
+    so for a column of names and reads a numeric column as a binary finding. Without a neighbour
+    control, all tasks of a matched group are scored from one
+    :class:`~robustbench_fm.core.neighbors.Shortlist` of its labelled images (``shortlist`` nearest per
+    image; exact whatever its size); ``block_size`` bounds the similarity rows held at once,
+    ``backend="faiss"`` sends the exact searches to faiss.
+    """
+    findings = [finding] if isinstance(finding, str) else list(finding)
+    check_params(k=k, bank_size=bank_size, max_group_sample=max_group_sample, n_boot=n_boot, task=task,
+                 queries=queries, unmatched=unmatched, isolated=isolated, box_verified=box_verified,
+                 auroc_bootstrap=auroc_bootstrap)
+    for col, param in (*((f, "finding") for f in findings), (group_col, "group_col"), (cluster_col, "cluster_col")):
+        if col not in manifest.columns:
+            from .. import missing_column
+            raise missing_column("candor", col, param, manifest.columns)
+    groups = manifest[group_col].astype(str).to_numpy()
+    tasks = _prepared_tasks(manifest, findings, task, group_col, groups, seed, queries, shuffle_labels, isolated,
+                            box_verified)
+    if any(t.kind != "binary" for t in tasks):
+        check_params(task="family_one_vs_rest", unmatched=unmatched, isolated=isolated, box_verified=box_verified)
+    clusters = pd.factorize(manifest[cluster_col].astype(str), sort=True)[0]
+    setting = _Setting(torch.as_tensor(l2_normalize(features), device=resolve_device(device)), k, clusters,
+                       exclude_patient, exclude_patient or unmatched, block_size, backend)
+    pools = {i: _pooled_sets(t.labels, bank_size, max_group_sample, seed) for i, t in enumerate(tasks)} \
+        if unmatched else {}
+    sample_ids = manifest["sample_id"].to_numpy()
+    rows, parts, per_sample = {i: [] for i in range(len(tasks))}, [], []
+    for group in sorted(pd.unique(groups)):
+        in_group = groups == group
+        labelled = np.flatnonzero(in_group & np.any([~np.isnan(t.labels) for t in tasks], axis=0))
+        group_shortlist = None
+        for i, t in enumerate(tasks):
+            pos = np.flatnonzero(in_group & (t.labels == 1))
+            neg = np.flatnonzero(in_group & (t.labels == 0))
+            if t.kind != "binary" and len(pos) + len(neg) == 0:
+                continue
+            cand_pos, cand_neg = pools[i][:2] if unmatched else (pos, neg)  # banks are drawn from these
+            row = _row(t, group, k, n_pos=len(pos), n_neg=len(neg),
+                       bank_size=min(bank_size, len(cand_pos), len(cand_neg)))
+            rows[i].append(row)
+            if min(len(cand_pos), len(cand_neg)) < k + 1:
+                row["reason"] = (f"fewer than k+1={k + 1} positives or negatives "
+                                 f"({len(cand_pos)} positives, {len(cand_neg)} negatives)")
+                continue
+            q, bank_pos, bank_neg = draw_group(pos, neg, bank_size, max_group_sample, group_rng(seed, group))
+            if unmatched:
+                bank_pos, bank_neg = pools[i][2:]
+            if len(q) == 0:
+                row["reason"] = "no positive in the sampled images"
+                continue
+            if group_shortlist is None and not setting.exact:
+                group_shortlist = Shortlist(setting.feats, labelled, shortlist, block_size, backend)
+            drops = equal_size_drops(q, bank_pos, bank_neg, ct.task_rng(seed, group, t.target, "equal_size")) \
+                if equal_size else None
+            c_pos, c_neg, c_pos_all, c_neg_all, everyone, margin, y = _score_group(
+                setting, group_shortlist, pos, neg, q, bank_pos, bank_neg, cand_pos, cand_neg, drops)
+            ok = np.isfinite(c_pos) & np.isfinite(c_neg) & np.isfinite(c_pos_all) & np.isfinite(c_neg_all)
+            q, c_pos, c_neg, c_pos_all, c_neg_all = q[ok], c_pos[ok], c_neg[ok], c_pos_all[ok], c_neg_all[ok]
+            scored = np.isfinite(margin)
+            if len(q) == 0:
+                row["reason"] = "no query keeps k candidates in both banks"
+                continue
+            disc, disc_all = (c_neg - c_pos) > 0, (c_neg_all - c_pos_all) > 0
+            auroc = float(roc_auc_score(y[scored], margin[scored])) if len(np.unique(y[scored])) == 2 else np.nan
+            row.update(n_queries=len(q), d=float(disc.mean()), d_all=float(disc_all.mean()), margin_auroc=auroc)
+            per_sample.append(pd.DataFrame({
+                "sample_id": sample_ids[q], "finding": t.finding, "target": t.target, "acq_group": group,
+                "c_pos": c_pos, "c_neg": c_neg, "dm": c_neg - c_pos, "discordant": disc,
+                "c_pos_all": c_pos_all, "c_neg_all": c_neg_all, "dm_all": c_neg_all - c_pos_all,
+                "discordant_all": disc_all}))
+            parts.append(dict(task=i, row=row, queries=q, disc=np.c_[disc, disc_all],
+                              images=everyone[scored], margin=margin[scored], labels=y[scored]))
+        del group_shortlist
+    summary = _summary(tasks, rows, parts, clusters, k, n_boot, seed, AUROC_BOOTSTRAPS[auroc_bootstrap])
+    per = pd.concat(per_sample, ignore_index=True) if per_sample else pd.DataFrame(columns=PER_SAMPLE_COLUMNS)
+    if len(tasks) > 1 and len(per):
+        order = {(t.finding, t.target): i for i, t in enumerate(tasks)}
+        rank = np.array([order[ft] for ft in zip(per["finding"], per["target"])])
+        per = per.iloc[np.argsort(rank, kind="stable")].reset_index(drop=True)
+    params = dict(finding=finding, k=k, bank_size=bank_size, max_group_sample=max_group_sample,
+                  seed=seed, group_col=group_col, cluster_col=cluster_col, n_boot=n_boot, task=task,
+                  queries=queries, shuffle_labels=shuffle_labels, equal_size=equal_size,
+                  exclude_patient=exclude_patient, unmatched=unmatched, isolated=isolated,
+                  box_verified=box_verified, auroc_bootstrap=auroc_bootstrap)
+    return Results(summary=summary, per_sample=per, params=params)
+
+
+def _prepared_tasks(manifest, findings, task, group_col, groups, seed, queries, shuffle_labels, isolated,
+                    box_verified) -> list[ct.Task]:
+    """The tasks with the label controls applied (restrictions, then shuffling, then roles)."""
+    tasks = ct.build_tasks(manifest, findings, task, group_col)
+    others = ct.isolation_columns(manifest, findings)
+    for t in tasks:
+        if isolated:
+            t.labels = ct.isolate(t.labels, manifest, t.finding, others)
+        if box_verified:
+            t.labels = ct.box_verified(t.labels, manifest)
+        if shuffle_labels:
+            t.labels = ct.shuffle_within_groups(t.labels, groups, seed, t.target)
+        if queries == "negative":
+            t.labels = 1.0 - t.labels
+    return tasks
+
+
+def _pooled_sets(labels, bank_size, max_group_sample, seed):
+    """``unmatched``: all positives, all negatives and the two banks drawn from them."""
+    pos, neg = np.flatnonzero(labels == 1), np.flatnonzero(labels == 0)
+    if min(len(pos), len(neg)) == 0:
+        return pos, neg, pos[:0], neg[:0]
+    _, bank_pos, bank_neg = draw_group(pos, neg, bank_size, max_group_sample, group_rng(seed, UNMATCHED))
+    return pos, neg, bank_pos, bank_neg
+
+
+def _row(t: ct.Task, group: str, k: int, **values) -> dict:
+    row = dict(finding=t.finding, acq_group=group, target=t.target, n_queries=0, n_pos=0, n_neg=0,
+               bank_size=pd.NA, k=k)
+    row.update({f"{m}{s}": np.nan for m in METRICS for s in ("", "_sd", "_ci_low", "_ci_high")})
+    row["reason"] = ""
+    row.update(values)
+    return row
+
+
+def _summary(tasks, rows, parts, clusters, k, n_boot, seed, auroc_boot) -> pd.DataFrame:
+    """Group rows, one pooled row per task, the pools across tasks, and their bootstrap."""
+    pooled = {i: _pooled_row(t, k, [p for p in parts if p["task"] == i]) for i, t in enumerate(tasks)}
+    combos = _combined_rows(tasks, pooled, k)
+    _bootstrap(tasks, parts, pooled, combos, clusters, n_boot, seed, auroc_boot)
+    out = []
+    for f in dict.fromkeys(t.finding for t in tasks):
+        for i, t in enumerate(tasks):
+            if t.finding == f:
+                out += [*rows[i], pooled[i]]
+        out += [row for row, _, _ in combos if row["finding"] == f]
+    out += [row for row, _, _ in combos if row["finding"] not in {t.finding for t in tasks}]
+    summary = pd.DataFrame(out)
+    summary["bank_size"] = summary["bank_size"].astype("Int64")
+    return summary
+
+
+def _pooled_row(t: ct.Task, k: int, parts: list[dict]) -> dict:
+    """Groups pooled by number of queries: D and D_all over all queries, the margin AUROC as the
+    query-weighted mean of the groups'."""
+    row = _row(t, POOLED, k)
+    if not parts:
+        row["reason"] = "no matched group could be scored"
+        return row
+    disc = np.concatenate([p["disc"] for p in parts])
+    weights = _auroc_weights(parts)
+    row.update(n_queries=sum(len(p["queries"]) for p in parts), n_pos=sum(p["row"]["n_pos"] for p in parts),
+               n_neg=sum(p["row"]["n_neg"] for p in parts), d=float(disc[:, 0].mean()),
+               d_all=float(disc[:, 1].mean()),
+               margin_auroc=float(np.nan_to_num([p["row"]["margin_auroc"] for p in parts]) @ weights / weights.sum())
+               if weights.sum() else np.nan)
+    return row
+
+
+def _auroc_weights(parts: list[dict]) -> np.ndarray:
+    """Each group's weight in the pooled margin AUROC: its number of queries (0 without an AUROC,
+    e.g. a group with no negatives under ``unmatched``)."""
+    return np.array([len(p["queries"]) * np.isfinite(p["row"]["margin_auroc"]) for p in parts], float)
+
+
+def _combined_rows(tasks, pooled, k) -> list[tuple[dict, list[int], np.ndarray]]:
+    """Pools across tasks as (row, task indices, weights for D and D_all): the severity-weighted
+    chest pool of the scored chest findings, and each one-vs-rest finding's unweighted mean over
+    its scored classes (candor.md "Reporting", "Scope"). The margin AUROC is the plain mean."""
+    combos = ct.task_pools(tasks, [bool(np.isfinite(pooled[i]["d"])) for i in range(len(tasks))])
+    out = []
+    for t, members, weights in combos:
+        row = _row(t, POOLED, k)
+        if not members:
+            row["reason"] = "no task could be scored"
+        else:
+            values = {m: np.array([pooled[i][m] for i in members]) for m in METRICS}
+            row.update(n_queries=sum(pooled[i]["n_queries"] for i in members),
+                       n_pos=sum(pooled[i]["n_pos"] for i in members),
+                       n_neg=sum(pooled[i]["n_neg"] for i in members),
+                       d=float(weights @ values["d"] / weights.sum()),
+                       d_all=float(weights @ values["d_all"] / weights.sum()),
+                       margin_auroc=float(values["margin_auroc"].mean()))
+        out.append((row, members, weights))
+    return out
+
+
+def _bootstrap(tasks, parts, pooled, combos, clusters, n_boot, seed, auroc_boot) -> None:
+    """± and 95% intervals of every row: patients resampled with the banks fixed, one matrix of
+    patient multiplicities for all groups, tasks and pools (so pools are resampled jointly)."""
+    if n_boot == 0 or not parts:
+        return
+    rates = [ResampledRatio(clusters[p["queries"]], p["disc"]) for p in parts]
+    aurocs = [auroc_boot(p["margin"], p["labels"], clusters[p["images"]]) for p in parts]
+    by_task = {i: [j for j, p in enumerate(parts) if p["task"] == i] for i in range(len(tasks))}
+    part_reps = np.empty((len(parts), n_boot, 3))
+    task_reps = np.full((len(tasks), n_boot, 3), np.nan)
+    start = 0
+    for counts in cluster_count_chunks(int(clusters.max()) + 1, n_boot, np.random.default_rng(seed)):
+        at = slice(start, start + len(counts))
+        sums = [rate.sums(counts) for rate in rates]  # a task's pooled rate sums its groups' sums
+        for j in range(len(parts)):
+            part_reps[j, at, :2] = ResampledRatio.ratio(sums[j])
+            part_reps[j, at, 2] = aurocs[j](counts)
+        for i, js in by_task.items():
+            if js:
+                task_reps[i, at, :2] = ResampledRatio.ratio(sum(sums[j] for j in js))
+        start += len(counts)
+    for i, js in by_task.items():
+        weights = _auroc_weights([parts[j] for j in js])
+        if js and weights.sum():
+            used = [j for j, w in zip(js, weights) if w]
+            task_reps[i, :, 2] = np.tensordot(weights[weights > 0], part_reps[used, :, 2], 1) / weights.sum()
+    for j, p in enumerate(parts):
+        _fill_intervals(p["row"], part_reps[j])
+    for i, row in pooled.items():
+        _fill_intervals(row, task_reps[i])
+    for row, members, weights in combos:
+        if members:
+            reps = task_reps[members]
+            _fill_intervals(row, np.stack([np.tensordot(weights, reps[:, :, 0], 1) / weights.sum(),
+                                           np.tensordot(weights, reps[:, :, 1], 1) / weights.sum(),
+                                           reps[:, :, 2].mean(axis=0)], axis=1))
+
+
+def _fill_intervals(row: dict, reps: np.ndarray) -> None:
+    """``<metric>_sd``, ``_ci_low`` and ``_ci_high`` from the (resamples × metrics) replicates."""
+    for m, column in zip(METRICS, reps.T):
+        ci = summarize_bootstrap(column)
+        row.update({f"{m}_sd": ci["sd"], f"{m}_ci_low": ci["ci_low"], f"{m}_ci_high": ci["ci_high"]})

@@ -1,0 +1,380 @@
+"""CRoMa stage: RI, MaRI and the Cross-confounder Robustness Margin of one encoder's features
+(croma.md §2.3–2.5 and §2.7; conventions in croma_conventions.md A.1–A.8), exact and equal to the
+reference package ``croma`` 1.0.1 on the same features.
+
+Pair types of an anchor i and a candidate j (A.2): SO = same label, other confounder value
+(biological match); OS = other label, same confounder value (confounder impostor). Candidates
+sharing the anchor's ``exclude_col`` group (slide) and the anchor itself are never neighbours (A.3).
+
+* **k**: ``k=None`` picks k* = argmax over ``k_grid`` of the leave-one-group-out majority-vote kNN
+  balanced accuracy on the label (smallest code wins a vote tie, the first k in grid order wins a
+  score tie; paired: the mean over subsets, smallest k on ties; A.5); an int fixes k (the
+  median-k protocol of :mod:`robustbench_fm.methods.croma.panel`).
+* **RI** = Σ n_SO / Σ (n_SO + n_OS) over the units' k nearest cross-group neighbours (A.4);
+  **MaRI** the same with weights exp(−d/τ), τ = median typed-slot cosine distance at k (0.2 if
+  none; A.6); **support** = share of units with a typed neighbour in their top-k.
+* **CRoMa_i** = (d_OS − d_SO)/(d_OS + d_SO), d = mean cosine distance to the m nearest cross-group
+  SO / OS candidates over the whole scope (A.7); ``croma`` = median (paired: median of subset
+  medians); ``f0`` = share ≤ 0; ``q_alpha`` = numpy linear percentile α; ``ltm`` = mean of the
+  values ≤ q_alpha.
+* **bio_knn_bacc** / **conf_knn_bacc**: kNN balanced accuracy of the label / the confounder at
+  the operating k (A.5, F.13).
+* ``design="paired_2x2"``: one manifest row per (sample, subset) occurrence; only complete 2×2
+  (label × confounder) subsets are scored (incomplete ones are skipped with a warning); every
+  neighbourhood stays inside its subset; RI/MaRI/support/F(0)/Q/LTM pool the occurrences (A.8).
+
+A unit with fewer than m SO or m OS candidates stops the stage with one line naming the short
+label × confounder cells (as the reference does), unless ``on_short="skip"``: those units get
+NaN CRoMa and the summary records ``n_short`` and ``short_cells``.
+
+``summary`` (one row): ``ri, mari, tau, k, support, croma, f0, q_alpha, ltm, bio_knn_bacc,
+conf_knn_bacc, n`` (+ ``croma_std, n_subsets`` paired; + ``n_short, short_cells`` with
+``on_short="skip"``; ``finding`` first when the app loop passes one). ``per_sample`` (manifest
+order): ``sample_id, croma, d_so, d_os, ri, mari`` (+ ``subset`` paired); ``ri``/``mari`` are NaN
+where the unit has no typed neighbour in its top-k.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ...core.devices import resolve_device
+from ...core.results import Results
+from .knn import ScopeNeighbours, scope_neighbours, unit_rows
+from .scores import (
+    count_share,
+    croma_values,
+    knn_balanced_accuracy,
+    log_evidence,
+    pooled_share,
+    resolve_tau,
+    so_share,
+    tail,
+    typed_slots,
+)
+
+#: PathoROB's sparse grid [1,3,5,7,9] + range(11, 100, 10) used for the paper (conventions A.5).
+DEFAULT_K_GRID = (1, 3, 5, 7, 9, 11, 21, 31, 41, 51, 61, 71, 81, 91)
+DESIGNS = ("all", "paired_2x2")
+ON_SHORT = ("error", "skip")
+#: summary columns that are settings or counts, not metrics (the long-format collector's contract)
+PARAM_COLUMNS = ["k", "tau", "n_subsets", "n_short"]
+
+
+@dataclass
+class Scope:
+    """One neighbourhood scope: manifest row positions and per-row codes in scope order."""
+
+    name: str
+    rows: np.ndarray
+    labels: np.ndarray
+    confs: np.ndarray
+    groups: np.ndarray
+    label_names: np.ndarray
+    conf_names: np.ndarray
+    nb: ScopeNeighbours | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+
+@dataclass
+class Prepared:
+    """The neighbour pass of every scope, enough to score any k ≤ ``kmax`` and any m ≤ ``m_max``."""
+
+    scopes: list[Scope]
+    sample_ids: np.ndarray
+    design: str
+    k_grid: tuple[int, ...]
+    m_max: int
+    columns: dict = field(default_factory=dict)
+
+
+def _grid(k_grid) -> tuple[int, ...]:
+    """De-duplicated grid in the given order (conventions A.5)."""
+    out = []
+    for k in k_grid:
+        if int(k) != k or k < 1:
+            raise ValueError(f"croma: k_grid value {k!r} is not a positive integer; use e.g. k_grid=[5, 11, 21]")
+        if int(k) not in out:
+            out.append(int(k))
+    if not out:
+        raise ValueError("croma: k_grid is empty; pass at least one k, e.g. k_grid=[5, 11, 21]")
+    return tuple(out)
+
+
+def check_params(m: int = 5, alpha: float = 0.10, k_grid=DEFAULT_K_GRID, k: int | None = None,
+                 tau: float | None = None, design: str = "all", on_short: str = "error",
+                 block_size: int = 4096, **_) -> None:
+    """Refuse inconsistent options before any heavy work (one line each)."""
+    if isinstance(m, bool) or int(m) != m or m < 1:
+        raise ValueError(f"croma: m={m!r} must be a positive integer (paper: m=5)")
+    if not 0 < alpha < 1:
+        raise ValueError(f"croma: alpha={alpha!r} must lie in (0, 1) (paper: alpha=0.10)")
+    _grid(k_grid)
+    if k is not None and (isinstance(k, bool) or int(k) != k or k < 1):
+        raise ValueError(f"croma: k={k!r} must be a positive integer or None (select k over k_grid)")
+    if tau is not None and not tau > 0:
+        raise ValueError(f"croma: tau={tau!r} must be positive, or None for the median typed distance")
+    if design not in DESIGNS:
+        raise ValueError(f"croma: design={design!r} is unknown; use one of {', '.join(DESIGNS)}")
+    if on_short not in ON_SHORT:
+        raise ValueError(f"croma: on_short={on_short!r} is unknown; use one of {', '.join(ON_SHORT)}")
+    if block_size < 1:
+        raise ValueError(f"croma: block_size={block_size} must be at least 1")
+
+
+def _strings(manifest: pd.DataFrame, col: str, param: str) -> np.ndarray:
+    """Column values as stripped strings; a missing column or an empty value is refused."""
+    if col not in manifest.columns:
+        from .. import missing_column
+        raise missing_column("croma", col, param, manifest.columns)
+    values = manifest[col]
+    text = values.map(lambda v: "" if pd.isna(v) else str(v).strip()).to_numpy(dtype=object)
+    empty = np.flatnonzero(text == "")
+    if empty.size:
+        raise ValueError(f"croma: column '{col}' ({param}) is empty at row {int(empty[0])} "
+                         f"({empty.size} rows); fill it or drop those rows")
+    return text
+
+
+def _scope(name: str, rows: np.ndarray, labels: np.ndarray, confs: np.ndarray, groups: np.ndarray) -> Scope:
+    """Codes in order of first appearance inside the scope (``pd.factorize``; conventions A.1)."""
+    lab, lab_names = pd.factorize(labels[rows])
+    con, con_names = pd.factorize(confs[rows])
+    grp, _ = pd.factorize(groups[rows])
+    return Scope(name, rows, lab.astype(np.int64), con.astype(np.int64), grp.astype(np.int64),
+                 np.asarray(lab_names), np.asarray(con_names))
+
+
+def build_scopes(manifest: pd.DataFrame, label_col: str, confounder_col: str, exclude_col: str,
+                 design: str, subset_col: str) -> list[Scope]:
+    """One scope of all rows, or the complete 2×2 subsets in sorted subset order (A.8)."""
+    labels = _strings(manifest, label_col, "finding")  # the label column is the finding (stage.findings)
+    confs = _strings(manifest, confounder_col, "confounder_col")
+    groups = _strings(manifest, exclude_col, "exclude_col")
+    if design == "all":
+        return [_scope("all", np.arange(len(manifest)), labels, confs, groups)]
+    subsets = _strings(manifest, subset_col, "subset_col")
+    scopes, incomplete = [], []
+    for name in sorted(set(subsets)):
+        rows = np.flatnonzero(subsets == name)
+        cells = set(zip(labels[rows], confs[rows]))
+        if len({c[0] for c in cells}) == 2 and len({c[1] for c in cells}) == 2 and len(cells) == 4:
+            scopes.append(_scope(name, rows, labels, confs, groups))
+        else:
+            incomplete.append(name)
+    if not scopes:
+        raise ValueError(f"croma: no complete 2x2 ({label_col} x {confounder_col}) subset in column "
+                         f"'{subset_col}'; each subset needs 2 labels x 2 confounder values, every cell filled")
+    if incomplete:
+        warnings.warn(f"croma: {len(incomplete)} incomplete 2x2 subsets skipped (first: {incomplete[0]!r})",
+                      RuntimeWarning, stacklevel=3)
+    return scopes
+
+
+def typed_pool_sizes(scope: Scope) -> tuple[np.ndarray, np.ndarray]:
+    """Number of cross-group SO and OS candidates of every unit in the scope."""
+    lab, con, grp = scope.labels, scope.confs, scope.groups
+
+    def count(*keys):
+        key = np.zeros(len(lab), dtype=np.int64)
+        for k in keys:
+            key = key * (int(k.max()) + 1) + k
+        _, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
+        return cnt[inv]
+
+    n_lc, n_glc = count(lab, con), count(grp, lab, con)
+    so = (count(lab) - n_lc) - (count(grp, lab) - n_glc)
+    os_ = (count(con) - n_lc) - (count(grp, con) - n_glc)
+    return so, os_
+
+
+def _short_units(scopes: list[Scope], m: int, label_col: str, confounder_col: str) -> tuple[int, str]:
+    """How many units lack m SO or m OS candidates, and the label × confounder cells they sit in."""
+    cells: dict[tuple[str, str], list[int]] = {}
+    total = 0
+    for s in scopes:
+        so, os_ = typed_pool_sizes(s)
+        short_so, short_os = so < m, os_ < m
+        total += int((short_so | short_os).sum())
+        for i in np.flatnonzero(short_so | short_os):
+            tally = cells.setdefault((s.label_names[s.labels[i]], s.conf_names[s.confs[i]]), [0, 0])
+            tally[0] += int(short_so[i])
+            tally[1] += int(short_os[i])
+    text = "; ".join(f"{label_col}={lab!r} x {confounder_col}={con!r}: {n_so} short of SO, {n_os} short of OS"
+                     for (lab, con), (n_so, n_os) in sorted(cells.items()))
+    return total, text
+
+
+def _operating_grid(scopes: list[Scope], k_grid: tuple[int, ...], k: int | None) -> tuple[int, ...]:
+    """The k values scored: the grid (or the fixed k) restricted to k < scope size (A.5)."""
+    wanted = k_grid if k is None else (int(k),)
+    largest = max(s.size for s in scopes)
+    usable = tuple(v for v in wanted if v < largest)
+    if not usable:
+        raise ValueError(f"croma: no k in {list(wanted)} is below the largest scope size {largest}; "
+                         "pass smaller k values")
+    return usable
+
+
+def prepare(features, manifest: pd.DataFrame, label_col: str = "bio_label", confounder_col: str = "site",
+            exclude_col: str = "slide_id", m: int = 5, k_grid=DEFAULT_K_GRID, k: int | None = None,
+            design: str = "all", subset_col: str = "subset", on_short: str = "error", device="auto",
+            block_size: int = 4096) -> Prepared:
+    """Scopes and their single neighbour pass (cross-group top-kmax + typed top-m)."""
+    check_params(m=m, k_grid=k_grid, k=k, design=design, on_short=on_short, block_size=block_size)
+    x = unit_rows(features.cpu().numpy() if isinstance(features, torch.Tensor) else features)
+    if len(x) != len(manifest):
+        raise ValueError(f"croma: features have {len(x)} rows but the manifest has {len(manifest)}; "
+                         "align them row for row")
+    scopes = build_scopes(manifest, label_col, confounder_col, exclude_col, design, subset_col)
+    if on_short == "error":
+        n_short, cells = _short_units(scopes, int(m), label_col, confounder_col)
+        if n_short:
+            raise ValueError(f"croma: {n_short} of {sum(s.size for s in scopes)} units have fewer than "
+                             f"m={m} cross-group SO or OS candidates ({cells}); lower m, or pass "
+                             "on_short='skip' to score the others")
+    grid = _operating_grid(scopes, _grid(k_grid), k)
+    feats = torch.as_tensor(x).to(resolve_device(device))
+    for s in scopes:
+        rows = torch.as_tensor(s.rows, device=feats.device)
+        s.nb = scope_neighbours(feats[rows], s.labels, s.confs, s.groups, max(grid), int(m), block_size)
+    columns = dict(label_col=label_col, confounder_col=confounder_col, exclude_col=exclude_col)
+    return Prepared(scopes, manifest["sample_id"].astype(str).to_numpy(), design, grid, int(m), columns)
+
+
+def _mean_over_scopes(prep: Prepared, codes_of, ks) -> dict[int, float]:
+    """kNN balanced accuracy per k, averaged over the scopes where k < scope size (A.5)."""
+    per_scope = [knn_balanced_accuracy(codes_of(s), s.nb, [k for k in ks if k < s.size]) for s in prep.scopes]
+    out = {}
+    for k in ks:
+        values = [sc[k] for sc in per_scope if k in sc]
+        if values:
+            out[k] = float(np.mean(values))
+    return out
+
+
+def select_k(prep: Prepared) -> tuple[int, dict[int, float]]:
+    """k* and the label kNN balanced accuracy over the grid: first maximum in grid order (all),
+    in ascending k order (paired: mean over subsets) (conventions A.5)."""
+    scores = _mean_over_scopes(prep, lambda s: s.labels, prep.k_grid)
+    if not scores:
+        raise ValueError("croma: no unit has any cross-group neighbour; every row shares one "
+                         "exclude_col group, so k cannot be selected")
+    order = list(prep.k_grid) if prep.design == "all" else sorted(scores)
+    best = max((k for k in order if k in scores), key=lambda k: (scores[k], -order.index(k)))
+    return best, scores
+
+
+def confounder_curve(prep: Prepared) -> dict[int, float]:
+    """Confounder kNN balanced accuracy at every prepared k (Table 14 reports its maximum)."""
+    return _mean_over_scopes(prep, lambda s: s.confs, prep.k_grid)
+
+
+def croma_by_m(prep: Prepared, ms, alpha: float = 0.10) -> pd.DataFrame:
+    """CRoMa (median / median of subset medians), F(0), Q_α, LTM_α at each m ≤ m_max from the
+    one typed search (conventions A.7; the m sweep of croma.md A.3)."""
+    rows = []
+    for m in ms:
+        if not 1 <= m <= prep.m_max:
+            raise ValueError(f"croma: m={m} is outside 1..{prep.m_max} prepared; prepare with m={m}")
+        values, medians = [], []
+        for s in prep.scopes:
+            _, _, c = croma_values(s.nb.so_dist, s.nb.os_dist, m)
+            values.append(c)
+            finite = c[np.isfinite(c)]
+            medians.append(float(np.median(finite)) if finite.size else np.nan)
+        medians = np.array(medians)
+        f0, q, ltm = tail(np.concatenate(values), alpha)
+        ok = medians[np.isfinite(medians)]
+        rows.append(dict(m=int(m), croma=float(np.median(ok)) if ok.size else np.nan,
+                         croma_std=float(ok.std()) if ok.size > 1 else 0.0, f0=f0, q_alpha=q, ltm=ltm))
+    return pd.DataFrame(rows)
+
+
+def score(prep: Prepared, k: int, m: int = 5, alpha: float = 0.10, tau: float | None = None,
+          on_short: str = "error") -> tuple[dict, pd.DataFrame, str]:
+    """Summary row, per-sample table and how τ was set ("auto" | "fallback" | "pinned") at
+    operating ``k`` (see module doc)."""
+    if k > max(prep.k_grid):
+        raise ValueError(f"croma: k={k} exceeds the prepared neighbour lists (k <= {max(prep.k_grid)})")
+    slots = [typed_slots(s.labels, s.confs, s.nb, k) for s in prep.scopes]
+    typed = np.concatenate([d[so | os_] for so, os_, d in slots])
+    tau_used, tau_source = resolve_tau(typed) if tau is None else (float(tau), "pinned")
+    if tau is not None and typed.size:
+        median = float(np.median(typed))
+        if not median / 4 <= tau <= median * 4:
+            warnings.warn(f"croma: pinned tau={tau} is off the typed-distance scale (median {median:.3g}, "
+                          f"principled range [{median / 4:.3g}, {median * 4:.3g}])", RuntimeWarning, stacklevel=3)
+    so_all, os_all = (np.concatenate(part) for part in zip(*[(so, os_) for so, os_, _ in slots]))
+    _, ri_pooled = count_share(so_all, os_all)
+    mari_ev = [log_evidence(so, os_, d, tau_used) for so, os_, d in slots]
+    mari_pooled = pooled_share(*(np.concatenate(part) for part in zip(*mari_ev)))
+    bio = _mean_over_scopes(prep, lambda s: s.labels, [k])
+    conf = _mean_over_scopes(prep, lambda s: s.confs, [k])
+    if k not in bio:
+        raise ValueError(f"croma: k={k} is not below any scope size or no unit has a cross-group neighbour")
+
+    curves = croma_by_m(prep, [m], alpha).iloc[0]
+    parts = []
+    for s, (so, os_, _), (mso, mos) in zip(prep.scopes, slots, mari_ev):
+        d_so, d_os, c = croma_values(s.nb.so_dist, s.nb.os_dist, m)
+        zero = np.isfinite(d_so) & (d_so + d_os == 0)
+        if zero.any():
+            raise ValueError(f"croma: {int(zero.sum())} units have d_SO + d_OS = 0 (their nearest typed "
+                             "candidates coincide with them: a collapsed embedding or duplicated rows)")
+        part = pd.DataFrame({"sample_id": prep.sample_ids[s.rows], "croma": c, "d_so": d_so, "d_os": d_os,
+                             "ri": count_share(so, os_)[0], "mari": so_share(mso, mos), "_row": s.rows})
+        if prep.design == "paired_2x2":
+            part.insert(1, "subset", s.name)
+        parts.append(part)
+    per_sample = pd.concat(parts, ignore_index=True).sort_values("_row", kind="stable")
+    per_sample = per_sample.drop(columns="_row").reset_index(drop=True)
+
+    row = dict(ri=ri_pooled, mari=mari_pooled, tau=tau_used, k=int(k),
+               support=float((so_all | os_all).any(axis=1).mean()), croma=curves["croma"],
+               f0=curves["f0"], q_alpha=curves["q_alpha"], ltm=curves["ltm"], bio_knn_bacc=bio[k],
+               conf_knn_bacc=conf.get(k, np.nan), n=int(len(per_sample)))
+    if prep.design == "paired_2x2":
+        row.update(croma_std=curves["croma_std"], n_subsets=len(prep.scopes))
+    if on_short == "skip":
+        n_short, cells = _short_units(prep.scopes, m, prep.columns["label_col"], prep.columns["confounder_col"])
+        row.update(n_short=n_short, short_cells=cells)
+    return row, per_sample, tau_source
+
+
+def run(features, manifest: pd.DataFrame, label_col: str = "bio_label", confounder_col: str = "site",
+        exclude_col: str = "slide_id", m: int = 5, alpha: float = 0.10, k_grid=DEFAULT_K_GRID,
+        k: int | None = None, tau: float | None = None, design: str = "all", subset_col: str = "subset",
+        on_short: str = "error", finding: str | None = None, device="auto", block_size: int = 4096) -> Results:
+    """RI, MaRI and CRoMa of ``features`` (N, D; float32 or float64) aligned with ``manifest``.
+
+    ``finding`` is how the app loop names the label: when given it replaces ``label_col`` and is
+    recorded as the summary's first column. ``device``: ``auto`` | ``cpu`` | ``cuda``;
+    ``block_size``: edge of the similarity tiles (memory ≈ block_size² × 4–8 bytes per tile).
+    """
+    check_params(m=m, alpha=alpha, k_grid=k_grid, k=k, tau=tau, design=design, on_short=on_short,
+                 block_size=block_size)
+    if finding is not None:
+        label_col = finding
+    prep = prepare(features, manifest, label_col=label_col, confounder_col=confounder_col,
+                   exclude_col=exclude_col, m=m, k_grid=k_grid, k=k, design=design, subset_col=subset_col,
+                   on_short=on_short, device=device, block_size=block_size)
+    k_source, bacc_by_k = "fixed", {}
+    if k is None:
+        (k, bacc_by_k), k_source = select_k(prep), "selected"
+    row, per_sample, tau_source = score(prep, int(k), m=m, alpha=alpha, tau=tau, on_short=on_short)
+    if finding is not None:
+        row = {"finding": finding, **row}
+    params = dict(label_col=label_col, confounder_col=confounder_col, exclude_col=exclude_col, m=m,
+                  alpha=alpha, k_grid=list(_grid(k_grid)), k=int(k), k_source=k_source,
+                  bio_knn_bacc_by_k={str(kk): v for kk, v in bacc_by_k.items()}, tau=tau,
+                  design=design, subset_col=subset_col, on_short=on_short, finding=finding,
+                  device=str(device), block_size=block_size, tau_source=tau_source)
+    return Results(summary=pd.DataFrame([row]), per_sample=per_sample, params=params)

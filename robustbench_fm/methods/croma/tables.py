@@ -1,0 +1,536 @@
+"""The CRoMa paper's tables and figures from a finished sweep (croma.md §2.7, §3, Appendix A).
+
+**Panel protocols** (croma.md §2.7 "Evaluation protocol", A.12; conventions A.5). Every job of a
+sweep scores one encoder at its own biologically selected k*. The collect step then re-scores the
+whole panel of each benchmark from the jobs' feature-cache entries (``SweepResults.entries()``):
+
+* ``median-k`` (tile benchmarks, the default): k = the lower median of the encoders' k*
+  (:func:`robustbench_fm.methods.croma.panel.median_k`) and every encoder is re-scored at that k, so RI,
+  MaRI, τ, support and the kNN accuracies share one neighbourhood size;
+* ``k-star`` (the slide-level PCaBiop panel, ``report.croma_protocol: k-star``): each encoder at
+  its own k*; Table 14's confounder accuracy is the maximum over the k grid.
+
+The same pass gives CRoMa at m = 1..20 and LTM_α at α ∈ {0.05, 0.10, 0.20} (Tables 7 and 8).
+Everything is persisted in ``<sweep>/collect/median_k/`` as a run folder (``config.yaml``,
+``results/<encoder>/<benchmark>/croma/<finding>/``, ``by_m.parquet``, ``by_alpha.parquet``,
+``panel.json``), reused while the sweep's entries and CRoMa parameters are unchanged. ``<benchmark>`` is the dataset
+name, with ``-<view>`` for a non-default view (``pcabiop-binary``, ``pcabiop-isup``). Jobs of the
+``shortcut`` stage (view ``apd``) are re-scored on the dataset's ``ri`` view: its rows are a subset
+of the APD rows, so CRoMa and APD come from the very same cached features (Table 11).
+
+Table frames use the published CSVs' exact row labels (``Model`` / ``Benchmark`` / ``Metric``
+column; ``section`` first where the paper repeats row labels across panels) and column headers.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from omegaconf import OmegaConf
+from scipy.stats import spearmanr
+
+from ...core.atomic import write_atomic, write_text_atomic
+from ...report.tables import PaperTable, SweepResults
+
+TABLES = ["croma_table3", "croma_table4", "croma_table5", "croma_table7", "croma_table8", "croma_table9",
+          "croma_table10", "croma_table11", "croma_table12", "croma_table13", "croma_table14", "croma_figures"]
+
+PANEL_DIR = Path("collect") / "median_k"
+#: registry name -> the row label of Tables 3-5, 12, 13 (croma_table2_models.csv)
+TILE_LABELS = {"virchow2": "Virchow2", "virchow": "Virchow", "uni2_h": "UNI2-h", "uni": "UNI",
+               "conch_v1_5": "CONCHv1.5", "conch": "CONCH", "h_optimus_1": "H-optimus-1",
+               "h_optimus_0": "H-optimus-0", "h0_mini": "H0-mini", "prov_gigapath": "Prov-GigaPath",
+               "midnight_12k": "Midnight-12k", "prost40m": "Prost40M", "phikon": "Phikon", "phikon_v2": "Phikon-v2",
+               "hibou_l": "Hibou-L", "hibou_b": "Hibou-B", "mstar": "mSTAR", "gpfm": "GPFM", "musk": "MUSK",
+               "genbio_pathfm": "GenBio-PathFM", "dinov2_b": "DINOv2-B"}
+#: registry name -> the row label of Table 14
+SLIDE_LABELS = {"prism": "PRISM", "titan": "TITAN", "gigapath_slide": "Prov-GigaPath", "moozy": "MOOZY"}
+#: natural-image controls: listed last, left out of the Spearman tables ("reported separately")
+CONTROLS = ("dinov2_b",)
+BENCHMARKS = {"pathorob_camelyon": "Camelyon", "pathorob_tcga4x4": "TCGA-4x4", "pathorob_tcga2x2": "TCGA-2x2",
+              "pathorob_tolkach": "Tolkach-ESCA", "pcabiop-binary": "PCaBiop", "pcabiop-isup": "PCaBiop-ISUP"}
+#: published column -> panel summary column (Δ = MaRI − RI)
+SCORE_COLUMNS = {"bio bacc": "bio_knn_bacc", "conf bacc": "conf_knn_bacc", "RI": "ri", "MaRI": "mari",
+                 "Δ": None, "CRoMa": "croma", "F(0)": "f0", "LTM10": "ltm", "support": "support"}
+#: bold = best per score column (captions: conf bacc and Δ are diagnostics)
+BEST = {"bio bacc": "max", "RI": "max", "MaRI": "max", "CRoMa": "max", "F(0)": "min", "LTM10": "max",
+        "support": "max"}
+M_SWEEP = tuple(range(1, 21))
+ALPHAS = (0.05, 0.10, 0.20)
+PROTOCOLS = ("median-k", "k-star")
+
+
+@dataclass
+class Panel:
+    """The re-scored panel of every benchmark of a sweep (module doc)."""
+
+    summary: pd.DataFrame      # benchmark, dataset, finding, encoder, k_star, conf_knn_bacc_max + stage summary
+    per_sample: pd.DataFrame   # benchmark, finding, encoder + stage per-sample columns
+    by_m: pd.DataFrame         # benchmark, finding, encoder, m, croma, croma_std, f0, q_alpha, ltm
+    by_alpha: pd.DataFrame     # benchmark, finding, encoder, alpha, f0, q_alpha, ltm
+
+
+# ----------------------------------------------------------------------------- panel re-scoring
+def _jobs(results: SweepResults) -> list[tuple[object, dict]]:
+    """(resolved config, entries.json record) of every job folder that recorded its cache
+    entries; a folder without its own config.yaml (a sweep's collect/<dataset>-<stage>) uses the
+    sweep's."""
+    out = []
+    for d in results.job_dirs:
+        if (d / "entries.json").exists():
+            cfg = OmegaConf.load(d / "config.yaml") if (d / "config.yaml").exists() else results.config.copy()
+            out.append((cfg, json.loads((d / "entries.json").read_text())))
+    return out
+
+
+def _view(cfg) -> str | None:
+    return (cfg.dataset.get("options") or {}).get("view")
+
+
+def benchmark_key(dataset: str, view: str | None) -> str:
+    """The benchmark a job's rows belong to: the dataset, ``-<view>`` for views other than ri."""
+    return dataset if view in (None, "ri") else f"{dataset}-{view}"
+
+
+def _groups(results: SweepResults) -> dict[str, dict]:
+    """Jobs grouped by benchmark: {key: {"cfg", "stage", "entries": {encoder: entry}}}; shortcut
+    jobs are re-scored on the ri view of their dataset."""
+    groups: dict[str, dict] = {}
+    entries = {(e, ds, st, str(p)) for e, ds, st, p in results.entries()}
+    for cfg, rec in _jobs(results):
+        if rec["stage"] not in ("croma", "shortcut"):
+            continue
+        if rec["stage"] == "shortcut" and _view(cfg) is not None:
+            cfg.dataset.options.view = "ri"
+        key = benchmark_key(rec["dataset"], _view(cfg))
+        group = groups.setdefault(key, {"cfg": cfg, "stage": rec["stage"], "entries": {}})
+        for e in rec["entries"]:
+            if (e["encoder"], rec["dataset"], rec["stage"], e["entry"]) in entries:
+                group["entries"].setdefault(e["encoder"], Path(e["entry"]))
+    return groups
+
+
+def _croma_params(cfg, stage: str) -> dict:
+    """The croma stage's parameters: the job's own, or configs/stage/croma.yaml for shortcut jobs."""
+    if stage == "croma":
+        params = OmegaConf.to_container(cfg.stage.params, resolve=True)
+        findings = [str(f) for f in cfg.stage.findings]
+    else:
+        from ...cli.main import CONFIG_DIR
+
+        stage_cfg = OmegaConf.load(CONFIG_DIR / "stage" / "croma.yaml")
+        params = OmegaConf.to_container(stage_cfg.params, resolve=False)
+        findings = [str(f) for f in stage_cfg.findings]
+    params["device"] = str(cfg.get("device", "auto"))
+    params.pop("k", None)
+    return {"findings": findings, **params}
+
+
+def _manifest(cfg, entries: dict[str, Path]) -> pd.DataFrame:
+    """The jobs' manifest rebuilt from their config, without the rows any encoder skipped."""
+    from ...cli import app
+    from ...features import skipped_ids
+
+    plan = app.Plan(cfg.dataset.name, Path(cfg.dataset.root), [], cfg.stage.name,
+                    [str(f) for f in cfg.stage.findings], None)
+    manifest = app.load_manifest(plan, cfg)
+    skipped = {s for entry in entries.values() for s in skipped_ids(entry)}
+    return manifest[~manifest["sample_id"].isin(skipped)].reset_index(drop=True)
+
+
+def _features(entry: Path, manifest: pd.DataFrame) -> np.ndarray:
+    from ...api import align_features
+    from ...features import load_features
+
+    ids, emb = load_features(entry)
+    return align_features(ids, emb, manifest, str(entry))
+
+
+def _m_sweep(manifest: pd.DataFrame, params: dict, label_col: str) -> int:
+    """Largest m ≤ 20 every unit has candidates for (at least the stage's m)."""
+    from . import stage as croma
+
+    scopes = croma.build_scopes(manifest, label_col, params["confounder_col"], params["exclude_col"],
+                                params["design"], params["subset_col"])
+    smallest = min(int(min(so.min(), os_.min())) for so, os_ in map(croma.typed_pool_sizes, scopes))
+    return max(int(params["m"]), min(max(M_SWEEP), smallest))
+
+
+def _score_benchmark(key: str, group: dict, protocol: str, out: Path) -> list[pd.DataFrame]:
+    """Re-score one benchmark's panel (module doc); saves results under ``out`` and returns
+    [summary, by_m, by_alpha] frames."""
+    from . import stage as croma
+    from .panel import median_k, sweeps
+
+    cfg, entries = group["cfg"], group["entries"]
+    params = _croma_params(cfg, group["stage"])
+    findings = params.pop("findings")
+    manifest = _manifest(cfg, entries)
+    prep_keys = ("confounder_col", "exclude_col", "k_grid", "design", "subset_col", "on_short", "device",
+                 "block_size")
+    summaries, by_ms, by_alphas = [], [], []
+    for finding in findings:
+        m_max = _m_sweep(manifest, params, finding)
+        grid_pass = {}
+        for encoder, entry in entries.items():  # pass 1: k*, the confounder curve and the m / α sweeps
+            prep = croma.prepare(_features(entry, manifest), manifest, label_col=finding, m=m_max,
+                                 **{k: params[k] for k in prep_keys})
+            k_star = croma.select_k(prep)[0]
+            by_m, by_alpha = sweeps({encoder: prep}, ms=range(1, m_max + 1), alphas=ALPHAS, headline_m=params["m"])
+            grid_pass[encoder] = (k_star, max(croma.confounder_curve(prep).values()), by_m, by_alpha)
+            by_ms.append(by_m.assign(benchmark=key, finding=finding))
+            by_alphas.append(by_alpha.assign(benchmark=key, finding=finding))
+        shared = median_k(v[0] for v in grid_pass.values()) if protocol == "median-k" else None
+        for encoder, entry in entries.items():  # pass 2: every encoder at the protocol's k
+            k_star, conf_max = grid_pass[encoder][:2]
+            res = croma.run(_features(entry, manifest), manifest, finding=finding, k=shared or k_star,
+                            m=params["m"], alpha=params["alpha"], tau=params["tau"],
+                            **{k: params[k] for k in prep_keys})
+            res.summary.insert(0, "encoder", encoder)
+            res.summary.insert(1, "dataset", cfg.dataset.name)
+            res.summary.insert(2, "benchmark", key)
+            res.summary = res.summary.assign(k_star=k_star, conf_knn_bacc_max=conf_max, protocol=protocol)
+            res.params.update(protocol=protocol, k_star=k_star)
+            res.save(out / "results" / encoder / key / "croma" / finding)
+            summaries.append(res.summary)
+    return [pd.concat(summaries, ignore_index=True), pd.concat(by_ms, ignore_index=True),
+            pd.concat(by_alphas, ignore_index=True)]
+
+
+def croma_panel(results: SweepResults) -> Panel:
+    """The sweep's re-scored panels (module doc), computed once and then read from
+    ``<sweep>/collect/median_k/``."""
+    out = results.root / PANEL_DIR
+    groups = _groups(results)
+    if not groups:
+        raise ValueError(f"croma tables: no croma or shortcut job with recorded cache entries (entries.json) in "
+                         f"{results.root}; run the experiment's sweep first")
+    protocol = str((results.config.get("report") or {}).get("croma_protocol", "median-k"))
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"report.croma_protocol={protocol!r} is unknown; use one of {', '.join(PROTOCOLS)}")
+    stamp = json.dumps({"protocol": protocol, "benchmarks": {k: {e: str(p) for e, p in sorted(g["entries"].items())}
+                                                             for k, g in sorted(groups.items())},
+                        "params": {k: _croma_params(g["cfg"], g["stage"]) for k, g in sorted(groups.items())}},
+                       indent=1, default=str)
+    if not ((out / "panel.json").exists() and (out / "panel.json").read_text() == stamp):
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        parts = [_score_benchmark(k, g, protocol, out) for k, g in sorted(groups.items())]
+        first = next(iter(groups.values()))["cfg"]
+        write_text_atomic(out / "config.yaml", OmegaConf.to_yaml(first))
+        for i, name in ((1, "by_m"), (2, "by_alpha")):
+            frame = pd.concat([p[i] for p in parts], ignore_index=True)
+            write_atomic(out / f"{name}.parquet", lambda f, frame=frame: frame.to_parquet(f, index=False))
+        write_text_atomic(out / "panel.json", stamp)
+    saved = SweepResults(out)
+    return Panel(saved.summaries("croma"), saved.per_sample("croma").rename(columns={"dataset": "benchmark"}),
+                 pd.read_parquet(out / "by_m.parquet"), pd.read_parquet(out / "by_alpha.parquet"))
+
+
+# ----------------------------------------------------------------------------- layouts
+def label(encoder: str, slide: bool = False) -> str:
+    """The published row label of a registry name (the name itself when the paper has none)."""
+    return (SLIDE_LABELS if slide else TILE_LABELS).get(encoder, encoder)
+
+
+def _ordered(frame: pd.DataFrame) -> pd.DataFrame:
+    """Pathology encoders by CRoMa (highest first), then the natural-image controls."""
+    control = frame["encoder"].isin(CONTROLS)
+    return pd.concat([frame[~control].sort_values("croma", ascending=False, kind="stable"),
+                      frame[control]], ignore_index=True)
+
+
+def _score_frame(rows: pd.DataFrame, slide: bool = False) -> pd.DataFrame:
+    out = pd.DataFrame({"Model": [label(e, slide) for e in rows["encoder"]]})
+    for col, source in SCORE_COLUMNS.items():
+        out[col] = (rows["mari"] - rows["ri"]).to_numpy() if source is None else rows[source].to_numpy()
+    return out
+
+
+def _benchmark_rows(results: SweepResults, key: str) -> dict[str, pd.DataFrame]:
+    summary = croma_panel(results).summary
+    rows = summary[summary["benchmark"] == key]
+    if rows.empty:
+        raise ValueError(f"croma tables: the sweep {results.root} has no {BENCHMARKS.get(key, key)} ({key}) "
+                         f"results; benchmarks present: {', '.join(sorted(summary['benchmark'].unique()))}")
+    return {str(f): _ordered(g) for f, g in rows.groupby("finding", sort=False)}
+
+
+def _score_table(results: SweepResults, key: str, name: str, caption: str) -> list[PaperTable]:
+    """Tables 3, 4, 5 and 13: one row per encoder at the panel's median k (one table per finding)."""
+    tables = []
+    per_finding = _benchmark_rows(results, key)
+    for finding, rows in per_finding.items():
+        k = int(rows["k"].iloc[0])
+        tables.append(PaperTable(name if len(per_finding) == 1 else f"{name}_{finding}", _score_frame(rows),
+                                 f"{caption} Median-k protocol: k = {k} (label: {finding}).", BEST))
+    return tables
+
+
+def croma_table3(results: SweepResults) -> list[PaperTable]:
+    """Table 3: robustness on Camelyon (median-k)."""
+    return _score_table(results, "pathorob_camelyon", "croma_table3", "Table 3: robustness on Camelyon.")
+
+
+def croma_table4(results: SweepResults) -> list[PaperTable]:
+    """Table 4: robustness on TCGA-4x4 (median-k)."""
+    return _score_table(results, "pathorob_tcga4x4", "croma_table4", "Table 4: robustness on TCGA-4x4.")
+
+
+def croma_table5(results: SweepResults) -> list[PaperTable]:
+    """Table 5: robustness on Tolkach-ESCA (median-k)."""
+    return _score_table(results, "pathorob_tolkach", "croma_table5", "Table 5: robustness on Tolkach-ESCA.")
+
+
+def croma_table13(results: SweepResults) -> list[PaperTable]:
+    """Table 13: robustness on the paired TCGA-2x2 design (median-k)."""
+    return _score_table(results, "pathorob_tcga2x2", "croma_table13",
+                        "Table 13: robustness on TCGA-2x2 (paired quartets).")
+
+
+def croma_table14(results: SweepResults) -> list[PaperTable]:
+    """Table 14: slide encoders on PCaBiop, (a) cancer detection and (b) ISUP grading (pairs),
+    each encoder at its own k*; conf bacc is the maximum over the k grid (A.12)."""
+    sections = {"pcabiop-binary": "(a) Cancer detection", "pcabiop-isup": "(b) ISUP grading"}
+    summary = croma_panel(results).summary
+    parts = []
+    for key, section in sections.items():
+        rows = summary[summary["benchmark"] == key]
+        if rows.empty:
+            continue
+        rows = rows.sort_values("croma", ascending=False, kind="stable")
+        frame = _score_frame(rows.assign(conf_knn_bacc=rows["conf_knn_bacc_max"]), slide=True).drop(columns="Δ")
+        frame.insert(0, "section", section)
+        frame.insert(2, "k⋆", rows["k"].to_numpy())
+        parts.append(frame)
+    if not parts:
+        raise ValueError(f"croma_table14: the sweep {results.root} has no PCaBiop results (dataset pcabiop, "
+                         "view binary or isup); run experiment=croma_pcabiop")
+    return [PaperTable("croma_table14", pd.concat(parts, ignore_index=True),
+                       "Table 14: slide-level encoders on PCaBiop (a) and PCaBiop-ISUP (b), each at its own k*.",
+                       {c: d for c, d in BEST.items() if c != "Δ"}, group_by="section")]
+
+
+def _pathology(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[~frame["encoder"].isin(CONTROLS)]
+
+
+def _rho(a, b) -> float:
+    return float(spearmanr(a, b).statistic) if len(a) > 2 else np.nan
+
+
+def _benchmark_label(key: str, table: str) -> str:
+    special = {("croma_table8", "pathorob_tcga4x4"): "TCGA (4×4)", ("croma_table9", "pathorob_tcga4x4"): "TCGA 4x4"}
+    return special.get((table, key), BENCHMARKS.get(key, key))
+
+
+def _per_benchmark(frame: pd.DataFrame, row) -> pd.DataFrame:
+    """One row per benchmark: ``row(benchmark, part)`` on the benchmark's pathology rows of its first
+    finding (Tables 7–9 rank the encoders of one task per benchmark)."""
+    return pd.DataFrame([row(key, part[part["finding"] == part["finding"].iloc[0]])
+                         for key, part in _pathology(frame).groupby("benchmark", sort=True)])
+
+
+def croma_table7(results: SweepResults) -> list[PaperTable]:
+    """Table 7: Spearman ρ between the LTM_α rankings of the pathology encoders (A.2)."""
+    from .panel import alpha_sensitivity
+
+    def row(key, part):
+        r = alpha_sensitivity(part)
+        return {"Benchmark": _benchmark_label(key, "croma_table7"), "ρ(0.05,0.10)": r["rho_a0.05_a0.1"],
+                "ρ(0.10,0.20)": r["rho_a0.1_a0.2"], "ρ(0.05,0.20)": r["rho_a0.05_a0.2"]}
+    return [PaperTable("croma_table7", _per_benchmark(croma_panel(results).by_alpha, row),
+                       "Table 7: rank stability of LTM_α across α.", decimals=2)]
+
+
+def croma_table8(results: SweepResults) -> list[PaperTable]:
+    """Table 8: Spearman ρ between the median-CRoMa rankings at m = 1, 5, 20 (A.3); NaN where a
+    benchmark's cells are too small for m = 20."""
+    from .panel import m_sensitivity
+
+    def row(key, part):
+        pairs = tuple(p for p in ((1, 5), (5, 20), (1, 20)) if set(p) <= set(part["m"]))
+        r = m_sensitivity(part, pairs=pairs)
+        return {"Benchmark": _benchmark_label(key, "croma_table8"), "n": r["n"],
+                **{f"ρ(m={a},m={b})": r.get(f"rho_m{a}_m{b}", np.nan) for a, b in ((1, 5), (5, 20), (1, 20))}}
+    return [PaperTable("croma_table8", _per_benchmark(croma_panel(results).by_m, row),
+                       "Table 8: rank stability of median CRoMa across m.")]
+
+
+def croma_table9(results: SweepResults) -> list[PaperTable]:
+    """Table 9: Spearman ρ between RI, MaRI and CRoMa over the pathology encoders (median-k)."""
+    from .panel import metric_agreement
+
+    def row(key, part):
+        r = metric_agreement(part)
+        return {"Benchmark": _benchmark_label(key, "croma_table9"), "RI vs MaRI": r["rho_ri_mari"],
+                "CRoMa vs RI": r["rho_croma_ri"], "CRoMa vs MaRI": r["rho_croma_mari"]}
+    return [PaperTable("croma_table9", _per_benchmark(croma_panel(results).summary, row),
+                       "Table 9: rank agreement of RI, MaRI and CRoMa.", decimals=2)]
+
+
+TCGA_SITE = "TCGA"  # Tolkach-ESCA's held-out TCGA cohort: medical_center VALSET3_TCGA
+
+
+def _sample_sites(results: SweepResults, key: str, per_sample: pd.DataFrame) -> pd.Series:
+    """sample_id -> site (medical_center) of benchmark ``key``: the per-sample ``site`` column when
+    the results carry one, else the rows' site in the benchmark's manifest (rebuilt from its config)."""
+    if "site" in per_sample.columns:
+        return per_sample.drop_duplicates("sample_id").set_index("sample_id")["site"].astype(str)
+    group = _groups(results)[key]
+    manifest = _manifest(group["cfg"], group["entries"]).drop_duplicates("sample_id")
+    return manifest.set_index("sample_id")["site"].astype(str)
+
+
+def croma_table10(results: SweepResults) -> list[PaperTable]:
+    """Table 10: median CRoMa (m=5) on Tolkach-ESCA and on its TCGA extension, and the boost.
+
+    Reading (croma.md A.7: "we re-scored a larger Tolkach-ESCA cohort that adds the held-out TCGA
+    cases"; Table 10's Tolkach-ESCA column differs from Table 5's, e.g. Midnight-12k 0.60 vs 0.58):
+    ONE CRoMa run (the median-k panel of a Tolkach-ESCA benchmark whose rows include the
+    VALSET3_TCGA cases, e.g. a croma job on the larger cohort), whose per-sample values are then
+    split by cohort: "Tolkach-ESCA" = median per-sample CRoMa over the rows of the original cohorts
+    (every site other than TCGA), "TCGA extension" = median over the TCGA rows. "Boost" =
+    median(r on TCGA rows) / median(r on original rows) with r = d_OS/d_SO, the per-sample typed
+    distances of the same run (rows with undefined or non-finite r left out). Pathology encoders
+    by boost (highest first), then the natural-image control in its own section. The default
+    Tolkach view (``tolkach_esca_reduced``, no TCGA rows) cannot give this table."""
+    per_sample = croma_panel(results).per_sample
+    chosen = None
+    for key in sorted(k for k in per_sample["benchmark"].unique() if str(k).startswith("pathorob_tolkach")):
+        part = per_sample[per_sample["benchmark"] == key]
+        part = part[part["finding"] == part["finding"].iloc[0]]
+        sites = part["sample_id"].map(_sample_sites(results, key, part))
+        tcga = sites.str.contains(TCGA_SITE, na=False)
+        if tcga.any() and (~tcga & sites.notna()).any():
+            chosen = (key, part.assign(_tcga=tcga.to_numpy()))
+            break
+    if chosen is None:
+        raise ValueError(f"croma_table10: the sweep {results.root} has no Tolkach-ESCA CRoMa results with both the "
+                         f"original cohorts and the held-out TCGA cases (site {TCGA_SITE}); the default view "
+                         "(tolkach_esca_reduced) has no TCGA rows: score the larger cohort (tolkach_esca.csv)")
+    key, part = chosen
+    r = part["d_os"] / part["d_so"].where(part["d_so"] > 0)
+    part = part.assign(_r=r.where(np.isfinite(r)))
+    rows = []
+    for encoder, g in part.groupby("encoder", sort=False):
+        orig, tcga = g[~g["_tcga"]], g[g["_tcga"]]
+        rows.append({"encoder": encoder, "Tolkach-ESCA": orig["croma"].median(),
+                     "TCGA extension": tcga["croma"].median(),
+                     "Boost": tcga["_r"].median() / orig["_r"].median()})
+    frame = pd.DataFrame(rows)
+    control = frame["encoder"].isin(CONTROLS)
+    frame = pd.concat([frame[~control].sort_values("Boost", ascending=False, kind="stable"), frame[control]],
+                      ignore_index=True)
+    frame.insert(0, "section", np.where(frame["encoder"].isin(CONTROLS), "natural-image control",
+                                        "pathology encoders"))
+    frame.insert(1, "Model", [label(e) for e in frame.pop("encoder")])
+    return [PaperTable("croma_table10", frame,
+                       "Table 10: median CRoMa (m=5) on the original Tolkach-ESCA cohorts and on the held-out TCGA "
+                       f"cases of one run ({key}), and the boost in median d_OS/d_SO (TCGA / original).",
+                       group_by="section", decimals=2)]
+
+
+def typed_rank_medians(results: SweepResults, key: str) -> pd.DataFrame:
+    """encoder, median rank_so, median rank_os of benchmark ``key``
+    (:func:`robustbench_fm.methods.croma.panel.typed_ranks` on each job's entry; saved beside the panel)."""
+    from .panel import typed_ranks
+
+    croma_panel(results)  # (re)builds the panel folder, which the saved ranks belong to
+    path = results.root / PANEL_DIR / f"typed_ranks_{key}.parquet"
+    if not path.exists():
+        group = _groups(results).get(key)
+        if group is None:
+            raise ValueError(f"croma_table12: the sweep {results.root} has no {BENCHMARKS.get(key, key)} "
+                             f"({key}) results")
+        params = _croma_params(group["cfg"], group["stage"])
+        manifest = _manifest(group["cfg"], group["entries"])
+        rows = []
+        for encoder, entry in group["entries"].items():
+            ranks = typed_ranks(_features(entry, manifest), manifest, params["findings"][0], params["confounder_col"],
+                                params["exclude_col"], device=params["device"])
+            rows.append({"encoder": encoder, "rank_so": ranks["rank_so"].median(),
+                         "rank_os": ranks["rank_os"].median()})
+        frame = pd.DataFrame(rows)
+        write_atomic(path, lambda f: frame.to_parquet(f, index=False))
+    return pd.read_parquet(path)
+
+
+def croma_table12(results: SweepResults) -> list[PaperTable]:
+    """Table 12: typed-neighbour ranks on Camelyon: pooled CRoMa and the median (over anchors) rank
+    of each anchor's nearest SO match and OS distractor among all cross-slide candidates."""
+    key = "pathorob_camelyon"
+    rows = _benchmark_rows(results, key)
+    finding, summary = next(iter(rows.items()))
+    ranks = typed_rank_medians(results, key).set_index("encoder").loc[summary["encoder"]]
+    frame = pd.DataFrame({"Model": [label(e) for e in summary["encoder"]], "CRoMa": summary["croma"].to_numpy(),
+                          "median rank SO": ranks["rank_so"].to_numpy(), "median rank OS": ranks["rank_os"].to_numpy()})
+    return [PaperTable("croma_table12", frame, f"Table 12: typed-neighbour ranks on Camelyon (label: {finding}).",
+                       decimals=2)]
+
+
+def _apd(results: SweepResults) -> pd.DataFrame:
+    """encoder, benchmark, apd_id, apd_ood from the sweep's shortcut summaries."""
+    shortcut = results.summaries("shortcut")
+    if shortcut.empty:
+        raise ValueError(f"croma_table11: the sweep {results.root} has no shortcut results; "
+                         "run experiment=croma_shortcut")
+    wide = shortcut.pivot_table(index=["encoder", "dataset"], columns="test_set", values="apd").reset_index()
+    wide.columns = [c if c in ("encoder", "dataset") else f"apd_{c}" for c in wide.columns]
+    return wide.rename(columns={"dataset": "benchmark"})
+
+
+def croma_table11(results: SweepResults) -> list[PaperTable]:
+    """Table 11: Spearman ρ between CRoMa / RI / MaRI (median-k, ri rows) and APD_ID / APD_OOD over
+    the pathology encoders, per benchmark and pooled over all encoder-benchmark pairs."""
+    summary = croma_panel(results).summary
+    merged = _pathology(_apd(results).merge(summary, on=["encoder", "benchmark"]))
+    rows = []
+    for test_set, section in (("id", "APD_ID"), ("ood", "APD_OOD")):
+        for metric, col in (("CRoMa", "croma"), ("RI", "ri"), ("MaRI", "mari")):
+            row = {"section": section, "Metric": metric}
+            for key in ("pathorob_camelyon", "pathorob_tcga4x4", "pathorob_tolkach"):
+                part = merged[merged["benchmark"] == key]
+                ok = part.dropna(subset=[f"apd_{test_set}"]) if f"apd_{test_set}" in part else part.iloc[:0]
+                row[BENCHMARKS[key]] = _rho(ok[col], ok[f"apd_{test_set}"]) if len(ok) else np.nan
+            pooled = merged.dropna(subset=[f"apd_{test_set}"]) if f"apd_{test_set}" in merged else merged.iloc[:0]
+            row["pooled"] = _rho(pooled[col], pooled[f"apd_{test_set}"]) if len(pooled) else np.nan
+            rows.append(row)
+    return [PaperTable("croma_table11", pd.DataFrame(rows),
+                       "Table 11: Spearman ρ of robustness metrics with downstream shortcut susceptibility (APD).",
+                       decimals=2)]
+
+
+# ----------------------------------------------------------------------------- figures
+def croma_figures(results: SweepResults) -> list[PaperTable]:
+    """Figures 3/4/9 (and 6 with shortcut results) per benchmark into ``<sweep>/figures/``:
+    ridgeline of per-sample CRoMa, median–tail Pareto plane, typed-distance plane with 75% outlines,
+    CRoMa against APD with the probe-accuracy top row. Returns no table."""
+    from . import plots as cp
+
+    panel = croma_panel(results)
+    out = results.root / "figures"
+    shortcut = results.summaries("shortcut")
+    probes = results.per_sample("shortcut")
+    for key, summary in panel.summary.groupby("benchmark", sort=True):
+        finding = summary["finding"].iloc[0]
+        slide = key.startswith("pcabiop")
+        summary = summary[summary["finding"] == finding].assign(
+            encoder=lambda f: [label(e, slide) for e in f["encoder"]])
+        per_sample = panel.per_sample[(panel.per_sample["benchmark"] == key) & (panel.per_sample["finding"] == finding)]
+        per_sample = per_sample.assign(encoder=[label(e, slide) for e in per_sample["encoder"]])
+        cp.plot_ridgeline(per_sample.dropna(subset=["croma"]), out / f"{key}_ridgeline")
+        cp.plot_pareto(summary, out / f"{key}_pareto")
+        typed = per_sample[(per_sample["d_so"] > 0) & (per_sample["d_os"] > 0)]
+        cp.plot_typed_distances(typed, out / f"{key}_typed_distances")
+        if not shortcut.empty and key in set(shortcut["dataset"]):
+            apd = _apd(results)
+            apd = apd[apd["benchmark"] == key].assign(encoder=lambda f: [label(e) for e in f["encoder"]])
+            probe = probes[probes["dataset"] == key].assign(encoder=lambda f: [label(e) for e in f["encoder"]])
+            cp.plot_croma_vs_apd(summary[["encoder", "croma"]].merge(apd, on="encoder"), out / f"{key}_croma_vs_apd",
+                                 probe=probe)
+    return []

@@ -1,0 +1,179 @@
+"""Failure detection on frozen features (candor.md "Baselines", "Discordance and Head Errors",
+Table 3 "Detection", Ablation (3)).
+
+For one finding, the ``head`` of :mod:`robustbench_fm.methods.heads.stage` (same rows, training and
+operating point) errs on a test row when its prediction at the operating point differs from the
+label. Each detector scores every drawn test row (:mod:`robustbench_fm.methods.heads.failure`):
+
+* ``msp``, ``max_logit``, ``energy``: confidence, read at the operating point (identical AUROCs
+  for a binary head up to float ties; ``confidence_max_diff`` reports their largest gap);
+* ``ensemble``: disagreement of ``n_members`` = 5 heads (the head itself and ``n_members`` − 1
+  more, seeds seed+1, …), the standard deviation of their probabilities;
+* ``mahalanobis``: class-conditional Gaussians with shared covariance on the standardised
+  training features;
+* ``knn``: distance to the ``knn_k``-th nearest training feature (Sun et al. 2022, k = 50);
+* ``impurity``: r(x, F) of :func:`robustbench_fm.methods.candor.impurity.neighbourhood_impurity` with the
+  ``k`` = 5 nearest labelled training rows of the query's matched group (``group_col``);
+* ``dm_proxy``: DM with the head's prediction in place of the label, against equal-size
+  positive / negative banks (≤ ``bank_size``) of the group's training rows, drawn as CANDOR
+  draws its banks (seed, group).
+
+Every detector is scored on the same rows: the drawn test rows where all scores are finite (a
+matched group with too few training rows for the neighbour scores drops out). With
+``stratify_col`` (e.g. ``site``) each value of that column is a further stratum beside
+``__all__``. Per stratum and detector: AUROC of detecting the errors with its patient-clustered
+95% interval, the paired bootstrap difference against ``msp`` (same resamples) with its interval
+and two-sided p-value, and the Benjamini-Hochberg q-value over every (stratum, detector) of this
+run (a family spanning several runs is re-corrected by the table builder).
+
+``summary`` columns: finding, stratum, method, auroc, auroc_ci_low, auroc_ci_high, diff_vs_msp,
+diff_ci_low, diff_ci_high, p_value, q_value, confidence_max_diff, n, n_errors, reason.
+``per_sample`` columns: sample_id, finding, stratum, label, logit, pred, error and one column per
+detector.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats
+from scipy.special import expit
+from sklearn.metrics import roc_auc_score
+
+from ...core.devices import resolve_device
+from ...core.neighbors import l2_normalize
+from ...core.results import Results
+from ..candor.impurity import neighbourhood_impurity
+from ..candor.stage import draw_group, group_rng
+from . import stage as heads_stage
+from .bootstrap import bootstrap_aurocs, bootstrap_p, percentile_ci
+from .failure import CONFIDENCE, confidence_scores, dm_proxy, ensemble_disagreement, knn_distance, mahalanobis
+from .fit import fit_finding
+from .rows import draw_rows
+from .train import train_head
+
+METHODS = (*CONFIDENCE, "ensemble", "mahalanobis", "knn", "impurity", "dm_proxy")
+GROUP_COLUMNS = ["stratum", "method"]
+SUMMARY_COLUMNS = ["finding", "stratum", "method", "auroc", "auroc_ci_low", "auroc_ci_high", "diff_vs_msp",
+                   "diff_ci_low", "diff_ci_high", "p_value", "q_value", "confidence_max_diff", "n", "n_errors",
+                   "reason"]
+ALL = "__all__"
+
+
+def check_params(n_members: int = 5, knn_k: int = 50, k: int = 5, **params) -> None:
+    """The heads' checks plus the detectors' own (one line each)."""
+    heads_stage.check_params(**{p: v for p, v in params.items() if p in heads_stage.check_params.__code__.co_varnames})
+    for name, value in (("n_members", n_members), ("knn_k", knn_k), ("k", k)):
+        if value < 1:
+            raise ValueError(f"error_detection: {name}={value} must be at least 1")
+
+
+def _dm_proxy_scores(features, manifest, finding, fit, test, pred, groups, bank_size, k, seed, device):
+    feats = torch.as_tensor(l2_normalize(features), device=resolve_device(device))
+    y = manifest[finding].to_numpy()
+    out = np.full(len(test), np.nan)
+    for group in np.unique(groups[test]):
+        train = fit.train[groups[fit.train] == group]
+        pos, neg = train[y[train] == 1], train[y[train] == 0]
+        if min(len(pos), len(neg)) < k:
+            continue
+        _, bank_pos, bank_neg = draw_group(pos, neg, bank_size, len(train), group_rng(seed, group))
+        at = groups[test] == group
+        out[at] = dm_proxy(feats, pred[at], test[at], bank_pos, bank_neg, k)
+    return out
+
+
+def detector_scores(features, manifest, finding, fit, n_members, knn_k, k, bank_size, group_col, seed,
+                    device, train_options) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """Per drawn test row: every detector's error score; also (logit, prediction)."""
+    test, train = fit.test, fit.train
+    y = manifest[finding].to_numpy()
+    logit, pred = fit.scores(features, test)
+    scores = confidence_scores(logit, fit.threshold_logit)
+    members = [expit(logit)] + [expit(train_head(features[train], y[train], seed=seed + m, device=device,
+                                                 **train_options).logits(features[test]))
+                                for m in range(1, n_members)]
+    scores["ensemble"] = ensemble_disagreement(np.stack(members))
+    scaler = fit.head.scaler
+    standard = [scaler(torch.as_tensor(features[r], device=fit.head.device)).double().cpu().numpy()
+                for r in (train, test)]
+    scores["mahalanobis"] = mahalanobis(standard[0], y[train], standard[1])
+    scores["knn"] = knn_distance(features[train], features[test], knn_k, device)
+    groups = (manifest[group_col].astype(str).to_numpy() if group_col in manifest.columns
+              else np.full(len(manifest), ALL))
+    both = np.concatenate([train, test])
+    r = neighbourhood_impurity(features[both], y[both], np.arange(len(both)) < len(train), groups[both], k,
+                               device)
+    scores["impurity"] = r[len(train):]
+    scores["dm_proxy"] = _dm_proxy_scores(features, manifest, finding, fit, test, pred, groups, bank_size, k,
+                                          seed, device)
+    return pd.DataFrame(scores)[list(METHODS)], logit, pred
+
+
+def _stratum_rows(finding, stratum, error, scores: pd.DataFrame, clusters, n_boot, seed) -> list[dict]:
+    base = dict(finding=finding, stratum=stratum, n=len(error), n_errors=int(error.sum()), reason="")
+    if len(np.unique(error)) < 2:
+        return [dict(base, method=m, reason="no errors or no correct predictions among these rows")
+                for m in METHODS]
+    matrix = scores.to_numpy().T
+    aurocs = [float(roc_auc_score(error, s)) for s in matrix]
+    boot = bootstrap_aurocs(error, matrix, clusters, n_boot, seed) if n_boot else np.full((0, len(matrix)), np.nan)
+    ref = METHODS.index("msp")
+    conf = [aurocs[METHODS.index(m)] for m in CONFIDENCE]
+    rows = []
+    for j, method in enumerate(METHODS):
+        diff = boot[:, j] - boot[:, ref]
+        lo, hi = percentile_ci(boot[:, j])
+        dlo, dhi = percentile_ci(diff)
+        rows.append(dict(base, method=method, auroc=aurocs[j], auroc_ci_low=lo, auroc_ci_high=hi,
+                         diff_vs_msp=aurocs[j] - aurocs[ref], diff_ci_low=dlo, diff_ci_high=dhi,
+                         p_value=np.nan if method in CONFIDENCE else bootstrap_p(diff),
+                         confidence_max_diff=float(max(conf) - min(conf))))
+    return rows
+
+
+def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, head: str = "linear", n_members: int = 5,
+        knn_k: int = 50, k: int = 5, bank_size: int = 4000, group_col: str = "acq_group",
+        stratify_col: str | None = None, max_train: int = 25_000, max_test: int = 20_000, epochs: int = 30,
+        lr: float = 1e-3, weight_decay: float = 1e-4, batch_size: int = 256, hidden: int = 256,
+        sensitivity: float = 0.8, seed: int = 42, cluster_col: str = "patient_id", n_boot: int = 1000,
+        val_fraction: float = 0.1, test_fraction: float = 0.2, device="auto") -> Results:
+    """Every detector's AUROC for the errors of the ``head`` of ``finding`` (module doc)."""
+    train_options = dict(kind=head, epochs=epochs, lr=lr, weight_decay=weight_decay, batch_size=batch_size,
+                         hidden=hidden)
+    params = dict(finding=finding, head=head, n_members=n_members, knn_k=knn_k, k=k, bank_size=bank_size,
+                  group_col=group_col, stratify_col=stratify_col, max_train=max_train, max_test=max_test,
+                  epochs=epochs, lr=lr, weight_decay=weight_decay, batch_size=batch_size, hidden=hidden,
+                  sensitivity=sensitivity, seed=seed, cluster_col=cluster_col, n_boot=n_boot,
+                  val_fraction=val_fraction, test_fraction=test_fraction)
+    check_params(**params)
+    for col in [finding] + ([stratify_col] if stratify_col else []):
+        if col not in manifest.columns:
+            raise ValueError(f"error_detection: manifest has no column '{col}'; add it or change the setting")
+    rows = draw_rows(manifest, max_train, max_test, seed, cluster_col, val_fraction, test_fraction)
+    fit = fit_finding(features, manifest, finding, rows, seed=seed, sensitivity=sensitivity,
+                      cluster_col=cluster_col, n_boot=0, device=device, head=head,
+                      **{o: v for o, v in train_options.items() if o != "kind"})
+    if fit.head is None:
+        summary = pd.DataFrame([dict(finding=finding, stratum=ALL, method=m, n=0, n_errors=0,
+                                     reason=fit.summary["reason"]) for m in METHODS])
+        return Results(summary=summary.reindex(columns=SUMMARY_COLUMNS), per_sample=None, params=params)
+    scores, logit, pred = detector_scores(features, manifest, finding, fit, n_members, knn_k, k, bank_size,
+                                          group_col, seed, device, train_options)
+    test = fit.test
+    label = manifest[finding].to_numpy()[test]
+    strata = manifest[stratify_col].astype(str).to_numpy()[test] if stratify_col else np.full(len(test), ALL)
+    per = pd.DataFrame({"sample_id": manifest["sample_id"].to_numpy()[test], "finding": finding,
+                        "stratum": strata, "label": label, "logit": logit, "pred": pred,
+                        "error": pred != (label == 1)})
+    per = pd.concat([per, scores], axis=1)
+    clusters = manifest[cluster_col if cluster_col in manifest.columns else "sample_id"].astype(str).to_numpy()[test]
+    finite = np.isfinite(scores.to_numpy()).all(axis=1)
+    parts = [(ALL, finite)] + ([(s, finite & (strata == s)) for s in sorted(set(strata))] if stratify_col else [])
+    summary = pd.DataFrame([row for stratum, at in parts for row in _stratum_rows(
+        finding, stratum, per["error"].to_numpy()[at], scores[at], clusters[at], n_boot, seed)])
+    summary = summary.reindex(columns=SUMMARY_COLUMNS)
+    tested = summary["p_value"].notna()
+    if tested.any():
+        summary.loc[tested, "q_value"] = stats.false_discovery_control(summary.loc[tested, "p_value"], method="bh")
+    return Results(summary=summary, per_sample=per, params=params)

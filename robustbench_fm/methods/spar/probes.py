@@ -1,0 +1,165 @@
+"""SPAR-Bench probe labels (spar.md section 3.1, Levels 2 and 3) from per-slice organ measurements.
+
+All coordinates are in the radiological display frame of ``volumes.to_display``: x grows to the
+right of the image (towards the patient's left), y grows downwards (towards posterior), both
+normalised to [0, 1] by the slice size, with pixel centres at ``(i + 0.5) / size``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ...data.ct.layouts import ORGANS
+
+#: The six Level-3 probes (spar.md section 3.1, Level 3 (i)-(vi)).
+L3_PROBES = ("relative_position", "orientation", "kidney_symmetry", "liver_size", "distance_compare", "tumour_count")
+#: Transforms a Level-3 question may present its slice under; the orientation label is the index.
+TRANSFORMS = ("none", "hflip", "vflip", "rot90", "rot180")
+GRID = 4                     # Level 2 grid: 4 x 4 cells, cell index = row * 4 + col
+SYMMETRIC_BAND = (0.95, 1.05)  # kidney area ratio band called symmetric (section 3.1 (iii))
+LIVER_SIZE_BINS = (0.10, 0.20)  # liver fraction of the slice: <10%, 10-20%, >20% (section 3.1 (iv))
+N_CLASSES = {"relative_position": 2, "orientation": 5, "kidney_symmetry": 3, "liver_size": 3,
+             "distance_compare": 2, "tumour_count": 3}
+LIVER, LEFT_KIDNEY, RIGHT_KIDNEY = ORGANS.index("liver"), ORGANS.index("left_kidney"), ORGANS.index("right_kidney")
+
+
+def grid_cells(centroids: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Level-2 target cell of every slot, (N, 16) int64, each row a permutation of 0..15.
+
+    Present organs are assigned to distinct cells of the 4 x 4 grid by the Hungarian algorithm
+    (``scipy.optimize.linear_sum_assignment``), minimising the summed Euclidean distance from
+    each centroid to its cell centre; absent organs then fill the remaining cells in slot order.
+    (The paper says only "the grid cell matching its centroid"; the assignment rule is ours.)
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    n_slots = centroids.shape[1]
+    centres = (np.stack(np.meshgrid(np.arange(GRID), np.arange(GRID)), -1).reshape(-1, 2) + 0.5) / GRID  # (x, y)
+    out = np.empty(present.shape, dtype=np.int64)
+    for i in range(len(present)):
+        slots = np.flatnonzero(present[i])
+        cost = np.linalg.norm(centroids[i, slots, None, :] - centres[None], axis=-1)
+        rows, cells = linear_sum_assignment(cost)
+        out[i, slots[rows]] = cells
+        free = np.setdiff1d(np.arange(GRID * GRID), cells)
+        out[i, np.setdiff1d(np.arange(n_slots), slots)] = free[: n_slots - len(slots)]
+    return out
+
+
+def transform_points(xy: np.ndarray, transform: str) -> np.ndarray:
+    """Normalised (x, y) points moved as ``samples.apply_transform`` moves the image under them."""
+    x, y = xy[..., 0], xy[..., 1]
+    moved = {"none": (x, y), "hflip": (1 - x, y), "vflip": (x, 1 - y), "rot90": (y, 1 - x),
+             "rot180": (1 - x, 1 - y)}
+    if transform not in moved:
+        raise ValueError(f"unknown transform {transform!r}; use one of {', '.join(TRANSFORMS)}")
+    return np.stack(moved[transform], axis=-1)
+
+
+def relative_position_label(xy_a: np.ndarray, xy_b: np.ndarray, transform: str = "none") -> np.ndarray:
+    """Probe (i): 0 when organ A lies left of organ B in the presented image, 1 when right of it."""
+    return (transform_points(xy_a, transform)[..., 0] > transform_points(xy_b, transform)[..., 0]).astype(np.int64)
+
+
+def kidney_symmetry_class(area_left: np.ndarray, area_right: np.ndarray) -> np.ndarray:
+    """Probe (iii): 0 symmetric (left/right area ratio in [0.95, 1.05]), 1 left larger, 2 right larger."""
+    ratio = np.asarray(area_left, dtype=float) / np.asarray(area_right, dtype=float)
+    return np.where(ratio > SYMMETRIC_BAND[1], 1, np.where(ratio < SYMMETRIC_BAND[0], 2, 0)).astype(np.int64)
+
+
+def liver_size_class(fraction: np.ndarray) -> np.ndarray:
+    """Probe (iv): 0 when the liver covers < 10% of the slice, 1 for 10-20%, 2 for > 20%."""
+    fraction = np.asarray(fraction, dtype=float)
+    return np.where(fraction < LIVER_SIZE_BINS[0], 0, np.where(fraction > LIVER_SIZE_BINS[1], 2, 1)).astype(np.int64)
+
+
+def tumour_count_class(n_components: np.ndarray) -> np.ndarray:
+    """Probe (vi): number of tumour connected components on the slice, 0, 1 or 2 (meaning >= 2)."""
+    return np.minimum(np.asarray(n_components), 2).astype(np.int64)
+
+
+def undersample(labels: np.ndarray, groups: np.ndarray, rng: np.random.Generator, n_classes: int) -> np.ndarray:
+    """Sorted indices keeping, within each group, the same number of items of every class
+    (the rarest class's count; zero when a class is missing), drawn without replacement."""
+    keep = []
+    for g in pd.unique(groups):
+        idx = [np.flatnonzero((groups == g) & (labels == c)) for c in range(n_classes)]
+        n = min(len(i) for i in idx)
+        keep += [rng.choice(i, size=n, replace=False) for i in idx]
+    return np.sort(np.concatenate(keep)) if keep else np.zeros(0, dtype=np.int64)
+
+
+def make_questions(slice_table: pd.DataFrame, present: np.ndarray, centroids: np.ndarray, areas: np.ndarray,
+                   slice_pixels: np.ndarray, tumours: np.ndarray, rng: np.random.Generator,
+                   probes: tuple[str, ...] = L3_PROBES, size: int = 224) -> pd.DataFrame:
+    """Level-3 questions over the slices (section 3.1 (i)-(vi)), one row per question.
+
+    ``present`` (M, 16) bool, ``centroids`` (M, 16, 2) normalised display (x, y), ``areas`` (M, 16)
+    organ pixel counts in the original slice, ``slice_pixels`` (M,) pixels of the original slice,
+    ``tumours`` (M,) tumour components per slice (-1 where the volume has no tumour labels).
+    Only slices of ``slice_table.dataset == 'lits'`` carry tumour questions, and only they lack
+    the others. Rules where the paper is silent:
+
+    - relative position: one random pair of present organs per slice whose centroids differ by
+      at least one pixel of the ``size`` frame horizontally, asked in original and h-flipped form;
+    - orientation: one transform per slice, a shuffled cycle of the five so classes are balanced;
+    - symmetry: slices with both kidneys present, undersampled to balance classes per split;
+    - distance: four distinct random present organs per slice, Euclidean distances in the
+      ``size`` x ``size`` resized frame, label 1 when d(A, B) > d(C, D); exact ties are skipped.
+    """
+    rows: list[dict] = []
+    split = slice_table["split"].to_numpy()
+    sample_id = slice_table["sample_id"].to_numpy()
+    lits = (slice_table["dataset"] == "lits").to_numpy()
+
+    def add(probe, m, label, transform="none", organs=()):
+        names = [ORGANS[o] for o in organs] + [""] * (4 - len(organs))
+        rows.append({"question_id": f"{probe}:{sample_id[m]}:{transform}", "probe": probe, "slice_row": int(m),
+                     "transform": transform, "organ_a": names[0], "organ_b": names[1], "organ_c": names[2],
+                     "organ_d": names[3], "label": int(label), "n_classes": N_CLASSES[probe], "split": split[m]})
+
+    general = np.flatnonzero(~lits)
+    if "relative_position" in probes:
+        for m in general:
+            slots = np.flatnonzero(present[m])
+            x = centroids[m, slots, 0]
+            pairs = [(a, b) for i, a in enumerate(slots) for j, b in enumerate(slots)
+                     if i != j and abs(x[i] - x[j]) * size >= 1.0]
+            if not pairs:
+                continue
+            a, b = pairs[rng.integers(len(pairs))]
+            for t in ("none", "hflip"):
+                add("relative_position", m, relative_position_label(centroids[m, a], centroids[m, b], t), t, (a, b))
+    if "orientation" in probes:
+        transforms = rng.permutation(np.arange(len(general)) % len(TRANSFORMS))
+        for m, t in zip(general, transforms):
+            add("orientation", m, t, TRANSFORMS[t])
+    if "kidney_symmetry" in probes:
+        both = general[present[general, LEFT_KIDNEY] & present[general, RIGHT_KIDNEY]]
+        labels = kidney_symmetry_class(areas[both, LEFT_KIDNEY], areas[both, RIGHT_KIDNEY])
+        for k in undersample(labels, split[both], rng, N_CLASSES["kidney_symmetry"]):
+            add("kidney_symmetry", both[k], labels[k], organs=(LEFT_KIDNEY, RIGHT_KIDNEY))
+    if "liver_size" in probes:
+        has = general[present[general, LIVER]]
+        for m, c in zip(has, liver_size_class(areas[has, LIVER] / slice_pixels[has])):
+            add("liver_size", m, c, organs=(LIVER,))
+    if "distance_compare" in probes:
+        for m in general:
+            slots = np.flatnonzero(present[m])
+            if len(slots) < 4:
+                continue
+            a, b, c, d = rng.choice(slots, size=4, replace=False)
+            px = centroids[m] * size
+            d_ab, d_cd = np.linalg.norm(px[a] - px[b]), np.linalg.norm(px[c] - px[d])
+            if d_ab != d_cd:
+                add("distance_compare", m, d_ab > d_cd, organs=(a, b, c, d))
+    if "tumour_count" in probes:
+        for m in np.flatnonzero(lits & (tumours >= 0)):
+            add("tumour_count", m, tumour_count_class(tumours[m]), organs=(LIVER,))
+    columns = ["question_id", "probe", "slice_row", "transform", "organ_a", "organ_b", "organ_c", "organ_d",
+               "label", "n_classes", "split"]
+    out = pd.DataFrame(rows, columns=columns)
+    out["probe"] = pd.Categorical(out["probe"], categories=list(L3_PROBES))
+    out = out.sort_values(["probe", "slice_row"], kind="stable").reset_index(drop=True)
+    out["probe"] = out["probe"].astype(str)
+    return out.astype({"slice_row": np.int64, "label": np.int64, "n_classes": np.int64})

@@ -1,0 +1,106 @@
+"""Every shipped config composes, every group option is a registered name, and the plan of each
+experiment resolves (the dry run) without touching data or models."""
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from robustbench_fm import data, encoders
+from robustbench_fm import methods as stages
+from robustbench_fm.cli import app
+from robustbench_fm.cli.main import CONFIG_DIR, listing
+
+EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+REQUIRED = {"from_features": ["features_file=f.parquet", "manifest_file=m.csv", "stage.findings=[marker]"]}
+
+
+def compose_cfg(overrides, tmp_path):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", overrides=[f"paths.root={tmp_path}", *overrides])
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_plans(experiment, tmp_path):
+    cfg = compose_cfg([f"experiment={experiment}", f"dataset.root={tmp_path}", *REQUIRED.get(experiment, [])],
+                      tmp_path)
+    OmegaConf.to_yaml(cfg, resolve=True)
+    job = app.plan(cfg)
+    assert job.stage in stages.names()
+    assert job.findings
+
+
+def test_group_options_match_the_registries():
+    assert sorted(p.stem for p in (CONFIG_DIR / "encoder").glob("*.yaml")) == encoders.names()
+    for p in (CONFIG_DIR / "encoder").glob("*.yaml"):
+        assert OmegaConf.load(p).name == p.stem
+    for p in (CONFIG_DIR / "dataset").glob("*.yaml"):
+        assert OmegaConf.load(p).name in data.names()
+    assert sorted(p.stem for p in (CONFIG_DIR / "stage").glob("*.yaml")) == stages.names()
+
+
+def test_demo_is_the_default_and_explicit_encoder_wins(tmp_path):
+    cfg = compose_cfg([], tmp_path)
+    assert app.plan(cfg).encoders == ["planted_blur", "planted_sharp", "random_vit_s"]
+    override = ["dataset=planted", "encoder=planted_sharp", "stage=candor"]
+    cfg = compose_cfg(override, tmp_path)
+    assert app.plan(cfg, override).encoders == ["planted_sharp"]
+    assert Path(cfg.dataset.root) == tmp_path / "outputs" / "demo_data" / "planted"
+
+
+def test_unknown_names_fail_with_a_suggestion(tmp_path):
+    cfg = compose_cfg(["encoders=[planted_blurr]"], tmp_path)
+    with pytest.raises(KeyError, match="did you mean planted_blur"):
+        app.plan(cfg)
+
+
+def test_listing_names_every_registry():
+    text = listing()
+    for name in encoders.names() + data.names() + stages.names() + EXPERIMENTS:
+        assert name in text
+
+
+@pytest.mark.parametrize("launcher, target", [
+    ("local", "BasicLauncher"), ("joblib", "JoblibLauncher"), ("slurm", "SlurmLauncher"),
+    ("submitit_local", "LocalLauncher")])
+def test_every_launcher_composes_with_its_plugin(launcher, target, tmp_path):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"paths.root={tmp_path}", f"launcher={launcher}"],
+                      return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith(target)
+    assert cfg.hydra.callbacks.collect._target_ == "robustbench_fm.cli.sweeps.CollectCallback"
+    if launcher == "slurm":
+        assert cfg.hydra.launcher.gpus_per_node == 1 and cfg.hydra.launcher.array_parallelism == 32
+
+
+def test_experiments_pick_their_panel_and_a_panel_override_wins(tmp_path):
+    chest = OmegaConf.load(CONFIG_DIR / "panel" / "candor_chest.yaml").encoders
+    cfg = compose_cfg(["experiment=chest_candor", f"dataset.root={tmp_path}"], tmp_path)
+    assert app.plan(cfg).encoders == list(chest)
+    cfg = compose_cfg(["panel=candor_chest"], tmp_path)  # on the default (demo) experiment
+    assert app.plan(cfg).encoders == list(chest)
+
+
+def test_paths_resolve_to_the_launch_folder_without_a_hydra_job(tmp_path, monkeypatch):
+    """paths.root is the folder the command runs from, also where no Hydra job config is set: the
+    sweep folder of a multirun (built before any job) and configs composed with the compose API."""
+    monkeypatch.chdir(tmp_path)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", return_hydra_config=True)
+    assert cfg.paths.root == str(tmp_path)
+    assert cfg.paths.cache_dir == str(tmp_path / "outputs" / "cache" / "features")
+    assert Path(cfg.hydra.sweep.dir).parent.parent == tmp_path / "outputs" / "multirun"
+    assert Path(cfg.hydra.run.dir).parent.parent == tmp_path / "outputs" / "runs"
+
+
+def test_a_dataset_with_empty_options_builds_its_manifest(tmp_path):
+    """`options: {}` (CUB's card) is an empty DictConfig; it once failed as 'Input cfg is not an
+    OmegaConf config object' before any image was read."""
+
+    from fixtures_natural import CUB_CLASSES, write_cub
+
+    write_cub(tmp_path / "cub", per_class=3)
+    cfg = compose_cfg(["dataset=cub", f"dataset.root={tmp_path / 'cub'}", "encoder=planted_blur"], tmp_path)
+    assert OmegaConf.to_container(cfg.dataset.options) == {}
+    manifest = app.load_manifest(app.plan(cfg, ["encoder=planted_blur"]), cfg)
+    assert len(manifest) == 3 * len(CUB_CLASSES)

@@ -1,0 +1,82 @@
+"""The embedded default end to end, as a user runs it: `python -m robustbench_fm`."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args, cwd=ROOT):
+    proc = subprocess.run([sys.executable, "-m", "robustbench_fm", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def latest_run(output_root: Path, kind="runs") -> Path:
+    return sorted((output_root / kind).glob("*/*"))[-1]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    first = cli(f"paths.output_root={out}")
+    run1 = latest_run(out)
+    second = cli(f"paths.output_root={out}", "hydra.run.dir=" + str(out / "runs" / "z" / "second"))
+    return out, first, second, run1, out / "runs" / "z" / "second"
+
+
+def test_demo_reproduces_the_calibration(demo):
+    out, first, _, run1, _ = demo
+    summary = pd.read_parquet(run1 / "summary.parquet")
+    pooled = summary[summary["acq_group"] == "__pooled__"].set_index("encoder")
+    assert set(pooled.index) == {"planted_blur", "planted_sharp", "random_vit_s"}
+    blur, sharp = pooled.loc["planted_blur"], pooled.loc["planted_sharp"]
+    assert abs(blur["d"] - 0.5) <= 0.1 and blur["d_ci_low"] <= 0.5 <= blur["d_ci_high"]
+    assert sharp["d"] == 0.0
+    assert pooled["n_queries"].eq(100).all()
+    assert "planted_sharp" in first and "| d |" in first.replace(" d ", " d ")
+    assert (run1 / "config.yaml").is_file()
+    per = pd.read_parquet(run1 / "results/planted_blur/planted/candor/marker/per_sample.parquet")
+    assert len(per) == 100 and set(per.columns) >= {"sample_id", "c_pos", "c_neg", "dm", "discordant"}
+
+
+def test_second_run_hits_the_cache_with_zero_forwards(demo):
+    out, first, second, run1, run2 = demo
+    for name in ("planted_blur", "planted_sharp", "random_vit_s"):
+        assert f"{name}: 200 images embedded" in first
+        assert f"cache hit: 200 rows, 0 forward passes ({out / 'cache' / 'features' / name}/" in second
+    assert "images embedded" not in second and "images/s" not in second  # no "0 images ... 0.0 images/s"
+    pd.testing.assert_frame_equal(pd.read_parquet(run1 / "summary.parquet"),
+                                  pd.read_parquet(run2 / "summary.parquet"))
+
+
+def test_from_features_cli_matches_the_pipeline(demo, tmp_path):
+    out, _, _, run1, _ = demo
+    cache = next((out / "cache" / "features" / "planted_sharp").iterdir())
+    from robustbench_fm import data
+
+    manifest = data.build_manifest("planted", out / "demo_data" / "planted")
+    manifest.to_csv(tmp_path / "manifest.csv", index=False)
+    cli(f"paths.output_root={tmp_path}", "experiment=from_features", f"features_file={cache}",
+        f"manifest_file={tmp_path / 'manifest.csv'}", "stage.findings=[marker]")
+    got = pd.read_parquet(latest_run(tmp_path) / "summary.parquet")
+    want = pd.read_parquet(run1 / "summary.parquet").query("encoder == 'planted_sharp'")
+    cols = ["acq_group", "n_queries", "d", "d_sd", "d_all", "margin_auroc"]
+    pd.testing.assert_frame_equal(got[cols].reset_index(drop=True), want[cols].reset_index(drop=True))
+
+
+def test_multirun_over_encoders(demo, tmp_path):
+    out, *_ = demo
+    cli("-m", "encoder=planted_blur,planted_sharp", f"paths.output_root={tmp_path}",
+        f"paths.cache_dir={out / 'cache' / 'features'}", f"dataset.root={out / 'demo_data' / 'planted'}")
+    jobs = sorted(p for p in latest_run(tmp_path, "multirun").iterdir() if p.is_dir())
+    assert [j.name for j in jobs] == ["0_planted_blur-planted-candor", "1_planted_sharp-planted-candor"]
+    for job, name in zip(jobs, ["planted_blur", "planted_sharp"]):
+        s = pd.read_parquet(job / "summary.parquet")
+        assert s["encoder"].unique().tolist() == [name]
+        assert (job / "config.yaml").is_file()

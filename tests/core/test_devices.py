@@ -1,0 +1,50 @@
+"""GPU code paths are chosen only when CUDA is there (issue 9, "GPU paths"); the CPU suite checks
+the choices themselves: device, decode workers, prefetch bound, autocast."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from feature_fixtures import tiny_encoder
+
+from robustbench_fm.core.devices import resolve_device
+from robustbench_fm.features.extract import (
+    PREFETCH_BYTES,
+    _prefetch,
+    default_num_workers,
+)
+
+
+def test_auto_picks_cuda_only_when_available(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == torch.device("cuda")
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.parametrize("cores, cpu_workers, cuda_workers", [(1, 0, 1), (2, 1, 1), (12, 1, 11), (64, 1, 16)])
+def test_decode_workers_follow_the_affinity_mask(monkeypatch, cores, cpu_workers, cuda_workers):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert default_num_workers("cpu") == cpu_workers
+    assert default_num_workers("cuda") == cuda_workers
+
+
+def test_prefetch_keeps_decoded_batches_under_the_bound():
+    spec = tiny_encoder(input_size=224).spec
+    batch_bytes = 256 * 3 * 224 * 224 * 4
+    assert _prefetch(spec, 256, 0) is None
+    assert _prefetch(spec, 32, 1) == 4  # CPU default: 1 worker, small batches
+    assert _prefetch(spec, 256, 15) == 1  # an H200 box: 15 workers x 154 MB batches
+    for workers in (1, 2, 4, 8, 15):
+        depth = _prefetch(spec, 256, workers)
+        assert depth == 1 or depth * workers * batch_bytes <= PREFETCH_BYTES
+
+
+def test_no_autocast_and_no_pinning_on_cpu():
+    enc = tiny_encoder()
+    assert enc.device.type == "cpu" and not enc.uses_amp
+    with enc.autocast():
+        assert not torch.is_autocast_enabled()
+    assert enc.embed(torch.zeros(2, 3, 32, 32)).dtype == torch.float32

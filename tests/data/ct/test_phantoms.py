@@ -1,0 +1,96 @@
+"""Synthetic CT phantoms (robustbench_fm.data.ct.phantoms) in the WORD, TotalSegmentator and LiTS layouts."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from scipy import ndimage
+
+from robustbench_fm import data
+from robustbench_fm.cli import app
+from robustbench_fm.cli.main import CONFIG_DIR
+from robustbench_fm.data.ct import layouts as ct_datasets
+from robustbench_fm.data.ct import phantoms
+from robustbench_fm.data.ct.volumes import load_ras, to_display
+from robustbench_fm.methods.spar.samples import L3_PROBES, ORGANS, build_samples
+
+
+def _centroid_x(labels, organ):
+    return np.argwhere(labels == ORGANS.index(organ) + 1)[:, 2].mean() / labels.shape[2]
+
+
+def test_word_phantoms_have_the_release_layout_and_plausible_anatomy(tmp_path):
+    root = phantoms.write_phantoms(tmp_path, "word", n_subjects=6, seed=1)
+    names = {d: sorted(p.name for p in (root / d).iterdir()) for d in
+             ("imagesTr", "imagesVal", "imagesTs", "labelsTr", "labelsVal", "labelsTs")}
+    assert names["imagesTr"] == names["labelsTr"] == [f"word_{i:04d}.nii.gz" for i in range(1, 5)]
+    assert names["imagesVal"] == ["word_0005.nii.gz"] and names["imagesTs"] == ["word_0006.nii.gz"]
+    vols = ct_datasets.list_volumes("word", root)
+    ratios = []
+    for v in vols:
+        labels = to_display(ct_datasets.load_labels(v)[0])
+        hu = to_display(load_ras(v.image))
+        assert labels.shape == hu.shape == phantoms.SHAPE[::-1]
+        assert set(np.unique(labels)) == set(range(len(ORGANS) + 1))          # all 16 organs drawn
+        # radiological display: patient right (liver, right kidney) on the image left
+        assert _centroid_x(labels, "liver") < 0.5 < _centroid_x(labels, "spleen")
+        assert _centroid_x(labels, "right_kidney") < 0.5 < _centroid_x(labels, "left_kidney")
+        assert np.median(hu[labels == 0][hu[labels == 0] > -500]) < 0 < np.median(hu[labels == 1])
+        ratios.append((labels == 3).sum() / (labels == 4).sum())
+    ratios = np.array(ratios)
+    assert (ratios > 1.01).any() and (ratios < 0.99).any() and (abs(ratios - 1) < 1e-3).any()  # three kidney cases
+
+
+def test_phantoms_are_idempotent_and_seeded(tmp_path):
+    root = phantoms.write_phantoms(tmp_path / "a", "lits", n_subjects=2, seed=0)
+    stamp = (root / "volume-0.nii.gz").stat().st_mtime_ns
+    phantoms.write_phantoms(root, "lits", n_subjects=2, seed=0)
+    assert (root / "volume-0.nii.gz").stat().st_mtime_ns == stamp
+    other = phantoms.write_phantoms(tmp_path / "b", "lits", n_subjects=2, seed=1)
+    assert not np.array_equal(load_ras(root / "volume-0.nii.gz"), load_ras(other / "volume-0.nii.gz"))
+    with pytest.raises(ValueError, match="unknown phantom layout"):
+        phantoms.write_phantoms(tmp_path / "c", "nnunet")
+
+
+def test_lits_phantoms_hold_zero_to_three_tumours_inside_the_liver(tmp_path):
+    root = phantoms.write_phantoms(tmp_path, "lits", n_subjects=8, seed=2)
+    counts = []
+    for v in ct_datasets.list_volumes("lits", root):
+        seg = load_ras(v.labels, np.int16)
+        assert set(np.unique(seg)) <= {0, 1, 2}
+        tumours = ndimage.label(seg == 2)[1]
+        counts.append(tumours)
+        hu = load_ras(v.image)
+        if tumours:
+            assert np.median(hu[seg == 2]) < np.median(hu[seg == 1])     # hypodense lesions
+    assert counts == [1, 2, 3, 0, 1, 2, 3, 0]
+
+
+def test_totalsegmentator_phantoms_write_every_mapped_class(tmp_path):
+    root = phantoms.write_phantoms(tmp_path, "totalsegmentator", n_subjects=3, seed=0)
+    files = {p.name for p in (root / "s0001" / "segmentations").iterdir()}
+    mapped = {f"{n}.nii.gz" for names in ct_datasets.TOTALSEG_CLASSES.values() for n in names}
+    assert mapped < files and "aorta.nii.gz" in files
+    assert ct_datasets.read_totalseg_meta(root)["split"].tolist() == ["train", "val", "test"]
+
+
+@pytest.mark.slow
+def test_phantom_dataset_composes_generates_and_builds_every_probe(tmp_path):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"paths.root={tmp_path}", "dataset=spar_phantom_word", "stage=candor",
+                                           "dataset.options.n_subjects=3", "dataset.options.n_lits=3"])
+    # the dataset part of app.plan / app.load_manifest (plan itself would import every encoder)
+    assert cfg.dataset.name in data.names() and not Path(cfg.dataset.root).exists()
+    job = app.Plan(cfg.dataset.name, Path(cfg.dataset.root), [], "spar", list(cfg.dataset.findings), None)
+    cfg.dataset.card.expected.images = cfg.dataset.card.expected.patients = 3
+    manifest = app.load_manifest(job, cfg)
+    assert manifest["split"].tolist() == ["train", "val", "test"] and (job.root / "lits" / "volume-2.nii.gz").is_file()
+    assert data.get("spar_phantom_word").generate is not None
+    options = OmegaConf.to_container(cfg.dataset.options, resolve=True)
+    s = build_samples("spar_phantom_word", job.root, tmp_path / "cache", **options)
+    assert s.tiles.shape[1:] == (16, 224, 224) and s.slices.shape[1:] == (224, 224)
+    np.testing.assert_allclose(s.centroids_px, s.centroids * 224, rtol=1e-6)
+    assert np.nanmax(s.centroids_px) <= 224 and np.nanmin(s.centroids_px) >= 0
+    assert set(s.questions["probe"]) >= set(L3_PROBES) - {"kidney_symmetry"}  # symmetry needs more subjects
+    assert len(s.table) == len(s.present) == len(s.grid_cells) and set(s.table["split"]) <= {"train", "val", "test"}

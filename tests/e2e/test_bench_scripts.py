@@ -1,0 +1,41 @@
+"""The benchmark scripts keep working (they use the engine's internals): a miniature run."""
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_extract_writes_its_figures(tmp_path):
+    out = tmp_path / "extract.json"
+    load("bench_extract").main(["--models", "random_vit_s", "--n", "8", "--batch-size", "4", "--size", "64",
+                                "--out", str(out)])
+    result = json.loads(out.read_text())["models"]["random_vit_s"]
+    assert result["n_forward_batches"] == 2 and result["embed_dim"] == 384
+    ratio = result["extract_images_per_s"] / result["forward_images_per_s"]
+    assert abs(result["ratio_extract_over_forward"] - ratio) < 0.01 * ratio + 2e-3  # both sides are rounded
+
+
+def test_bench_candor_writes_its_figures(tmp_path):
+    out = tmp_path / "candor.json"
+    result = load("bench_candor").main(["--groups", "2", "--group-size", "400", "--dim", "32", "--bank-size", "200",
+                                        "--max-group-sample", "200", "--n-boot", "50", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert result["n_images"] == 800 and result["bank_size"] == 200 and result["n_findings"] == 12
+    assert 180 <= result["queries_per_finding"] <= 220  # half of each group's 200-image sample, 2 groups
+
+
+def test_estimate_cost_counts_flops_and_schedules_longest_first():
+    cost = load("estimate_cost")
+    gflops, how = cost.gflops_per_image("random_vit_s")
+    # ViT-S/16 at 224 px: 4.6 GMACs = 9.2 GFLOPs (timm's published figure)
+    assert how == "counted" and abs(gflops - 9.2) < 0.2
+    assert cost.schedule([3, 3, 2, 2], 2) == 5 and cost.schedule([3, 3, 2, 2, 2], 2) == 7  # LPT, not optimal
+    assert cost.schedule([5, 1, 1], 4) == 5

@@ -1,0 +1,46 @@
+"""End to end: `python -m robustbench_fm -m experiment=croma_camelyon` with two small encoders on a
+synthetic PathoROB-Camelyon root fans out one job per encoder, and its collect step re-scores
+the panel at the lower-median k and writes Table 3 in the published layout plus the figures."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from croma_sweeps import camelyon_root
+
+from robustbench_fm.methods.croma.panel import median_k
+from robustbench_fm.report import published
+
+pytestmark = pytest.mark.slow
+
+
+def test_croma_camelyon_multirun_writes_table3(tmp_path):
+    root = camelyon_root(tmp_path / "camelyon", slides_per_cell=2, tiles_per_slide=4)
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "-m", "robustbench_fm", "-m", "experiment=croma_camelyon",
+                           "encoders=[planted_blur,planted_sharp]", f"dataset.root={root}", f"paths.root={tmp_path}",
+                           f"hydra.sweep.dir={sweep}", "device=cpu", "extract.num_workers=0",
+                           "stage.params.k_grid=[1,3,5,7]", "stage.params.m=3"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    jobs = sorted(p.name for p in sweep.iterdir() if (p / "entries.json").exists())
+    assert jobs == ["0_planted_blur-pathorob_camelyon-croma", "1_planted_sharp-pathorob_camelyon-croma"]
+    k_star = [int(pd.read_parquet(sweep / j / "summary.parquet")["k"].iloc[0]) for j in jobs]
+    table = pd.read_csv(sweep / "tables" / "croma_table3.csv")
+    columns = list(dict.fromkeys(published.table("croma", 3, "")["column"]))
+    assert list(table.columns) == ["Model"] + columns
+    assert sorted(table["Model"]) == ["planted_blur", "planted_sharp"]
+    rescored = pd.read_parquet(sweep / "collect" / "median_k" / "results" / "planted_blur" / "pathorob_camelyon"
+                               / "croma" / "bio_label" / "summary.parquet")
+    assert int(rescored["k"].iloc[0]) == median_k(k_star) == min(k_star)
+    row = table.set_index("Model").loc["planted_blur"]
+    assert row["RI"] == pytest.approx(rescored["ri"].iloc[0]) and row["support"] == pytest.approx(
+        rescored["support"].iloc[0])
+    panel = json.loads((sweep / "collect" / "median_k" / "panel.json").read_text())
+    assert panel["protocol"] == "median-k" and len(panel["benchmarks"]["pathorob_camelyon"]) == 2
+    for fig in ("ridgeline", "pareto", "typed_distances"):
+        assert (sweep / "figures" / f"pathorob_camelyon_{fig}.png").stat().st_size > 1000
+    assert (sweep / "tables" / "croma_table8.md").is_file()

@@ -1,0 +1,117 @@
+"""Agreement with the reference package croma 1.0.1 (the oracle) on synthetic cohorts, designs
+``all`` and ``paired_2x2``, float32 and float64 (issue 4, "Tests"): RI, support, k, F(0) and both
+kNN balanced accuracies identical; MaRI, τ, CRoMa, Q, LTM and every per-sample value within 1e-6."""
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from croma import RI, CRoMa, MaRI
+from croma.metrics import neighbors as reference_neighbors
+from croma.metrics.base import BaseRobustnessIndex
+from croma.metrics.pairs import normalize_manifest, resolve_manifest_subsets
+from croma_cohorts import cohort, quartets, reference_manifest
+
+from robustbench_fm import evaluate
+from robustbench_fm.methods.croma import stage
+
+GRID = list(stage.DEFAULT_K_GRID)
+reference_bacc = reference_neighbors._balanced_accuracy_by_k_from_prepared_neighbors
+
+COHORTS = {
+    "2x2 float32": lambda: cohort(seed=1, tiles_per_slide=15),
+    "3x3 float32": lambda: cohort(n_labels=3, n_confs=3, slides_per_cell=2, tiles_per_slide=12, seed=3),
+    "2x3 tiny float64 (fetch cap)": lambda: cohort(n_confs=3, slides_per_cell=2, tiles_per_slide=6, seed=4,
+                                                   dtype=np.float64),
+    "paired float32": lambda: quartets(seed=0, tiles_per_cell=20),
+    "paired float64": lambda: quartets(seed=5, tiles_per_cell=20, dtype=np.float64),
+}
+
+
+def reference(x, manifest, design, k_grid):
+    """The oracle's RI, MaRI, CRoMa, and both kNN accuracies at its k (its own neighbour cache)."""
+    ref = reference_manifest(manifest)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ri = RI.compute(x, ref, confounder_column="site", k_candidates=k_grid, evaluation_design=design)
+        mari = MaRI.compute(x, ref, confounder_column="site", k_candidates=k_grid, evaluation_design=design)
+        cr = CRoMa.compute(x, ref, confounder_column="site", evaluation_design=design, m=5, alpha=0.10)
+    df = normalize_manifest(ref, confounder_column="site", source="oracle")
+    if design == "all":
+        caches = [BaseRobustnessIndex._prepare_all_rows_neighbor_cache(features=x, df=df, k_values=[ri.k])]
+    else:
+        caches = BaseRobustnessIndex._prepare_paired_subset_neighbor_cache(
+            features=x, subsets=resolve_manifest_subsets(df), k_values=[ri.k])
+    bacc = {name: np.mean([reference_bacc(getattr(c, name), c.neigh_idx, c.valid_counts, [ri.k])[ri.k]
+                           for c in caches if ri.k < len(c.labels)]) for name in ("labels", "centers")}
+    return ri, mari, cr, bacc
+
+
+def run_ours(x, manifest, design, **params):
+    """Float32 goes through the public API; float64 calls the stage directly, because
+    ``evaluate`` casts features to float32 (and validates paired manifests as one row per sample)."""
+    if x.dtype == np.float32 and design == "all":
+        return evaluate("croma", x, manifest, design=design, **params)
+    return stage.run(x, manifest, design=design, **params)
+
+
+@pytest.mark.parametrize("name", list(COHORTS))
+def test_agrees_with_reference(name):
+    x, manifest = COHORTS[name]()
+    design = "paired_2x2" if "paired" in name else "all"
+    ri, mari, cr, bacc = reference(x, manifest, design, GRID)
+    res = run_ours(x, manifest, design)
+    row = res.summary.iloc[0]
+
+    assert row["k"] == ri.k and row["ri"] == ri.value and row["support"] == ri.support
+    assert row["f0"] == cr.f0
+    assert row["bio_knn_bacc"] == bacc["labels"] and row["conf_knn_bacc"] == bacc["centers"]
+    for ours, theirs in (("mari", mari.value), ("tau", mari.tau), ("croma", cr.value), ("q_alpha", cr.q_alpha),
+                         ("ltm", cr.ltm_alpha)):
+        assert row[ours] == pytest.approx(theirs, abs=1e-6), ours
+    assert row["n"] == len(cr.sample_values)
+
+    ps = res.per_sample
+    src = cr.occurrence_source_indices  # manifest row of each reference unit
+    np.testing.assert_allclose(ps["croma"].to_numpy()[src], cr.sample_values_aligned, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(ps["ri"].to_numpy()[ri.occurrence_source_indices], ri.sample_values_aligned)
+    np.testing.assert_allclose(ps["mari"].to_numpy()[mari.occurrence_source_indices], mari.sample_values_aligned,
+                               rtol=0, atol=1e-6)
+    if design == "paired_2x2":
+        assert row["croma_std"] == pytest.approx(cr.std, abs=1e-6) and row["n_subsets"] == cr.n_pairs
+        assert list(ps.columns) == ["sample_id", "subset", "croma", "d_so", "d_os", "ri", "mari"]
+    else:
+        assert list(ps.columns) == ["sample_id", "croma", "d_so", "d_os", "ri", "mari"]
+
+
+@pytest.mark.parametrize("k", [3, 71])
+def test_fixed_k_agrees_with_reference(k):
+    """k fixed (the median-k protocol), including a k beyond the tiny subsets' cross-group pools."""
+    x, manifest = quartets(seed=3, tiles_per_cell=20)
+    ri, mari, _, bacc = reference(x, manifest, "paired_2x2", [k])
+    row = stage.run(x, manifest, design="paired_2x2", k=k).summary.iloc[0]
+    assert row["k"] == k and row["ri"] == ri.value and row["support"] == ri.support
+    assert row["mari"] == pytest.approx(mari.value, abs=1e-6) and row["tau"] == pytest.approx(mari.tau, abs=1e-6)
+    assert row["bio_knn_bacc"] == bacc["labels"] and row["conf_knn_bacc"] == bacc["centers"]
+
+
+def test_selection_curve_and_pinned_tau_agree():
+    x, manifest = cohort(seed=6, tiles_per_slide=15)
+    ref = reference_manifest(manifest)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mari = MaRI.compute(x, ref, confounder_column="site", k_candidates=GRID, tau=0.5)
+    df = normalize_manifest(ref, confounder_column="site", source="oracle")
+    cache = BaseRobustnessIndex._prepare_all_rows_neighbor_cache(features=x, df=df, k_values=GRID)
+    curve = reference_bacc(cache.labels, cache.neigh_idx, cache.valid_counts, GRID)
+    res = evaluate("croma", x, manifest, tau=0.5)
+    assert res.params["bio_knn_bacc_by_k"] == {str(k): v for k, v in curve.items()}
+    assert res.summary["mari"][0] == pytest.approx(mari.value, abs=1e-6) and res.summary["tau"][0] == 0.5
+
+
+def test_device_and_block_size_do_not_change_numbers():
+    x, manifest = cohort(seed=7, n_confs=3, tiles_per_slide=10)
+    a = stage.run(x, manifest, device="cpu")
+    b = stage.run(x, manifest, device="cpu", block_size=29)
+    pd.testing.assert_frame_equal(a.summary, b.summary, check_exact=False, rtol=1e-6, atol=1e-6)
+    pd.testing.assert_frame_equal(a.per_sample, b.per_sample, check_exact=False, rtol=1e-6, atol=1e-6)

@@ -1,0 +1,121 @@
+"""The croma stage's contract beyond the oracle values: the near-separable case costs what the
+normal case costs, short units (error / skip), one-line errors, paired subsets, app wiring."""
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from croma_cohorts import cohort, quartets
+from omegaconf import OmegaConf
+
+from robustbench_fm import evaluate
+from robustbench_fm.cli.main import CONFIG_DIR
+from robustbench_fm.methods.croma import stage
+
+
+def best_time(x, manifest, repeats=3):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        stage.run(x, manifest, device="cpu")
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def test_near_separable_cells_cost_what_the_normal_case_costs():
+    normal = cohort(slides_per_cell=8, tiles_per_slide=50, dim=64, seed=0)
+    separable = cohort(slides_per_cell=8, tiles_per_slide=50, dim=64, seed=0, label_shift=3.0, conf_shift=3.0,
+                       slide_shift=0.1, noise=0.3)
+    # near-separable: the first typed (SO/OS) neighbour of every unit lies behind all 350 same-cell
+    # cross-group tiles, beyond the reference's first typed search (200), which then has to grow
+    assert stage.run(*separable, k=349).summary["support"][0] == 0.0
+    ratio = best_time(*separable) / best_time(*normal)
+    assert ratio < 3.0, f"near-separable case {ratio:.2f}x slower than the normal case"
+
+
+def short_cohort():
+    """Cell (class0, centre1) keeps only 3 tiles: the class0 x centre0 units have 3 SO candidates and
+    the class1 x centre1 units 3 OS candidates."""
+    x, manifest = cohort(slides_per_cell=3, tiles_per_slide=10, seed=2)
+    keep = ~((manifest["bio_label"] == "class0") & (manifest["site"] == "centre1")).to_numpy()
+    keep[np.flatnonzero(~keep)[:3]] = True
+    return x[keep], manifest[keep].reset_index(drop=True)
+
+
+def test_short_units_stop_the_stage_naming_the_cells():
+    x, manifest = short_cohort()
+    with pytest.raises(ValueError) as err:
+        evaluate("croma", x, manifest)
+    message = str(err.value)
+    assert "\n" not in message and "60 of 93 units" in message
+    assert "bio_label='class0' x site='centre0': 30 short of SO, 0 short of OS" in message
+    assert "bio_label='class1' x site='centre1': 0 short of SO, 30 short of OS" in message
+    assert "on_short='skip'" in message
+
+
+def test_short_units_are_skipped_and_recorded_on_request():
+    x, manifest = short_cohort()
+    res = evaluate("croma", x, manifest, on_short="skip")
+    row = res.summary.iloc[0]
+    cell = manifest["bio_label"] + manifest["site"]
+    short = cell.isin(["class0centre0", "class1centre1"])
+    assert row["n_short"] == 60 and "class0" in row["short_cells"] and row["n"] == 93
+    assert res.per_sample["croma"][short].isna().all() and res.per_sample["croma"][~short].notna().all()
+    assert row["croma"] == pytest.approx(np.median(res.per_sample["croma"][~short]))
+
+
+@pytest.mark.parametrize("params, field", [
+    (dict(m=0), "m=0"), (dict(alpha=1.5), "alpha=1.5"), (dict(k_grid=[0, 3]), "k_grid value 0"),
+    (dict(design="pairs"), "design='pairs'"), (dict(on_short="warn"), "on_short='warn'"),
+    (dict(tau=-1.0), "tau=-1.0"), (dict(confounder_col="scanner"), "no column 'scanner'"),
+    (dict(k=500), "below the largest scope size"),
+])
+def test_bad_options_fail_in_one_line(params, field):
+    x, manifest = cohort(slides_per_cell=2, tiles_per_slide=10)
+    with pytest.raises(ValueError) as err:
+        evaluate("croma", x, manifest, **params)
+    assert field in str(err.value) and "\n" not in str(err.value)
+
+
+def test_empty_group_and_bad_features_are_refused():
+    x, manifest = cohort(slides_per_cell=2, tiles_per_slide=10)
+    with pytest.raises(ValueError, match="'slide_id' .* empty at row 4"):
+        evaluate("croma", x, manifest.assign(slide_id=manifest["slide_id"].where(manifest.index != 4)))
+    x[7] = 0.0
+    with pytest.raises(ValueError, match="row 7 is a zero vector"):
+        stage.run(x, manifest)
+
+
+def test_incomplete_subsets_are_skipped_with_a_warning():
+    x, manifest = quartets(n_subsets=3, tiles_per_cell=12, reuse=False)
+    drop = (manifest["subset"] == "q01") & (manifest["bio_label"] == "class2") & (manifest["site"] == "centre3")
+    with pytest.warns(RuntimeWarning, match="1 incomplete 2x2 subsets skipped"):
+        res = stage.run(x[~drop.to_numpy()], manifest[~drop].reset_index(drop=True), design="paired_2x2")
+    assert res.summary["n_subsets"][0] == 2 and set(res.per_sample["subset"]) == {"q00", "q02"}
+    assert res.summary["n"][0] == 96
+
+
+def test_finding_names_the_label_and_leads_the_summary():
+    x, manifest = cohort(slides_per_cell=2, tiles_per_slide=10)
+    res = evaluate("croma", x, manifest.rename(columns={"bio_label": "tissue"}), finding="tissue")
+    assert list(res.summary.columns) == ["finding", "ri", "mari", "tau", "k", "support", "croma", "f0", "q_alpha",
+                                         "ltm", "bio_knn_bacc", "conf_knn_bacc", "n"]
+    assert res.summary["finding"][0] == "tissue" and res.params["label_col"] == "tissue"
+
+
+def test_stage_config_runs_as_the_app_calls_it():
+    cfg = OmegaConf.load(CONFIG_DIR / "stage" / "croma.yaml")
+    params = OmegaConf.to_container(cfg.params)
+    params["device"] = "cpu"  # ${device} in the app
+    stage.check_params(**params)
+    x, manifest = cohort(slides_per_cell=2, tiles_per_slide=10)
+    res = evaluate(cfg.name, x, manifest, finding=cfg.findings[0], **params)
+    assert res.summary["finding"][0] == "bio_label" and res.summary["n"][0] == 80
+
+
+def test_results_save(tmp_path):
+    x, manifest = cohort(slides_per_cell=2, tiles_per_slide=10)
+    res = evaluate("croma", x, manifest)
+    res.save(tmp_path)
+    assert pd.read_parquet(tmp_path / "per_sample.parquet").shape == (80, 6)
+    assert pd.read_parquet(tmp_path / "summary.parquet")["k"].dtype == np.int64

@@ -1,0 +1,131 @@
+"""SPAR metrics, heads and backbones (spar.md Sections 3.1-3.2) on hand-built inputs."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import robustbench_fm.encoders as enc
+from robustbench_fm.methods.spar import metrics
+from robustbench_fm.methods.spar.heads import MLPHead, SparModel, TransformerHead
+from robustbench_fm.methods.spar.models import Backbone, CombinedViT
+from robustbench_fm.methods.spar.run import QUESTION_DIM, QueryTask, encode_questions, slice_views
+from robustbench_fm.methods.spar.samples import L3_PROBES, ORGANS, SparSamples
+from robustbench_fm.methods.spar.train import TrainConfig, fit, predict
+
+CPU = torch.device("cpu")
+
+
+def test_localization_metrics_by_hand():
+    true = np.zeros((2, 16, 2), np.float32)
+    pred = true.copy()
+    pred[0, 0] = (3, 4)      # 5 px
+    pred[0, 1] = (6, 8)      # 10 px: a success at the 10 px threshold
+    pred[1, 0] = (0, 12)     # 12 px
+    pred[1, 5] = (100, 100)  # absent: ignored
+    present = np.zeros((2, 16), bool)
+    present[0, :2] = present[1, 0] = True
+    m = metrics.localization(pred, true, present, threshold=10)
+    assert m["med"] == pytest.approx(27 / 3) and m["sdr"] == pytest.approx(2 / 3) and m["n"] == 3
+    assert m["per_slot_med"][0] == pytest.approx(8.5) and m["per_slot_med"][1] == pytest.approx(10)
+    assert np.isnan(m["per_slot_med"][5])
+
+
+def test_permutation_metrics_by_hand():
+    true = np.tile(np.arange(16), (3, 1))
+    pred = true.copy()
+    pred[1, [0, 1]] = pred[1, [1, 0]]  # two present tiles swapped
+    pred[2, [14, 15]] = pred[2, [15, 14]]  # two absent tiles swapped: still a full permutation
+    present = np.ones((3, 16), bool)
+    present[2, 14:] = False
+    m = metrics.permutation(pred, true, present)
+    assert m["patch_acc"] == pytest.approx((16 + 14 + 14) / 46)
+    assert m["perm_acc"] == pytest.approx(2 / 3)
+    assert m["per_slot_acc"][0] == pytest.approx(2 / 3) and m["per_slot_acc"][15] == 1.0  # present twice
+
+
+def test_probe_accuracy_and_macro():
+    acc = metrics.probe_accuracy([0, 1, 1, 2, 0], [0, 0, 1, 2, 1], ["a", "a", "a", "b", "b"])
+    assert acc == {"a": pytest.approx(2 / 3), "b": 0.5, "macro": pytest.approx((2 / 3 + 0.5) / 2)}
+
+
+def _symmetry_samples(n_per_split=(30, 15, 30)) -> SparSamples:
+    """Only balanced kidney-symmetry questions (3 classes, equal counts in every split)."""
+    rows = []
+    for split, n in zip(("train", "val", "test"), n_per_split):
+        for i in range(n):
+            rows.append({"question_id": f"{split}{i}", "probe": "kidney_symmetry", "slice_row": len(rows),
+                         "transform": "none", "organ_a": "left_kidney", "organ_b": "right_kidney", "organ_c": "",
+                         "organ_d": "", "label": i % 3, "n_classes": 3, "split": split})
+    q = pd.DataFrame(rows)
+    m = len(q)
+    st = pd.DataFrame({"sample_id": [f"s{i}" for i in range(m)], "subject_id": "p", "split": q["split"],
+                       "dataset": "word", "z": 0})
+    empty = np.zeros((0, 16), bool)
+    return SparSamples(pd.DataFrame(), np.zeros((0, 16, 8, 8), np.uint8), empty, np.zeros((0, 16, 2), np.float32),
+                       np.zeros((0, 16, 2), np.float32), np.zeros((0, 16), np.int64),
+                       np.random.default_rng(0).integers(0, 255, (m, 8, 8), dtype=np.uint8), st, q)
+
+
+def test_frozen_mlp_on_a_constant_encoder_scores_chance_on_symmetry():
+    """Constant tokens and one question encoding: one answer for every slice; balanced 3 classes
+    give exactly 1/3 (spar.md 3.1 (iii): undersampling keeps a constant answer at chance)."""
+    s = _symmetry_samples()
+    views, view_of = slice_views(s)
+    constant = np.ones((len(views), 5, 16), np.float16)
+    task = QueryTask(s, lambda rows: constant[rows], view_of, CPU)
+    torch.manual_seed(0)
+    model = SparModel(MLPHead(16, len(L3_PROBES) * 5, has_cls=True, cond_dim=QUESTION_DIM, hidden=32))
+    split = s.questions["split"].to_numpy()
+    fit(model, task.batch, task.loss, np.flatnonzero(split == "train"), np.flatnonzero(split == "val"),
+        TrainConfig(lr=1e-2, max_epochs=20, patience=5), CPU)
+    test = np.flatnonzero(split == "test")
+    rows = {r["finding"]: r for r in task.score(predict(model, task.batch, test, 16, CPU), test)}
+    assert rows["kidney_symmetry"]["accuracy"] == pytest.approx(1 / 3, abs=1e-9)
+    assert rows["kidney_symmetry"]["chance"] == pytest.approx(1 / 3)
+
+
+def test_question_encoding_is_one_hot_probe_and_organs():
+    q = pd.DataFrame({"probe": ["distance_compare"], "organ_a": ["liver"], "organ_b": ["spleen"],
+                      "organ_c": ["colon"], "organ_d": [""]})
+    x = encode_questions(q)[0]
+    assert x.sum() == 4 and x[L3_PROBES.index("distance_compare")] == 1
+    assert x[len(L3_PROBES) + 2 * len(ORGANS) + ORGANS.index("colon")] == 1
+
+
+TINY_VIT = dict(pretrained=False, seed=0, input_size=32, arch_kwargs={"img_size": 32, "depth": 1, "embed_dim": 16,
+                                                                     "num_heads": 2, "patch_size": 8})
+
+
+def test_backbone_tokens_cls_and_cnn_map():
+    vit = Backbone(enc.load(enc.get("vit_b32_in1k").replace(**TINY_VIT), device="cpu"), token_grid=2)
+    x = torch.randint(0, 255, (3, 40, 40), dtype=torch.uint8)
+    tok = vit(x)
+    assert vit.has_cls and tok.shape == (3, 1 + 4, 16)  # 4 x 4 patch grid pooled to 2 x 2
+    full = Backbone(vit_enc := enc.load(enc.get("vit_b32_in1k").replace(**TINY_VIT), device="cpu"), token_grid=99)
+    with torch.no_grad():
+        ref = vit_enc.model.forward_features(full.prepare(x))
+    assert torch.allclose(full(x), ref, atol=1e-6)  # no pooling: exactly timm's CLS + patch tokens
+    pooled = ref[:, 1:].reshape(3, 4, 4, 16).permute(0, 3, 1, 2)
+    want = torch.nn.functional.avg_pool2d(pooled, 2).flatten(2).transpose(1, 2)
+    assert torch.allclose(tok[:, 1:], want, atol=1e-5)
+    cnn = Backbone(enc.load(enc.get("resnet50_in1k").replace(
+        pretrained=False, seed=0, input_size=32, arch_kwargs={"layers": [1, 1, 1, 1], "channels": (8, 16, 32, 64),
+                                                              "stem_width": 8}), device="cpu"))
+    tok = cnn(x)
+    assert not cnn.has_cls and tok.shape == (3, 1, 256)  # 32 px -> 1 x 1 map of 64 x 4 channels
+    assert torch.equal(cnn.pool(tok), tok.mean(1))
+
+
+def test_heads_and_combined_vit_shapes():
+    tiles = torch.randn(2, 16, 5, 12)
+    assert MLPHead(12, 2, True, n_tiles=16, hidden=8)(tiles).shape == (2, 16, 2)
+    assert TransformerHead(12, 16, 5, n_tiles=16, d_model=8, heads=2)(tiles).shape == (2, 16, 16)
+    q = torch.zeros(2, QUESTION_DIM)
+    assert TransformerHead(12, 30, 5, cond_dim=QUESTION_DIM, d_model=8, heads=2)(tiles[:, 0], q).shape == (2, 30)
+    comb = CombinedViT(enc.load(enc.get("vit_b32_in1k").replace(**TINY_VIT), device="cpu"))
+    out = comb(torch.randint(0, 255, (2, 16, 32, 32), dtype=torch.uint8))
+    assert out.shape == (2, 16, 1, 16)
+    swapped = torch.randint(0, 255, (1, 16, 32, 32), dtype=torch.uint8)
+    a = comb(swapped)
+    b = comb(swapped[:, [1, 0, *range(2, 16)]])
+    assert not torch.allclose(a[0, 0], b[0, 1])  # tile embeddings make the slot matter

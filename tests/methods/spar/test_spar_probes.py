@@ -1,0 +1,178 @@
+"""SPAR-Bench probe labels (spar.md 3.1, Levels 2-3) on phantoms against their definitions."""
+import itertools
+
+import nibabel as nib
+import numpy as np
+import pytest
+from scipy import ndimage
+
+from robustbench_fm.data.ct import phantoms
+from robustbench_fm.data.ct.volumes import to_display
+from robustbench_fm.methods.spar import probes
+from robustbench_fm.methods.spar.samples import L3_PROBES, ORGANS, TRANSFORMS, apply_transform, build_samples
+
+SIZE = 32
+LK, RK, LIVER = ORGANS.index("left_kidney"), ORGANS.index("right_kidney"), ORGANS.index("liver")
+
+
+@pytest.fixture(scope="module")
+def phantom(tmp_path_factory):
+    root = tmp_path_factory.mktemp("spar_phantom")
+    phantoms.write_phantoms(root, "word", n_subjects=8, seed=3)
+    phantoms.write_phantoms(root / "lits", "lits", n_subjects=5, seed=4)
+    s = build_samples("spar_phantom_word", root, root / "cache", seed=7, size=SIZE, n_lits=4)
+    return root, s
+
+
+def _questions(s, probe):
+    return s.questions[s.questions["probe"] == probe].reset_index(drop=True)
+
+
+def test_questions_table_follows_the_contract(phantom):
+    _, s = phantom
+    q = s.questions
+    assert q.columns.tolist() == ["question_id", "probe", "slice_row", "transform", "organ_a", "organ_b", "organ_c",
+                                  "organ_d", "label", "n_classes", "split"]
+    assert q["question_id"].is_unique and set(q["probe"]) == set(L3_PROBES)
+    assert q.groupby("probe")["n_classes"].unique().map(list).to_dict() == {
+        p: [n] for p, n in {"relative_position": 2, "orientation": 5, "kidney_symmetry": 3, "liver_size": 3,
+                            "distance_compare": 2, "tumour_count": 3}.items()}
+    assert (q["label"] >= 0).all() and (q["label"] < q["n_classes"]).all()
+    assert (q["split"].to_numpy() == s.slice_table["split"].to_numpy()[q["slice_row"]]).all()
+    organs = set(q[["organ_a", "organ_b", "organ_c", "organ_d"]].to_numpy().ravel())
+    assert organs <= set(ORGANS) | {""} and set(q["transform"]) == set(TRANSFORMS)
+    lits = s.slice_table["dataset"].to_numpy()[q["slice_row"]] == "lits"
+    assert (lits == (q["probe"] == "tumour_count")).all()
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS)
+def test_transform_points_follow_the_image_transform(transform):
+    h, w = 6, 9
+    for r, c in [(0, 0), (1, 7), (5, 2)]:
+        img = np.zeros((h, w))
+        img[r, c] = 1
+        moved = apply_transform(img, transform)
+        r2, c2 = np.argwhere(moved)[0]
+        point = probes.transform_points(np.array([(c + 0.5) / w, (r + 0.5) / h]), transform)
+        np.testing.assert_allclose(point, [(c2 + 0.5) / moved.shape[1], (r2 + 0.5) / moved.shape[0]])
+
+
+def test_relative_position_flip_control_flips_the_label(phantom):
+    _, s = phantom
+    q = _questions(s, "relative_position")
+    none, flip = q[q["transform"] == "none"], q[q["transform"] == "hflip"]
+    assert len(none) == len(flip) > 20
+    assert (none["slice_row"].to_numpy() == flip["slice_row"].to_numpy()).all()
+    assert (none["label"].to_numpy() == 1 - flip["label"].to_numpy()).all()
+    a = none["organ_a"].map(ORGANS.index).to_numpy()
+    b = none["organ_b"].map(ORGANS.index).to_numpy()
+    rows = none["slice_row"].to_numpy()
+    xa, xb = s.slice_centroids[rows, a, 0], s.slice_centroids[rows, b, 0]
+    assert (none["label"].to_numpy() == (xa > xb)).all()          # 1: A right of B in the image
+    assert (np.abs(xa - xb) * SIZE >= 1).all() and q["label"].mean() == 0.5
+    assert s.slice_present[rows, a].all() and s.slice_present[rows, b].all()
+    assert none[["organ_a", "organ_b"]].drop_duplicates().shape[0] > 5
+
+
+def test_orientation_label_is_the_transform_and_balanced(phantom):
+    _, s = phantom
+    q = _questions(s, "orientation")
+    assert (q["label"] == q["transform"].map(TRANSFORMS.index)).all()
+    counts = q["label"].value_counts()
+    assert len(counts) == 5 and counts.max() - counts.min() <= 1
+    assert len(q) == (s.slice_table["dataset"] != "lits").sum() == q["slice_row"].nunique()
+
+
+def test_kidney_symmetry_follows_the_area_ratio_and_is_balanced(phantom):
+    _, s = phantom
+    q = _questions(s, "kidney_symmetry")
+    rows = q["slice_row"].to_numpy()
+    ratio = s.slice_areas[rows, LK] / s.slice_areas[rows, RK]
+    expected = [0 if 0.95 <= r <= 1.05 else 1 if r > 1.05 else 2 for r in ratio]
+    assert q["label"].tolist() == expected and s.slice_present[rows][:, [LK, RK]].all()
+    eligible = s.slice_present[:, LK] & s.slice_present[:, RK]
+    all_labels = probes.kidney_symmetry_class(s.slice_areas[eligible, LK], s.slice_areas[eligible, RK])
+    split = s.slice_table["split"].to_numpy()[eligible]
+    for name in ("train", "val", "test"):  # undersampled to the rarest class (none when a class is missing)
+        counts = np.bincount(q["label"][q["split"] == name], minlength=3)
+        floor = min(int(((split == name) & (all_labels == c)).sum()) for c in range(3))
+        assert (counts == floor).all(), name
+    assert len(q) >= 9
+
+
+def test_class_boundaries():
+    np.testing.assert_array_equal(probes.kidney_symmetry_class([95, 105, 106, 94, 100], [100] * 5), [0, 0, 1, 2, 0])
+    np.testing.assert_array_equal(probes.liver_size_class([0.0999, 0.1, 0.2, 0.2001, 0.5]), [0, 1, 1, 2, 2])
+    np.testing.assert_array_equal(probes.tumour_count_class([0, 1, 2, 7]), [0, 1, 2, 2])
+
+
+def test_liver_size_is_the_fraction_of_the_slice(phantom):
+    _, s = phantom
+    q = _questions(s, "liver_size")
+    rows = q["slice_row"].to_numpy()
+    fraction = s.slice_areas[rows, LIVER] / (s.slice_table["height"] * s.slice_table["width"]).to_numpy()[rows]
+    assert q["label"].tolist() == [0 if f < 0.1 else 2 if f > 0.2 else 1 for f in fraction]
+    assert len(q) == (s.slice_present[:, LIVER] & (s.slice_table["dataset"] != "lits").to_numpy()).sum()
+    assert set(q["label"]) == {0, 1, 2}
+
+
+def test_distance_compare_uses_varying_pairs(phantom):
+    _, s = phantom
+    q = _questions(s, "distance_compare")
+    rows = q["slice_row"].to_numpy()
+    idx = q[["organ_a", "organ_b", "organ_c", "organ_d"]].map(ORGANS.index).to_numpy()
+    px = s.slice_centroids[rows[:, None], idx] * SIZE                          # (n, 4, 2)
+    d_ab, d_cd = np.linalg.norm(px[:, 0] - px[:, 1], axis=1), np.linalg.norm(px[:, 2] - px[:, 3], axis=1)
+    assert (q["label"].to_numpy() == (d_ab > d_cd)).all()
+    assert all(len(set(r)) == 4 for r in idx) and s.slice_present[rows[:, None], idx].all()
+    assert len({tuple(r) for r in idx}) > len(q) // 2 and 0.25 < q["label"].mean() < 0.75
+
+
+def test_tumour_count_matches_connected_components_of_the_lits_labels(phantom):
+    root, s = phantom
+    q = _questions(s, "tumour_count")
+    table = s.slice_table.iloc[q["slice_row"]]
+    expected = []
+    for sid, z in zip(table["subject_id"], table["z"]):  # read back independently of the package's loader
+        seg = nib.as_closest_canonical(nib.load(str(root / "lits" / f"segmentation-{int(sid[5:])}.nii.gz")))
+        slice_ = to_display(np.asanyarray(seg.dataobj))[z]
+        expected.append(min(ndimage.label(slice_ == 2)[1], 2))
+    assert q["label"].tolist() == expected and set(expected) == {0, 1, 2}
+    used = table["subject_id"].unique()
+    assert len(used) <= 4 and all((q["label"][table["subject_id"].to_numpy() == u] > 0).any() for u in used)
+
+
+def test_grid_cells_match_a_brute_force_assignment():
+    rng = np.random.default_rng(0)
+    centres = np.array([((c + 0.5) / 4, (r + 0.5) / 4) for r in range(4) for c in range(4)])
+    perms = np.array(list(itertools.permutations(range(16), 4)))
+    for _ in range(5):
+        present = np.zeros(16, bool)
+        present[rng.choice(16, 4, replace=False)] = True
+        centroids = np.full((16, 2), np.nan)
+        centroids[present] = rng.random((4, 2))
+        cells = probes.grid_cells(centroids[None], present[None])[0]
+        cost = np.linalg.norm(centroids[present][:, None] - centres[None], axis=-1)   # (4, 16)
+        best = cost[np.arange(4), perms].sum(1).min()
+        assert np.isclose(cost[np.arange(4), cells[present]].sum(), best)
+        assert sorted(cells) == list(range(16))
+        free = sorted(set(range(16)) - set(cells[present]))
+        assert cells[~present].tolist() == free                        # absent slots fill free cells in order
+
+
+def test_grid_cells_of_the_phantom_tiles_are_permutations(phantom):
+    _, s = phantom
+    assert s.grid_cells.dtype == np.int64 and (np.sort(s.grid_cells, 1) == np.arange(16)).all()
+    np.testing.assert_array_equal(s.grid_cells, probes.grid_cells(s.centroids, s.present))
+    liver_cells = s.grid_cells[:, LIVER]   # the liver sits on the image left (patient right), upper half
+    assert ((liver_cells % 4) <= 1).all()
+
+
+def test_undersample_balances_every_group():
+    rng = np.random.default_rng(1)
+    labels, groups = rng.integers(0, 3, 300), rng.choice(["train", "val"], 300)
+    keep = probes.undersample(labels, groups, rng, 3)
+    for g in ("train", "val"):
+        counts = np.bincount(labels[keep][groups[keep] == g], minlength=3)
+        assert (counts == np.bincount(labels[groups == g], minlength=3).min()).all()
+    assert len(np.unique(keep)) == len(keep)
