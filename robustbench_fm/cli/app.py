@@ -4,9 +4,9 @@ Kept apart from ``__main__`` so tests can compose a config and call :func:`plan`
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,31 +19,15 @@ from ..core.errors import UserError
 from ..core.redact import redact_config, redacted_yaml
 from ..core.results import not_scored, to_markdown, without_single_group_pools
 from ..data import manifest as mf
+from ..features.embed import Embedder, EncoderOptions
+from ..methods.job import JobContext
+from ..methods.run import score_and_save
 
 log = logging.getLogger("robustbench_fm")
 
 #: Errors caused by the user's input (names, files, options): the CLI prints them as one line;
 #: anything else is a bug and keeps its traceback (``debug=true`` shows it for these too).
 USER_ERRORS = (UserError, KeyError, ValueError, FileNotFoundError, PermissionError)
-
-#: Columns the console table shows for each stage (all columns are saved).
-CONSOLE_COLUMNS = {
-    "candor": ["encoder", "finding", "acq_group", "target", "n_queries", "bank_size", "d", "d_sd", "d_ci_low",
-               "d_ci_high", "d_all", "margin_auroc"],
-    "croma": ["encoder", "dataset", "finding", "bio_knn_bacc", "conf_knn_bacc", "ri", "mari", "croma", "f0",
-              "ltm", "support", "k"],
-    "retention": ["encoder", "dataset", "finding", "n", "retention", "retention_ci_low", "retention_ci_high",
-                  "retention_std", "retention_control", "control_minus_box", "c"],
-    "linear_head": ["encoder", "finding", "auroc", "auroc_ci_low", "auroc_ci_high", "threshold", "test_sensitivity",
-                    "test_specificity", "n"],
-    "mlp_head": ["encoder", "finding", "auroc", "auroc_ci_low", "auroc_ci_high", "threshold", "test_sensitivity",
-                 "test_specificity", "n"],
-    "error_detection": ["encoder", "finding", "stratum", "method", "auroc", "diff_vs_msp", "q_value", "n", "n_errors"],
-    "candor_heads": ["encoder", "finding", "auroc", "d", "miss_discordant", "miss_other", "fpr_near", "fpr_far", "n"],
-    "logme": ["encoder", "finding", "logme", "n"],
-    "shortcut": ["encoder", "benchmark", "test_set", "apd", "nipd", "acc_balanced", "acc_confounded"],
-}
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -151,34 +135,61 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None) -> Plan:
 
 def _stage_results(stage: str, features, manifest: pd.DataFrame, cfg: DictConfig, out: Path,
                    encoder: str, dataset: str) -> list[pd.DataFrame]:
-    """Run ``stage`` for every finding and save ``results/<encoder>/<dataset>/<stage>/<finding>/``.
+    """Run ``stage`` for every finding of the job and save its results
+    (:func:`robustbench_fm.methods.run.score_and_save`)."""
+    return score_and_save(stage, features, manifest, cfg.stage.findings, _params(cfg), out, encoder, dataset)
 
-    A stage whose module sets ``MULTI_FINDING`` gets all findings in one call (CANDOR shares one
-    similarity pass per matched group across them); its results are saved per finding alike.
-    """
-    from .. import methods as stages
-    from ..api import evaluate
-    from ..core.results import Results
 
-    params = OmegaConf.to_container(cfg.stage.params, resolve=True)
-    findings = [str(f) for f in cfg.stage.findings]
-    if getattr(stages.get(stage), "MULTI_FINDING", False):
-        res = evaluate(stage, features, manifest, finding=findings, **params)
-        # rows pooled across findings (e.g. CANDOR's severity-weighted chest rate) keep their own name
-        findings = findings + sorted(set(res.summary["finding"].astype(str)) - set(findings))
-        parts = [(f, Results(summary=res.summary[res.summary["finding"] == f].reset_index(drop=True),
-                             per_sample=None if res.per_sample is None else
-                             res.per_sample[res.per_sample["finding"] == f].reset_index(drop=True),
-                             params={**res.params, "finding": f})) for f in findings]
-    else:
-        parts = [(f, evaluate(stage, features, manifest, finding=f, **params)) for f in findings]
-    summaries = []
-    for finding, res in parts:
-        res.summary.insert(0, "encoder", encoder)
-        res.summary.insert(1, "dataset", dataset)
-        res.save(out / "results" / encoder / dataset / stage / finding)
-        summaries.append(res.summary)
-    return summaries
+def _params(cfg: DictConfig) -> dict:
+    """The stage's parameters, resolved."""
+    return OmegaConf.to_container(cfg.stage.params, resolve=True)
+
+
+def embedder(cfg: DictConfig) -> Embedder:
+    """The run's extraction service: ``extract.*``, ``device``, the cache folder, the remote-code
+    policy and the options the user gave the chosen encoder (``encoder.weights``, ...)."""
+    enc = cfg.encoder
+    options = EncoderOptions(weights=enc.get("weights"), tile_weights=enc.get("tile_weights"),
+                             embedding=enc.get("embedding"), batch_size=enc.get("batch_size"))
+    x = cfg.extract
+    return Embedder(Path(cfg.paths.cache_dir), device=str(cfg.device), batch_size=int(x.batch_size),
+                    num_workers=x.num_workers, shard_size=int(x.shard_size), on_bad_image=str(x.on_bad_image),
+                    num_shards=int(x.get("num_shards", 1)), shard=int(x.get("shard", 0)),
+                    allow_remote_code=bool(cfg.security.allow_remote_code), options={str(enc.name): options})
+
+
+def _overrides(cfg: DictConfig) -> dict[str, str]:
+    """Stage parameters set through a top-level key (``sources: ${oc.select:retention_sources,[]}``)
+    -> that key, for error messages that name the override to use."""
+    raw = OmegaConf.to_container(cfg.stage.params, resolve=False)
+    out = {}
+    for name, value in raw.items():
+        if isinstance(value, str):
+            m = re.fullmatch(r"\$\{(?:oc\.select:)?([A-Za-z_][\w]*)(?:,.*)?\}", value)
+            if m and m.group(1) in cfg:
+                out[name] = m.group(1)
+    return out
+
+
+def job_context(job: Plan, cfg: DictConfig, manifest: pd.DataFrame, out_dir: Path) -> JobContext:
+    """What a ``run_job`` stage receives (:class:`robustbench_fm.methods.job.JobContext`)."""
+    return JobContext(stage=job.stage, dataset=job.dataset, root=job.root, encoders=list(job.encoders),
+                      findings=[str(f) for f in job.findings], params=_params(cfg), manifest=manifest,
+                      out_dir=Path(out_dir), embedder=embedder(cfg), seed=int(cfg.seed),
+                      dataset_options=_dataset_options(cfg), verify_images=bool(cfg.dataset.get("verify_images", True)),
+                      overrides=_overrides(cfg))
+
+
+def _dataset_options(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg.dataset.get("options") or OmegaConf.create(), resolve=True)
+
+
+def job_manifest(cfg: DictConfig) -> pd.DataFrame:
+    """The manifest of the job whose resolved config is ``cfg`` (a sweep's collect step re-scores
+    cached features with it: :meth:`robustbench_fm.core.tables.SweepResults.manifest`)."""
+    plan = Plan(cfg.dataset.name, Path(cfg.dataset.root), [], cfg.stage.name, [str(f) for f in cfg.stage.findings],
+                None)
+    return load_manifest(plan, cfg)
 
 
 def load_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
@@ -194,7 +205,7 @@ def load_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
                  job.root)
         return manifest
     adapter = data.get(job.dataset)
-    options = OmegaConf.to_container(cfg.dataset.get("options") or OmegaConf.create(), resolve=True)
+    options = _dataset_options(cfg)
     if cfg.dataset.get("generate") and adapter.generate is not None:
         from ..core.locking import FileLock
 
@@ -217,33 +228,15 @@ def _extract_panel(job: Plan, cfg: DictConfig, manifest: pd.DataFrame) -> tuple[
     the sample_ids any encoder had to skip (unreadable images under ``on_bad_image=skip``) and
     the cache use per encoder (images, embedded now, read from the cache, hit, seconds)."""
     from .. import encoders
-    from ..features import extract
 
+    service = embedder(cfg)
     entries, skipped, cache = [], set(), {}
     images = manifest.drop_duplicates("sample_id")  # paired designs list an image once per subset
     for name in job.encoders:
-        enc_cfg = cfg.encoder if name == cfg.encoder.name else {}
-        spec = encoders.get(name)
-        if spec.is_slide:  # slide aggregators (croma_slides): tiles -> tile encoder -> slide embedding
-            from ..features.slides import extract_slides
-
-            path = extract_slides(name, images, job.root, cfg.paths.cache_dir, weights=enc_cfg.get("weights"),
-                                  tile_weights=enc_cfg.get("tile_weights"), device=cfg.device,
-                                  batch_size=enc_cfg.get("batch_size") or cfg.extract.batch_size,
-                                  num_workers=cfg.extract.num_workers, shard_size=cfg.extract.shard_size,
-                                  on_bad_image=cfg.extract.on_bad_image,
-                                  allow_remote_code=cfg.security.allow_remote_code)
-            entries.append((name, path, []))
+        if encoders.get(name).is_slide:  # slide aggregators (croma_slides): tiles -> tile encoder -> slide embedding
+            entries.append((name, service.embed_slides(images, job.root, name), []))
             continue
-        if enc_cfg.get("embedding") and enc_cfg.embedding != spec.embedding:  # e.g. the CLS vs patch-mean ablation
-            spec = dataclasses.replace(spec, embedding=enc_cfg.embedding)
-        encoder = encoders.load(spec, weights=enc_cfg.get("weights"), device=cfg.device,
-                                allow_remote_code=cfg.security.allow_remote_code)
-        feats = extract(encoder, images, job.root, cfg.paths.cache_dir,
-                        batch_size=enc_cfg.get("batch_size") or cfg.extract.batch_size,
-                        num_workers=cfg.extract.num_workers, shard_size=cfg.extract.shard_size,
-                        on_bad_image=cfg.extract.on_bad_image, num_shards=cfg.extract.num_shards,
-                        shard=cfg.extract.shard, read=False)
+        feats = service.embed(images, job.root, name, sharded=True)
         if feats.n_images_embedded:  # a full cache hit is logged by the cache ("cache hit: N rows, ...")
             log.info("%s: %d images embedded, %d forward passes, %.1f images/s, cache %s", name,
                      feats.n_images_embedded, feats.n_forward, feats.images_per_s, feats.path)
@@ -252,7 +245,7 @@ def _extract_panel(job: Plan, cfg: DictConfig, manifest: pd.DataFrame) -> tuple[
                        "cached": max(len(images) - feats.n_images_embedded, 0), "hit": feats.n_forward == 0,
                        "seconds": round(feats.seconds, 3)}
         skipped.update(feats.skipped)
-        del encoder, feats
+        del feats
     return entries, sorted(skipped), cache
 
 
@@ -306,8 +299,7 @@ def run_stage_on_entries(job: Plan, cfg: DictConfig, manifest: pd.DataFrame, ent
                          out_dir: Path) -> list[pd.DataFrame]:
     """Run the stage on complete cache entries ``[(encoder, entry folder), ...]`` of one manifest,
     after dropping for every encoder the rows any encoder skipped (listed in ``skipped.csv``)."""
-    from ..api import align_features
-    from ..features import load_features
+    from ..features.load import align_features, load_features
 
     if skipped:
         log.warning("%d unreadable images skipped for every encoder (listed in %s)", len(skipped),
@@ -338,8 +330,9 @@ def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFra
         manifest = load_manifest(job, cfg)
         _check_scorable(job, cfg, manifest)  # before any image is read
         module = stages.get(job.stage)
-        if hasattr(module, "run_job"):  # the stage drives the encoder itself (stages/__init__.py)
-            summaries = module.run_job(job, cfg, manifest, out_dir)
+        if hasattr(module, "run_job"):  # the stage drives the encoder itself (methods/__init__.py)
+            summaries = module.run_job(job_context(job, cfg, manifest, out_dir))
+            _tables_after_run(job, cfg, out_dir)
         else:
             entries, skipped, cache = _extract_panel(job, cfg, manifest)
             if cfg.extract.num_shards > 1:
@@ -363,12 +356,31 @@ def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFra
 MAX_REASONS = 20
 
 
+def _tables_after_run(job: Plan, cfg: DictConfig, out_dir: Path) -> None:
+    """A stage whose method sets ``tables_after_run`` (SPAR) builds the experiment's
+    ``report.tables`` at the end of a single run; a sweep's collect step builds them over every job."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from .. import methods
+    from ..core.tables import SweepResults
+    from ..report.tables import build_tables
+
+    tables = list(cfg.get("report", {}).get("tables") or [])
+    multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    if tables and not multirun and methods.method(job.stage).tables_after_run:
+        build_tables(tables, SweepResults(out_dir, load_manifest=job_manifest), out_dir / "tables")
+
+
 def console_table(summary: pd.DataFrame, stage: str) -> str:
-    """The console's (and ``summary.md``'s) table: the stage's :data:`CONSOLE_COLUMNS`, pooled
+    """The console's (and ``summary.md``'s) table: the stage's ``console_columns``, pooled
     rows only where they pool two or more matched groups, then one line per row the stage left
     blank, with its ``reason`` (:func:`.results.not_scored`)."""
+    from .. import methods
+
     shown = without_single_group_pools(summary)
-    table = to_markdown(shown[[c for c in CONSOLE_COLUMNS.get(stage, shown.columns) if c in shown.columns]])
+    columns = methods.method(stage).console_columns if stage in methods.names() else ()
+    table = to_markdown(shown[[c for c in (columns or shown.columns) if c in shown.columns]])
     reasons = not_scored(summary)
     if reasons:
         rows = f"{len(reasons)} row" + ("s" if len(reasons) != 1 else "")

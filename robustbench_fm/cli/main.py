@@ -60,7 +60,7 @@ def listing(what: str | None = None) -> str:
         "encoders": lambda: [("name", "library", "params", "weights (hub id)"), *encoder_rows()],
         "datasets": lambda: [("name", "access / what it is")]
         + [(n, data.get(n).access or data.get(n).description) for n in data.names()],
-        "stages": lambda: [("name", "what it measures")] + [(n, stages.DESCRIPTIONS[n]) for n in stages.names()],
+        "stages": lambda: [("name", "what it measures")] + [(n, d) for n, d in stages.descriptions().items()],
         "experiments": lambda: [("name", "what it reproduces")]
         + [(p.stem, _yaml_title(p)) for p in sorted((CONFIG_DIR / "experiment").glob("*.yaml"))],
         "panels": lambda: [("name", "encoders")]
@@ -121,10 +121,12 @@ def newest_sweep(root: Path = Path("outputs") / "multirun") -> str | None:
 def compare(sweep_dir: str) -> int:
     """Rebuild the sweep's paper tables (``report.tables``) and print them beside the published
     values (``compare.md`` / ``compare.csv`` in the sweep folder); 2 with a one-line error."""
+    from ..core.tables import SweepResults
     from ..report.compare import to_markdown, write_compare
-    from ..report.tables import SweepResults, get
+    from ..report.tables import get
+    from .app import job_manifest
 
-    results = SweepResults(sweep_dir)
+    results = SweepResults(sweep_dir, load_manifest=job_manifest)
     if not results.root.is_dir() or results.config is None:
         print(f"error: compare: '{sweep_dir}' holds no finished run; pass a multirun or run folder", file=sys.stderr)
         return 2

@@ -318,11 +318,13 @@ def _long(summaries: list[tuple[pd.DataFrame, DictConfig | None]]) -> pd.DataFra
 def _write_tables(sweep_dir: Path, combined: pd.DataFrame) -> list:
     """The paper tables the sweep's experiment lists in ``report.tables`` -> ``<sweep>/tables/``,
     and their comparison with the published values -> ``compare.md`` / ``compare.csv``."""
+    from ..core.tables import SweepResults
     from ..report.compare import write_compare
     from ..report.render import render
-    from ..report.tables import SweepResults, get
+    from ..report.tables import get
+    from .app import job_manifest
 
-    results = SweepResults(sweep_dir, combined)
+    results = SweepResults(sweep_dir, combined, load_manifest=job_manifest)
     names = list((results.config.get("report") or {}).get("tables") or []) if results.config is not None else []
     if not names or combined.empty:
         return []

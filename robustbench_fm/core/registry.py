@@ -23,6 +23,10 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._entries)
 
+    def values(self) -> list[T]:
+        """The entries in the order they were registered."""
+        return list(self._entries.values())
+
     def get(self, name: str) -> T:
         if name not in self._entries:
             close = difflib.get_close_matches(name, self._entries, n=3)

@@ -124,3 +124,17 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
         raise FeatureCacheError(f"{path}: no features for {len(miss)} of {len(want)} manifest rows "
                                 f"(first: sample_id {str(miss[0])!r}); extract them or fix the sample_ids")
     return want.copy(), emb[pos]
+
+
+def align_features(sample_ids, embeddings: np.ndarray, manifest: pd.DataFrame, source: str) -> np.ndarray:
+    """Rows of ``embeddings`` reordered to the manifest's ``sample_id`` order."""
+    index = pd.Index(pd.Series(sample_ids).astype(str))
+    if index.has_duplicates:
+        raise ValueError(f"{source}: duplicated sample_id '{index[index.duplicated()][0]}'; "
+                         "each feature row needs a unique sample_id")
+    pos = index.get_indexer(manifest["sample_id"].astype(str))
+    if (pos < 0).any():
+        missing = manifest["sample_id"].to_numpy()[pos < 0]
+        raise ValueError(f"{source}: {len(missing)} manifest rows have no features, first sample_id "
+                         f"'{missing[0]}'; extract them or drop them from the manifest")
+    return np.asarray(embeddings, dtype=np.float32)[pos]

@@ -1,40 +1,116 @@
-"""Metric stages. Each module exposes ``run(features, manifest, **params) -> Results`` whose
-keyword defaults are the paper's values.
+"""The methods: one package per paper (``candor``, ``croma``, ``spar``) plus trained ``heads``,
+each registering its stages here when it is imported (its ``__init__`` calls :func:`register`
+and imports nothing heavy; the stage module is imported on first use, lm-eval-harness style).
 
-A stage that needs the encoder itself (occluded re-extraction, token-sequence heads, finetuning)
-also defines ``run_job(job, cfg, manifest, out_dir) -> list[pd.DataFrame]``; the app then calls it
-instead of extracting pooled features and calling ``run``.
+A stage module exposes ``run(features, manifest, finding, **params) -> Results`` and usually
+``check_params(**params)`` (one-line errors before any heavy work) and ``check_manifest``. A stage
+that drives the encoder itself (occluded re-extraction, token sequences) defines
+``run_job(job: JobContext) -> list[pd.DataFrame]`` instead and asks ``job.embedder`` for images
+embedded; it never sees the Hydra config.
 
-Modules are imported on first use, so a stage with heavy optional dependencies costs nothing
-until it is asked for.
+Methods are found without editing any central file: every subpackage of ``robustbench_fm.methods``,
+every module named by the ``robustbench_fm.methods`` entry point group of an installed package,
+and every module a run names in ``plugins=[my_pkg.my_method]`` (:func:`load_plugins`) is imported
+once and registers its stages.
 """
 from __future__ import annotations
 
 import importlib
 import inspect
+import pkgutil
+from dataclasses import dataclass
+from importlib.metadata import entry_points
 from types import ModuleType
 
 from ..core.registry import Registry
 
-STAGES: Registry[str] = Registry("stage")
-#: name -> (module, one-line description shown by ``python -m robustbench_fm list stages``)
-_STAGES = {
-    "candor": ("candor.stage", "CANDOR discordance D, D_all and margin AUROC per matched group (chance = 0.5)"),
-    "croma": ("croma.stage", "CRoMa, RI and MaRI: is local geometry organised by biology or by the centre?"),
-    "shortcut": ("croma.shortcut", "PathoROB's confounder-biased linear probe: APD and nIPD"),
-    "retention": ("candor.retention", "CANDOR erasure retention: re-embed positives with the expert box filled"),
-    "linear_head": ("heads.stage", "a linear head per finding: AUROC, operating point at 0.8 sensitivity"),
-    "mlp_head": ("heads.stage", "a 256-unit MLP head per finding: AUROC, operating point at 0.8 sensitivity"),
-    "logme": ("heads.logme_stage", "LogME transferability score per finding"),
-    "error_detection": ("heads.error_detection",
-                        "failure detection: MSP, energy, kNN, Mahalanobis, impurity r, DM proxy"),
-    "candor_heads": ("heads.candor_heads", "head errors joined with CANDOR discordance per sample (Table 4)"),
-    "spar": ("spar.stage", "SPAR-Bench spatial probes (Levels 1-3) on token sequences, frozen or finetuned"),
-}
-DESCRIPTIONS = {name: description for name, (_, description) in _STAGES.items()}
-for _name, (_module, _) in _STAGES.items():
-    STAGES.register(_name, f"{__name__}.{_module}")
-names = STAGES.names
+
+@dataclass(frozen=True)
+class Method:
+    """What a stage is, for the registry, the console, the reports and ``list stages``.
+
+    ``module``: the stage module (imported on first :func:`get`). ``console_columns``: the columns
+    the console table shows (all are saved). ``tables``: the module whose ``TABLES`` lists the
+    paper-table builders of the paper (functions of that module). ``figures``: ``"module:function"``
+    drawing the paper's figures for a report (:func:`robustbench_fm.report.html.figures`).
+    ``tables_after_run``: a single (non-sweep) run builds the experiment's ``report.tables`` too.
+    """
+
+    name: str
+    description: str
+    module: str
+    console_columns: tuple[str, ...] = ()
+    tables: str | None = None
+    figures: str | None = None
+    tables_after_run: bool = False
+
+
+METHODS: Registry[Method] = Registry("stage")
+_discovered = False
+#: the entry-point group through which an installed package adds methods
+ENTRY_POINT_GROUP = "robustbench_fm.methods"
+
+
+def register(method: Method) -> Method:
+    """Add a stage (a method package's ``__init__`` calls this for each of its stages)."""
+    return METHODS.register(method.name, method)
+
+
+def _discover() -> None:
+    """Import every method package once (each registers its stages) and the entry points."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    for info in pkgutil.iter_modules(__path__):
+        if info.ispkg:
+            importlib.import_module(f"{__name__}.{info.name}")
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        importlib.import_module(ep.value.split(":")[0])
+
+
+def load_plugins(modules) -> None:
+    """Import the modules a run names in ``plugins`` (each registers its stages); a module that
+    cannot be imported is one line naming it."""
+    for name in modules or ():
+        try:
+            importlib.import_module(str(name))
+        except ImportError as exc:
+            raise ValueError(f"plugins: cannot import '{name}' ({exc}); install it or put it on PYTHONPATH") from None
+
+
+def names() -> list[str]:
+    """Every registered stage."""
+    _discover()
+    return METHODS.names()
+
+
+def method(name: str) -> Method:
+    """The registered stage ``name``; an unknown name fails with the close ones."""
+    _discover()
+    return METHODS.get(name)
+
+
+def get(name: str) -> ModuleType:
+    """The stage module registered as ``name`` (imported now); unknown names get close matches."""
+    return importlib.import_module(method(name).module)
+
+
+def descriptions() -> dict[str, str]:
+    """name -> one-line description (``python -m robustbench_fm list stages``)."""
+    return {n: method(n).description for n in names()}
+
+
+def table_modules() -> list[str]:
+    """The modules that declare paper tables (``TABLES``), one per paper, in registration order."""
+    _discover()
+    return list(dict.fromkeys(m.tables for m in METHODS.values() if m.tables))
+
+
+def figure_makers() -> list[str]:
+    """The ``module:function`` figure makers of the registered methods, one per paper."""
+    _discover()
+    return list(dict.fromkeys(m.figures for m in METHODS.values() if m.figures))
 
 
 def missing_column(stage: str, column: str, param: str, columns) -> ValueError:
@@ -49,9 +125,6 @@ def missing_column(stage: str, column: str, param: str, columns) -> ValueError:
                       f"{', ...' if len(names) > 12 else ''})")
 
 
-def get(name: str) -> ModuleType:
-    """The stage module registered as ``name`` (imported now); unknown names get close matches."""
-    return importlib.import_module(STAGES.get(name))
 
 
 #: what a parameter's default says it takes: a description and a test of a value

@@ -29,9 +29,6 @@ A cell is flagged ``outside`` when ``|ours - published| > tolerance``.
 """
 from __future__ import annotations
 
-import csv
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -39,22 +36,13 @@ import pandas as pd
 
 from ..core.atomic import write_text_atomic
 from . import published
+from .published import aliases
 from .tables import PaperTable
 
 COMPARE_COLUMNS = ["table", "section", "row", "column", "ours", "published", "difference", "tolerance",
                    "interval_low", "interval_high", "outside", "unit"]
 #: z of a two-sided normal 95% interval around a value printed with its standard deviation
 Z95 = 1.959963984540054
-
-
-@lru_cache(maxsize=1)
-def aliases() -> dict[str, dict[str, str]]:
-    """``{paper: {registry name: paper's model name}}`` from ``published/aliases.csv``."""
-    out: dict[str, dict[str, str]] = {}
-    with (resources.files(__package__) / "published" / "aliases.csv").open() as f:
-        for row in csv.DictReader(f):
-            out.setdefault(row["paper"], {})[row["encoder"]] = row["label"]
-    return out
 
 
 def _text_columns(frame: pd.DataFrame) -> list[str]:

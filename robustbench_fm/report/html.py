@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import html
+import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from .. import methods
 from ..core.atomic import write_text_atomic
 from ..core.results import not_scored as summary_reasons
 from ..core.results import to_markdown as frame_markdown
@@ -354,10 +356,6 @@ def figures(results: SweepResults, long: pd.DataFrame, fig_dir: Path) -> tuple[l
     """The papers' figures this run's results allow, written as ``fig_dir/figure_<name>.png`` and
     ``.pdf`` (files, not a folder: a sweep folder's subfolders are its jobs), returned as
     ``(caption, PNG)``, plus one note per figure a stage's results could not give."""
-    from ..methods.candor import plots as candor_plots
-    from ..methods.croma import plots as croma_plots
-    from ..methods.spar import plots as spar_plots
-
     out, notes = [], []
     stages = set(long["stage"])
 
@@ -369,54 +367,9 @@ def figures(results: SweepResults, long: pd.DataFrame, fig_dir: Path) -> tuple[l
             return
         out.append((caption, paths[0]))
 
-    if "candor" in stages:
-        candor = _metrics(long, "candor")
-        candor = candor[~candor["task"].astype(str).str.contains("__")].copy()  # not the pools across tasks
-        several = candor["dataset"].nunique() > 1
-        candor["task"] = (candor["dataset"] + "/" + candor["task"]) if several else candor["task"]
-        if len(candor):
-            add("candor_positives: D and D_all against the number of positives (CANDOR Figure 2)",
-                candor_plots.plot_positives, candor)
-        if candor["task"].nunique() > 1:  # with one task the positives figure already shows each encoder's D
-            add("candor_collapse: collapse rate per task, one marker per encoder (CANDOR v1 Figure 2b)",
-                candor_plots.plot_collapse, candor)
-        if "retention" in stages:
-            ret = _metrics(long, "retention").groupby("encoder")["retention"].mean()
-            both = candor.groupby("encoder")["d"].mean().to_frame().join(ret, how="inner").reset_index()
-            add("candor_retention: retention against D (CANDOR Figure 3)", candor_plots.plot_retention, both)
-    if "croma" in stages:
-        summary = _metrics(long, "croma")
-        per_sample = results.per_sample("croma")
-        if "shortcut" in stages:
-            apd = long[(long["stage"] == "shortcut") & (long["metric"] == "apd")]
-            apd = apd.assign(col=apd["group"].map(lambda g: f"apd_{g}" if g in ("id", "ood") else "apd"))
-            summary = summary.merge(apd.pivot_table(index="encoder", columns="col", values="value").reset_index(),
-                                    on="encoder", how="left")
-        for dataset, rows in summary.groupby("dataset", sort=False):
-            add(f"croma_pareto_{dataset}: median CRoMa against LTM10 on {dataset} (CRoMa Figures 3/5)",
-                croma_plots.plot_pareto, rows)
-            if any(c in rows for c in croma_plots.APD_COLUMNS):
-                add(f"croma_apd_{dataset}: CRoMa against APD on {dataset} (CRoMa Figure 6)",
-                    croma_plots.plot_croma_vs_apd, rows)
-        for dataset, rows in (per_sample.groupby("dataset", sort=False) if len(per_sample) else []):
-            add(f"croma_ridgeline_{dataset}: per-sample CRoMa on {dataset} (CRoMa Figure 4)",
-                croma_plots.plot_ridgeline, rows)
-            add(f"croma_typed_{dataset}: typed-distance plane on {dataset} (CRoMa Figure 9)",
-                croma_plots.plot_typed_distances, rows)
-    if "spar" in stages:
-        try:
-            probes = spar_plots.probe_table(results.summaries("spar"))
-        except ValueError as exc:
-            notes.append(f"SPAR figures not drawn: {exc}")
-            probes = pd.DataFrame()
-        for cohort, rows in (probes.groupby("cohort", sort=False) if len(probes) else []):
-            kind = "in domain" if rows["in_domain"].iloc[0] else "zero-shot"
-            add(f"spar_probes_{cohort}: per-probe accuracy on {cohort} ({kind}) with chance levels "
-                "(SPAR Tables 1/5)", spar_plots.plot_probe_bars, rows, title=f"{cohort} ({kind})")
-        home = sorted(set(probes.loc[probes["in_domain"], "cohort"])) if len(probes) else []
-        for away in (sorted(set(probes.loc[~probes["in_domain"], "cohort"])) if home else []):
-            add(f"spar_domain_{away}: in-domain ({home[0]}) against zero-shot ({away}) accuracy (SPAR Section 4)",
-                spar_plots.plot_domain, probes, in_domain=home[0], zero_shot=away)
+    for maker in methods.figure_makers():  # each paper's report_figures (registered by its method)
+        module, function = maker.split(":")
+        getattr(importlib.import_module(module), function)(results, long, stages, add, _metrics, notes)
     return out, notes
 
 

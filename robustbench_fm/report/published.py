@@ -16,6 +16,7 @@ arXiv version.
 """
 from __future__ import annotations
 
+import csv
 import math
 import re
 from functools import lru_cache
@@ -159,3 +160,13 @@ def wide(paper: str, number: int, version: str | None = None) -> pd.DataFrame:
                       columns=columns(paper, number, version))
     out.columns.name = None
     return out.reset_index()
+
+
+@lru_cache(maxsize=1)
+def aliases() -> dict[str, dict[str, str]]:
+    """``{paper: {registry name: paper's model name}}`` from ``published/aliases.csv``."""
+    out: dict[str, dict[str, str]] = {}
+    with (resources.files(__package__) / "published" / "aliases.csv").open() as f:
+        for row in csv.DictReader(f):
+            out.setdefault(row["paper"], {})[row["encoder"]] = row["label"]
+    return out

@@ -1,8 +1,9 @@
 """Paper tables from a finished sweep: the contract between collectors, builders and renderers.
 
 A *builder* turns a sweep's results into one or more :class:`PaperTable` in a paper's layout
-(rows, columns, which columns mark their best value). Builders are registered by name in
-:data:`TABLES` as dotted paths (``"module:function"``) and imported on use. An experiment lists
+(rows, columns, which columns mark their best value). Builders are the functions a method's
+table module lists in ``TABLES`` (the module a registered method names in ``tables``; e.g.
+:mod:`robustbench_fm.methods.candor.tables`), imported on use. An experiment lists
 the tables its collect step writes in ``report.tables``; :func:`build_tables` runs them on a sweep
 and :func:`robustbench_fm.report.render.render` writes markdown, LaTeX and CSV.
 
@@ -13,144 +14,40 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import json
-from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
-import pandas as pd
-from omegaconf import DictConfig, OmegaConf
-
-
-@dataclass
-class PaperTable:
-    """One table in a paper's layout. ``frame`` holds numbers as numbers (formatting is the
-    renderer's job); ``best`` maps a column to ``"max"`` or ``"min"``: the renderer bolds the best
-    value and underlines the second, as the paper does. ``group_by`` optionally names a column
-    whose blocks (e.g. benchmark) are ranked separately. ``na_rep`` is how the renderers print a
-    missing cell (CSV keeps it empty)."""
-
-    name: str
-    frame: pd.DataFrame
-    caption: str = ""
-    best: dict[str, str] = field(default_factory=dict)
-    group_by: str | None = None
-    decimals: int = 3
-    na_rep: str = ""
-
-
-class SweepResults:
-    """Everything a builder may read from a finished sweep (or a single run folder).
-
-    * :attr:`combined`: every job's ``summary.parquet`` rows (wide, the stage's own columns) with
-      the job folder in ``job``;
-    * :meth:`summaries` / :meth:`per_sample`: one stage's rows, ``per_sample`` with ``encoder``,
-      ``dataset``, ``stage`` and ``finding`` columns added from the results path
-      ``results/<encoder>/<dataset>/<stage>/<finding>/``;
-    * :meth:`entries`: ``(encoder, dataset, stage, cache entry)`` of every job (``entries.json``),
-      for steps that re-score the same features (e.g. CRoMa's panel median-k);
-    * :attr:`config`: the first finished job's resolved config.
-    """
-
-    def __init__(self, root: str | Path, combined: pd.DataFrame | None = None):
-        self.root = Path(root)
-        self._combined = combined
-
-    @cached_property
-    def job_dirs(self) -> list[Path]:
-        if (self.root / "config.yaml").exists() and not any(self.root.glob("*/config.yaml")):
-            return [self.root]
-        dirs = [p for p in sorted(self.root.iterdir()) if p.is_dir() and (p / "config.yaml").exists()]
-        collected = self.root / "collect"
-        if collected.is_dir():
-            dirs += [p for p in sorted(collected.iterdir()) if p.is_dir()]
-        return dirs
-
-    @cached_property
-    def combined(self) -> pd.DataFrame:
-        if self._combined is not None:
-            return self._combined
-        parts = [pd.read_parquet(d / "summary.parquet").assign(job=d.name) for d in self.job_dirs
-                 if (d / "summary.parquet").exists()]
-        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-    @cached_property
-    def config(self) -> DictConfig | None:
-        for d in self.job_dirs:
-            if (d / "config.yaml").exists():
-                return OmegaConf.load(d / "config.yaml")
-        return None
-
-    def job_config(self, job: str) -> DictConfig | None:
-        """The resolved config of job folder ``job`` (e.g. to read the value an ablation swept)."""
-        for d in self.job_dirs:
-            if d.name == job and (d / "config.yaml").exists():
-                return OmegaConf.load(d / "config.yaml")
-        return None
-
-    def _result_files(self, stage: str, name: str) -> list[tuple[Path, dict]]:
-        out = []
-        for d in self.job_dirs:
-            for f in sorted((d / "results").glob(f"*/*/{stage}/*/{name}")):
-                encoder, dataset, _, finding = f.parent.relative_to(d / "results").parts
-                out.append((f, {"encoder": encoder, "dataset": dataset, "stage": stage, "finding": finding,
-                                "job": d.name}))
-        return out
-
-    def summaries(self, stage: str) -> pd.DataFrame:
-        """Every summary row of ``stage`` with encoder/dataset/stage/finding/job columns."""
-        return self._read(stage, "summary.parquet")
-
-    def per_sample(self, stage: str) -> pd.DataFrame:
-        """Every per-sample row of ``stage`` with encoder/dataset/stage/finding/job columns."""
-        return self._read(stage, "per_sample.parquet")
-
-    def _read(self, stage: str, name: str) -> pd.DataFrame:
-        parts = []
-        for f, keys in self._result_files(stage, name):
-            df = pd.read_parquet(f)
-            for col, value in keys.items():
-                if col not in df.columns:
-                    df[col] = value
-            parts.append(df)
-        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-    def entries(self) -> list[tuple[str, str, str, Path]]:
-        out = []
-        for d in self.job_dirs:
-            f = d / "entries.json"
-            if f.exists():
-                rec = json.loads(f.read_text())
-                out += [(e["encoder"], rec["dataset"], rec["stage"], Path(e["entry"])) for e in rec["entries"]]
-        return out
-
+from .. import methods
+from ..core.tables import PaperTable, SweepResults
 
 Builder = Callable[[SweepResults], list[PaperTable]]
 
-#: papers with table builders: table ``<paper>_<rest>`` is the function of that name in
-#: ``robustbench_fm.report.tables_<paper>``, which lists its tables in ``TABLES``.
-PAPERS = ("candor", "croma", "spar")
+
+def _builders() -> dict[str, object]:
+    """table name -> the module defining it: every ``TABLES`` of the methods' table modules
+    (:func:`robustbench_fm.methods.table_modules`), imported now."""
+    out: dict[str, object] = {}
+    for name in methods.table_modules():
+        module = importlib.import_module(name)
+        for table in module.TABLES:
+            out.setdefault(table, module)
+    return out
 
 
 def names() -> list[str]:
-    """Every table name a builder module declares."""
-    return sorted(n for paper in PAPERS for n in _module(paper).TABLES)
+    """Every table name a method declares."""
+    return sorted(_builders())
 
 
 def get(name: str) -> Builder:
     """The builder of table ``name``; an unknown name fails with the close ones."""
-    paper = name.split("_", 1)[0]
-    known = names()
-    if paper not in PAPERS or name not in known:
+    builders = _builders()
+    if name not in builders:
+        known = sorted(builders)
         close = difflib.get_close_matches(name, known, n=3)
         raise KeyError(f"unknown table '{name}'" + (f"; did you mean {', '.join(close)}?" if close else
                                                     f"; known tables: {', '.join(known)}"))
-    return getattr(_module(paper), name)
-
-
-def _module(paper: str):
-    return importlib.import_module(f"robustbench_fm.methods.{paper}.tables")
+    return getattr(builders[name], name)
 
 
 def build_tables(names, results: SweepResults, out_dir: str | Path) -> list[Path]:

@@ -1,1 +1,26 @@
-"""CANDOR (candor.md v4, candor_v1.md): chance-calibrated neighbourhood discordance."""
+"""CANDOR (candor.md v4, candor_v1.md): chance-calibrated neighbourhood discordance.
+
+* :mod:`.params`: the stage's parameters, one typed structure with the paper's defaults;
+* :mod:`.stage`: D, D_all, margin AUROC per matched group, the severity-weighted chest pool, the
+  controls and ablations ("Implementation", "Reporting", "Ablation Studies");
+* :mod:`.tasks` (binary and one-vs-rest tasks, pools), :mod:`.sets` (consensus-blind sets,
+  pairwise overlap tests), :mod:`.ranks` (rank associations), :mod:`.impurity`;
+* :mod:`.retention`: erasure (occlusion) retention ("Occlusion Retention"; v1 Eq. 4);
+* :mod:`.tables`, :mod:`.plots`: the paper's tables and figures.
+
+The head-based analyses (Table 4, failure detection) live with the heads: :mod:`..heads`.
+"""
+from .. import Method, register
+
+register(Method(
+    "candor", "CANDOR discordance D, D_all and margin AUROC per matched group (chance = 0.5)",
+    f"{__name__}.stage",
+    console_columns=("encoder", "finding", "acq_group", "target", "n_queries", "bank_size", "d", "d_sd", "d_ci_low",
+                     "d_ci_high", "d_all", "margin_auroc"),
+    tables=f"{__name__}.tables", figures=f"{__name__}.plots:report_figures"))
+register(Method(
+    "retention", "CANDOR erasure retention: re-embed positives with the expert box filled",
+    f"{__name__}.retention",
+    console_columns=("encoder", "dataset", "finding", "n", "retention", "retention_ci_low", "retention_ci_high",
+                     "retention_std", "retention_control", "control_minus_box", "c"),
+    tables=f"{__name__}.tables"))

@@ -146,3 +146,26 @@ def plot_collapse(df: pd.DataFrame, stem: str | Path) -> list[Path]:
 def plot_retention(df: pd.DataFrame, stem: str | Path) -> list[Path]:
     """Figure 3 to ``<stem>.png`` / ``.pdf``."""
     return save_figure(retention_figure(df), stem)
+
+
+def report_figures(results, long, stages: set, add, metrics, notes: list) -> None:
+    """The figures of CANDOR Figures 2-3 (candor.md) and v1 Figure 2b that a run's results allow, for its report
+    (:func:`robustbench_fm.report.html.figures`): ``add(caption, make, *args)`` draws one with
+    ``make(*args, stem=...)``; ``metrics(long, stage)`` is the report's wide table of a stage;
+    ``notes`` collects why a figure was not drawn."""
+    if "candor" not in stages:
+        return
+    candor = metrics(long, "candor")
+    candor = candor[~candor["task"].astype(str).str.contains("__")].copy()  # not the pools across tasks
+    several = candor["dataset"].nunique() > 1
+    candor["task"] = (candor["dataset"] + "/" + candor["task"]) if several else candor["task"]
+    if len(candor):
+        add("candor_positives: D and D_all against the number of positives (CANDOR Figure 2)",
+            plot_positives, candor)
+    if candor["task"].nunique() > 1:  # with one task the positives figure already shows each encoder's D
+        add("candor_collapse: collapse rate per task, one marker per encoder (CANDOR v1 Figure 2b)",
+            plot_collapse, candor)
+    if "retention" in stages:
+        ret = metrics(long, "retention").groupby("encoder")["retention"].mean()
+        both = candor.groupby("encoder")["d"].mean().to_frame().join(ret, how="inner").reset_index()
+        add("candor_retention: retention against D (CANDOR Figure 3)", plot_retention, both)

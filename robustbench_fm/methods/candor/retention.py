@@ -57,11 +57,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ... import data
 from ...core.errors import UserError
 from ...core.results import Results
 from ...core.stats import cluster_bootstrap_ratio, summarize_bootstrap
 from ...data.manifest import BOX_COLUMNS
 from ...features import occlusion as occ
+from ...features.load import load_features
+from ..job import JobContext
 
 log = logging.getLogger("robustbench_fm.retention")
 
@@ -81,8 +84,6 @@ _CROP_COLUMNS = ("crop_left", "crop_top", "crop_right", "crop_bottom")
 def check_params(n_pairs: int = 10000, seed: int = 42, n_boot: int = 1000, fill: str = "image_mean",
                  sources=(), cluster_col: str = "patient_id") -> None:
     """One-line errors for bad parameters (called at plan time)."""
-    from ... import data
-
     if int(n_pairs) < 1:
         raise ValueError(f"stage retention: n_pairs must be >= 1, got {n_pairs}")
     if int(n_boot) < 0:
@@ -284,20 +285,9 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding, n_pairs: int = 10
 # the app's job: build, extract, score
 
 
-def _sources(job, params: dict) -> list[dict]:
+def _sources(job: JobContext) -> list[dict]:
     """The ``sources`` parameter, or the job's own dataset."""
-    return list(params.get("sources") or [{"dataset": job.dataset}])
-
-
-def _sources_key(cfg) -> str:
-    """The override that sets the sources: ``retention_sources`` when ``stage.params.sources``
-    reads it (the chest experiments; a sweep over stages can only set it there), else
-    ``stage.params.sources``."""
-    from omegaconf import OmegaConf
-
-    raw = OmegaConf.to_container(cfg.stage.params, resolve=False).get("sources")
-    return "retention_sources" if isinstance(raw, str) and "retention_sources" in raw and "retention_sources" in cfg \
-        else "stage.params.sources"
+    return list(job.params.get("sources") or [{"dataset": job.dataset}])
 
 
 def _override_value(value) -> str:
@@ -319,13 +309,14 @@ def _override_value(value) -> str:
     return '"' + text.replace('"', '\\"') + '"'  # Hydra: backslashes are literal except before a quote
 
 
-def _check_roots(sources: list[dict], cfg) -> None:
+def _check_roots(job: JobContext) -> None:
     """One line naming every source whose folder is missing, the sources to keep and the
     override for each (before anything is read or embedded)."""
+    sources = _sources(job)
     gone = [(i, s) for i, s in enumerate(sources) if s.get("root") is not None and not Path(s["root"]).is_dir()]
     if not gone:
         return
-    key = _sources_key(cfg)
+    key = job.override_of("sources")
     have = [s for i, s in enumerate(sources) if i not in dict(gone)]
     named = " and ".join(f"'{s['dataset']}' (root '{s['root']}')" for _, s in gone)
     keep = _override_value(have) if have else "[{dataset: <boxed dataset>, root: <its folder>}]"
@@ -336,61 +327,49 @@ def _check_roots(sources: list[dict], cfg) -> None:
         f"'{key}={keep}', or give the folder{'s' if len(gone) > 1 else ''}: {roots}")
 
 
-def _source_boxes(src: dict, findings: list[str], job, cfg, manifest: pd.DataFrame
-                  ) -> tuple[Path, dict[str, pd.DataFrame]]:
+def _source_boxes(src: dict, job: JobContext) -> tuple[Path, dict[str, pd.DataFrame]]:
     """(root, {finding: boxed positives}) of one source. An adapter with a ``box_finding`` option
     is built once per finding (for the findings it lists); the job's own dataset reuses the
-    job's manifest and ``dataset.options`` unless the source gives its own."""
-    from omegaconf import OmegaConf
-
-    from ... import data
-
+    job's manifest and dataset options unless the source gives its own."""
     name = src["dataset"]
     adapter = data.get(name)
     own = name == job.dataset and (src.get("root") is None or Path(src["root"]) == job.root)
     if src.get("root") is None and not own:
         raise UserError(f"stage retention: source '{name}' has no root; add root: <folder holding {name}>")
     root = Path(src.get("root") or job.root)
-    options = dict(src.get("options") or (OmegaConf.to_container(cfg.dataset.get("options") or OmegaConf.create(),
-                                                                 resolve=True)
-                                          if own else {}))
-    verify = bool(cfg.dataset.get("verify_images", True))
+    options = dict(src.get("options") or (job.dataset_options if own else {}))
+    verify = job.verify_images
+    findings = job.findings
     if "box_finding" in inspect.signature(adapter.build).parameters:
         return root, {f: boxed_positives(data.build_manifest(name, root, verify, **{**options, "box_finding": f}),
                                          f, root) for f in findings if f in adapter.findings}
-    table = manifest if own and not src.get("options") else data.build_manifest(name, root, verify, **options)
+    table = job.manifest if own and not src.get("options") else data.build_manifest(name, root, verify, **options)
     return root, {f: boxed_positives(table, f, root) for f in findings}
 
 
-def run_job(job, cfg, manifest: pd.DataFrame, out_dir: Path) -> list[pd.DataFrame]:
-    """Embed originals and occluded images of every source with every encoder of the job, score
-    them with :func:`run` and save ``results/<encoder>/<dataset>/retention/<finding>/``."""
-    from omegaconf import OmegaConf
-
-    from ... import encoders
-    from ...cli.app import _stage_results
-    from ...features import extract, load_features
-
-    if int(cfg.extract.get("num_shards", 1)) > 1:
+def run_job(job: JobContext) -> list[pd.DataFrame]:
+    """Embed originals and occluded images of every source with every encoder of the job (through
+    the job's embedder: the user's encoder options apply as in any run), score them with
+    :func:`run` and save ``results/<encoder>/<dataset>/retention/<finding>/``."""
+    if job.embedder.num_shards > 1:
         raise UserError("stage retention embeds its own occluded images; run it without extract.num_shards")
-    params = OmegaConf.to_container(cfg.stage.params, resolve=True)
-    findings = [str(f) for f in cfg.stage.findings]
+    params = job.params
     fill, seed = params.get("fill", "image_mean"), params.get("seed", 42)
     cluster_col = params.get("cluster_col", "patient_id")
-    _check_roots(_sources(job, params), cfg)
+    _check_roots(job)
     derived = []
-    for src in _sources(job, params):
+    for src in _sources(job):
         name = src["dataset"]
-        root, boxes = _source_boxes(src, findings, job, cfg, manifest)
+        root, boxes = _source_boxes(src, job)
         table = derived_manifest(boxes, fill, seed, cluster_col)
         log.info("retention: %s: %d boxed positives of %s, %d rows to embed", name,
-                 int((table[VARIANT_COLUMN] == "box").sum()), ", ".join(findings), len(table))
+                 int((table[VARIANT_COLUMN] == "box").sum()), ", ".join(job.findings), len(table))
         if len(table):
             derived.append((name, root, table))
     if not derived:
-        raise UserError(f"stage retention: no boxed positives of {', '.join(findings)} in "
-                        f"{', '.join(s['dataset'] for s in _sources(job, params))}; set stage.findings to findings "
-                        f"with boxes or masks, or {_sources_key(cfg)} to datasets that have them")
+        raise UserError(f"stage retention: no boxed positives of {', '.join(job.findings)} in "
+                        f"{', '.join(s['dataset'] for s in _sources(job))}; set stage.findings to findings "
+                        f"with boxes or masks, or {job.override_of('sources')} to datasets that have them")
     combined = pd.concat([t for _, _, t in derived], ignore_index=True)
     dup = combined["sample_id"].duplicated()
     if dup.any():
@@ -398,18 +377,13 @@ def run_job(job, cfg, manifest: pd.DataFrame, out_dir: Path) -> list[pd.DataFram
                         "list each dataset once in stage.params.sources")
     summaries = []
     for name in job.encoders:
-        enc_cfg = cfg.encoder if name == cfg.encoder.name else {}
-        encoder = encoders.load(name, weights=enc_cfg.get("weights"), device=cfg.device,
-                                allow_remote_code=cfg.security.allow_remote_code)
+        encoder = job.embedder.load(name)
         parts = []
         for dataset, root, table in derived:
-            feats = extract(encoder, table, root, cfg.paths.cache_dir,
-                            batch_size=enc_cfg.get("batch_size") or cfg.extract.batch_size,
-                            num_workers=cfg.extract.num_workers, shard_size=cfg.extract.shard_size,
-                            on_bad_image=cfg.extract.on_bad_image, read=False)
+            feats = job.embedder.embed(table, root, encoder)
             log.info("retention %s on %s: %d images embedded, %d forward passes, cache %s", name, dataset,
                      feats.n_images_embedded, feats.n_forward, feats.path)
             parts.append(load_features(feats.path, table)[1])
         del encoder
-        summaries += _stage_results(job.stage, np.concatenate(parts), combined, cfg, out_dir, name, job.dataset)
+        summaries += job.save(np.concatenate(parts), combined, name)
     return summaries

@@ -30,14 +30,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ...core.tables import PaperTable, SweepResults
 from ...data.manifest import CHEST_FINDINGS
-from ...report.tables import PaperTable, SweepResults
 from .ranks import MIN_TEST_N, association_family, spearman
 from .sets import overlap_summary, pairwise_overlaps
 from .tasks import SEVERITY_WEIGHTS
 
-TABLES = ["candor_table4", "candor_v1_consensus", "candor_head_errors", "candor_failure_detection",
-          "candor_table2", "candor_table3", "candor_calibration", "candor_ablation", "candor_associations",
+TABLES = ["candor_table2", "candor_table3", "candor_calibration", "candor_ablation", "candor_associations",
           "candor_chest_overlap"]
 
 POOLED = "__pooled__"  # stages/candor.py: the row pooling a task's matched groups
@@ -84,7 +83,7 @@ ABLATION_SETTINGS = {
 
 def paper_names() -> dict[str, str]:
     """Registry name -> CANDOR's printed encoder name, in the paper's order (published/aliases.csv)."""
-    from ...report.compare import aliases
+    from ...report.published import aliases
 
     return aliases().get("candor", {})
 

@@ -240,3 +240,30 @@ def plot_typed_distances(per_sample: pd.DataFrame, stem: str | Path) -> list[Pat
 def plot_croma_vs_apd(summary: pd.DataFrame, stem: str | Path, probe: pd.DataFrame | None = None) -> list[Path]:
     """Figure 6 (with its top row when ``probe`` is given) to ``<stem>.png`` / ``.pdf``."""
     return save_figure(croma_apd_figure(summary, probe=probe), stem)
+
+
+def report_figures(results, long, stages: set, add, metrics, notes: list) -> None:
+    """The figures of CRoMa Figures 3-6 and 9 (croma.md) that a run's results allow, for its report
+    (:func:`robustbench_fm.report.html.figures`): ``add(caption, make, *args)`` draws one with
+    ``make(*args, stem=...)``; ``metrics(long, stage)`` is the report's wide table of a stage;
+    ``notes`` collects why a figure was not drawn."""
+    if "croma" not in stages:
+        return
+    summary = metrics(long, "croma")
+    per_sample = results.per_sample("croma")
+    if "shortcut" in stages:
+        apd = long[(long["stage"] == "shortcut") & (long["metric"] == "apd")]
+        apd = apd.assign(col=apd["group"].map(lambda g: f"apd_{g}" if g in ("id", "ood") else "apd"))
+        summary = summary.merge(apd.pivot_table(index="encoder", columns="col", values="value").reset_index(),
+                                on="encoder", how="left")
+    for dataset, rows in summary.groupby("dataset", sort=False):
+        add(f"croma_pareto_{dataset}: median CRoMa against LTM10 on {dataset} (CRoMa Figures 3/5)",
+            plot_pareto, rows)
+        if any(c in rows for c in APD_COLUMNS):
+            add(f"croma_apd_{dataset}: CRoMa against APD on {dataset} (CRoMa Figure 6)",
+                plot_croma_vs_apd, rows)
+    for dataset, rows in (per_sample.groupby("dataset", sort=False) if len(per_sample) else []):
+        add(f"croma_ridgeline_{dataset}: per-sample CRoMa on {dataset} (CRoMa Figure 4)",
+            plot_ridgeline, rows)
+        add(f"croma_typed_{dataset}: typed-distance plane on {dataset} (CRoMa Figure 9)",
+            plot_typed_distances, rows)

@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 from scipy.stats import spearmanr
 
 from ...core.atomic import write_atomic, write_text_atomic
-from ...report.tables import PaperTable, SweepResults
+from ...core.tables import PaperTable, SweepResults
 
 TABLES = ["croma_table3", "croma_table4", "croma_table5", "croma_table7", "croma_table8", "croma_table9",
           "croma_table10", "croma_table11", "croma_table12", "croma_table13", "croma_table14", "croma_figures"]
@@ -115,36 +115,40 @@ def _groups(results: SweepResults) -> dict[str, dict]:
 
 
 def _croma_params(cfg, stage: str) -> dict:
-    """The croma stage's parameters: the job's own, or configs/stage/croma.yaml for shortcut jobs."""
+    """The croma stage's parameters: the job's own, or the stage's defaults for shortcut jobs."""
     if stage == "croma":
         params = OmegaConf.to_container(cfg.stage.params, resolve=True)
         findings = [str(f) for f in cfg.stage.findings]
     else:
-        from ...cli.main import CONFIG_DIR
-
-        stage_cfg = OmegaConf.load(CONFIG_DIR / "stage" / "croma.yaml")
-        params = OmegaConf.to_container(stage_cfg.params, resolve=False)
-        findings = [str(f) for f in stage_cfg.findings]
+        params, findings = _default_params(), ["bio_label"]
     params["device"] = str(cfg.get("device", "auto"))
     params.pop("k", None)
     return {"findings": findings, **params}
 
 
-def _manifest(cfg, entries: dict[str, Path]) -> pd.DataFrame:
-    """The jobs' manifest rebuilt from their config, without the rows any encoder skipped."""
-    from ...cli import app
+def _default_params() -> dict:
+    """The croma stage's defaults (its ``run`` signature), the label and finding aside."""
+    import inspect
+
+    from . import stage as croma
+
+    return {k: (list(v.default) if isinstance(v.default, tuple) else v.default)
+            for k, v in inspect.signature(croma.run).parameters.items()
+            if v.default is not inspect.Parameter.empty and k not in ("label_col", "finding")}
+
+
+def _manifest(results: SweepResults, cfg, entries: dict[str, Path]) -> pd.DataFrame:
+    """The jobs' manifest rebuilt from their config (through the collector's loader), without the
+    rows any encoder skipped."""
     from ...features import skipped_ids
 
-    plan = app.Plan(cfg.dataset.name, Path(cfg.dataset.root), [], cfg.stage.name,
-                    [str(f) for f in cfg.stage.findings], None)
-    manifest = app.load_manifest(plan, cfg)
+    manifest = results.manifest(cfg)
     skipped = {s for entry in entries.values() for s in skipped_ids(entry)}
     return manifest[~manifest["sample_id"].isin(skipped)].reset_index(drop=True)
 
 
 def _features(entry: Path, manifest: pd.DataFrame) -> np.ndarray:
-    from ...api import align_features
-    from ...features import load_features
+    from ...features.load import align_features, load_features
 
     ids, emb = load_features(entry)
     return align_features(ids, emb, manifest, str(entry))
@@ -160,7 +164,8 @@ def _m_sweep(manifest: pd.DataFrame, params: dict, label_col: str) -> int:
     return max(int(params["m"]), min(max(M_SWEEP), smallest))
 
 
-def _score_benchmark(key: str, group: dict, protocol: str, out: Path) -> list[pd.DataFrame]:
+def _score_benchmark(results: SweepResults, key: str, group: dict, protocol: str, out: Path
+                     ) -> list[pd.DataFrame]:
     """Re-score one benchmark's panel (module doc); saves results under ``out`` and returns
     [summary, by_m, by_alpha] frames."""
     from . import stage as croma
@@ -169,7 +174,7 @@ def _score_benchmark(key: str, group: dict, protocol: str, out: Path) -> list[pd
     cfg, entries = group["cfg"], group["entries"]
     params = _croma_params(cfg, group["stage"])
     findings = params.pop("findings")
-    manifest = _manifest(cfg, entries)
+    manifest = _manifest(results, cfg, entries)
     prep_keys = ("confounder_col", "exclude_col", "k_grid", "design", "subset_col", "on_short", "device",
                  "block_size")
     summaries, by_ms, by_alphas = [], [], []
@@ -219,7 +224,7 @@ def croma_panel(results: SweepResults) -> Panel:
     if not ((out / "panel.json").exists() and (out / "panel.json").read_text() == stamp):
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
-        parts = [_score_benchmark(k, g, protocol, out) for k, g in sorted(groups.items())]
+        parts = [_score_benchmark(results, k, g, protocol, out) for k, g in sorted(groups.items())]
         first = next(iter(groups.values()))["cfg"]
         write_text_atomic(out / "config.yaml", OmegaConf.to_yaml(first))
         for i, name in ((1, "by_m"), (2, "by_alpha")):
@@ -382,7 +387,7 @@ def _sample_sites(results: SweepResults, key: str, per_sample: pd.DataFrame) -> 
     if "site" in per_sample.columns:
         return per_sample.drop_duplicates("sample_id").set_index("sample_id")["site"].astype(str)
     group = _groups(results)[key]
-    manifest = _manifest(group["cfg"], group["entries"]).drop_duplicates("sample_id")
+    manifest = _manifest(results, group["cfg"], group["entries"]).drop_duplicates("sample_id")
     return manifest.set_index("sample_id")["site"].astype(str)
 
 
@@ -448,7 +453,7 @@ def typed_rank_medians(results: SweepResults, key: str) -> pd.DataFrame:
             raise ValueError(f"croma_table12: the sweep {results.root} has no {BENCHMARKS.get(key, key)} "
                              f"({key}) results")
         params = _croma_params(group["cfg"], group["stage"])
-        manifest = _manifest(group["cfg"], group["entries"])
+        manifest = _manifest(results, group["cfg"], group["entries"])
         rows = []
         for encoder, entry in group["entries"].items():
             ranks = typed_ranks(_features(entry, manifest), manifest, params["findings"][0], params["confounder_col"],

@@ -12,3 +12,23 @@
 * :mod:`.combine`: rules that combine a panel's heads (Table 4) and the oracle selector;
 * :mod:`.logme`: LogME evidence (You et al. 2021).
 """
+from .. import Method, register
+
+_HEAD_COLUMNS = ("encoder", "finding", "auroc", "auroc_ci_low", "auroc_ci_high", "threshold", "test_sensitivity",
+                 "test_specificity", "n")
+register(Method("linear_head", "a linear head per finding: AUROC, operating point at 0.8 sensitivity",
+                f"{__name__}.stage", console_columns=_HEAD_COLUMNS, tables=f"{__name__}.tables"))
+register(Method("mlp_head", "a 256-unit MLP head per finding: AUROC, operating point at 0.8 sensitivity",
+                f"{__name__}.stage", console_columns=_HEAD_COLUMNS, tables=f"{__name__}.tables"))
+register(Method("logme", "LogME transferability score per finding", f"{__name__}.logme_stage",
+                console_columns=("encoder", "finding", "logme", "n")))
+register(Method("error_detection", "failure detection: MSP, energy, kNN, Mahalanobis, impurity r, DM proxy",
+                f"{__name__}.error_detection",
+                console_columns=("encoder", "finding", "stratum", "method", "auroc", "diff_vs_msp", "q_value", "n",
+                                 "n_errors"),
+                tables=f"{__name__}.tables"))
+register(Method("candor_heads", "head errors joined with CANDOR discordance per sample (Table 4)",
+                f"{__name__}.candor_heads",
+                console_columns=("encoder", "finding", "auroc", "d", "miss_discordant", "miss_other", "fpr_near",
+                                 "fpr_far", "n"),
+                tables=f"{__name__}.tables"))

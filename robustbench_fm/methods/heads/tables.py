@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ...report.tables import PaperTable, SweepResults
+from ...core.tables import PaperTable, SweepResults
 from . import combine
 from .mantel_haenszel import mantel_haenszel_rd
 

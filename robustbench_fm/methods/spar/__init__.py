@@ -4,3 +4,8 @@ Samples: ``samples`` (slice selection, organ tiles, cached sample tables) and ``
 labels), over the CT volumes of :mod:`robustbench_fm.data.ct` (NIfTI in RAS, the WORD / LiTS /
 TotalSegmentator layouts, phantoms).
 """
+from .. import Method, register
+
+register(Method("spar", "SPAR-Bench spatial probes (Levels 1-3) on token sequences, frozen or finetuned",
+                f"{__name__}.stage", tables=f"{__name__}.tables", figures=f"{__name__}.plots:report_figures",
+                tables_after_run=True))

@@ -103,3 +103,25 @@ def plot_probe_bars(df: pd.DataFrame, stem: str | Path, title: str = "") -> list
 def plot_domain(df: pd.DataFrame, stem: str | Path, in_domain: str, zero_shot: str) -> list[Path]:
     """In-domain vs zero-shot to ``<stem>.png`` / ``.pdf``."""
     return save_figure(domain_figure(df, in_domain, zero_shot), stem)
+
+
+def report_figures(results, long, stages: set, add, metrics, notes: list) -> None:
+    """The figures of SPAR Tables 1/5 and Section 4 (spar.md) that a run's results allow, for its report
+    (:func:`robustbench_fm.report.html.figures`): ``add(caption, make, *args)`` draws one with
+    ``make(*args, stem=...)``; ``metrics(long, stage)`` is the report's wide table of a stage;
+    ``notes`` collects why a figure was not drawn."""
+    if "spar" not in stages:
+        return
+    try:
+        probes = probe_table(results.summaries("spar"))
+    except ValueError as exc:
+        notes.append(f"SPAR figures not drawn: {exc}")
+        probes = pd.DataFrame()
+    for cohort, rows in (probes.groupby("cohort", sort=False) if len(probes) else []):
+        kind = "in domain" if rows["in_domain"].iloc[0] else "zero-shot"
+        add(f"spar_probes_{cohort}: per-probe accuracy on {cohort} ({kind}) with chance levels "
+            "(SPAR Tables 1/5)", plot_probe_bars, rows, title=f"{cohort} ({kind})")
+    home = sorted(set(probes.loc[probes["in_domain"], "cohort"])) if len(probes) else []
+    for away in (sorted(set(probes.loc[~probes["in_domain"], "cohort"])) if home else []):
+        add(f"spar_domain_{away}: in-domain ({home[0]}) against zero-shot ({away}) accuracy (SPAR Section 4)",
+            plot_domain, probes, in_domain=home[0], zero_shot=away)

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from ...core.devices import resolve_device
 from ...core.errors import UserError
 from ...core.results import Results
+from ..job import JobContext
 
 GROUP_COLUMNS = ["label", "section", "head", "mode", "eval_dataset", "organ", "seed"]
 PARAM_COLUMNS = ["epochs", "chance"]
@@ -107,27 +109,16 @@ def _save(rows: pd.DataFrame, encoder: str, dataset: str, out_dir: Path, params:
     return summaries
 
 
-def _multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
-def run_job(job, cfg, manifest, out_dir) -> list[pd.DataFrame]:
-    """Every configuration of every encoder of ``job`` (or every chat model of ``vqa_models``)."""
-    from omegaconf import OmegaConf
-
-    from ... import encoders
-    from ...core.devices import resolve_device
-    from ...report.tables import SweepResults, build_tables
+def run_job(job: JobContext) -> list[pd.DataFrame]:
+    """Every configuration of every encoder of ``job`` (or every chat model of ``vqa_models``).
+    Encoders are loaded through the job's embedder (the user's weights apply) on the stage's
+    own ``device``, with ``encoder_overrides`` (e.g. an input size) replacing spec fields."""
     from .run import Setup, TrainConfig, configurations, run_encoder
 
-    p = OmegaConf.to_container(cfg.stage.params, resolve=True)
-    out_dir = Path(out_dir)
-    cache_dir = Path(cfg.paths.cache_dir)
-    options = OmegaConf.to_container(cfg.dataset.get("options") or OmegaConf.create(), resolve=True)
-    samples = _samples(job.dataset, job.root, cache_dir, int(cfg.seed), options)
+    p = job.params
+    out_dir = Path(job.out_dir)
+    cache_dir = Path(job.embedder.cache_dir)
+    samples = _samples(job.dataset, job.root, cache_dir, int(job.seed), job.dataset_options)
     summaries = []
     if p.get("vqa_models"):
         from .vqa import run_vqa
@@ -137,29 +128,21 @@ def run_job(job, cfg, manifest, out_dir) -> list[pd.DataFrame]:
                            **(p.get("vqa") or {}))
             rows["eval_dataset"] = job.dataset
             summaries += _save(rows, model, job.dataset, out_dir, p)
-    else:
-        device = resolve_device(p.get("device", "auto"))
-        transfers = _transfer_samples(p.get("transfer") or {}, cache_dir, int(cfg.seed))
-        setup = Setup(levels=tuple(p["levels"]), heads=tuple(p["heads"]), seeds=tuple(p["seeds"]),
-                      train=TrainConfig(lr=p["lr"], batch_size=p["batch_size"], max_epochs=p["max_epochs"],
-                                        patience=p["patience"]),
-                      **{k: p[k] for k in ("token_grid", "tile_token_grid", "sinkhorn_tau", "sinkhorn_iters",
-                                           "smoothing", "sdr_px", "d_model", "head_layers", "hidden") if k in p})
-        labels = {**DEFAULT_LABELS, **(p.get("labels") or {})}
-        for name in job.encoders:
-            spec = encoders.get(name).replace(**(p.get("encoder_overrides") or {}).get(name, {}))
-            weights = cfg.encoder.get("weights") if cfg.encoder.name == name else None
-            enc = encoders.load(spec, weights=weights, device=device,
-                                allow_remote_code=bool(cfg.security.allow_remote_code))
-            configs = configurations(name, setup.heads, p.get("modes") or {}, p.get("combined") or [])
-            rows = run_encoder(enc, samples, transfers, setup, configs, device, cache_dir / "spar_tokens",
-                               job.dataset)
-            names = [config_label(name, h, m, labels, p.get("scratch") or []) for h, m in
-                     zip(rows["head"], rows["mode"])]
-            rows.insert(0, "label", [n[0] for n in names])
-            rows.insert(1, "section", [n[1] for n in names])
-            summaries += _save(rows, name, job.dataset, out_dir, p)
-    tables = list(cfg.get("report", {}).get("tables") or [])
-    if tables and not _multirun():  # a sweep's collect step builds them over every job
-        build_tables(tables, SweepResults(out_dir), out_dir / "tables")
+        return summaries
+    device = resolve_device(p.get("device", "auto"))
+    transfers = _transfer_samples(p.get("transfer") or {}, cache_dir, int(job.seed))
+    setup = Setup(levels=tuple(p["levels"]), heads=tuple(p["heads"]), seeds=tuple(p["seeds"]),
+                  train=TrainConfig(lr=p["lr"], batch_size=p["batch_size"], max_epochs=p["max_epochs"],
+                                    patience=p["patience"]),
+                  **{k: p[k] for k in ("token_grid", "tile_token_grid", "sinkhorn_tau", "sinkhorn_iters",
+                                       "smoothing", "sdr_px", "d_model", "head_layers", "hidden") if k in p})
+    labels = {**DEFAULT_LABELS, **(p.get("labels") or {})}
+    for name in job.encoders:
+        enc = job.embedder.load(name, device=device, **(p.get("encoder_overrides") or {}).get(name, {}))
+        configs = configurations(name, setup.heads, p.get("modes") or {}, p.get("combined") or [])
+        rows = run_encoder(enc, samples, transfers, setup, configs, device, cache_dir / "spar_tokens", job.dataset)
+        names = [config_label(name, h, m, labels, p.get("scratch") or []) for h, m in zip(rows["head"], rows["mode"])]
+        rows.insert(0, "label", [n[0] for n in names])
+        rows.insert(1, "section", [n[1] for n in names])
+        summaries += _save(rows, name, job.dataset, out_dir, p)
     return summaries

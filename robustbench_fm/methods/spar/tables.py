@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ...report.tables import PaperTable, SweepResults
+from ...core.tables import PaperTable, SweepResults
 
 TABLES = ["spar_table1", "spar_table2", "spar_table3", "spar_table4", "spar_table5"]
 

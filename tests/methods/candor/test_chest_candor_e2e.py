@@ -80,7 +80,8 @@ def test_chest_candor_multirun_writes_table2(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = sorted(p.name for p in sweep.iterdir() if (p / "status.json").exists())
-    assert len(jobs) == 4  # 2 encoders x 2 sites (the head and retention stages: tests/methods/candor/test_candor_tables.py)
+    # 2 encoders x 2 sites (the head and retention stages: tests/methods/candor/test_candor_tables.py)
+    assert len(jobs) == 4
     assert (sweep / "missing.txt").read_text() == ""
 
     table = pd.read_csv(sweep / "tables" / "candor_table2.csv")

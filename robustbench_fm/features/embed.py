@@ -1,0 +1,90 @@
+"""The one way a run gets images embedded: an :class:`Embedder` holds the extraction settings of
+a run and the per-encoder options the user gave (weights, embedding, batch size), and applies them
+the same way on every path: the app's panel extraction, a stage that embeds its own images
+(CANDOR's retention re-embeds occluded images; SPAR reads token sequences) and slide aggregation.
+Stages receive an Embedder; they never see the command-line config."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from .. import encoders
+from .extract import FeatureSet, extract
+
+
+@dataclass(frozen=True)
+class EncoderOptions:
+    """What the user set for one encoder (``encoder.weights=...`` and friends); unset = the
+    registry's defaults. ``embedding`` replaces the spec's pooling (e.g. the CLS vs patch-mean
+    ablation); ``batch_size`` overrides the run's; ``tile_weights`` is a slide encoder's tile
+    encoder's checkpoint."""
+
+    weights: str | None = None
+    tile_weights: str | None = None
+    embedding: str | None = None
+    batch_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Embedder:
+    """Extraction settings of a run (``extract.*``, ``device``, ``paths.cache_dir``,
+    ``security.allow_remote_code``) and :class:`EncoderOptions` per encoder name."""
+
+    cache_dir: Path
+    device: str = "auto"
+    batch_size: int = 32
+    num_workers: int | str = 0
+    shard_size: int = 1024
+    on_bad_image: str = "error"
+    num_shards: int = 1
+    shard: int = 0
+    allow_remote_code: bool = True
+    options: dict[str, EncoderOptions] = field(default_factory=dict)
+
+    def _options(self, name: str) -> EncoderOptions:
+        return self.options.get(name, EncoderOptions())
+
+    def spec(self, name: str, **changes) -> encoders.EncoderSpec:
+        """The registry's spec of ``name`` with the user's embedding override (and ``changes``)."""
+        spec = encoders.get(name)
+        embedding = self._options(name).embedding
+        if embedding and embedding != spec.embedding:
+            changes = {"embedding": embedding, **changes}
+        return dataclasses.replace(spec, **changes) if changes else spec
+
+    def batch_size_of(self, name: str) -> int:
+        """The batch size of encoder ``name``: its own override, else the run's."""
+        return int(self._options(name).batch_size or self.batch_size)
+
+    def load(self, name: str, device: str | None = None, **changes):
+        """Encoder ``name`` loaded with the user's weights and overrides (``changes`` replace spec
+        fields, e.g. SPAR's per-encoder input size)."""
+        return encoders.load(self.spec(name, **changes), weights=self._options(name).weights,
+                             device=self.device if device is None else device,
+                             allow_remote_code=self.allow_remote_code)
+
+    def embed(self, manifest: pd.DataFrame, root: str | Path | None, encoder, sharded: bool = False) -> FeatureSet:
+        """Every row of ``manifest`` embedded (through the content-keyed cache) by ``encoder``, a
+        name or an encoder :meth:`load` returned. ``sharded``: only this run's part
+        ``shard`` of ``num_shards``. The entry is read later (``read=False``)."""
+        if isinstance(encoder, str):
+            encoder = self.load(encoder)
+        return extract(encoder, manifest, root, self.cache_dir, batch_size=self.batch_size_of(encoder.spec.name),
+                       num_workers=self.num_workers, shard_size=self.shard_size, on_bad_image=self.on_bad_image,
+                       num_shards=self.num_shards if sharded else 1, shard=self.shard if sharded else 0,
+                       read=False)
+
+    def embed_slides(self, manifest: pd.DataFrame, root: str | Path, name: str) -> Path:
+        """Slide embeddings of the slides of ``manifest`` by slide encoder ``name`` (tiles embedded
+        by its tile encoder first); returns the cache entry."""
+        from .slides import extract_slides
+
+        opts = self._options(name)
+        return extract_slides(name, manifest, root, self.cache_dir, weights=opts.weights,
+                              tile_weights=opts.tile_weights, device=self.device,
+                              batch_size=self.batch_size_of(name), num_workers=self.num_workers,
+                              shard_size=self.shard_size, on_bad_image=self.on_bad_image,
+                              allow_remote_code=self.allow_remote_code)

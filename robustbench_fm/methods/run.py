@@ -1,0 +1,70 @@
+"""Running a registered stage: on features you already have (:func:`evaluate`, the public
+``robustbench_fm.evaluate``) and once per finding with its results saved (:func:`score_and_save`,
+what a job and a ``run_job`` stage do after extraction)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..core.results import Results
+from ..data import manifest as mf
+from . import get
+
+
+def evaluate(stage: str, features, manifest, **params) -> Results:
+    """Run metric ``stage`` on ``features`` aligned row-for-row with ``manifest``.
+
+    ``features``: an (N, D) array/tensor in manifest order, or the path of a feature parquet
+    (a cache shard, a cache folder, or any parquet with ``sample_id`` + ``embedding``), then
+    aligned to the manifest by ``sample_id``. ``manifest``: a DataFrame or a CSV/parquet path.
+    ``params`` are the stage's parameters (see the stage module's docstring). An in-memory
+    float64 matrix is passed on as float64, anything else as float32.
+    """
+    module = get(stage)
+    if isinstance(manifest, (str, Path)):
+        manifest = mf.read(manifest)
+    else:
+        manifest = mf.validate(manifest)
+    if isinstance(features, (str, Path)):
+        # the features package imports torch: only when features come as a path
+        from ..features.load import align_features, load_features
+
+        ids, emb = load_features(features)
+        features = align_features(ids, emb, manifest, str(features))
+    else:
+        features = np.asarray(features.cpu() if hasattr(features, "cpu") else features)
+        # float64 stays float64 (CRoMa computes distances in the input precision); all else float32
+        features = features.astype(np.float64 if features.dtype == np.float64 else np.float32, copy=False)
+        if features.ndim != 2 or features.shape[0] != len(manifest):
+            raise ValueError(f"features: shape {features.shape} does not match the manifest's "
+                             f"{len(manifest)} rows; pass an (N, D) matrix aligned with the manifest")
+    return module.run(features, manifest, **params)
+
+
+def score_and_save(stage: str, features, manifest: pd.DataFrame, findings, params: dict, out: Path,
+                   encoder: str, dataset: str) -> list[pd.DataFrame]:
+    """Run ``stage`` for every finding and save ``results/<encoder>/<dataset>/<stage>/<finding>/``.
+
+    A stage whose module sets ``MULTI_FINDING`` gets all findings in one call (CANDOR shares one
+    similarity pass per matched group across them); its results are saved per finding alike.
+    """
+    findings = [str(f) for f in findings]
+    if getattr(get(stage), "MULTI_FINDING", False):
+        res = evaluate(stage, features, manifest, finding=findings, **params)
+        # rows pooled across findings (e.g. CANDOR's severity-weighted chest rate) keep their own name
+        findings = findings + sorted(set(res.summary["finding"].astype(str)) - set(findings))
+        parts = [(f, Results(summary=res.summary[res.summary["finding"] == f].reset_index(drop=True),
+                             per_sample=None if res.per_sample is None else
+                             res.per_sample[res.per_sample["finding"] == f].reset_index(drop=True),
+                             params={**res.params, "finding": f})) for f in findings]
+    else:
+        parts = [(f, evaluate(stage, features, manifest, finding=f, **params)) for f in findings]
+    summaries = []
+    for finding, res in parts:
+        res.summary.insert(0, "encoder", encoder)
+        res.summary.insert(1, "dataset", dataset)
+        res.save(Path(out) / "results" / encoder / dataset / stage / finding)
+        summaries.append(res.summary)
+    return summaries
