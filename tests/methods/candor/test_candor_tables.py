@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 import robustbench_fm.report
+from robustbench_fm.core.tables import SweepResults
 from robustbench_fm.methods.candor.sets import overlap_test
 from robustbench_fm.methods.candor.tables import (
     SEVERITY_WEIGHTS,
@@ -18,7 +19,6 @@ from robustbench_fm.methods.candor.tables import (
     candor_table2,
     candor_table3,
 )
-from robustbench_fm.report.tables import SweepResults
 
 PUBLISHED = Path(robustbench_fm.report.__file__).parent / "published"
 FINDINGS = ["pneumothorax", "edema", "fracture", "cardiomegaly", "atelectasis", "pleural_other"]  # weights 3, 2, 1

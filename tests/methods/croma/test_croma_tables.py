@@ -10,12 +10,13 @@ from croma_sweeps import camelyon_root, compose_cfg, fake_sweep, panda_table
 from scipy.stats import spearmanr
 
 from robustbench_fm.api import evaluate
+from robustbench_fm.cli.app import job_manifest
 from robustbench_fm.core.results import Results
+from robustbench_fm.core.tables import SweepResults
 from robustbench_fm.data import build_manifest
 from robustbench_fm.methods.croma import tables as tc
 from robustbench_fm.methods.croma.panel import median_k, typed_ranks
 from robustbench_fm.report import published
-from robustbench_fm.report.tables import SweepResults
 
 SCORES = ["ri", "mari", "tau", "k", "support", "croma", "f0", "q_alpha", "ltm", "bio_knn_bacc", "conf_knn_bacc"]
 
@@ -47,7 +48,8 @@ def camelyon(tmp_path_factory):
                                     "virchow2": (0.9, 0.9)})
     sweep = tmp / "sweep"
     fake_sweep(sweep, cfg, manifest, feats, tmp / "cache")
-    return dict(tmp=tmp, root=root, cfg=cfg, manifest=manifest, feats=feats, results=SweepResults(sweep))
+    return dict(tmp=tmp, root=root, cfg=cfg, manifest=manifest, feats=feats,
+                results=SweepResults(sweep, load_manifest=job_manifest))
 
 
 def test_median_k_rescores_every_encoder_at_the_lower_median(camelyon):
@@ -124,7 +126,7 @@ def test_table11_scores_croma_on_the_ri_rows_of_the_shortcut_entries(camelyon, t
     sweep = tmp_path / "sweep"
     for n, (name, x) in enumerate(feats.items()):
         fake_sweep(sweep, cfg, apd_view, {name: x}, tmp_path / "cache", start=n, stage_results=shortcut(name))
-    results = SweepResults(sweep)
+    results = SweepResults(sweep, load_manifest=job_manifest)
     (t11,) = tc.croma_table11(results)
     assert list(t11.frame.columns) == ["section", "Metric"] + published_columns(11)
     assert t11.frame[["section", "Metric"]].values.tolist() == [
@@ -155,7 +157,7 @@ def test_table14_keeps_each_slide_encoder_at_its_own_k(tmp_path):
         feats = features_for(manifest, {"prism": (1.0, 0.5), "moozy": (0.6, 1.0)}, seed=n)
         fake_sweep(tmp_path / "sweep", cfg, manifest, feats, tmp_path / "cache", start=2 * n)
         parts.append(cfg)
-    results = SweepResults(tmp_path / "sweep")
+    results = SweepResults(tmp_path / "sweep", load_manifest=job_manifest)
     (t14,) = tc.croma_table14(results)
     assert list(t14.frame.columns) == ["section", "Model"] + published_columns(14)
     assert sorted(set(t14.frame["section"])) == ["(a) Cancer detection", "(b) ISUP grading"]

@@ -6,9 +6,9 @@ import torch
 from heads_data import synthetic
 
 from robustbench_fm.core.neighbors import l2_normalize
+from robustbench_fm.core.tables import SweepResults
 from robustbench_fm.methods.heads import candor_heads
 from robustbench_fm.methods.heads.tables import candor_head_errors, candor_table4, candor_v1_consensus
-from robustbench_fm.report.tables import SweepResults
 
 OPTIONS = dict(n_boot=20, epochs=3, bank_size=60, max_group_sample=200, max_test=150)
 
