@@ -1,8 +1,30 @@
-"""Resampling statistics shared by the stages."""
+"""The statistics every stage shares: one home for each (candor.md "Reporting": patient-clustered
+bootstrap with 1,000 resamples, 95% percentile intervals, BH FDR control at 0.05).
+
+* resamples: :func:`cluster_codes` (the clusters' order), :func:`cluster_count_chunks` (the cluster
+  multiplicities of every resample, drawn once and shared by every statistic of a stage);
+* resampled statistics: :class:`ResampledRatio` (a rate), :class:`ResampledAUROC` (the AUROC, exact),
+  :class:`LinearizedAUROC` (its placement-value expansion), :func:`cluster_bootstrap_ratio`;
+* the AUROC with its interval: :func:`bootstrap_aurocs` (several scores on shared resamples, so
+  their differences are paired) and :func:`auroc_with_ci`;
+* intervals and tests on the replicates: :func:`percentile_ci`, :func:`summarize_bootstrap`,
+  :func:`bootstrap_p`;
+* multiple testing: :func:`bh_adjust` (Benjamini-Hochberg);
+* stratified risk difference: :func:`mantel_haenszel_rd` (Mantel-Haenszel with Sato's variance).
+"""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
+#: candor.md "Reporting": every family of p-values is corrected with BH FDR control at 0.05.
+FDR_ALPHA = 0.05
+
+
+def cluster_codes(clusters) -> np.ndarray:
+    """Integer code of each unit's cluster, the clusters ordered by their ids read as strings (the
+    column order of :func:`cluster_count_chunks`' multiplicities)."""
+    return pd.factorize(pd.Series(np.asarray(clusters).astype(str)), sort=True)[0]
 
 
 def cluster_bootstrap_ratio(numer: np.ndarray, denom: np.ndarray, clusters, n_boot: int,
@@ -30,13 +52,33 @@ def cluster_bootstrap_ratio(numer: np.ndarray, denom: np.ndarray, clusters, n_bo
     return out
 
 
+def percentile_ci(values, level: float = 0.95) -> tuple[float, float]:
+    """The percentile interval at ``level`` of the finite replicates (numpy's linear percentiles
+    50(1 − level) and 100 − 50(1 − level)); NaN when fewer than two are finite."""
+    values = np.asarray(values, np.float64)
+    values = values[np.isfinite(values)]
+    if len(values) < 2:
+        return np.nan, np.nan
+    lo, hi = np.percentile(values, [50 * (1 - level), 100 - 50 * (1 - level)])
+    return float(lo), float(hi)
+
+
 def summarize_bootstrap(boot: np.ndarray, level: float = 0.95) -> dict:
-    """± value (SD over resamples) and the percentile interval at ``level``."""
+    """± value (SD over the finite resamples, ddof 1) and the :func:`percentile_ci` at ``level``."""
+    boot = np.asarray(boot, np.float64)
     boot = boot[np.isfinite(boot)]
-    if len(boot) < 2:
-        return {"sd": np.nan, "ci_low": np.nan, "ci_high": np.nan}
-    lo, hi = np.percentile(boot, [50 * (1 - level), 100 - 50 * (1 - level)])
-    return {"sd": float(boot.std(ddof=1)), "ci_low": float(lo), "ci_high": float(hi)}
+    lo, hi = percentile_ci(boot, level)
+    return {"sd": float(boot.std(ddof=1)) if len(boot) >= 2 else np.nan, "ci_low": lo, "ci_high": hi}
+
+
+def bootstrap_p(diffs) -> float:
+    """Two-sided bootstrap p-value of a paired difference being 0, from its finite replicates d:
+    min(1, 2·(min(#(d ≤ 0), #(d ≥ 0)) + 1) / (B + 1)); NaN without replicates."""
+    d = np.asarray(diffs, np.float64)
+    d = d[np.isfinite(d)]
+    if len(d) == 0:
+        return np.nan
+    return float(min(1.0, 2 * (min((d <= 0).sum(), (d >= 0).sum()) + 1) / (len(d) + 1)))
 
 
 def cluster_count_chunks(n_clusters: int, n_boot: int, rng: np.random.Generator,
@@ -137,3 +179,85 @@ class LinearizedAUROC:
     def __call__(self, counts: np.ndarray) -> np.ndarray:
         """One linearised AUROC per row of ``counts`` (resamples × clusters)."""
         return self.auc + (counts[:, self.clusters].astype(np.float64) - 1) @ self.psi
+
+
+def bootstrap_aurocs(labels, scores, clusters, n_boot: int, seed: int) -> np.ndarray:
+    """(n_boot, m) AUROCs of the m rows of ``scores`` for binary ``labels`` (1 positive) on the same
+    clustered resamples (candor.md "Reporting": 1,000 resamples clustered by patient).
+
+    A resample draws as many clusters as there are, uniformly with replacement, from
+    ``np.random.default_rng(seed)`` (:func:`cluster_count_chunks`; clusters in :func:`cluster_codes`
+    order); a unit then counts as many times as its cluster was drawn and the AUROC is the weighted
+    Mann-Whitney statistic, ties counted ½ (:class:`ResampledAUROC`). The scores share the
+    resamples, so differences between them are paired. A resample without positives or negatives
+    gives NaN."""
+    scores = np.atleast_2d(np.asarray(scores, np.float64))
+    out = np.empty((n_boot, len(scores)))
+    if n_boot == 0:
+        return out
+    codes = cluster_codes(clusters)
+    aurocs = [ResampledAUROC(score, labels, codes) for score in scores]
+    start = 0
+    for counts in cluster_count_chunks(int(codes.max()) + 1 if len(codes) else 0, n_boot,
+                                       np.random.default_rng(seed)):
+        for j, auroc in enumerate(aurocs):
+            out[start:start + len(counts), j] = auroc(counts)
+        start += len(counts)
+    return out
+
+
+def auroc_with_ci(labels, score, clusters, n_boot: int = 1000, seed: int = 42, level: float = 0.95) -> dict:
+    """``auroc`` of ``score`` for binary ``labels`` (sklearn's ``roc_auc_score``) with the percentile
+    interval (``auroc_ci_low``, ``auroc_ci_high``) of its clustered bootstrap (:func:`bootstrap_aurocs`;
+    NaN with ``n_boot`` = 0). All NaN when a class is missing."""
+    from sklearn.metrics import roc_auc_score
+
+    labels = np.asarray(labels)
+    if len(np.unique(labels)) < 2:
+        return dict(auroc=np.nan, auroc_ci_low=np.nan, auroc_ci_high=np.nan)
+    lo, hi = percentile_ci(bootstrap_aurocs(labels, score, clusters, n_boot, seed)[:, 0], level) if n_boot \
+        else (np.nan, np.nan)
+    return dict(auroc=float(roc_auc_score(labels, score)), auroc_ci_low=lo, auroc_ci_high=hi)
+
+
+def bh_adjust(p_values, alpha: float = FDR_ALPHA) -> tuple[np.ndarray, np.ndarray]:
+    """Benjamini-Hochberg adjusted p-values (step-up: p_(i) m / i made monotone from the largest,
+    capped at 1; ``scipy.stats.false_discovery_control``) and the rejections at FDR level ``alpha``
+    (adjusted p ≤ alpha)."""
+    from scipy import stats
+
+    p = np.asarray(p_values, float)
+    if len(p) == 0:
+        return p, np.zeros(0, bool)
+    adjusted = stats.false_discovery_control(p, method="bh")
+    return adjusted, adjusted <= alpha
+
+
+def mantel_haenszel_rd(a1, n1, a0, n0) -> dict:
+    """Mantel-Haenszel risk difference over strata with Sato's variance (candor.md "Discordance and
+    Head Errors": the miss rates of discordant and other positives, stratified by encoder × finding).
+
+    Stratum i has n1_i exposed units with a1_i events and n0_i unexposed units with a0_i events,
+    T_i = n1_i + n0_i. Then
+      RD_MH = Σ (a1_i n0_i − a0_i n1_i)/T_i  /  Σ n1_i n0_i / T_i.
+    Its variance is Sato's estimator (T. Sato, "On the variance estimator for the Mantel-Haenszel
+    risk difference", Biometrics 45:1323-1324, 1989), the Greenland-Robins (1985) estimator
+    corrected to be consistent both for many sparse strata and for few large ones (Rothman,
+    Greenland & Lash, Modern Epidemiology, 3rd ed., ch. 15):
+      Var = (RD_MH Σ P_i + Σ Q_i) / (Σ n1_i n0_i / T_i)²,
+      P_i = (n1_i² a0_i − n0_i² a1_i + n1_i n0_i (n0_i − n1_i)/2) / T_i²,
+      Q_i = (a1_i (n0_i − a0_i) + a0_i (n1_i − a1_i)) / (2 T_i).
+    Strata missing either group carry no information and are dropped. Returns ``rd``, ``var``,
+    ``se`` and ``n_strata`` (the informative strata)."""
+    a1, n1, a0, n0 = (np.asarray(v, np.float64) for v in (a1, n1, a0, n0))
+    keep = (n1 > 0) & (n0 > 0)
+    a1, n1, a0, n0 = a1[keep], n1[keep], a0[keep], n0[keep]
+    t = n1 + n0
+    weight = (n1 * n0 / t).sum()
+    if weight == 0:
+        return dict(rd=np.nan, var=np.nan, se=np.nan, n_strata=0)
+    rd = ((a1 * n0 - a0 * n1) / t).sum() / weight
+    p = (n1 ** 2 * a0 - n0 ** 2 * a1 + n1 * n0 * (n0 - n1) / 2) / t ** 2
+    q = (a1 * (n0 - a0) + a0 * (n1 - a1)) / (2 * t)
+    var = (rd * p.sum() + q.sum()) / weight ** 2
+    return dict(rd=float(rd), var=float(var), se=float(np.sqrt(max(var, 0.0))), n_strata=int(keep.sum()))

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .sets import FDR_ALPHA, bh_adjust
+from ...core.stats import FDR_ALPHA, bh_adjust
 
 
 def spearman(x, y) -> tuple[float, float, int]:

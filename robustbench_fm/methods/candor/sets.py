@@ -20,8 +20,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-#: candor.md "Reporting": each family of p-values is corrected with BH FDR control at 0.05.
-FDR_ALPHA = 0.05
+from ...core.stats import FDR_ALPHA, bh_adjust
 
 
 def overlap_pvalue(n: int, size_a: int, size_b: int, overlap: int) -> float:
@@ -55,15 +54,6 @@ def overlap_test(disc_a: np.ndarray, disc_b: np.ndarray) -> dict:
                 expected_overlap=size_a * size_b / n if n else 0.0,
                 jaccard=jaccard, expected_jaccard=expected, delta_j=jaccard - expected,
                 p_value=overlap_pvalue(n, size_a, size_b, overlap) if n else 1.0)
-
-
-def bh_adjust(p_values, alpha: float = FDR_ALPHA) -> tuple[np.ndarray, np.ndarray]:
-    """Benjamini-Hochberg adjusted p-values and the rejections at FDR level ``alpha``."""
-    p = np.asarray(p_values, float)
-    if len(p) == 0:
-        return p, np.zeros(0, bool)
-    adjusted = stats.false_discovery_control(p, method="bh")
-    return adjusted, adjusted <= alpha
 
 
 def _require(frame: pd.DataFrame, columns, what: str) -> None:

@@ -5,12 +5,14 @@
   every encoder, and the split carve-out for datasets without one;
 * :mod:`.train`: linear and 256-unit MLP heads (Adam, 30 epochs, lr 1e-3, wd 1e-4, batch 256);
 * :mod:`.operating_point`: the threshold at 0.800 validation sensitivity;
-* :mod:`.bootstrap`: patient-clustered bootstrap of AUROCs (paired across scores);
 * :mod:`.fit`: one finding end to end (draw → train → threshold → scores);
 * :mod:`.failure`: failure-detection scores (confidence, ensemble, Mahalanobis, k-NN, DM proxy);
-* :mod:`.mantel_haenszel`: the stratified risk difference of miss rates with Sato's variance;
 * :mod:`.combine`: rules that combine a panel's heads (Table 4) and the oracle selector;
 * :mod:`.logme`: LogME evidence (You et al. 2021).
+
+Their statistics live in :mod:`robustbench_fm.core.stats`: the patient-clustered bootstrap of
+AUROCs (paired across scores) with its percentile interval and p-value, BH, and the
+Mantel-Haenszel risk difference of miss rates with Sato's variance.
 """
 from .. import Method, register
 

@@ -36,17 +36,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import torch
-from scipy import stats
 from scipy.special import expit
 from sklearn.metrics import roc_auc_score
 
 from ...core.devices import resolve_device
 from ...core.neighbors import l2_normalize
 from ...core.results import Results
+from ...core.stats import bh_adjust, bootstrap_aurocs, bootstrap_p, percentile_ci
 from ..candor.impurity import neighbourhood_impurity
 from ..candor.stage import draw_group, group_rng
 from . import stage as heads_stage
-from .bootstrap import bootstrap_aurocs, bootstrap_p, percentile_ci
 from .failure import CONFIDENCE, confidence_scores, dm_proxy, ensemble_disagreement, knn_distance, mahalanobis
 from .fit import fit_finding
 from .rows import draw_rows
@@ -175,5 +174,5 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, head: str = 
     summary = summary.reindex(columns=SUMMARY_COLUMNS)
     tested = summary["p_value"].notna()
     if tested.any():
-        summary.loc[tested, "q_value"] = stats.false_discovery_control(summary.loc[tested, "p_value"], method="bh")
+        summary.loc[tested, "q_value"] = bh_adjust(summary.loc[tested, "p_value"])[0]
     return Results(summary=summary, per_sample=per, params=params)

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from scipy.special import expit
 
-from .bootstrap import auroc_with_ci
+from ...core.stats import auroc_with_ci
 from .operating_point import rates, threshold_at_sensitivity
 from .rows import HeadRows
 from .train import TrainedHead, train_head

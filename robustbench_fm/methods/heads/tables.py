@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
+from ...core.stats import FDR_ALPHA, bh_adjust, mantel_haenszel_rd
 from ...core.tables import PaperTable, SweepResults
 from . import combine
-from .mantel_haenszel import mantel_haenszel_rd
 
 TABLES = ["candor_table4", "candor_v1_consensus", "candor_head_errors", "candor_failure_detection"]
 STAGE = "candor_heads"
@@ -183,7 +182,7 @@ def head_error_strata(per: pd.DataFrame) -> pd.DataFrame:
 def candor_head_errors(results: SweepResults) -> list[PaperTable]:
     """candor.md "Discordance and Head Errors": miss rates of discordant vs other positives, the
     Mantel-Haenszel difference stratified by encoder × finding (Sato's variance,
-    :mod:`robustbench_fm.methods.heads.mantel_haenszel`) and FP rates of negatives nearer to the positives
+    :func:`robustbench_fm.core.stats.mantel_haenszel_rd`) and FP rates of negatives nearer to the positives
     vs the others; one row per encoder and a pooled row."""
     per = results.per_sample(STAGE)
     if per.empty:
@@ -216,7 +215,7 @@ def candor_failure_detection(results: SweepResults) -> list[PaperTable]:
         row = {"Detector": method, "Mean AUROC": s["auroc"].mean(), "Combinations": len(s)}
         if s["p_value"].notna().any():
             tested = s[s["p_value"].notna()]
-            significant = stats.false_discovery_control(tested["p_value"], method="bh") <= 0.05
+            significant = bh_adjust(tested["p_value"], FDR_ALPHA)[1]
             row.update({"Better than MSP": int((significant & (tested["diff_vs_msp"] > 0)).sum()),
                         "Worse than MSP": int((significant & (tested["diff_vs_msp"] < 0)).sum())})
         rows.append(row)

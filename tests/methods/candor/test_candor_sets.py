@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from robustbench_fm.core.stats import bh_adjust
 from robustbench_fm.methods.candor.sets import (
-    bh_adjust,
     blind_set_summary,
     consensus_blind_set,
     expected_jaccard,

@@ -6,11 +6,11 @@ from scipy.stats import multivariate_normal
 from sklearn.metrics import roc_auc_score
 
 from robustbench_fm import evaluate
+from robustbench_fm.core.stats import mantel_haenszel_rd
 from robustbench_fm.methods.candor.impurity import neighbourhood_impurity
 from robustbench_fm.methods.heads import combine
 from robustbench_fm.methods.heads.failure import confidence_scores, mahalanobis
 from robustbench_fm.methods.heads.logme import _spectrum, fit_evidence, log_evidence, logme
-from robustbench_fm.methods.heads.mantel_haenszel import mantel_haenszel_rd
 
 
 def test_confidence_measures_agree_for_a_binary_head():

@@ -1,0 +1,151 @@
+"""The shared statistics (robustbench_fm/core/stats.py) against independent references: sklearn's
+weighted AUROC on resamples drawn here, scipy's percentiles, a BH step-up written out, closed-form
+Mantel-Haenszel cases."""
+import statistics
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+from sklearn.metrics import roc_auc_score
+
+from robustbench_fm.core import stats
+
+
+def reference_resamples(codes: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
+    """(n_boot, units) multiplicities: each resample draws every cluster's slot uniformly with
+    replacement from default_rng(seed), in one call (no chunks)."""
+    n_clusters = int(codes.max()) + 1
+    draws = np.random.default_rng(seed).integers(0, n_clusters, size=(n_boot, n_clusters))
+    counts = np.stack([np.bincount(row, minlength=n_clusters) for row in draws])
+    return counts[:, codes]
+
+
+def test_cluster_codes_order_clusters_by_their_ids_as_strings():
+    assert stats.cluster_codes(["p10", "p9", "p2", "p10"]).tolist() == [0, 2, 1, 0]
+    assert stats.cluster_codes(np.array([10, 9, 2])).tolist() == [0, 2, 1]  # "10" < "2" < "9"
+
+
+def test_count_chunks_do_not_depend_on_the_chunk_size():
+    whole = np.concatenate(list(stats.cluster_count_chunks(37, 50, np.random.default_rng(4))))
+    small = list(stats.cluster_count_chunks(37, 50, np.random.default_rng(4), max_draws=37 * 7))
+    assert [len(c) for c in small] == [7] * 7 + [1]
+    np.testing.assert_array_equal(np.concatenate(small), whole)
+    np.testing.assert_array_equal(whole, reference_resamples(np.arange(37), 50, 4))
+    assert (whole.sum(axis=1) == 37).all()
+
+
+def test_bootstrap_aurocs_are_sklearns_weighted_aurocs_on_the_same_resamples():
+    rng = np.random.default_rng(3)
+    n = 240
+    patients = np.array([f"p{i}" for i in rng.integers(0, 90, n)])  # uneven clusters, string ids
+    labels = (rng.random(n) < 0.35).astype(int)
+    scores = np.stack([np.round(rng.normal(size=n) + labels, 1), rng.integers(0, 6, n) / 2.0])  # ties
+    boot = stats.bootstrap_aurocs(labels, scores, patients, 300, seed=11)
+    assert boot.shape == (300, 2)
+    weights = reference_resamples(stats.cluster_codes(patients), 300, 11)
+    for b in range(0, 300, 7):
+        for j in range(2):
+            ref = roc_auc_score(labels, scores[j], sample_weight=weights[b])
+            assert boot[b, j] == pytest.approx(ref, abs=1e-12)
+    # paired: both columns come from the same resamples (a score against itself differs by 0)
+    twice = stats.bootstrap_aurocs(labels, np.stack([scores[0], scores[0]]), patients, 50, seed=11)
+    np.testing.assert_array_equal(twice[:, 0], twice[:, 1])
+    np.testing.assert_array_equal(twice[:, 0], boot[:50, 0])
+
+
+def test_bootstrap_auroc_of_a_resample_without_a_class_is_nan():
+    # two patients, one holding every positive: a resample drawing one patient twice has one class
+    labels, scores, patients = np.array([1, 1, 0, 0]), np.array([0.9, 0.2, 0.5, 0.1]), np.array(["a", "a", "b", "b"])
+    boot = stats.bootstrap_aurocs(labels, scores, patients, 200, seed=0)[:, 0]
+    weights = reference_resamples(stats.cluster_codes(patients), 200, 0)
+    one_class = (weights[:, :2].sum(axis=1) == 0) | (weights[:, 2:].sum(axis=1) == 0)
+    assert one_class.any() and (~one_class).any()
+    assert np.isnan(boot[one_class]).all()
+    assert (boot[~one_class] == roc_auc_score(labels, scores)).all()  # both patients once: the full AUROC
+
+
+def test_auroc_with_ci_is_sklearns_auroc_and_the_percentile_interval():
+    rng = np.random.default_rng(5)
+    labels = (rng.random(400) < 0.3).astype(int)
+    score = rng.normal(size=400) + 0.8 * labels
+    patients = np.arange(400) // 2
+    res = stats.auroc_with_ci(labels, score, patients, n_boot=500, seed=9)
+    assert res["auroc"] == roc_auc_score(labels, score)
+    weights = reference_resamples(stats.cluster_codes(patients), 500, 9)
+    ref = [roc_auc_score(labels, score, sample_weight=w) for w in weights]
+    lo, hi = sps.scoreatpercentile(ref, [2.5, 97.5])
+    assert (res["auroc_ci_low"], res["auroc_ci_high"]) == pytest.approx((lo, hi), abs=1e-12)
+    assert res["auroc_ci_low"] < res["auroc"] < res["auroc_ci_high"]
+    no_boot = stats.auroc_with_ci(labels, score, patients, n_boot=0)
+    assert no_boot["auroc"] == res["auroc"] and np.isnan([no_boot["auroc_ci_low"], no_boot["auroc_ci_high"]]).all()
+    assert np.isnan(list(stats.auroc_with_ci(np.ones(5), np.arange(5.0), np.arange(5)).values())).all()
+
+
+def test_percentile_interval_closed_form_and_scipy():
+    values = np.arange(101.0)  # the p-th linear percentile of 0..100 is p
+    assert stats.percentile_ci(values) == pytest.approx((2.5, 97.5), abs=1e-12)
+    assert stats.percentile_ci(values, level=0.9) == pytest.approx((5.0, 95.0))
+    rng = np.random.default_rng(2)
+    draws = rng.normal(size=999)
+    assert stats.percentile_ci(draws) == pytest.approx(tuple(sps.scoreatpercentile(draws, [2.5, 97.5])), abs=1e-15)
+    with_nan = np.r_[draws, np.nan, np.inf, -np.inf]  # non-finite replicates are left out
+    assert stats.percentile_ci(with_nan) == stats.percentile_ci(draws)
+    assert np.isnan(stats.percentile_ci(np.array([1.0, np.nan]))).all()
+    summary = stats.summarize_bootstrap(with_nan)
+    assert summary["sd"] == pytest.approx(statistics.stdev(draws), rel=1e-12)
+    assert (summary["ci_low"], summary["ci_high"]) == stats.percentile_ci(draws)
+    assert np.isnan(list(stats.summarize_bootstrap(np.array([0.3])).values())).all()
+
+
+def test_bootstrap_p_hand_cases():
+    assert stats.bootstrap_p(np.arange(1.0, 10.0)) == pytest.approx(2 * 1 / 10)  # no d <= 0: 2(0+1)/(9+1)
+    assert stats.bootstrap_p(np.array([-1.0, 0.0, 1.0, 2.0, 3.0])) == 1.0  # 2(2+1)/6 = 1
+    assert stats.bootstrap_p(np.array([-3.0, 1, 2, 3, 4, 5, 6, np.nan])) == pytest.approx(2 * 2 / 8)
+    assert np.isnan(stats.bootstrap_p(np.array([np.nan])))
+
+
+def reference_bh(p: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """BH written out: adjusted p_(i) = min_{j >= i} p_(j) m / j (capped at 1); rejected: the k
+    smallest p-values, k the largest i with p_(i) <= i alpha / m."""
+    m = len(p)
+    order = np.argsort(p)
+    ranked = p[order] * m / np.arange(1, m + 1)
+    adjusted = np.empty(m)
+    adjusted[order] = np.minimum(1.0, np.minimum.accumulate(ranked[::-1])[::-1])
+    below = np.flatnonzero(p[order] <= np.arange(1, m + 1) * alpha / m)
+    rejected = np.zeros(m, bool)
+    if len(below):
+        rejected[order[:below[-1] + 1]] = True
+    return adjusted, rejected
+
+
+def test_bh_closed_form_and_step_up_reference():
+    # m = 4: sorted 0.001, 0.012, 0.03, 0.6 -> x4/1, x4/2, x4/3, x4/4 = 0.004, 0.024, 0.04, 0.6
+    adjusted, rejected = stats.bh_adjust([0.03, 0.001, 0.6, 0.012])
+    np.testing.assert_allclose(adjusted, [0.04, 0.004, 0.6, 0.024], rtol=1e-12)
+    assert rejected.tolist() == [True, True, False, True]
+    # step-up: 0.04 fails 0.05/2 at rank 1, yet both are rejected as 0.045 <= 2 · 0.05/2 at rank 2
+    assert stats.bh_adjust([0.045, 0.04])[1].tolist() == [True, True]
+    rng = np.random.default_rng(7)
+    for alpha in (0.05, 0.2):
+        p = np.r_[rng.uniform(size=40) ** 4, 0.5, 0.5]  # ties too
+        adjusted, rejected = stats.bh_adjust(p, alpha)
+        ref_adjusted, ref_rejected = reference_bh(p, alpha)
+        np.testing.assert_allclose(adjusted, ref_adjusted, rtol=1e-12)
+        np.testing.assert_array_equal(rejected, ref_rejected)
+        assert 0 < rejected.sum() < len(p)
+    empty = stats.bh_adjust([])
+    assert len(empty[0]) == 0 and empty[1].dtype == bool
+
+
+def test_mantel_haenszel_hand_computed_with_an_uninformative_stratum():
+    # A: 2/4 vs 1/4, T = 8, weight 4·4/8 = 2; B: 3/6 vs 0/3, T = 9, weight 6·3/9 = 2; C has no unexposed
+    res = stats.mantel_haenszel_rd(a1=[2, 3, 5], n1=[4, 6, 7], a0=[1, 0, 0], n0=[4, 3, 0])
+    # RD = ((2·4 − 1·4)/8 + (3·3 − 0·6)/9) / (2 + 2) = (0.5 + 1) / 4
+    assert res["rd"] == pytest.approx(0.375, abs=1e-15)
+    # P_A = (16·1 − 16·2 + 16·0/2)/64 = −1/4, P_B = (36·0 − 9·3 + 18·(−3)/2)/81 = −2/3,
+    # Q_A = (2·3 + 1·2)/16 = 1/2, Q_B = (3·3 + 0)/18 = 1/2: Var = (0.375·(−11/12) + 1)/4² = 21/512
+    assert res["var"] == pytest.approx(21 / 512, abs=1e-15)
+    assert res["se"] == pytest.approx(np.sqrt(21 / 512), abs=1e-15) and res["n_strata"] == 2
+    none = stats.mantel_haenszel_rd([1], [3], [0], [0])
+    assert np.isnan(none["rd"]) and none["n_strata"] == 0
