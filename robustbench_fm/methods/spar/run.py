@@ -8,6 +8,7 @@ test split and, without retraining, on every transfer dataset (all of its sample
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -16,6 +17,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pandas as pd
@@ -285,8 +287,7 @@ class EncoderRun:
         views, view_of = slice_views(samples)
         return (lambda rows: view_images(samples, views, rows)), view_of
 
-    def _model(self, mode: str, head: str, level: str, seed: int) -> SparModel:
-        torch.manual_seed(seed)
+    def _model(self, mode: str, head: str, level: str) -> SparModel:
         tiles = level in TILE_LEVELS
         if head == "combined":
             enc = copy.deepcopy(self.encoder)
@@ -319,24 +320,36 @@ class EncoderRun:
         table = s.table if level in TILE_LEVELS else s.questions
         source, view_of = self._inputs(mode, head, level, self.dataset, s)
         task = self._task(level, s, source, view_of, seed)
-        model = self._model(mode, head, level, seed)
         train_idx, val_idx, test_idx = (_split_idx(table, k) for k in ("train", "val", "test"))
         if len(train_idx) == 0 or len(val_idx) == 0 or len(test_idx) == 0:
             raise ValueError(f"dataset '{self.dataset}': {level} needs train, val and test samples; got "
                              f"{len(train_idx)}/{len(val_idx)}/{len(test_idx)}")
-        info = fit(model, task.batch, task.loss, train_idx, val_idx,
-                   TrainConfig(**{**setup.train.__dict__, "seed": seed}), self.device)
-        cohorts = [(self.dataset, task, test_idx)]
-        for name, ts in self.transfers.items():
-            t_source, t_view = self._inputs(mode, head, level, name, ts)
-            t_table = ts.table if level in TILE_LEVELS else ts.questions
-            cohorts.append((name, self._task(level, ts, t_source, t_view, seed), np.arange(len(t_table))))
-        rows = []
-        for name, t, idx in cohorts:
-            out = predict(model, t.batch, idx, setup.eval_batch_size, self.device)
-            rows += [{**r, "eval_dataset": name} for r in t.score(out, idx)]
+        with seeded(seed, self.device):  # initialisation and dropout draw from `seed`; the caller's RNG is restored
+            model = self._model(mode, head, level)
+            info = fit(model, task.batch, task.loss, train_idx, val_idx,
+                       TrainConfig(**{**setup.train.__dict__, "seed": seed}), self.device)
+            cohorts = [(self.dataset, task, test_idx)]
+            for name, ts in self.transfers.items():
+                t_source, t_view = self._inputs(mode, head, level, name, ts)
+                t_table = ts.table if level in TILE_LEVELS else ts.questions
+                cohorts.append((name, self._task(level, ts, t_source, t_view, seed), np.arange(len(t_table))))
+            rows = []
+            for name, t, idx in cohorts:
+                out = predict(model, t.batch, idx, setup.eval_batch_size, self.device)
+                rows += [{**r, "eval_dataset": name} for r in t.score(out, idx)]
         del model
         return [{"head": head, "mode": mode, "seed": seed, "epochs": info["epochs"], **r} for r in rows]
+
+
+@contextlib.contextmanager
+def seeded(seed: int, device) -> Iterator[None]:
+    """Torch's generators seeded with ``seed`` inside the block and restored after it (the CPU's
+    and, on CUDA, the device's), so a configuration's initialisation and dropout depend on its
+    seed only and the caller's random state is untouched (no global seeding leaks out)."""
+    devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(seed))
+        yield
 
 
 def configurations(encoder: str, heads, modes: dict, combined) -> list[tuple[str, str]]:
