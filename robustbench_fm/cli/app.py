@@ -106,6 +106,7 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None) -> Plan:
     from .. import data, encoders
     from .. import methods as stages
 
+    stages.load_plugins(cfg.get("plugins") or [])  # a sweep's job processes import them again
     _require_settings(cfg)
     _refuse_encoder_field(cfg, cli_overrides)
     stage = stages.get(cfg.stage.name)

@@ -212,6 +212,28 @@ def _unknown_group_option(key: str, override) -> str | None:
     return None
 
 
+def load_plugins(argv: list[str]) -> list[str]:
+    """Import the modules the command line names in ``plugins=[...]`` (each registers its
+    methods; docs/architecture.md, "Adding a method"); returns their names."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from .. import methods
+
+    names: list[str] = []
+    parser = OverridesParser.create()
+    for text in argv:
+        if not text.lstrip("+~").startswith("plugins="):
+            continue
+        try:
+            value = parser.parse_override(text).value()
+        except HydraException:
+            continue  # check_overrides reports it
+        names += [str(v) for v in (value if isinstance(value, list) else [value]) if v]
+    methods.load_plugins(names)
+    return names
+
+
 def check_overrides(argv: list[str]) -> str | None:
     """Why Hydra would refuse the command line's overrides, as one line with the fix, else None.
 
@@ -356,6 +378,11 @@ def main() -> None:
             print(f"error: {where}failed with the traceback above", file=sys.stderr)
 
     logging.getLogger("robustbench_fm").setLevel(logging.INFO)
+    try:
+        load_plugins(sys.argv[1:])  # before Hydra composes: a plugin's stage must be a `stage=` option
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     problem = check_overrides(sys.argv[1:])  # before Hydra: its parse errors are tracebacks
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
