@@ -1,4 +1,4 @@
-"""Inter-process file locks that survive crashed holders (stdlib only, no ``fcntl``).
+"""Inter-process file locks that survive crashed holders, on an O_EXCL lock file and ``filelock``.
 
 Protocol. The lock is a file: whoever creates ``path`` with ``O_CREAT|O_EXCL`` holds it and writes
 ``{"pid", "host", "created", "token"}`` into it (fsynced). Exclusive create is atomic on local file
@@ -6,11 +6,40 @@ systems and on NFSv3+, so this works between Slurm jobs on different hosts that 
 Waiters poll. The file's mtime is the holder's heartbeat (``refresh()`` touches it). A lock is
 *stale* when its holder is on this host and its pid is gone, or (any host) its heartbeat is older
 than ``stale_after`` seconds, or the file is still empty/unreadable after ``grace`` seconds (the
-holder died between create and write). A stale lock is broken by one waiter at a time (a short
-``<path>.break`` mutex, itself O_EXCL): it re-reads the lock, renames it to a unique tombstone
-(``os.rename`` is atomic), checks the tombstone is the file it judged stale (token and inode; if
-not, it puts it back), logs a warning naming the old holder, and retries the exclusive create.
-Release deletes the file only if it still carries our token; so does ``refresh()`` check it.
+holder died between create and write). A stale lock is broken by one waiter at a time (under the
+``<path>.break`` mutex, a ``filelock.SoftFileLock``): it re-reads the lock, renames it to a unique
+tombstone (``os.rename`` is atomic), checks the tombstone is the file it judged stale (token and
+inode; if not, it puts it back), logs a warning naming the old holder, and retries the exclusive
+create. Release deletes the file only if it still carries our token; so does ``refresh()`` check it.
+
+Which ``filelock`` class, and for what:
+
+* ``filelock.FileLock`` (``flock``, released by the kernel when its process dies) is not used: on a
+  shared folder it only excludes across hosts where the mount forwards locks (NFS without
+  ``nolock``/``local_lock``, Lustre with ``-o flock``; BeeGFS keeps them node-local by default),
+  silently per host elsewhere, and a kernel lock leaves no record of who holds it.
+* ``filelock.SoftFileLock`` (exclusive create, like ours) is the ``<path>.break`` mutex: breakers on
+  any host take turns, and filelock recovers a mutex its holder left behind: a dead pid on this host
+  (checked against the process start time, so a reused pid is not taken for the holder) at once; a
+  malformed one, such as the JSON ``.break`` of an older version of this module, once a waiter has
+  seen it unchanged for 2 s; any one, empty included, whose mtime is older than ``_MUTEX_LIFETIME``
+  (a breaker that died on another host, or between creating and writing the file).
+* It is not the lock file itself. A ``SoftFileLock`` writes its own record (pid, host, start time)
+  into its file, with no creation time or token, and takes over a file whose content it cannot parse
+  once a waiter has seen it unchanged for 2 s (filelock 4.3.1 took a live holder's JSON lock after
+  2.0 s). It would neither see at once that the JSON lock a killed run left is dead (a ``timeout=0``
+  run would fail) nor leave alone one a live older version holds. So the lock file keeps our record
+  and our rules, which the pieces below need.
+
+What filelock lacks, kept here: the JSON holder record (``LockHolder``, ``read_holder``) that
+timeout messages, the extraction's "waiting for pid N on <host>" line and the sweep's ``collect``
+use to name a holder, and that lock files already on disk (older versions, killed runs) carry; the
+stale-holder check (``FileLock._stale_reason``, ``abandoned``) that tells a waiter, and ``collect``
+(a ``running`` job whose lock is abandoned is reported ``interrupted``), a crashed holder from a
+live one by the record's pid and host (``psutil`` for the pid) and the file's mtime, at once for a
+2-hour-old heartbeat (filelock's ``SoftFileLease`` makes each waiter watch a lease for its whole
+duration first); the mtime heartbeat with ``refresh()`` raising ``LockLost``; and the tombstone
+break that never deletes a successor's lock.
 
 Guarantees: at most one live holder, as long as a live holder refreshes its heartbeat more often
 than ``stale_after`` (default one hour; no refresh needed for shorter holds) and hosts' clocks
@@ -29,9 +58,13 @@ import random
 import socket
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import filelock
+import psutil
 
 from .errors import UserError
 
@@ -40,8 +73,8 @@ __all__ = ["FileLock", "LockHolder", "LockLost", "LockTimeout", "abandoned", "re
 log = logging.getLogger("robustbench_fm.core.locking")
 
 HOST = socket.gethostname()
-# A breaker holds the ``.break`` mutex for a few syscalls; one older than this was left by a crash.
-_BREAK_MUTEX_STALE = 30.0
+# A breaker holds the ``.break`` mutex for a few syscalls; a mutex file older than this was left by a crash.
+_MUTEX_LIFETIME = 30.0
 
 
 class LockTimeout(UserError, TimeoutError):
@@ -139,22 +172,15 @@ def abandoned(path: str | os.PathLike[str], stale_after: float | None = None,
 
 
 def _pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` on this host exists (a zombie counts as gone). Unsure means alive."""
-    if pid <= 0 or os.name != "posix":
-        return True  # os.kill(pid, 0) would terminate the process on Windows
+    """Whether process ``pid`` on this host exists (a zombie, killed but not yet reaped by its
+    parent, counts as gone). Unsure means alive."""
+    if pid <= 0:
+        return True  # not a single process
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        return True  # exists, owned by another user
-    except OSError:
-        return True
-    try:  # Linux: a killed child its parent has not reaped yet still answers kill(pid, 0)
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return stat[stat.rindex(b")") + 2:][:1] != b"Z"
-    except (OSError, ValueError):
+    except (psutil.Error, OSError, ValueError):  # e.g. AccessDenied: it exists, owned by another user
         return True
 
 
@@ -178,17 +204,6 @@ def _create_exclusive(path: Path, token: str) -> bool:
             pass
         raise
     os.close(fd)
-    return True
-
-
-def _unlink_if_ours(path: Path, token: str) -> bool:
-    h = read_holder(path)
-    if h is None or h.token != token:
-        return False
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
     return True
 
 
@@ -224,6 +239,8 @@ class FileLock:
         self.grace = grace
         self._token: str | None = None
         self._owner_pid: int | None = None
+        self._mutex: filelock.SoftFileLock | None = None
+        self._mutex_pid: int | None = None
 
     def __repr__(self) -> str:
         state = "held" if self.held else "not held"
@@ -235,9 +252,18 @@ class FileLock:
         file; ``refresh()`` does)."""
         return self._token is not None and self._owner_pid == os.getpid()
 
-    @property
-    def _break_path(self) -> Path:
-        return self.path.with_name(self.path.name + ".break")
+    def _break_mutex(self) -> filelock.SoftFileLock:
+        """The ``<path>.break`` mutex, one per object and process: a filelock object must not be
+        used across fork, and it must persist between tries, since filelock counts how long a
+        waiter has seen a malformed mutex file unchanged before it takes it over."""
+        if self._mutex is None or self._mutex_pid != os.getpid():
+            with warnings.catch_warnings():  # the age-based expiry it warns about is wanted here
+                warnings.simplefilter("ignore", filelock.SoftFileLockLifetimeWarning)
+                self._mutex = filelock.SoftFileLock(self.path.with_name(self.path.name + ".break"),
+                                                    thread_local=False, blocking=False,
+                                                    lifetime=_MUTEX_LIFETIME)
+            self._mutex_pid = os.getpid()
+        return self._mutex
 
     def _tomb_path(self, path: Path) -> Path:
         return path.with_name(f"{path.name}.stale-{uuid.uuid4().hex}")
@@ -297,11 +323,10 @@ class FileLock:
     def _break_stale(self) -> bool:
         """Break the lock if it is (still) stale, one breaker at a time. True: try to create
         again now (broken, or already gone); False: wait."""
-        mutex, mtoken = self._break_path, uuid.uuid4().hex
-        if not _create_exclusive(mutex, mtoken):
-            other = read_holder(mutex)
-            if other is not None and self._mutex_stale(other):
-                self._rename_away(mutex, other, "stale break-mutex")
+        mutex = self._break_mutex()
+        try:
+            mutex.acquire()
+        except filelock.Timeout:  # another waiter is breaking it
             return False
         try:
             # Under the mutex no other breaker can touch the lock file, and nobody can create one
@@ -318,15 +343,7 @@ class FileLock:
             log.warning("Broke stale lock %s held by %s: %s", self.path, h.describe(now), reason)
             return True
         finally:
-            _unlink_if_ours(mutex, mtoken)
-
-    def _mutex_stale(self, h: LockHolder) -> bool:
-        beat = time.time() - h.mtime
-        if h.token is None:
-            return beat > self.grace
-        if h.host == HOST and h.pid is not None and not _pid_alive(h.pid):
-            return True
-        return beat > _BREAK_MUTEX_STALE
+            mutex.release()
 
     def _rename_away(self, path: Path, expected: LockHolder, what: str | None) -> bool:
         """Move ``path`` to a unique tombstone and delete it, if it is the file ``expected``

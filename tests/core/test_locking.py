@@ -10,8 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import filelock
 import pytest
 
+from robustbench_fm.core import locking
 from robustbench_fm.core.errors import UserError
 from robustbench_fm.core.locking import HOST, FileLock, LockLost, LockTimeout, read_holder
 
@@ -263,6 +265,83 @@ def test_break_mutex_left_by_a_crashed_breaker_does_not_block_recovery(tmp_path)
         pass
     assert not list(tmp_path.iterdir())
 
+
+
+# -- the break mutex (a filelock.SoftFileLock) --------------------------------------------------
+
+def test_a_live_breaker_holding_the_mutex_makes_others_wait(tmp_path):
+    # While another breaker holds ``<lock>.break`` (the same filelock class, as any peer would),
+    # a waiter must not touch the stale lock: it times out and the dead holder's file is intact.
+    lock = tmp_path / "entry.lock"
+    _write_lock(lock, pid=_dead_pid(), host=HOST, token="dead")
+    peer = filelock.SoftFileLock(tmp_path / "entry.lock.break", thread_local=False)
+    peer.acquire(timeout=0)
+    try:
+        with pytest.raises(LockTimeout, match="no longer exists|pid"):
+            FileLock(lock, timeout=0.3, poll=0.02).acquire()
+        assert read_holder(lock).token == "dead"
+    finally:
+        peer.release()
+    with FileLock(lock, timeout=1, poll=0.02) as fl:  # the mutex is free: the break goes ahead
+        assert read_holder(lock).token == fl._token
+    assert not list(tmp_path.iterdir())
+
+
+def test_mutex_of_a_sigkilled_breaker_is_recovered_at_once(tmp_path):
+    # A breaker killed inside the mutex leaves filelock's marker (its pid, host, start time);
+    # filelock sees the pid is gone on this host and takes the mutex over without waiting.
+    lock, breaker = tmp_path / "entry.lock", tmp_path / "entry.lock.break"
+    _write_lock(lock, pid=_dead_pid(), host=HOST, token="dead")
+    code = (f"import filelock, time; mutex = filelock.SoftFileLock({str(breaker)!r}); mutex.acquire(); "
+            "print('ready', flush=True); time.sleep(600)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
+    assert breaker.read_text().split("\n")[0] == str(child.pid)  # left behind, naming the dead pid
+    t0 = time.monotonic()
+    with FileLock(lock, timeout=1.5, poll=0.02):
+        assert time.monotonic() - t0 < 1.0  # not the 2 s a malformed marker waits, nor the lifetime
+    assert not list(tmp_path.iterdir())
+
+
+def test_unwritten_mutex_blocks_until_it_is_older_than_the_mutex_lifetime(tmp_path):
+    # An empty ``.break`` (a breaker that died between create and write, maybe on another host):
+    # a fresh one is a breaker mid-creation and is respected; one older than the mutex lifetime
+    # (30 s by its mtime, whatever its content) is taken over at once.
+    lock, breaker = tmp_path / "entry.lock", tmp_path / "entry.lock.break"
+    _write_lock(lock, pid=_dead_pid(), host=HOST, token="dead")
+    breaker.write_bytes(b"")
+    with pytest.raises(LockTimeout):
+        FileLock(lock, timeout=0.3, poll=0.02).acquire()
+    assert read_holder(lock).token == "dead" and breaker.exists()
+    old = time.time() - (locking._MUTEX_LIFETIME + 5)
+    os.utime(breaker, (old, old))
+    t0 = time.monotonic()
+    with FileLock(lock, timeout=1.5, poll=0.02):
+        assert time.monotonic() - t0 < 1.0
+    assert not list(tmp_path.iterdir())
+
+
+def test_pid_liveness_counts_a_zombie_as_gone():
+    assert locking._pid_alive(os.getpid()) is True
+    assert locking._pid_alive(0) is True and locking._pid_alive(-1) is True  # not one process: unsure
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    try:
+        end = time.monotonic() + 30
+        while locking.psutil.Process(child.pid).status() != locking.psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < end
+            time.sleep(0.01)
+        assert locking._pid_alive(child.pid) is False  # exited, not yet reaped by us
+    finally:
+        child.wait()
+    assert locking._pid_alive(child.pid) is False  # reaped
 
 # -- holding and releasing -----------------------------------------------------------------------
 
