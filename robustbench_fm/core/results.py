@@ -6,23 +6,46 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from tabulate import DataRow, TableFormat
 
 from .atomic import write_atomic, write_text_atomic
 
 
-def to_markdown(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
-    """A plain GitHub-markdown table (no extra dependency); missing values (NaN, NA, None) blank."""
-    def fmt(v):
-        if v is None or v is pd.NA:
-            return ""
-        if isinstance(v, float):
-            return "" if pd.isna(v) else format(v, floatfmt)
-        return str(v)
-    cols = [str(c) for c in df.columns]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines) + "\n"
+def cell_text(value, floatfmt: str = ".3f", na_rep: str = "") -> str:
+    """``value`` as every table of this package prints it: floats (Python or NumPy) as ``floatfmt``,
+    missing values (NaN, NA, None) as ``na_rep``, anything else as ``str``."""
+    if value is None or value is pd.NA:
+        return na_rep
+    if isinstance(value, (float, np.floating)):
+        return na_rep if pd.isna(value) else format(value, floatfmt)
+    return str(value)
+
+
+def _rule(widths, aligns) -> str:
+    return "|" + "|".join("---" for _ in widths) + "|"
+
+
+#: GitHub pipe table as this package prints it: cells unpadded, a plain ``|---|`` rule under the header
+PIPE = TableFormat(lineabove=None, linebelowheader=_rule, linebetweenrows=None, linebelow=None,
+                   headerrow=DataRow("|", "|", "|"), datarow=DataRow("|", "|", "|"), padding=1,
+                   with_header_hide=None)
+#: how a rank of :func:`robustbench_fm.report.render.ranks` marks a markdown cell: 1 bold, 2 underlined
+MARKS = {1: "**{}**", 2: "<u>{}</u>"}
+
+
+def to_markdown(df: pd.DataFrame, floatfmt: str = ".3f", na_rep: str = "",
+                marks: pd.DataFrame | None = None) -> str:
+    """``df`` as a GitHub-markdown table (pandas ``DataFrame.to_markdown``, i.e. tabulate): cells as
+    :func:`cell_text` (strings printed as they are), a cell whose ``marks`` value is 1 bold and 2
+    underlined (:data:`MARKS`; ``marks`` is aligned with ``df`` by position)."""
+    text = df.map(lambda v: cell_text(v, floatfmt, na_rep))
+    if marks is not None:
+        text = pd.DataFrame([[MARKS.get(rank, "{}").format(cell) for cell, rank in zip(*row)]
+                             for row in zip(text.to_numpy(), marks.to_numpy())], columns=df.columns)
+    table = text.to_markdown(index=False, tablefmt=PIPE, stralign=None, numalign=None, disable_numparse=True)
+    return table + "\n"
 
 
 #: columns that name a summary row, in the order :func:`not_scored` names them

@@ -35,9 +35,10 @@ import numpy as np
 import pandas as pd
 
 from ..core.atomic import write_text_atomic
+from ..core.results import to_markdown as frame_markdown
+from ..core.tables import PaperTable
 from . import published
 from .published import aliases
-from .tables import PaperTable
 
 COMPARE_COLUMNS = ["table", "section", "row", "column", "ours", "published", "difference", "tolerance",
                    "interval_low", "interval_high", "outside", "unit"]
@@ -108,22 +109,25 @@ def compare_tables(tables: list[PaperTable]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COMPARE_COLUMNS)
 
 
+#: the columns of compare.md, with how each prints (the last, unnamed one flags cells outside the interval)
+MARKDOWN_COLUMNS = {"section": str, "row": str, "column": str, "ours": "{:.4g}".format,
+                    "published": "{:.4g}".format, "difference": "{:+.4f}".format, "±": "{:.4g}".format,
+                    "": lambda outside: "**outside**" if outside else ""}
+
+
 def to_markdown(cmp: pd.DataFrame) -> str:
     """One markdown table per paper table: ours, published, difference; cells outside the
     published interval marked **outside**, with a count line."""
     if cmp.empty:
         return "No cell of these tables has a published counterpart.\n"
-    lines = []
+    parts = []
     for name, rows in cmp.groupby("table", sort=False):
-        lines += [f"### {name}", "",
+        shown = rows.rename(columns={"tolerance": "±", "outside": ""})
+        shown = pd.DataFrame({col: shown[col].map(fmt) for col, fmt in MARKDOWN_COLUMNS.items()})
+        parts += [f"### {name}", "",
                   f"{len(rows)} cells compared, {int(rows['outside'].sum())} outside the published interval.", "",
-                  "| section | row | column | ours | published | difference | ± | |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for r in rows.itertuples():
-            lines.append(f"| {r.section} | {r.row} | {r.column} | {r.ours:.4g} | {r.published:.4g} | "
-                         f"{r.difference:+.4f} | {r.tolerance:.4g} | {'**outside**' if r.outside else ''} |")
-        lines.append("")
-    return "\n".join(lines)
+                  frame_markdown(shown)]
+    return "\n".join(parts)
 
 
 def write_compare(tables: list[PaperTable], out_dir: str | Path) -> pd.DataFrame:

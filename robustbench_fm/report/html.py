@@ -1,6 +1,7 @@
 """One report per run or sweep: ``report.md`` (images beside it as ``figure_*.png`` / ``.pdf``) and a
 self-contained ``report.html`` (images embedded as base64 PNG, inline style, no script and no
-external URL, so it opens offline and can be mailed as one file).
+external URL, so it opens offline and can be mailed as one file), both written through the jinja2
+templates ``templates/report.md.j2`` and ``templates/report.html.j2`` (:func:`templates`).
 
 A report opens with what ran (title from the experiment, stage and dataset; the encoders; the
 runtime) and a short "How to read this" per stage, then the results with their 95% intervals
@@ -15,24 +16,26 @@ collapsed.
 from __future__ import annotations
 
 import base64
-import html
 import importlib
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
+import jinja2
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from .. import methods
 from ..core.atomic import write_text_atomic
+from ..core.results import cell_text
 from ..core.results import not_scored as summary_reasons
 from ..core.results import to_markdown as frame_markdown
+from ..core.tables import PaperTable, SweepResults
 from . import compare as cmp_mod
-from .render import _cell, ranks
+from .render import ranks
 from .render import to_markdown as table_markdown
-from .tables import PaperTable, SweepResults
 
 STYLE = ("body{font-family:sans-serif;max-width:70em;margin:2em auto;color:#222}"
          "table{border-collapse:collapse;margin:1em 0;font-size:0.85em}"
@@ -475,109 +478,53 @@ def _show_by_encoder(report: Report) -> bool:
     return not report.inline and len(report.by_encoder) > 0
 
 
-def to_markdown(report: Report, root: Path) -> str:
-    """``report.md``: images linked relative to ``root``."""
-    parts = [f"# {report.title}", ""]
-    parts += [f"{line}  " for line in report.overview] + ([""] if report.overview else [])
-    if report.runtime_s is not None:
-        parts += [_runtime(report), ""]
-    if report.missing:
-        parts += ["## Failed or missing runs", ""] + [f"- {m}" for m in report.missing] + [""]
-    if report.guide:
-        parts += ["## How to read this", ""] + [f"**{name}.** " + "\n\n".join(text.split("\n")) + "\n"
-                                                for name, text in report.guide]
-    if report.inline and len(report.summary):
-        parts += ["## Results", "", frame_markdown(_shown(report.summary))]
-    for table in report.tables:
-        parts += [f"## {table.name}", "", table_markdown(table)]
-    if report.tables:
-        parts += ["## Compared with the published values", "", cmp_mod.to_markdown(report.compare)]
-    if _show_by_encoder(report):
-        parts += ["## Per encoder (median over tasks)", "", frame_markdown(report.by_encoder)]
-    if report.not_scored:
-        parts += ["## Not scored", ""] + [f"- {line}" for line in report.not_scored] + [""]
-    if report.experiment_notes:
-        parts += ["## Notes", ""] + [f"{n}\n" for n in report.experiment_notes]
-    for caption, png in report.figures:
-        parts += [f"![{caption}]({png.relative_to(root).as_posix()})", "", f"*{caption}*", ""]
-    parts += [f"- {n}" for n in report.notes] + ([""] if report.notes else [])
-    if len(report.cache):
-        parts += ["## Feature cache", "", frame_markdown(counts_as_int(report.cache))]
-    if not report.inline and len(report.summary):
-        parts += ["## All results", "", f"<details><summary>{len(report.summary)} rows (also in "
-                  "[results_long.csv](results_long.csv))</summary>", "", frame_markdown(_shown(report.summary)),
-                  "</details>", ""]
-    if report.config_yaml:
-        parts += ["## Resolved config", "", CONFIG_NOTE, "", "```yaml", report.config_yaml.rstrip(), "```", ""]
-    return "\n".join(parts)
-
-
-def _html_frame(df: pd.DataFrame, marks: pd.DataFrame | None = None, decimals: int = 3, na_rep: str = "") -> str:
+def _grid(df: pd.DataFrame, decimals: int = 3, na_rep: str = "", marks: pd.DataFrame | None = None) -> dict:
+    """A frame as the HTML template's ``table`` macro takes it: the header and per row ``(text, rank)``
+    cells (text as :func:`robustbench_fm.core.results.cell_text`, rank as :func:`.render.ranks`),
+    counts as integers (:func:`counts_as_int`)."""
     df = counts_as_int(df)
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = []
-    for i, (_, row) in enumerate(df.iterrows()):
-        cells = []
-        for j, value in enumerate(row):
-            text = html.escape(_cell(value, decimals, na_rep))
-            rank = 0 if marks is None else marks.iat[i, j]
-            cells.append(f"<td><b>{text}</b></td>" if rank == 1 else f"<td><u>{text}</u></td>" if rank == 2
-                         else f"<td>{text}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    marked = np.zeros(df.shape, dtype=int) if marks is None else marks.to_numpy()
+    return {"header": [str(c) for c in df.columns],
+            "rows": [[(cell_text(v, f".{decimals}f", na_rep), int(r)) for v, r in zip(row, rank_row)]
+                     for row, rank_row in zip(df.itertuples(index=False), marked)]}
+
+
+@lru_cache(maxsize=1)
+def templates() -> jinja2.Environment:
+    """The report templates (``report/templates/``, package data): ``report.md.j2`` and
+    ``report.html.j2`` (autoescaped), with the table filters they use."""
+    env = jinja2.Environment(loader=jinja2.PackageLoader(__package__, "templates"),
+                             autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",)),
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined)
+    env.filters.update(
+        markdown=frame_markdown, paper_markdown=table_markdown, compare_markdown=cmp_mod.to_markdown,
+        counts_as_int=counts_as_int, grid=_grid,
+        paper_grid=lambda t: _grid(t.frame.reset_index(drop=True), t.decimals, t.na_rep,
+                                   ranks(t).reset_index(drop=True)),
+        base64=lambda png: base64.b64encode(Path(png).read_bytes()).decode("ascii"))
+    return env
+
+
+def _context(report: Report) -> dict:
+    """What both templates read: the report, its runtime line, the results table as shown."""
+    return {"r": report, "runtime": _runtime(report) if report.runtime_s is not None else "",
+            "shown": _shown(report.summary) if len(report.summary) else report.summary,
+            "show_by_encoder": _show_by_encoder(report), "config_note": CONFIG_NOTE}
+
+
+def to_markdown(report: Report, root: Path) -> str:
+    """``report.md`` (``templates/report.md.j2``): images linked relative to ``root``."""
+    figures = [(caption, png.relative_to(root).as_posix()) for caption, png in report.figures]
+    text = templates().get_template("report.md.j2").render(**_context(report), figures=figures)
+    return text[:-1]  # the template ends every part with a newline; the file ends where its last part does
 
 
 def to_html(report: Report) -> str:
-    """``report.html``: one file, every image inlined as ``data:image/png;base64``."""
-    esc = html.escape
-    parts = [f"<h1>{esc(report.title)}</h1>"]
-    if report.overview:
-        parts.append("<p class='overview'>" + "<br>".join(esc(line) for line in report.overview) + "</p>")
-    if report.runtime_s is not None:
-        parts.append(f"<p>{esc(_runtime(report))}</p>")
-    if report.missing:
-        parts += ["<h2>Failed or missing runs</h2><ul>"] + [f"<li>{esc(m)}</li>" for m in report.missing] + ["</ul>"]
-    if report.guide:
-        parts += ["<h2>How to read this</h2><div class='guide'>"] + [
-            f"<p><b>{esc(name)}.</b> " + "</p><p>".join(esc(t) for t in text.split("\n")) + "</p>"
-            for name, text in report.guide] + ["</div>"]
-    if report.inline and len(report.summary):
-        parts += ["<h2>Results</h2>", _html_frame(_shown(report.summary))]
-    for table in report.tables:
-        parts += [f"<h2>{esc(table.name)}</h2>", f"<p>{esc(table.caption)}</p>",
-                  _html_frame(table.frame.reset_index(drop=True),
-                              ranks(table).reset_index(drop=True), table.decimals, table.na_rep)]
-    if report.tables:
-        parts.append("<h2>Compared with the published values</h2>")
-        if report.compare.empty:
-            parts.append("<p>No cell of these tables has a published counterpart.</p>")
-        else:
-            n_out = int(report.compare["outside"].sum())
-            parts += [f"<p>{len(report.compare)} cells compared, <span class='outside'>{n_out}</span> outside "
-                      "the published interval (published ± half a printed unit, ± 1.96 sd where printed).</p>",
-                      _html_frame(report.compare, decimals=4)]
-    if _show_by_encoder(report):
-        parts += ["<h2>Per encoder (median over tasks)</h2>", _html_frame(report.by_encoder)]
-    if report.not_scored:
-        parts += ["<h2>Not scored</h2><ul>"] + [f"<li>{esc(line)}</li>" for line in report.not_scored] + ["</ul>"]
-    if report.experiment_notes:
-        parts += ["<h2>Notes</h2>"] + [f"<p>{esc(n)}</p>" for n in report.experiment_notes]
-    for caption, png in report.figures:
-        data = base64.b64encode(png.read_bytes()).decode("ascii")
-        parts.append(f"<figure><img alt='{esc(caption)}' src='data:image/png;base64,{data}'>"
-                     f"<figcaption>{esc(caption)}</figcaption></figure>")
-    if report.notes:
-        parts += ["<ul>"] + [f"<li>{esc(n)}</li>" for n in report.notes] + ["</ul>"]
-    if len(report.cache):
-        parts += ["<h2>Feature cache</h2>", _html_frame(report.cache)]
-    if not report.inline and len(report.summary):
-        parts += ["<h2>All results</h2>", f"<details><summary>{len(report.summary)} rows (also in results_long.csv "
-                  "beside this report)</summary>", _html_frame(_shown(report.summary)), "</details>"]
-    if report.config_yaml:
-        parts += ["<h2>Resolved config</h2>", f"<p>{esc(CONFIG_NOTE)}</p>", f"<pre>{esc(report.config_yaml)}</pre>"]
-    return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
-            f"<title>{esc(report.title)}</title><style>{STYLE}</style></head><body>"
-            + "\n".join(parts) + "</body></html>\n")
+    """``report.html`` (``templates/report.html.j2``): one file, every image inlined as
+    ``data:image/png;base64``."""
+    n_outside = int(report.compare["outside"].sum()) if "outside" in report.compare else 0
+    return templates().get_template("report.html.j2").render(**_context(report), style=STYLE, n_outside=n_outside)
 
 
 def write_report(report: Report, out_dir: str | Path) -> tuple[Path, Path]:

@@ -3,7 +3,9 @@
 CSV keeps full-precision numbers; markdown and LaTeX round to ``table.decimals`` and mark, per
 column in ``table.best`` (and per ``group_by`` block), the best value bold and the second
 underlined (ties share the mark). Columns and rows keep the frame's order, which builders set to
-the paper's; LaTeX right-aligns numeric columns and rules off the ``group_by`` blocks.
+the paper's; LaTeX right-aligns numeric columns and rules off the ``group_by`` blocks. Markdown goes
+through the package's one table helper (:func:`robustbench_fm.core.results.to_markdown`, pandas
+``to_markdown``), LaTeX through pandas ``Styler.to_latex``.
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import numpy as np
 import pandas as pd
 
 from ..core.atomic import write_text_atomic
-from .tables import PaperTable
+from ..core.results import to_markdown as frame_markdown
+from ..core.tables import PaperTable
 
 
 def ranks(table: PaperTable) -> pd.DataFrame:
@@ -30,52 +33,36 @@ def ranks(table: PaperTable) -> pd.DataFrame:
     return out
 
 
-def _cell(value, decimals: int, na_rep: str = "") -> str:
-    """``value`` as printed: floats to ``decimals`` places, missing values (NaN, NA, None) as ``na_rep``."""
-    if value is None or value is pd.NA:
-        return na_rep
-    if isinstance(value, (float, np.floating)):
-        return na_rep if pd.isna(value) else f"{value:.{decimals}f}"
-    return str(value)
-
-
 def to_markdown(table: PaperTable) -> str:
-    marks = ranks(table)
-    cols = [str(c) for c in table.frame.columns]
-    lines = ([f"**{table.caption}**", ""] if table.caption else []) + [
-        "| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for i, row in table.frame.iterrows():
-        cells = []
-        for col, value in row.items():
-            text, rank = _cell(value, table.decimals, table.na_rep), marks.at[i, col]
-            cells.append(f"**{text}**" if rank == 1 else f"<u>{text}</u>" if rank == 2 else text)
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    """The table as GitHub markdown (:func:`robustbench_fm.core.results.to_markdown`), its caption
+    in bold above it."""
+    caption = f"**{table.caption}**\n\n" if table.caption else ""
+    return caption + frame_markdown(table.frame, f".{table.decimals}f", table.na_rep, ranks(table))
 
 
-def _tex_escape(text: str) -> str:
-    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#")):
-        text = text.replace(a, b)
-    return text
+#: how a rank of :func:`ranks` marks a LaTeX cell (Styler's ``command: --rwrap`` gives ``\command{cell}``)
+LATEX_MARKS = {1: "textbf: --rwrap;", 2: "underline: --rwrap;"}
 
 
 def to_latex(table: PaperTable) -> str:
-    marks = ranks(table)
-    cols = list(table.frame.columns)
-    align = "".join("r" if pd.api.types.is_numeric_dtype(table.frame[c]) else "l" for c in cols)
-    lines = [r"\begin{tabular}{" + align + "}", r"\toprule",
-             " & ".join(_tex_escape(str(c)) for c in cols) + r" \\", r"\midrule"]
-    block = None
-    for i, row in table.frame.iterrows():
-        if table.group_by and block is not None and row[table.group_by] != block:
-            lines.append(r"\midrule")  # the paper's rule between blocks (e.g. benchmarks, sections)
-        block = row[table.group_by] if table.group_by else None
-        cells = []
-        for col, value in row.items():
-            text, rank = _tex_escape(_cell(value, table.decimals, table.na_rep)), marks.at[i, col]
-            cells.append(rf"\textbf{{{text}}}" if rank == 1 else rf"\underline{{{text}}}" if rank == 2 else text)
-        lines.append(" & ".join(cells) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}"]
+    r"""A booktabs ``tabular`` through pandas ``Styler.to_latex``: cells escaped for LaTeX, floats to
+    ``table.decimals`` places, numeric columns right-aligned, the :func:`ranks` marks as
+    ``\textbf`` / ``\underline``, a ``\midrule`` between ``group_by`` blocks and the caption as a
+    comment line above."""
+    frame = table.frame.reset_index(drop=True)
+    marks = ranks(table).reset_index(drop=True)
+    styler = (frame.style.hide(axis="index")
+              .format(precision=table.decimals, na_rep=table.na_rep, escape="latex")
+              .format_index(escape="latex", axis=1)
+              .apply(lambda _: marks.map(lambda r: LATEX_MARKS.get(r, "")), axis=None))
+    align = "".join("r" if pd.api.types.is_numeric_dtype(frame[c]) else "l" for c in frame.columns)
+    lines = styler.to_latex(hrules=True, column_format=align).splitlines()
+    if table.group_by:  # the paper's rule between blocks (e.g. benchmarks, sections); Styler has no option for it
+        body = lines.index(r"\midrule") + 1  # the first row's line: Styler writes one line per row
+        block = frame[table.group_by].tolist()
+        for i in reversed(range(1, len(block))):
+            if block[i] != block[i - 1]:
+                lines.insert(body + i, r"\midrule")
     if table.caption:
         lines = [r"% " + table.caption] + lines
     return "\n".join(lines) + "\n"

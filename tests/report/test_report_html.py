@@ -12,8 +12,8 @@ import pytest
 
 from robustbench_fm.cli import app
 from robustbench_fm.cli import main as cli
+from robustbench_fm.core.tables import PaperTable
 from robustbench_fm.report import html, published
-from robustbench_fm.report.tables import PaperTable
 
 EXTERNAL = re.compile(r"(?:src|href|url)\s*[=(]\s*['\"]?(?!data:)[a-z]+:", re.I)
 

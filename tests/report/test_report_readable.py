@@ -19,10 +19,10 @@ from report_fixtures import job_config, write_job
 from robustbench_fm.api import evaluate
 from robustbench_fm.cli import app
 from robustbench_fm.core import results
+from robustbench_fm.core.tables import PaperTable, SweepResults
 from robustbench_fm.methods.candor import plots as candor_plots
 from robustbench_fm.report import html
 from robustbench_fm.report.long_format import to_long
-from robustbench_fm.report.tables import PaperTable, SweepResults
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 DEMO = {"planted_blur": (0.46, 0.366, 0.56), "planted_sharp": (0.0, 0.0, 0.0), "random_vit_s": (0.71, 0.626, 0.796)}

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from report_fixtures import ISSUE_TABLES
 
+from robustbench_fm.core.tables import PaperTable
 from robustbench_fm.report import published
 from robustbench_fm.report.render import ranks, render, to_latex, to_markdown
-from robustbench_fm.report.tables import PaperTable
 
 
 def synthetic(paper: str, version: str, number: int, seed: int = 0) -> PaperTable:
