@@ -102,15 +102,21 @@ def descriptions() -> dict[str, str]:
 
 
 def table_modules() -> list[str]:
-    """The modules that declare paper tables (``TABLES``), one per paper, in registration order."""
+    """The modules that declare paper tables (``TABLES``), one per paper: the package's in
+    alphabetical order, then the plugins'."""
     _discover()
-    return list(dict.fromkeys(m.tables for m in METHODS.values() if m.tables))
+    return sorted({m.tables for m in METHODS.values() if m.tables}, key=_shipped_first)
 
 
 def figure_makers() -> list[str]:
-    """The ``module:function`` figure makers of the registered methods, one per paper."""
+    """The ``module:function`` figure makers of the registered methods, one per paper, ordered as
+    :func:`table_modules` (a report's figures come in this order whatever was imported first)."""
     _discover()
-    return list(dict.fromkeys(m.figures for m in METHODS.values() if m.figures))
+    return sorted({m.figures for m in METHODS.values() if m.figures}, key=_shipped_first)
+
+
+def _shipped_first(module: str) -> tuple[bool, str]:
+    return not module.startswith(f"{__name__}."), module
 
 
 def missing_column(stage: str, column: str, param: str, columns) -> ValueError:
