@@ -4,6 +4,9 @@ Run on a machine with CUDA; writes JSON (default ``outputs/bench/gpu_paths.json`
 
 * ``neighbors``: blocked top-k and the shared shortlist on CUDA vs CPU (max |Δ similarity|,
   share of identical neighbour indices);
+* ``croma``: the CRoMa stage (its scope pass runs on the same neighbour engine) with
+  ``device="cuda"`` vs ``"cpu"`` on a 2×2 cohort of slides, float32 and float64 (max |Δ| over the
+  summary's statistics, whether k* agrees), and wall times;
 * ``candor``: ``evaluate("candor", ...)`` with ``device="cuda"`` vs ``"cpu"`` on a 3-group,
   3-finding cohort (max |Δ DM|, discordance flips, identical summary columns), and wall times;
 * ``extraction``: ``random_vit_s`` features of the same PNG files on CUDA with the entry's AMP
@@ -50,6 +53,29 @@ def neighbors_check(rng) -> dict:
             "topk_same_indices": float((i_cpu == i_gpu.cpu()).float().mean()),
             "topk_seconds_cpu": round(t_cpu, 3), "topk_seconds_cuda": round(t_gpu, 3),
             "shortlist_max_abs_diff": float(np.abs(sl_cpu - sl_gpu).max())}
+
+
+def croma_check(rng, devices=("cpu", "cuda")) -> dict:
+    from robustbench_fm.methods.croma import stage as croma
+
+    n_slides, tiles = 40, 150
+    slide = np.repeat(np.arange(n_slides), tiles)
+    label, centre = slide % 2, (slide // 2) % 2
+    man = pd.DataFrame({"sample_id": [f"t{i}" for i in range(len(slide))], "bio_label": label.astype(str),
+                        "site": centre.astype(str), "slide_id": slide.astype(str)})
+    base = rng.standard_normal((len(slide), 384)) + 0.3 * rng.standard_normal((2, 384))[label] \
+        + 0.3 * rng.standard_normal((2, 384))[centre]
+    out = {}
+    for dtype in (np.float32, np.float64):
+        runs = {}
+        for device in devices:
+            runs[device] = _timed(lambda: croma.run(base.astype(dtype), man, device=device).summary.iloc[0])
+        (a, t_a), (b, t_b) = runs[devices[0]], runs[devices[1]]
+        stats = ("ri", "mari", "tau", "croma", "f0", "q_alpha", "ltm", "bio_knn_bacc", "conf_knn_bacc")
+        out[np.dtype(dtype).name] = {"max_abs_diff": float(max(abs(a[c] - b[c]) for c in stats)),
+                                     "same_k": bool(a["k"] == b["k"]), f"seconds_{devices[0]}": round(t_a, 2),
+                                     f"seconds_{devices[1]}": round(t_b, 2)}
+    return out
 
 
 def candor_check(rng) -> dict:
@@ -101,6 +127,7 @@ def main(argv=None) -> dict:
     rng = np.random.default_rng(0)
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "neighbors": neighbors_check(rng), "candor": candor_check(rng)}
+    result["croma"] = croma_check(np.random.default_rng(1))  # its own stream: the other checks' inputs stay put
     with tempfile.TemporaryDirectory() as tmp:
         result["extraction"] = extraction_check(Path(tmp), rng)
     out = Path(args.out)

@@ -1,22 +1,50 @@
-"""Exact cosine k-nearest neighbours by blocked matrix products (torch; GPU when present).
+"""The one exact cosine k-nearest-neighbour engine (torch; GPU when present) and the one L2
+normaliser, shared by CANDOR (candor.md Eq. 1 and Eq. 5) and CRoMa (croma_conventions.md A.1, A.3).
 
-Features are L2-normalised first (DESIGN.md, Conventions), so cosine similarity is the inner
-product. Memory is bounded by ``block_size`` query rows × ``cand_block`` candidates at a time.
+Features are L2-normalised first (DESIGN.md, Conventions; :func:`l2_normalize`), so cosine
+similarity is the inner product and cosine distance is ``1 − s`` (:func:`cosine_distance`).
+Similarities are computed tile by tile with a matmul and reduced to running top-k lists, so memory
+is bounded by one tile whatever the set sizes. The pieces:
 
-:class:`Shortlist` serves many neighbour questions about one set of images (the 12 findings'
-banks of one matched group) from a single similarity pass; :func:`topk_similarity` answers one
-question directly, and with ``backend="faiss"`` (the ``[gpu]`` extra) delegates the search to
-an exact faiss inner-product index for very large candidate sets.
+* :func:`merge_topk`: the running top-k merge every search uses (one more tile of similarities
+  folded into a row block's best-so-far list);
+* :func:`topk_similarity`: the k nearest of each query among a candidate subset (bank), the query
+  itself excluded, in query × candidate tiles; :func:`mean_topk_similarity` averages it (c(x));
+  ``backend="faiss"`` (the ``[gpu]`` extra) sends the search to an exact faiss index instead;
+* :func:`symmetric_tiles`, :class:`RunningTopK` and :class:`SameGroupMask`: the symmetric pass
+  over one set of rows (each tile on or above the diagonal computed once, serving its rows and,
+  transposed, its columns), with self or every candidate sharing the row's group excluded before
+  the top-k. :class:`Shortlist` (CANDOR: one pass answers the 72 neighbour questions of a matched
+  group) and CRoMa's scope pass (:func:`robustbench_fm.methods.croma.knn.scope_neighbours`) are
+  built on it.
+
+The engine computes in the dtype of the tensor it is given: float32 for CANDOR, float64 features
+stay float64 for CRoMa (conventions A.1; its agreement with the reference is checked in float64).
+
+Ties between equal similarities are broken by ``torch.topk``, whose order among equal values is
+unspecified. CANDOR's c(x) and CRoMa's typed distances read only values, which ties cannot change
+(conventions A.7); CRoMa's neighbour identities follow the reference, whose ties are arbitrary too
+(sklearn's argpartition, conventions A.1). Ties are nonetheless reproducible run to run: each
+search's sequence of torch operations (tile widths, merge order, lists started empty or filled
+with −inf) is fixed, and changing it may move a tie.
 """
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 
 
-def l2_normalize(x: np.ndarray, source: str = "features") -> np.ndarray:
-    """Rows scaled to unit length; NaN/Inf and zero rows are refused (they have no direction)."""
-    x = np.asarray(x, dtype=np.float32)
+def l2_normalize(x: np.ndarray, source: str = "features", dtype=np.float32) -> np.ndarray:
+    """Rows scaled to unit length in ``dtype`` (``None``: float64 stays float64, anything else
+    becomes float32, the reference's "the dtype is kept" of croma_conventions.md A.1).
+
+    NaN/Inf and zero rows are refused (they have no direction); ``source`` names the matrix in
+    the message.
+    """
+    x = np.asarray(x)
+    x = x.astype(dtype or (np.float64 if x.dtype == np.float64 else np.float32), copy=False)
     if x.ndim != 2:
         raise ValueError(f"{source}: expected a 2-D (N, D) matrix, got shape {x.shape}")
     bad = ~np.isfinite(x).all(axis=1)
@@ -27,8 +55,124 @@ def l2_normalize(x: np.ndarray, source: str = "features") -> np.ndarray:
     zero = norms[:, 0] == 0
     if zero.any():
         raise ValueError(f"{source}: row {int(np.flatnonzero(zero)[0])} is a zero vector "
-                         f"({int(zero.sum())} rows); cosine similarity is undefined for it")
+                         f"({int(zero.sum())} rows); cosine similarity is undefined for it, drop or "
+                         "re-extract it")
     return x / norms
+
+
+def cosine_distance(sims: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """Cosine distance ``1 − s`` of unit vectors, computed in ``dtype`` (the features' precision;
+    torch dtypes are accepted) and clipped to [0, 2] as sklearn's ``cosine_distances`` does
+    (croma_conventions.md A.1); returned as float64. Non-finite similarities (the −inf of an
+    absent slot) become ``inf``."""
+    if isinstance(dtype, torch.dtype):
+        dtype = np.float64 if dtype == torch.float64 else np.float32
+    sims = np.asarray(sims)
+    with np.errstate(invalid="ignore"):
+        d = np.clip(dtype(1) - sims.astype(dtype), 0, 2).astype(np.float64)
+    d[~np.isfinite(sims)] = np.inf
+    return d
+
+
+def merge_topk(current: tuple[torch.Tensor, torch.Tensor] | None, sims: torch.Tensor, offset: int, k: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A row block's running top-``k`` (values sorted descending, column indices) after one more
+    tile ``sims`` whose first column is column ``offset``: the tile's own top-k, then the top-k of
+    it and ``current`` (``None`` for the first tile). Lists shorter than ``k`` stay as long as the
+    columns seen so far."""
+    v, i = torch.topk(sims, min(k, sims.shape[1]), dim=1)
+    i = i + offset
+    if current is not None:
+        merged = torch.cat([current[0], v], 1)
+        v, at = torch.topk(merged, min(k, merged.shape[1]), dim=1)
+        i = torch.gather(torch.cat([current[1], i], 1), 1, at)
+    return v, i
+
+
+def symmetric_tiles(x: torch.Tensor, block_size: int) -> Iterator[tuple[int, int, int, int, torch.Tensor]]:
+    """``(a0, a1, b0, b1, x[a0:a1] @ x[b0:b1].T)`` for every ``block_size`` tile on or above the
+    diagonal of the similarity matrix of ``x``'s rows, row block by row block. The matrix is
+    symmetric: the tile serves rows a0:a1 and, transposed, rows b0:b1 (when ``b0 != a0``)."""
+    n = len(x)
+    starts = range(0, n, block_size)
+    for a0 in starts:
+        a1 = min(n, a0 + block_size)
+        for b0 in starts[a0 // block_size:]:
+            b1 = min(n, b0 + block_size)
+            yield a0, a1, b0, b1, x[a0:a1] @ x[b0:b1].T
+
+
+class RunningTopK:
+    """The ``k`` largest values of every row of a matrix seen one tile at a time, with their column
+    indices (the tiles of one pass share their row blocks).
+
+    ``filled``: the lists start as ``k`` slots of (−inf, −1) in one (n, k) pair of tensors updated
+    in place, so they are always ``k`` wide, even with fewer than ``k`` columns (absent slots stay
+    −inf / −1). Otherwise each row block's list starts empty and holds min(k, columns seen) entries.
+    """
+
+    def __init__(self, n: int, k: int, like: torch.Tensor, filled: bool = False):
+        self.n, self.k, self.like, self.filled = n, k, like, filled
+        self.blocks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        if filled:
+            self.values = torch.full((n, k), float("-inf"), dtype=like.dtype, device=like.device)
+            self.indices = torch.full((n, k), -1, dtype=torch.long, device=like.device)
+
+    def update(self, r0: int, sims: torch.Tensor, offset: int) -> None:
+        """Fold the tile ``sims`` (rows r0:r0+len(sims), columns from ``offset``) into the lists."""
+        if self.filled:
+            rows = slice(r0, r0 + sims.shape[0])
+            self.values[rows], self.indices[rows] = merge_topk((self.values[rows], self.indices[rows]), sims,
+                                                               offset, self.k)
+        else:
+            self.blocks[r0] = merge_topk(self.blocks.get(r0), sims, offset, self.k)
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(values sorted descending, column indices), rows in order."""
+        if self.filled:
+            return self.values, self.indices
+        if not self.blocks:
+            return (torch.empty((self.n, 0), dtype=self.like.dtype, device=self.like.device),
+                    torch.empty((self.n, 0), dtype=torch.long, device=self.like.device))
+        parts = [self.blocks[r0] for r0 in sorted(self.blocks)]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def runs(keys: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of each run of equal consecutive values of ``keys``."""
+    cut = np.flatnonzero(np.diff(keys)) + 1
+    bounds = np.r_[0, cut, len(keys)]
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+
+
+class SameGroupMask:
+    """Excludes every candidate that shares the row's group, the row itself included (CRoMa's
+    leave-one-group-out neighbourhoods, croma_conventions.md A.3), from tiles of a symmetric pass.
+
+    ``groups``: one code per row in the pass's row order. The pairs are masked as rectangles, one
+    per (run of the row's group) × (run of the same group among the columns), so the cost is small
+    when each group's rows are contiguous (sort the rows by group first).
+    """
+
+    def __init__(self, groups: np.ndarray):
+        self.runs = runs(np.asarray(groups))
+        self.run_starts = np.array([r[0] for r in self.runs])
+        self.run_group = [int(groups[start]) for start, _ in self.runs]
+        self.runs_of_group: dict[int, list[tuple[int, int]]] = {}
+        for (start, end), g in zip(self.runs, self.run_group):
+            self.runs_of_group.setdefault(g, []).append((start, end))
+
+    def apply(self, sims: torch.Tensor, a0: int, a1: int, b0: int, b1: int) -> None:
+        """−inf, in place, on every (row, column) pair of the tile rows a0:a1 × columns b0:b1
+        that shares a group."""
+        first = int(np.searchsorted(self.run_starts, a0, side="right")) - 1
+        for (start, end), g in zip(self.runs[first:], self.run_group[first:]):
+            if start >= a1:
+                break
+            r0, r1 = max(start, a0) - a0, min(end, a1) - a0
+            for c0, c1 in self.runs_of_group[g]:
+                if c0 < b1 and c1 > b0:
+                    sims[r0:r1, max(c0, b0) - b0:min(c1, b1) - b0] = float("-inf")
 
 
 def topk_similarity(feats: torch.Tensor, query_rows: np.ndarray, cand_rows: np.ndarray, k: int,
@@ -39,7 +183,7 @@ def topk_similarity(feats: torch.Tensor, query_rows: np.ndarray, cand_rows: np.n
     ``feats`` is the unit-norm matrix (on the compute device); ``query_rows`` and ``cand_rows``
     index into it. A query that is itself a candidate never counts as its own neighbour.
     Queries are processed ``block_size`` at a time and candidates ``cand_block`` at a time (the
-    running top-k is merged across candidate blocks), so memory is bounded by
+    running top-k is merged across candidate blocks, :func:`merge_topk`), so memory is bounded by
     ``block_size × cand_block`` similarities whatever the set sizes.
     Returns (similarities [Q, k] sorted descending, candidate positions [Q, k]) on the device.
     ``backend="faiss"`` gives the same neighbours from an exact faiss index (ties may be broken
@@ -63,21 +207,16 @@ def topk_similarity(feats: torch.Tensor, query_rows: np.ndarray, cand_rows: np.n
     for qs in range(0, len(query_rows), block_size):
         q = feats[torch.as_tensor(query_rows[qs:qs + block_size], device=device)]
         sp = torch.as_tensor(self_pos[qs:qs + block_size], device=device)
-        best_v = best_i = None
+        best = None
         for cs in range(0, len(cand_rows), cand_block):
             sims = q @ feats[torch.as_tensor(cand_rows[cs:cs + cand_block], device=device)].T
             local = sp - cs
             hit = (local >= 0) & (local < sims.shape[1])
             if bool(hit.any()):
                 sims[torch.nonzero(hit).squeeze(1), local[hit]] = float("-inf")
-            v, i = torch.topk(sims, min(k, sims.shape[1]), dim=1)
-            i = i + cs
-            if best_v is not None:
-                v, j = torch.topk(torch.cat([best_v, v], 1), k, dim=1)
-                i = torch.gather(torch.cat([best_i, i], 1), 1, j)
-            best_v, best_i = v, i
-        values.append(best_v)
-        indices.append(best_i)
+            best = merge_topk(best, sims, cs, k)
+        values.append(best[0])
+        indices.append(best[1])
     if not values:
         empty = torch.empty((0, k), device=device)
         return empty, empty.long()
@@ -116,13 +255,13 @@ def mean_topk_similarity(feats: torch.Tensor, query_rows, cand_rows, k: int,
 class Shortlist:
     """The ``size`` most similar members of ``rows`` for every member of ``rows`` (self excluded).
 
-    One blocked pass (``block_size`` rows × all of ``rows`` similarities at a time) stores each
-    row's shortlist sorted by similarity. The k nearest members of any candidate subset R ⊆ rows
-    are then the first k shortlist entries that belong to R; a row whose shortlist holds fewer
-    than k members of R is answered by an exact search against R (:func:`topk_similarity`), so
-    :meth:`mean_topk` always equals :func:`mean_topk_similarity`. CANDOR asks 6 such questions
-    per finding and matched group (c± on the banks and on all images, and the margin of every
-    image), for 12 findings, about the same images: one pass replaces 72.
+    One blocked symmetric pass (:func:`symmetric_tiles`, ``block_size`` × ``block_size`` tiles on
+    and above the diagonal) stores each row's shortlist sorted by similarity. The k nearest members
+    of any candidate subset R ⊆ rows are then the first k shortlist entries that belong to R; a row
+    whose shortlist holds fewer than k members of R is answered by an exact search against R
+    (:func:`topk_similarity`), so :meth:`mean_topk` always equals :func:`mean_topk_similarity`.
+    CANDOR asks 6 such questions per finding and matched group (c± on the banks and on all images,
+    and the margin of every image), for 12 findings, about the same images: one pass replaces 72.
     """
 
     def __init__(self, feats: torch.Tensor, rows, size: int = 256, block_size: int = 4096,
@@ -132,34 +271,15 @@ class Shortlist:
         n, device = len(self.rows), feats.device
         self.size = max(0, min(size, n - 1))
         x = feats[torch.as_tensor(self.rows, device=device)]
-        starts = list(range(0, n, block_size))
-        best: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(starts)
-        # The similarity matrix is symmetric: block (i, j) serves row block i and, transposed,
-        # row block j, so only the blocks on and above the diagonal are multiplied.
-        for bi, i in enumerate(starts):
-            xi = x[i:i + block_size]
-            for bj in range(bi, len(starts)):
-                j = starts[bj]
-                sims = xi @ x[j:j + block_size].T
-                if bi == bj:
-                    sims.fill_diagonal_(float("-inf"))
-                best[bi] = self._merge(best[bi], sims, j)
-                if bi != bj:
-                    best[bj] = self._merge(best[bj], sims.T, i)
-        self.values = torch.cat([b[0] for b in best]) if best else torch.empty((0, 0), device=device)
-        members = torch.cat([b[1] for b in best]) if best else torch.empty((0, 0), dtype=torch.long, device=device)
+        best = RunningTopK(n, self.size, x)
+        for a0, _, b0, _, sims in symmetric_tiles(x, block_size):
+            if a0 == b0:
+                sims.fill_diagonal_(float("-inf"))
+            best.update(a0, sims, b0)
+            if a0 != b0:
+                best.update(b0, sims.T, a0)
+        self.values, members = best.result()
         self.members = torch.as_tensor(self.rows, device=device)[members]
-
-    def _merge(self, current, sims: torch.Tensor, offset: int):
-        """Running top-``size`` (values, local column indices) of a row block after one more
-        column block of similarities starting at column ``offset``."""
-        v, i = torch.topk(sims, min(self.size, sims.shape[1]), dim=1)
-        i = i + offset
-        if current is not None:
-            merged = torch.cat([current[0], v], 1)
-            v, at = torch.topk(merged, min(self.size, merged.shape[1]), dim=1)
-            i = torch.gather(torch.cat([current[1], i], 1), 1, at)
-        return v, i
 
     def _local(self, query_rows: np.ndarray) -> np.ndarray:
         at = np.searchsorted(self.rows, query_rows)

@@ -3,7 +3,16 @@ import numpy as np
 import pytest
 import torch
 
-from robustbench_fm.core.neighbors import Shortlist, l2_normalize, mean_topk_similarity, topk_similarity
+from robustbench_fm.core.neighbors import (
+    RunningTopK,
+    SameGroupMask,
+    Shortlist,
+    cosine_distance,
+    l2_normalize,
+    mean_topk_similarity,
+    symmetric_tiles,
+    topk_similarity,
+)
 
 
 @pytest.mark.parametrize("block_size, cand_block", [(4096, 65536), (7, 13), (1, 5)])
@@ -65,3 +74,96 @@ def test_faiss_backend_agrees_with_torch():
     assert (cands[i_f.numpy()] != queries[:, None]).all()
     with pytest.raises(ValueError, match="backend 'annoy'"):
         topk_similarity(x, queries, cands, 7, backend="annoy")
+
+
+def test_l2_normalize_dtype_choices_and_exact_rows():
+    rng = np.random.default_rng(3)
+    x64 = rng.normal(size=(20, 7))
+    # float64 on request (retention) and kept when asked to keep (CRoMa, conventions A.1)
+    for out in (l2_normalize(x64, dtype=np.float64), l2_normalize(x64, dtype=None)):
+        assert out.dtype == np.float64
+        np.testing.assert_array_equal(out, x64 / np.sqrt((x64 ** 2).sum(axis=1, keepdims=True)))
+    # the default and "keep" turn anything but float64 into float32
+    assert l2_normalize(x64).dtype == np.float32
+    for other in (x64.astype(np.float16), np.arange(1, 15).reshape(7, 2)):
+        out = l2_normalize(other, dtype=None)
+        assert out.dtype == np.float32
+        np.testing.assert_allclose(np.linalg.norm(out.astype(np.float64), axis=1), 1.0, rtol=0, atol=1e-6)
+    assert l2_normalize(np.array([[3.0, 4.0]]), dtype=None).tolist() == [[0.6, 0.8]]
+    with pytest.raises(ValueError, match=r"^croma: features: row 2 holds NaN/Inf \(1 rows\)"):
+        l2_normalize(np.r_[x64[:2], [[np.inf] * 7]], "croma: features", dtype=None)
+    with pytest.raises(ValueError, match="expected a 2-D"):
+        l2_normalize(np.ones(3))
+
+
+def test_cosine_distance_is_one_minus_similarity_in_the_feature_precision():
+    sims = np.array([[0.1, 1.0 + 1e-7, -1.5, -np.inf]])
+    d32 = cosine_distance(sims, np.float32)
+    assert d32.dtype == np.float64
+    assert d32[0, 0] == np.float64(np.float32(1) - np.float32(0.1)) != 1 - 0.1  # float32 subtraction
+    assert d32[0, 1] == 0.0 and d32[0, 2] == 2.0 and d32[0, 3] == np.inf  # clipped to [0, 2]; absent slot
+    d64 = cosine_distance(sims, torch.float64)
+    assert d64[0, 0] == 1 - 0.1 and d64[0, 3] == np.inf
+    np.testing.assert_array_equal(cosine_distance(sims, torch.float32), d32)
+
+
+def test_topk_with_candidate_tiles_narrower_than_k_and_float64():
+    rng = np.random.default_rng(4)
+    x = l2_normalize(rng.normal(size=(60, 5)), dtype=np.float64)
+    queries, cands = np.arange(0, 60, 3), np.arange(1, 60, 2)
+    v, i = topk_similarity(torch.as_tensor(x), queries, cands, 6, block_size=4, cand_block=2)
+    sims = x[queries] @ x[cands].T
+    sims[queries[:, None] == cands[None, :]] = -np.inf
+    assert v.dtype == torch.float64
+    np.testing.assert_allclose(v.numpy(), -np.sort(-sims, axis=1)[:, :6], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(np.take_along_axis(sims, i.numpy(), 1), v.numpy(), rtol=0, atol=0)
+
+
+def test_symmetric_tiles_cover_the_upper_triangle_once():
+    x = torch.as_tensor(l2_normalize(np.random.default_rng(5).normal(size=(23, 4)), dtype=np.float64))
+    full, seen = (x @ x.T).numpy(), np.zeros((23, 23), int)
+    for a0, a1, b0, b1, sims in symmetric_tiles(x, 5):
+        assert a0 <= b0
+        np.testing.assert_allclose(sims.numpy(), full[a0:a1, b0:b1], rtol=0, atol=1e-15)
+        seen[a0:a1, b0:b1] += 1
+    block = np.arange(23) // 5  # each pair of row blocks once, the lower one first
+    np.testing.assert_array_equal(seen, (block[:, None] <= block[None, :]).astype(int))
+
+
+@pytest.mark.parametrize("block_size", [3, 8, 100])
+@pytest.mark.parametrize("filled", [False, True])
+def test_running_topk_with_same_group_mask_equals_brute_force(block_size, filled):
+    """The symmetric pass as CRoMa runs it: every candidate of the row's group (self included)
+    removed before the top-k; groups need not be contiguous."""
+    rng = np.random.default_rng(6)
+    n, k = 31, 9
+    x = l2_normalize(rng.normal(size=(n, 6)), dtype=np.float64)
+    groups = rng.integers(0, 5, n)
+    best = RunningTopK(n, k, torch.as_tensor(x), filled=filled)
+    mask = SameGroupMask(groups)
+    for a0, a1, b0, b1, sims in symmetric_tiles(torch.as_tensor(x), block_size):
+        mask.apply(sims, a0, a1, b0, b1)
+        best.update(a0, sims, b0)
+        if b0 != a0:
+            best.update(b0, sims.T, a0)
+    v, i = (t.numpy() for t in best.result())
+    ref = x @ x.T
+    ref[groups[:, None] == groups[None, :]] = -np.inf
+    np.testing.assert_allclose(v, -np.sort(-ref, axis=1)[:, :k], rtol=0, atol=1e-15)
+    finite = np.isfinite(v)
+    at = np.where(finite, i, 0)
+    np.testing.assert_allclose(np.take_along_axis(ref, at, 1)[finite], v[finite], rtol=0, atol=1e-15)
+    assert (groups[at] != groups[:, None])[finite].all()
+
+
+def test_filled_lists_mark_absent_slots():
+    x = torch.eye(3, dtype=torch.float64)
+    best = RunningTopK(3, 5, x, filled=True)
+    for a0, _, b0, _, sims in symmetric_tiles(x, 2):
+        best.update(a0, sims, b0)
+        if a0 != b0:
+            best.update(b0, sims.T, a0)
+    v, i = best.result()
+    assert v.shape == i.shape == (3, 5)
+    assert (v[:, :3].sum(1) == 1).all() and torch.isinf(v[:, 3:]).all() and (i[:, 3:] == -1).all()
+    assert RunningTopK(3, 2, x).result()[0].shape == (3, 0)  # nothing seen, nothing kept

@@ -59,6 +59,7 @@ import pandas as pd
 
 from ... import data
 from ...core.errors import UserError
+from ...core.neighbors import l2_normalize
 from ...core.results import Results
 from ...core.stats import cluster_bootstrap_ratio, summarize_bootstrap
 from ...data.manifest import BOX_COLUMNS
@@ -171,11 +172,6 @@ def derived_manifest(boxed: dict[str, pd.DataFrame], fill: str = "image_mean", s
 # scoring
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-
 def pair_cosine(unit: np.ndarray, n_pairs: int, rng: np.random.Generator) -> float:
     """Mean cosine of random pairs of distinct rows of ``unit`` (unit-norm rows): every pair when
     there are at most ``n_pairs``, else ``n_pairs`` pairs drawn uniformly with replacement."""
@@ -269,7 +265,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding, n_pairs: int = 10
     manifest = manifest.reset_index(drop=True)
     if cluster_col != "patient_id" and cluster_col in manifest.columns:
         manifest = manifest.assign(patient_id=manifest[cluster_col])
-    unit = _unit(features)
+    unit = l2_normalize(features, "retention: features", dtype=np.float64)
     parts = {f: _per_sample(unit, manifest, f) for f in findings}
     rows = [_summary_row(f, parts[f], unit, int(n_pairs), int(n_boot), seed) for f in findings]
     per_sample = pd.concat(parts.values(), ignore_index=True)

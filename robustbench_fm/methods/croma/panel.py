@@ -153,9 +153,9 @@ def typed_ranks(features, manifest: pd.DataFrame, label_col: str = "bio_label", 
     cross-confounder biological match and same-confounder biological distractor"); NaN without
     such a candidate. One blocked pass over the similarity matrix (design ``all``)."""
     from ...core.devices import resolve_device
-    from .knn import unit_rows
+    from ...core.neighbors import l2_normalize
 
-    x = torch.as_tensor(unit_rows(features)).to(resolve_device(device))
+    x = torch.as_tensor(l2_normalize(features, "croma: features", dtype=None)).to(resolve_device(device))
     codes = [torch.as_tensor(pd.factorize(croma._strings(manifest, c, p))[0], device=x.device)
              for c, p in ((label_col, "label_col"), (confounder_col, "confounder_col"), (exclude_col, "exclude_col"))]
     lab, con, grp = codes

@@ -1,5 +1,5 @@
 """RI, MaRI, τ, kNN balanced accuracy and the CRoMa tail statistics, computed from the
-neighbour lists of :mod:`croma_knn` (croma.md, "Method"; croma_conventions.md A.4–A.7).
+neighbour lists of :mod:`robustbench_fm.methods.croma.knn` (croma.md, "Method"; croma_conventions.md A.4–A.7).
 
 Every function takes one scope's lists (rows = evaluation units of that scope) and integer
 codes in the scope's order of first appearance (``pd.factorize``), which fixes the vote

@@ -43,8 +43,9 @@ import pandas as pd
 import torch
 
 from ...core.devices import resolve_device
+from ...core.neighbors import l2_normalize
 from ...core.results import Results
-from .knn import ScopeNeighbours, scope_neighbours, unit_rows
+from .knn import ScopeNeighbours, scope_neighbours
 from .scores import (
     count_share,
     croma_values,
@@ -229,7 +230,8 @@ def prepare(features, manifest: pd.DataFrame, label_col: str = "bio_label", conf
             block_size: int = 4096) -> Prepared:
     """Scopes and their single neighbour pass (cross-group top-kmax + typed top-m)."""
     check_params(m=m, k_grid=k_grid, k=k, design=design, on_short=on_short, block_size=block_size)
-    x = unit_rows(features.cpu().numpy() if isinstance(features, torch.Tensor) else features)
+    x = l2_normalize(features.cpu().numpy() if isinstance(features, torch.Tensor) else features, "croma: features",
+                     dtype=None)
     if len(x) != len(manifest):
         raise ValueError(f"croma: features have {len(x)} rows but the manifest has {len(manifest)}; "
                          "align them row for row")
