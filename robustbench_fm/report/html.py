@@ -370,7 +370,10 @@ def figures(results: SweepResults, long: pd.DataFrame, fig_dir: Path) -> tuple[l
             return
         out.append((caption, paths[0]))
 
-    for maker in methods.figure_makers():  # each paper's report_figures (registered by its method)
+    # each paper's ``report_figures(results, long, stages, add, metrics, notes)``: ``add(caption,
+    # make, *args)`` draws one with ``make(*args, stem=...)``; ``metrics(long, stage)`` is a
+    # stage's wide table; ``notes`` collects why a figure was not drawn
+    for maker in methods.figure_makers():
         module, function = maker.split(":")
         getattr(importlib.import_module(module), function)(results, long, stages, add, _metrics, notes)
     return out, notes

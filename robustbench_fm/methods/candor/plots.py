@@ -149,10 +149,7 @@ def plot_retention(df: pd.DataFrame, stem: str | Path) -> list[Path]:
 
 
 def report_figures(results, long, stages: set, add, metrics, notes: list) -> None:
-    """The figures of CANDOR Figures 2-3 (candor.md) and v1 Figure 2b that a run's results allow, for its report
-    (:func:`robustbench_fm.report.html.figures`): ``add(caption, make, *args)`` draws one with
-    ``make(*args, stem=...)``; ``metrics(long, stage)`` is the report's wide table of a stage;
-    ``notes`` collects why a figure was not drawn."""
+    """CANDOR Figures 2-3 (candor.md) and v1 Figure 2b for a run's report (the contract: :func:`robustbench_fm.report.html.figures`)."""
     if "candor" not in stages:
         return
     candor = metrics(long, "candor")

@@ -243,10 +243,7 @@ def plot_croma_vs_apd(summary: pd.DataFrame, stem: str | Path, probe: pd.DataFra
 
 
 def report_figures(results, long, stages: set, add, metrics, notes: list) -> None:
-    """The figures of CRoMa Figures 3-6 and 9 (croma.md) that a run's results allow, for its report
-    (:func:`robustbench_fm.report.html.figures`): ``add(caption, make, *args)`` draws one with
-    ``make(*args, stem=...)``; ``metrics(long, stage)`` is the report's wide table of a stage;
-    ``notes`` collects why a figure was not drawn."""
+    """CRoMa Figures 3-6 and 9 (croma.md) for a run's report (the contract: :func:`robustbench_fm.report.html.figures`)."""
     if "croma" not in stages:
         return
     summary = metrics(long, "croma")

@@ -106,10 +106,7 @@ def plot_domain(df: pd.DataFrame, stem: str | Path, in_domain: str, zero_shot: s
 
 
 def report_figures(results, long, stages: set, add, metrics, notes: list) -> None:
-    """The figures of SPAR Tables 1/5 and Section 4 (spar.md) that a run's results allow, for its report
-    (:func:`robustbench_fm.report.html.figures`): ``add(caption, make, *args)`` draws one with
-    ``make(*args, stem=...)``; ``metrics(long, stage)`` is the report's wide table of a stage;
-    ``notes`` collects why a figure was not drawn."""
+    """SPAR Tables 1/5 and Section 4 (spar.md) for a run's report (the contract: :func:`robustbench_fm.report.html.figures`)."""
     if "spar" not in stages:
         return
     try:
