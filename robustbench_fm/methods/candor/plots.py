@@ -149,7 +149,8 @@ def plot_retention(df: pd.DataFrame, stem: str | Path) -> list[Path]:
 
 
 def report_figures(results, long, stages: set, add, metrics, notes: list) -> None:
-    """CANDOR Figures 2-3 (candor.md) and v1 Figure 2b for a run's report (the contract: :func:`robustbench_fm.report.html.figures`)."""
+    """CANDOR Figures 2-3 (candor.md) and v1 Figure 2b for a run's report
+    (the contract: :func:`robustbench_fm.report.html.figures`)."""
     if "candor" not in stages:
         return
     candor = metrics(long, "candor")

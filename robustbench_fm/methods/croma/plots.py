@@ -243,7 +243,8 @@ def plot_croma_vs_apd(summary: pd.DataFrame, stem: str | Path, probe: pd.DataFra
 
 
 def report_figures(results, long, stages: set, add, metrics, notes: list) -> None:
-    """CRoMa Figures 3-6 and 9 (croma.md) for a run's report (the contract: :func:`robustbench_fm.report.html.figures`)."""
+    """CRoMa Figures 3-6 and 9 (croma.md) for a run's report
+    (the contract: :func:`robustbench_fm.report.html.figures`)."""
     if "croma" not in stages:
         return
     summary = metrics(long, "croma")

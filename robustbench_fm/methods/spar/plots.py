@@ -106,7 +106,8 @@ def plot_domain(df: pd.DataFrame, stem: str | Path, in_domain: str, zero_shot: s
 
 
 def report_figures(results, long, stages: set, add, metrics, notes: list) -> None:
-    """SPAR Tables 1/5 and Section 4 (spar.md) for a run's report (the contract: :func:`robustbench_fm.report.html.figures`)."""
+    """SPAR Tables 1/5 and Section 4 (spar.md) for a run's report
+    (the contract: :func:`robustbench_fm.report.html.figures`)."""
     if "spar" not in stages:
         return
     try:
