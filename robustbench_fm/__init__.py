@@ -15,8 +15,10 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 from .api import evaluate  # noqa: E402
 from .cli import resolvers as _resolvers  # noqa: E402
+from .cli import stage_configs as _stage_configs  # noqa: E402
 from .core.results import Results  # noqa: E402
 
 _resolvers.register()  # ${launch_dir:} and ${sweep_values:...} of the shipped configs
+_stage_configs.register()  # the stage=<name> configs, generated from each stage's parameter class
 
 __all__ = ["Results", "evaluate", "__version__"]

@@ -109,11 +109,10 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None) -> Plan:
     stages.load_plugins(cfg.get("plugins") or [])  # a sweep's job processes import them again
     _require_settings(cfg)
     _refuse_encoder_field(cfg, cli_overrides)
-    stage = stages.get(cfg.stage.name)
+    stages.get(cfg.stage.name)
     findings = list(cfg.stage.findings)
     params = OmegaConf.to_container(cfg.stage.params, resolve=True)
-    stages.check_param_types(cfg.stage.name, params)  # k=abc: one line naming the type, not a TypeError
-    stage.check_params(**params)
+    stages.check(cfg.stage.name, params)  # names, types (k=abc: one line naming the type) and values, once
     if cfg.get("features_file"):
         return Plan(None, None, [], cfg.stage.name, findings, Path(cfg.features_file))
     data.get(cfg.dataset.name)

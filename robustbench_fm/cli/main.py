@@ -180,7 +180,9 @@ def _settings() -> tuple[set[str], list[str]]:
             return [prefix]
         return [p for k, v in node.items() if k != "defaults" for p in leaves(v, f"{prefix}.{k}" if prefix else k)]
 
-    roots, paths = {"hydra"}, []
+    from . import stage_configs
+
+    roots, paths = {"hydra", stage_configs.GROUP}, []
     for path in [CONFIG_DIR / "config.yaml", *sorted(CONFIG_DIR.glob("*/*.yaml"))]:
         tree = yaml.safe_load(path.read_text()) or {}
         glob = path.parent == CONFIG_DIR or "@package _global_" in path.read_text().split("\n", 1)[0]
@@ -189,6 +191,8 @@ def _settings() -> tuple[set[str], list[str]]:
         else:
             roots.add(path.parent.name)
         paths += leaves(tree, "" if glob else path.parent.name)
+    for node in stage_configs.nodes().values():  # the generated stage configs
+        paths += leaves(node, stage_configs.GROUP)
     return roots, sorted({p for p in paths if not p.startswith("hydra.") and not set(p) & set("+~@/")})
 
 
@@ -197,11 +201,14 @@ def _unknown_group_option(key: str, override) -> str | None:
     closest options, instead of Hydra's 60-line list of every option."""
     import difflib
 
+    from . import stage_configs
+
     folder = CONFIG_DIR / key
-    if "." in key or "/" in key or not folder.is_dir():
+    generated = key == stage_configs.GROUP
+    if "." in key or "/" in key or not (folder.is_dir() or generated):
         return None
     values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
-    options = sorted(p.stem for p in folder.glob("*.yaml"))
+    options = sorted(p.stem for p in folder.glob("*.yaml")) + (stage_configs.options() if generated else [])
     for value in values:
         if value is None or str(value) in options or str(value) == "null":
             continue
@@ -255,7 +262,9 @@ def check_overrides(argv: list[str]) -> str | None:
     except SystemExit:  # a malformed flag: Hydra reports it itself
         return None
     parser, roots, paths = OverridesParser.create(), None, None
-    groups = {"hydra", *(p.name for p in CONFIG_DIR.iterdir() if p.is_dir()),
+    from .stage_configs import GROUP
+
+    groups = {"hydra", GROUP, *(p.name for p in CONFIG_DIR.iterdir() if p.is_dir()),
               *yaml.safe_load((CONFIG_DIR / "config.yaml").read_text())}
     for i, text in enumerate(overrides):
         try:

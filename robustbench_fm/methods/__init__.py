@@ -2,8 +2,13 @@
 each registering its stages here when it is imported (its ``__init__`` calls :func:`register`
 and imports nothing heavy; the stage module is imported on first use, lm-eval-harness style).
 
-A stage module exposes ``run(features, manifest, finding, **params) -> Results`` and usually
-``check_params(**params)`` (one-line errors before any heavy work) and ``check_manifest``. A stage
+A stage's parameters are one frozen dataclass (:class:`~robustbench_fm.methods.params.StageParams`,
+in ``methods/<paper>/params.py``) holding every default; the stage module sets ``PARAMS`` to it and
+its ``run(features, manifest, finding, **params) -> Results`` parses them once
+(``PARAMS.parse(params)``); :func:`check` validates a config's parameters before any heavy work
+(names, types and values, one line each) and the command line's ``stage`` configs are generated
+from the same class (:mod:`robustbench_fm.cli.stage_configs`). A stage module may add
+``check_manifest`` (data checks before any image is embedded). A stage
 that drives the encoder itself (occluded re-extraction, token sequences) defines
 ``run_job(job: JobContext) -> list[pd.DataFrame]`` instead and asks ``job.embedder`` for images
 embedded; it never sees the Hydra config.
@@ -16,13 +21,13 @@ once and registers its stages.
 from __future__ import annotations
 
 import importlib
-import inspect
 import pkgutil
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from types import ModuleType
 
 from ..core.registry import Registry
+from .params import StageParams
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,8 @@ class Method:
     paper-table builders of the paper (functions of that module). ``figures``: ``"module:function"``
     drawing the paper's figures for a report (:func:`robustbench_fm.report.html.figures`).
     ``tables_after_run``: a single (non-sweep) run builds the experiment's ``report.tables`` too.
+    ``params``: the stage's parameters (its module's ``PARAMS``; importable without the stage).
+    ``findings``: the command line's default ``stage.findings`` (an interpolation or a list).
     """
 
     name: str
@@ -43,6 +50,8 @@ class Method:
     tables: str | None = None
     figures: str | None = None
     tables_after_run: bool = False
+    params: type[StageParams] | None = None
+    findings: str | tuple[str, ...] = "${dataset.findings}"
 
 
 METHODS: Registry[Method] = Registry("stage")
@@ -96,6 +105,19 @@ def get(name: str) -> ModuleType:
     return importlib.import_module(method(name).module)
 
 
+def check(name: str, params: dict) -> StageParams | None:
+    """The parameters of stage ``name`` validated (unknown names, types, values: one line naming
+    ``stage.params.<key>``) before any heavy work; a stage without a ``params`` class runs its
+    module's ``check_params(**params)`` when it has one."""
+    cls = method(name).params
+    if cls is None:
+        own = getattr(get(name), "check_params", None)
+        if callable(own):
+            own(**params)
+        return None
+    return cls.parse(params)
+
+
 def descriptions() -> dict[str, str]:
     """name -> one-line description (``python -m robustbench_fm list stages``)."""
     return {n: method(n).description for n in names()}
@@ -130,57 +152,3 @@ def missing_column(stage: str, column: str, param: str, columns) -> ValueError:
                       f"columns with {override} ({param}= in Python; columns: {', '.join(names[:12])}"
                       f"{', ...' if len(names) > 12 else ''})")
 
-
-
-
-#: what a parameter's default says it takes: a description and a test of a value
-_KINDS = {
-    bool: ("true or false", lambda v: isinstance(v, bool)),
-    int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-    float: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
-    str: ("a string", lambda v: isinstance(v, str)),
-    list: ("a list, e.g. [1,2]", lambda v: isinstance(v, (list, tuple))),
-}
-
-
-def _expected(param: inspect.Parameter) -> tuple[type | None, bool]:
-    """(the type ``param`` takes, whether None is allowed) from its default, or from its annotation
-    when the default is None (``k: int | None = None``); (None, True) when neither says."""
-    default = param.default
-    if default is inspect.Parameter.empty:
-        return None, True
-    if isinstance(default, (list, tuple)):
-        return list, False
-    if type(default) in _KINDS:
-        return type(default), False
-    annotation = str(param.annotation).replace(" ", "") if default is None else ""
-    for kind in (bool, int, float, str):
-        if annotation in (f"{kind.__name__}|None", f"None|{kind.__name__}", f"Optional[{kind.__name__}]"):
-            return kind, True
-    return None, True
-
-
-def check_param_types(name: str, params: dict) -> None:
-    """One line naming ``stage.params.<key>`` and the type it takes, for a value of another type
-    (e.g. ``stage.params.k=abc``); the stage's ``run`` / ``check_params`` defaults say the type."""
-    module = get(name)
-    signatures = [inspect.signature(f) for f in (getattr(module, "run", None), getattr(module, "check_params", None))
-                  if callable(f)]
-    for key, value in params.items():
-        param = next((s.parameters[key] for s in signatures if key in s.parameters), None)
-        kind, nullable = _expected(param) if param is not None else (None, True)
-        if kind is None or (value is None and nullable):
-            continue
-        what, ok = _KINDS[kind]
-        if value is None or not ok(value):
-            raise ValueError(f"{name}: stage.params.{key}={_yaml(value)} must be {what}"
-                             f"{' or null' if nullable else ''} (default: {_yaml(param.default)})")
-
-
-def _yaml(value) -> str:
-    """A value as a command-line override writes it (true, null, [1,2], abc)."""
-    if isinstance(value, bool) or value is None:
-        return {True: "true", False: "false", None: "null"}[value]
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_yaml(v) for v in value) + "]"
-    return str(value)

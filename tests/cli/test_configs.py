@@ -8,8 +8,9 @@ from omegaconf import OmegaConf
 
 from robustbench_fm import data, encoders
 from robustbench_fm import methods as stages
-from robustbench_fm.cli import app
+from robustbench_fm.cli import app, stage_configs
 from robustbench_fm.cli.main import CONFIG_DIR, listing
+from robustbench_fm.methods.params import config_node, field_docs
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 REQUIRED = {"from_features": ["features_file=f.parquet", "manifest_file=m.csv", "stage.findings=[marker]"]}
@@ -36,7 +37,27 @@ def test_group_options_match_the_registries():
         assert OmegaConf.load(p).name == p.stem
     for p in (CONFIG_DIR / "dataset").glob("*.yaml"):
         assert OmegaConf.load(p).name in data.names()
-    assert sorted(p.stem for p in (CONFIG_DIR / "stage").glob("*.yaml")) == stages.names()
+    assert stage_configs.options() == stages.names()
+
+
+def test_stage_configs_are_generated_from_the_registry():
+    """Every registered stage has a generated ``stage/<name>`` node (no YAML file): its name, the
+    method's findings default and the parameter class's config node; every parameter is documented."""
+    assert not (CONFIG_DIR / "stage").exists()
+    nodes = stage_configs.nodes()
+    assert list(nodes) == stages.names()
+    for name, node in nodes.items():
+        method = stages.method(name)
+        assert issubclass(method.params, stages.get(name).PARAMS)  # mlp_head: a subclass of the linear head's
+        assert list(node) == ["name", "findings", "params"] and node["name"] == name
+        assert node["findings"] == (method.findings if isinstance(method.findings, str) else list(method.findings))
+        assert node["params"] == config_node(method.params)
+        docs = field_docs(method.params)
+        assert all(len(doc) > 10 for doc in docs.values()), [n for n, d in docs.items() if len(d) <= 10]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        for name in stages.names():
+            cfg = compose("config", overrides=[f"stage={name}"])
+            assert OmegaConf.to_container(cfg.stage) == nodes[name]
 
 
 def test_demo_is_the_default_and_explicit_encoder_wins(tmp_path):
@@ -104,3 +125,23 @@ def test_a_dataset_with_empty_options_builds_its_manifest(tmp_path):
     assert OmegaConf.to_container(cfg.dataset.options) == {}
     manifest = app.load_manifest(app.plan(cfg, ["encoder=planted_blur"]), cfg)
     assert len(manifest) == 3 * len(CUB_CLASSES)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+stage.params.kk=3", "candor: unknown parameter stage.params.kk; did you mean k?"),
+    ("stage.params.k=0", "candor: k=0 must be at least 1"),
+])
+def test_the_plan_parses_the_stage_parameters_once_in_one_line(override, message, tmp_path):
+    cfg = compose_cfg([override], tmp_path)
+    with pytest.raises(ValueError) as err:
+        app.plan(cfg, [override])
+    assert str(err.value) == message
+
+
+def test_a_stage_override_is_checked_against_the_generated_options():
+    from robustbench_fm.cli.main import check_overrides
+
+    assert check_overrides(["stage=candr"]) == "unknown stage 'candr'; did you mean candor? (in override 'stage=candr')"
+    assert check_overrides(["stage=croma", "stage.params.k=3"]) is None
+    assert check_overrides(["bank_size=10"]) == (
+        "there is no setting 'bank_size' (in override 'bank_size=10'); did you mean stage.params.bank_size=10?")

@@ -11,16 +11,19 @@
 The head-based analyses (Table 4, failure detection) live with the heads: :mod:`..heads`.
 """
 from .. import Method, register
+from .params import CandorParams, RetentionParams
 
 register(Method(
     "candor", "CANDOR discordance D, D_all and margin AUROC per matched group (chance = 0.5)",
     f"{__name__}.stage",
     console_columns=("encoder", "finding", "acq_group", "target", "n_queries", "bank_size", "d", "d_sd", "d_ci_low",
                      "d_ci_high", "d_all", "margin_auroc"),
-    tables=f"{__name__}.tables", figures=f"{__name__}.plots:report_figures"))
+    tables=f"{__name__}.tables", figures=f"{__name__}.plots:report_figures", params=CandorParams))
 register(Method(
     "retention", "CANDOR erasure retention: re-embed positives with the expert box filled",
     f"{__name__}.retention",
     console_columns=("encoder", "dataset", "finding", "n", "retention", "retention_ci_low", "retention_ci_high",
                      "retention_std", "retention_control", "control_minus_box", "c"),
-    tables=f"{__name__}.tables"))
+    tables=f"{__name__}.tables", params=RetentionParams,
+    # the paper's chest retention: most datasets' findings have no boxes (RetentionParams)
+    findings=("pneumothorax", "pneumonia")))

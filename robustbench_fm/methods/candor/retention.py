@@ -66,6 +66,9 @@ from ...data.manifest import BOX_COLUMNS
 from ...features import occlusion as occ
 from ...features.load import load_features
 from ..job import JobContext
+from .params import RetentionParams
+
+PARAMS = RetentionParams
 
 log = logging.getLogger("robustbench_fm.retention")
 
@@ -82,23 +85,10 @@ PER_SAMPLE_COLUMNS = ["sample_id", "finding", "patient_id", "rho_box", "rho_cont
 _CROP_COLUMNS = ("crop_left", "crop_top", "crop_right", "crop_bottom")
 
 
-def check_params(n_pairs: int = 10000, seed: int = 42, n_boot: int = 1000, fill: str = "image_mean",
-                 sources=(), cluster_col: str = "patient_id") -> None:
-    """One-line errors for bad parameters (called at plan time)."""
-    if int(n_pairs) < 1:
-        raise ValueError(f"stage retention: n_pairs must be >= 1, got {n_pairs}")
-    if int(n_boot) < 0:
-        raise ValueError(f"stage retention: n_boot must be >= 0, got {n_boot}")
-    occ.check_fill(fill)
-    for i, src in enumerate(sources or ()):
-        if not isinstance(src, dict) or "dataset" not in src:
-            raise ValueError(f"stage retention: sources[{i}] is {src!r}; write {{dataset: <name>, root: <folder>, "
-                             "options: {...}}}")
-        unknown = set(src) - {"dataset", "root", "options"}
-        if unknown:
-            raise ValueError(f"stage retention: sources[{i}] has unknown keys {sorted(unknown)}; "
-                             "use dataset, root, options")
-        data.get(src["dataset"])
+def check_params(**params) -> RetentionParams:
+    """One-line errors for bad parameters (called at plan time;
+    :class:`~robustbench_fm.methods.candor.params.RetentionParams`)."""
+    return PARAMS.parse(params)
 
 
 # ------------------------------------------------------------------------------------------
@@ -249,14 +239,16 @@ def _summary_row(finding: str, ps: pd.DataFrame, unit: np.ndarray, n_pairs: int,
             "box_area": float(ps["box_area"].mean()) if len(ps) else float("nan")}
 
 
-def run(features: np.ndarray, manifest: pd.DataFrame, finding, n_pairs: int = 10000, seed: int = 42,
-        n_boot: int = 1000, cluster_col: str = "patient_id", fill: str = "image_mean", sources=()) -> Results:
-    """Retention of ``finding`` (a name or a list) from features of the original and occluded rows.
+def run(features: np.ndarray, manifest: pd.DataFrame, finding, **params) -> Results:
+    """Retention of ``finding`` (a name or a list) from features of the original and occluded rows;
+    ``params``: :class:`~robustbench_fm.methods.candor.params.RetentionParams`.
 
     ``manifest`` is a derived manifest (module docstring); ``cluster_col`` names the column the
     bootstrap clusters by (``patient_id``; the original's sample_id when absent). ``fill`` and
     ``sources`` only matter to :func:`run_job` (they decide which images are embedded).
     """
+    p = PARAMS.parse(params)
+    n_pairs, seed, n_boot, cluster_col = p.n_pairs, p.seed, p.n_boot, p.cluster_col
     findings = [finding] if isinstance(finding, str) else [str(f) for f in finding]
     for col in (VARIANT_COLUMN, OF_COLUMN, FINDING_COLUMN, *occ.OCCLUSION_BOX_COLUMNS):
         if col not in manifest.columns:
@@ -272,7 +264,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding, n_pairs: int = 10
     if len(findings) > 1:
         rows.append(_summary_row(POOLED, per_sample, unit, int(n_pairs), int(n_boot), seed))
     params = {"finding": findings, "n_pairs": int(n_pairs), "seed": seed, "n_boot": int(n_boot),
-              "cluster_col": cluster_col, "fill": fill}
+              "cluster_col": cluster_col, "fill": p.fill}
     return Results(summary=pd.DataFrame(rows, columns=SUMMARY_COLUMNS),
                    per_sample=per_sample[PER_SAMPLE_COLUMNS], params=params)
 
@@ -349,9 +341,8 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
     :func:`run` and save ``results/<encoder>/<dataset>/retention/<finding>/``."""
     if job.embedder.num_shards > 1:
         raise UserError("stage retention embeds its own occluded images; run it without extract.num_shards")
-    params = job.params
-    fill, seed = params.get("fill", "image_mean"), params.get("seed", 42)
-    cluster_col = params.get("cluster_col", "patient_id")
+    p = PARAMS.parse(job.params)
+    fill, seed, cluster_col = p.fill, p.seed, p.cluster_col
     _check_roots(job)
     derived = []
     for src in _sources(job):

@@ -51,7 +51,7 @@ c_pos_all, c_neg_all, dm_all, discordant_all.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -63,6 +63,13 @@ from ...core.neighbors import Shortlist, l2_normalize, topk_similarity
 from ...core.results import Results
 from ...core.stats import LinearizedAUROC, ResampledAUROC, ResampledRatio, cluster_count_chunks, summarize_bootstrap
 from . import tasks as ct
+from .params import CandorParams
+
+PARAMS = CandorParams
+#: the parameters a result records (``Results.params``, after ``finding``)
+RECORDED_PARAMS = ("k", "bank_size", "max_group_sample", "seed", "group_col", "cluster_col", "n_boot", "task",
+                   "queries", "shuffle_labels", "equal_size", "exclude_patient", "unmatched", "isolated",
+                   "box_verified", "auroc_bootstrap")
 
 POOLED = "__pooled__"
 #: Matched group of every query under ``unmatched=True`` for the pooled banks' draw.
@@ -178,37 +185,20 @@ def _score_group(s: _Setting, shortlist, pos, neg, queries, bank_pos, bank_neg, 
     return c_pos, c_neg, c_pos_all, c_neg_all, everyone, m_pos - m_neg, labels
 
 
-def check_params(k: int = 5, bank_size: int = 4000, max_group_sample: int = 4000, n_boot: int = 1000,
-                 task: str = "auto", queries: str = "positive", unmatched: bool = False,
-                 isolated: bool = False, box_verified: bool = False, auroc_bootstrap: str = "linear", **_) -> None:
-    """Refuse inconsistent options before any heavy work (one line each)."""
-    if k < 1:
-        raise ValueError(f"candor: k={k} must be at least 1")
-    if bank_size < k + 1:
-        raise ValueError(f"candor: bank_size={bank_size} must exceed k={k} (a query in R+ meets "
-                         f"bank_size-1 positives); raise bank_size or lower k")
-    if max_group_sample < 1:
-        raise ValueError(f"candor: max_group_sample={max_group_sample} must be at least 1")
-    if n_boot < 0:
-        raise ValueError(f"candor: n_boot={n_boot} must be 0 or more")
-    if task not in ct.TASKS:
-        raise ValueError(f"candor: task={task!r} is not one of {', '.join(ct.TASKS)}")
-    if auroc_bootstrap not in AUROC_BOOTSTRAPS:
-        raise ValueError(f"candor: auroc_bootstrap={auroc_bootstrap!r} is not one of {', '.join(AUROC_BOOTSTRAPS)}")
-    if queries not in QUERY_ROLES:
-        raise ValueError(f"candor: queries={queries!r} is not one of {', '.join(QUERY_ROLES)}")
-    if task == "family_one_vs_rest" and (unmatched or isolated or box_verified):
-        raise ValueError("candor: unmatched, isolated and box_verified apply to binary findings only "
-                         "(a one-vs-rest class is defined within its matched group)")
+def check_params(**params) -> CandorParams:
+    """Refuse unknown, mistyped or inconsistent parameters before any heavy work (one line each;
+    :class:`~robustbench_fm.methods.candor.params.CandorParams`)."""
+    return PARAMS.parse(params)
 
 
-def check_manifest(manifest: pd.DataFrame, finding: str | list[str], k: int = 5, group_col: str = "acq_group",
-                   task: str = "auto", unmatched: bool = False, **_) -> None:
+def check_manifest(manifest: pd.DataFrame, finding: str | list[str], **params) -> None:
     """Refuse, before any image is embedded, a ``k`` that no matched group of any binary finding
     can satisfy (every row would be blank): a task is scored in a group holding at least k+1
     positives and k+1 negatives (over all groups with ``unmatched``). The controls that drop
     labels (isolated, box_verified) only lower these counts, so this never refuses a run that
     could score; columns and class-name findings are left to :func:`run`."""
+    p = PARAMS.parse(params)
+    k, group_col, task, unmatched = p.k, p.group_col, p.task, p.unmatched
     findings = [finding] if isinstance(finding, str) else list(finding)
     if group_col not in manifest.columns or any(f not in manifest.columns for f in findings):
         return
@@ -232,15 +222,10 @@ def check_manifest(manifest: pd.DataFrame, finding: str | list[str], k: int = 5,
                      f"every row would be blank: use {fix}")
 
 
-def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], k: int = 5,
-        bank_size: int = 4000, max_group_sample: int = 4000, seed: int = 42, group_col: str = "acq_group",
-        cluster_col: str = "patient_id", n_boot: int = 1000, device="auto", block_size: int = 4096,
-        shortlist: int = 256, backend: str = "torch", task: str = "auto", queries: str = "positive",
-        shuffle_labels: bool = False, equal_size: bool = False, exclude_patient: bool = False,
-        unmatched: bool = False, isolated: bool = False, box_verified: bool = False,
-        auroc_bootstrap: str = "linear") -> Results:
+def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], **params) -> Results:
     """Discordance of the positives of ``finding`` (one column or a list) per matched group and
-    pooled (see module doc).
+    pooled (see module doc); ``params``: :class:`~robustbench_fm.methods.candor.params.CandorParams`
+    (their defaults are the paper's).
 
     ``task="family_one_vs_rest"`` reads ``finding`` as a class column (e.g. ``bio_label``) and
     scores every class against the other classes of its ``group_col`` group; ``task="auto"`` does
@@ -250,22 +235,22 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     image; exact whatever its size); ``block_size`` bounds the similarity rows held at once,
     ``backend="faiss"`` sends the exact searches to faiss.
     """
+    p = PARAMS.parse(params)
+    k, bank_size, max_group_sample, seed, n_boot = p.k, p.bank_size, p.max_group_sample, p.seed, p.n_boot
+    group_col, cluster_col, task, queries, unmatched = p.group_col, p.cluster_col, p.task, p.queries, p.unmatched
     findings = [finding] if isinstance(finding, str) else list(finding)
-    check_params(k=k, bank_size=bank_size, max_group_sample=max_group_sample, n_boot=n_boot, task=task,
-                 queries=queries, unmatched=unmatched, isolated=isolated, box_verified=box_verified,
-                 auroc_bootstrap=auroc_bootstrap)
     for col, param in (*((f, "finding") for f in findings), (group_col, "group_col"), (cluster_col, "cluster_col")):
         if col not in manifest.columns:
             from .. import missing_column
             raise missing_column("candor", col, param, manifest.columns)
     groups = manifest[group_col].astype(str).to_numpy()
-    tasks = _prepared_tasks(manifest, findings, task, group_col, groups, seed, queries, shuffle_labels, isolated,
-                            box_verified)
+    tasks = _prepared_tasks(manifest, findings, task, group_col, groups, seed, queries, p.shuffle_labels,
+                            p.isolated, p.box_verified)
     if any(t.kind != "binary" for t in tasks):
-        check_params(task="family_one_vs_rest", unmatched=unmatched, isolated=isolated, box_verified=box_verified)
+        replace(p, task="family_one_vs_rest").check()
     clusters = pd.factorize(manifest[cluster_col].astype(str), sort=True)[0]
-    setting = _Setting(torch.as_tensor(l2_normalize(features), device=resolve_device(device)), k, clusters,
-                       exclude_patient, exclude_patient or unmatched, block_size, backend)
+    setting = _Setting(torch.as_tensor(l2_normalize(features), device=resolve_device(p.device)), k, clusters,
+                       p.exclude_patient, p.exclude_patient or unmatched, p.block_size, p.backend)
     pools = {i: _pooled_sets(t.labels, bank_size, max_group_sample, seed) for i, t in enumerate(tasks)} \
         if unmatched else {}
     sample_ids = manifest["sample_id"].to_numpy()
@@ -294,9 +279,9 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
                 row["reason"] = "no positive in the sampled images"
                 continue
             if group_shortlist is None and not setting.exact:
-                group_shortlist = Shortlist(setting.feats, labelled, shortlist, block_size, backend)
+                group_shortlist = Shortlist(setting.feats, labelled, p.shortlist, p.block_size, p.backend)
             drops = equal_size_drops(q, bank_pos, bank_neg, ct.task_rng(seed, group, t.target, "equal_size")) \
-                if equal_size else None
+                if p.equal_size else None
             c_pos, c_neg, c_pos_all, c_neg_all, everyone, margin, y = _score_group(
                 setting, group_shortlist, pos, neg, q, bank_pos, bank_neg, cand_pos, cand_neg, drops)
             ok = np.isfinite(c_pos) & np.isfinite(c_neg) & np.isfinite(c_pos_all) & np.isfinite(c_neg_all)
@@ -316,18 +301,14 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
             parts.append(dict(task=i, row=row, queries=q, disc=np.c_[disc, disc_all],
                               images=everyone[scored], margin=margin[scored], labels=y[scored]))
         del group_shortlist
-    summary = _summary(tasks, rows, parts, clusters, k, n_boot, seed, AUROC_BOOTSTRAPS[auroc_bootstrap])
+    summary = _summary(tasks, rows, parts, clusters, k, n_boot, seed, AUROC_BOOTSTRAPS[p.auroc_bootstrap])
     per = pd.concat(per_sample, ignore_index=True) if per_sample else pd.DataFrame(columns=PER_SAMPLE_COLUMNS)
     if len(tasks) > 1 and len(per):
         order = {(t.finding, t.target): i for i, t in enumerate(tasks)}
         rank = np.array([order[ft] for ft in zip(per["finding"], per["target"])])
         per = per.iloc[np.argsort(rank, kind="stable")].reset_index(drop=True)
-    params = dict(finding=finding, k=k, bank_size=bank_size, max_group_sample=max_group_sample,
-                  seed=seed, group_col=group_col, cluster_col=cluster_col, n_boot=n_boot, task=task,
-                  queries=queries, shuffle_labels=shuffle_labels, equal_size=equal_size,
-                  exclude_patient=exclude_patient, unmatched=unmatched, isolated=isolated,
-                  box_verified=box_verified, auroc_bootstrap=auroc_bootstrap)
-    return Results(summary=summary, per_sample=per, params=params)
+    return Results(summary=summary, per_sample=per,
+                   params={"finding": finding, **{n: getattr(p, n) for n in RECORDED_PARAMS}})
 
 
 def _prepared_tasks(manifest, findings, task, group_col, groups, seed, queries, shuffle_labels, isolated,

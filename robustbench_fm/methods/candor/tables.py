@@ -32,6 +32,7 @@ import pandas as pd
 
 from ...core.tables import PaperTable, SweepResults
 from ...data.manifest import CHEST_FINDINGS
+from .params import CandorParams
 from .ranks import MIN_TEST_N, association_family, spearman
 from .sets import overlap_summary, pairwise_overlaps
 from .tasks import SEVERITY_WEIGHTS
@@ -73,12 +74,13 @@ SPECIALIST_TASKS = {
 #: confidence (maximum softmax probability) for detecting the head's errors
 ERROR_DETECTION_METHODS = {"r": "impurity", "Conf.": "msp"}
 #: settings an ablation may sweep (config path) and the paper's value of each (candor.md
-#: "Implementation", "Ablation Studies"); ``ablation.image_size`` selects the stored copies.
+#: "Implementation", "Ablation Studies"): the stage's from its parameters (:class:`CandorParams`);
+#: ``ablation.image_size`` selects the stored copies.
 ABLATION_SETTINGS = {
-    "stage.params.k": 5, "stage.params.bank_size": 4000, "stage.params.seed": 42,
-    "stage.params.exclude_patient": False, "stage.params.unmatched": False, "encoder.embedding": "cls",
-    "ablation.image_size": 224, "stage.params.isolated": False, "stage.params.box_verified": False,
-    "stage.params.queries": "positive"}
+    **{f"stage.params.{n}": getattr(CandorParams, n) for n in ("k", "bank_size", "seed", "exclude_patient",
+                                                               "unmatched")},
+    "encoder.embedding": "cls", "ablation.image_size": 224,
+    **{f"stage.params.{n}": getattr(CandorParams, n) for n in ("isolated", "box_verified", "queries")}}
 
 
 def paper_names() -> dict[str, str]:

@@ -1,19 +1,23 @@
 """CRoMa (croma.md): the centre-robustness metric with RI and MaRI, and PathoROB's shortcut probe.
 
+* :mod:`.params`: the two stages' parameters, one typed structure each with the paper's defaults;
 * :mod:`.stage`: RI, MaRI, CRoMa with its F(0) / Q_alpha / LTM tail (§2.3-2.7), :mod:`.scores`;
 * :mod:`.panel`: the panel median-k protocol and the m / alpha sweeps;
 * :mod:`.shortcut`, :mod:`.shortcut_metrics`: the confounder-biased linear probe (APD, nIPD);
 * :mod:`.tables`, :mod:`.plots`: the paper's tables and figures.
 """
 from .. import Method, register
+from .params import CromaParams, ShortcutParams
 
 register(Method(
     "croma", "CRoMa, RI and MaRI: is local geometry organised by biology or by the centre?",
     f"{__name__}.stage",
     console_columns=("encoder", "dataset", "finding", "bio_knn_bacc", "conf_knn_bacc", "ri", "mari", "croma", "f0",
                      "ltm", "support", "k"),
-    tables=f"{__name__}.tables", figures=f"{__name__}.plots:report_figures"))
+    tables=f"{__name__}.tables", figures=f"{__name__}.plots:report_figures", params=CromaParams,
+    findings=("bio_label",)))  # the column holding the biological label
 register(Method(
     "shortcut", "PathoROB's confounder-biased linear probe: APD and nIPD", f"{__name__}.shortcut",
     console_columns=("encoder", "benchmark", "test_set", "apd", "nipd", "acc_balanced", "acc_confounded"),
-    tables=f"{__name__}.tables"))
+    tables=f"{__name__}.tables", params=ShortcutParams,
+    findings=("bio_label",)))  # the column holding the biological class the probe predicts

@@ -29,6 +29,7 @@ import torch
 from scipy.stats import rankdata, spearmanr
 
 from . import stage as croma
+from .params import CromaParams
 
 PROTOCOLS = ("median-k", "k-star")
 
@@ -49,8 +50,8 @@ def prepare_panel(features: Mapping[str, object], manifest: pd.DataFrame, **para
 
 
 def evaluate_panel(features: Mapping[str, object], manifest: pd.DataFrame, protocol: str = "median-k",
-                   m: int = 5, alpha: float = 0.10, tau: float | None = None, on_short: str = "error",
-                   **params) -> pd.DataFrame:
+                   m: int = CromaParams.m, alpha: float = CromaParams.alpha, tau: float | None = CromaParams.tau,
+                   on_short: str = CromaParams.on_short, **params) -> pd.DataFrame:
     """One summary row per encoder under the median-k or k-star protocol, with ``k_star`` (the
     encoder's own k*) next to the operating ``k``. ``params`` go to the stage's ``prepare``."""
     if protocol not in PROTOCOLS:
@@ -99,7 +100,7 @@ def mean_ranks(benchmarks: Mapping[str, pd.DataFrame], columns=("croma", "ltm"))
 
 
 def sweeps(preps: Mapping[str, croma.Prepared], ms=range(1, 21), alphas=(0.05, 0.10, 0.20),
-           headline_m: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
+           headline_m: int = CromaParams.m) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(by m: encoder, m, croma, croma_std, f0, q_alpha, ltm at α = 0.10; by α: encoder, alpha,
     f0, q_alpha, ltm of CRoMa(m = ``headline_m``)), all from each encoder's one typed search
     (prepare with m ≥ max(ms))."""

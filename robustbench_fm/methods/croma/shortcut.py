@@ -43,6 +43,9 @@ from sklearn.metrics import balanced_accuracy_score
 
 from ...core.results import Results
 from . import shortcut_metrics as sm
+from .params import ShortcutParams
+
+PARAMS = ShortcutParams
 
 #: the long-format collector's contract: one row per test set, settings apart from metrics
 GROUP_COLUMNS = ["test_set"]
@@ -50,13 +53,10 @@ PARAM_COLUMNS = ["chance", "n_splits", "iterations"]
 COUNT_COLUMN = "n_test"
 
 
-def check_params(benchmark: str = "camelyon", iterations: int = 20, rows_per_slide: int | None = None,
-                 **_) -> None:
-    """Refuse inconsistent options before any heavy work (one line each)."""
-    sm.benchmark(benchmark)
-    sm.replicate_seeds(0, iterations)
-    if rows_per_slide is not None and rows_per_slide < 1:
-        raise ValueError(f"shortcut: rows_per_slide={rows_per_slide} must be at least 1")
+def check_params(**params) -> ShortcutParams:
+    """Refuse unknown, mistyped or inconsistent options before any heavy work (one line each;
+    :class:`~robustbench_fm.methods.croma.params.ShortcutParams`)."""
+    return PARAMS.parse(params)
 
 
 def probe_accuracies(train_x, train_y, val_x, val_y, tests: list[tuple[np.ndarray, np.ndarray]]
@@ -138,15 +138,16 @@ def _arrange(cells, rng: random.Random, slide_ids: np.ndarray | None, case_split
                 slides.append(slides.pop(first))
 
 
-def run(features: np.ndarray, manifest: pd.DataFrame, benchmark: str = "camelyon", finding: str = "bio_label",
-        site_col: str = "site", slide_col: str = "slide_id", iterations: int = 20, seed: int = 1000,
-        rows_per_slide: int | None = None) -> Results:
-    """APD and nIPD of a confounder-biased probe sweep on ``features`` (see module doc).
+def run(features: np.ndarray, manifest: pd.DataFrame, finding: str = "bio_label", **params) -> Results:
+    """APD and nIPD of a confounder-biased probe sweep on ``features`` (see module doc);
+    ``params``: :class:`~robustbench_fm.methods.croma.params.ShortcutParams`.
 
     ``finding`` is the manifest column holding the biological class the probe predicts;
     ``rows_per_slide`` defaults to the benchmark's (300 / 30 / 100).
     """
-    check_params(benchmark=benchmark, iterations=iterations, rows_per_slide=rows_per_slide)
+    p = PARAMS.parse(params)
+    benchmark, site_col, slide_col, iterations, seed = p.benchmark, p.site_col, p.slide_col, p.iterations, p.seed
+    rows_per_slide = p.rows_per_slide
     bm = sm.benchmark(benchmark)
     rps = rows_per_slide or bm.rows_per_slide
     needed = {finding: "finding", site_col: "site_col"} | ({slide_col: "slide_col"} if bm.case_split_max_sizes else {})

@@ -46,6 +46,8 @@ from ...core.devices import resolve_device
 from ...core.neighbors import l2_normalize
 from ...core.results import Results
 from .knn import ScopeNeighbours, scope_neighbours
+from .params import DEFAULT_K_GRID, DESIGNS, ON_SHORT, CromaParams  # noqa: F401  (DESIGNS, ON_SHORT: importable here)
+from .params import grid as _grid
 from .scores import (
     count_share,
     croma_values,
@@ -58,10 +60,7 @@ from .scores import (
     typed_slots,
 )
 
-#: PathoROB's sparse grid [1,3,5,7,9] + range(11, 100, 10) used for the paper (conventions A.5).
-DEFAULT_K_GRID = (1, 3, 5, 7, 9, 11, 21, 31, 41, 51, 61, 71, 81, 91)
-DESIGNS = ("all", "paired_2x2")
-ON_SHORT = ("error", "skip")
+PARAMS = CromaParams
 #: summary columns that are settings or counts, not metrics (the long-format collector's contract)
 PARAM_COLUMNS = ["k", "tau", "n_subsets", "n_short"]
 
@@ -96,38 +95,10 @@ class Prepared:
     columns: dict = field(default_factory=dict)
 
 
-def _grid(k_grid) -> tuple[int, ...]:
-    """De-duplicated grid in the given order (conventions A.5)."""
-    out = []
-    for k in k_grid:
-        if int(k) != k or k < 1:
-            raise ValueError(f"croma: k_grid value {k!r} is not a positive integer; use e.g. k_grid=[5, 11, 21]")
-        if int(k) not in out:
-            out.append(int(k))
-    if not out:
-        raise ValueError("croma: k_grid is empty; pass at least one k, e.g. k_grid=[5, 11, 21]")
-    return tuple(out)
-
-
-def check_params(m: int = 5, alpha: float = 0.10, k_grid=DEFAULT_K_GRID, k: int | None = None,
-                 tau: float | None = None, design: str = "all", on_short: str = "error",
-                 block_size: int = 4096, **_) -> None:
-    """Refuse inconsistent options before any heavy work (one line each)."""
-    if isinstance(m, bool) or int(m) != m or m < 1:
-        raise ValueError(f"croma: m={m!r} must be a positive integer (paper: m=5)")
-    if not 0 < alpha < 1:
-        raise ValueError(f"croma: alpha={alpha!r} must lie in (0, 1) (paper: alpha=0.10)")
-    _grid(k_grid)
-    if k is not None and (isinstance(k, bool) or int(k) != k or k < 1):
-        raise ValueError(f"croma: k={k!r} must be a positive integer or None (select k over k_grid)")
-    if tau is not None and not tau > 0:
-        raise ValueError(f"croma: tau={tau!r} must be positive, or None for the median typed distance")
-    if design not in DESIGNS:
-        raise ValueError(f"croma: design={design!r} is unknown; use one of {', '.join(DESIGNS)}")
-    if on_short not in ON_SHORT:
-        raise ValueError(f"croma: on_short={on_short!r} is unknown; use one of {', '.join(ON_SHORT)}")
-    if block_size < 1:
-        raise ValueError(f"croma: block_size={block_size} must be at least 1")
+def check_params(**params) -> CromaParams:
+    """Refuse unknown, mistyped or inconsistent options before any heavy work (one line each;
+    :class:`~robustbench_fm.methods.croma.params.CromaParams`)."""
+    return PARAMS.parse(params)
 
 
 def _strings(manifest: pd.DataFrame, col: str, param: str) -> np.ndarray:
@@ -351,20 +322,19 @@ def score(prep: Prepared, k: int, m: int = 5, alpha: float = 0.10, tau: float | 
     return row, per_sample, tau_source
 
 
-def run(features, manifest: pd.DataFrame, label_col: str = "bio_label", confounder_col: str = "site",
-        exclude_col: str = "slide_id", m: int = 5, alpha: float = 0.10, k_grid=DEFAULT_K_GRID,
-        k: int | None = None, tau: float | None = None, design: str = "all", subset_col: str = "subset",
-        on_short: str = "error", finding: str | None = None, device="auto", block_size: int = 4096) -> Results:
-    """RI, MaRI and CRoMa of ``features`` (N, D; float32 or float64) aligned with ``manifest``.
+def run(features, manifest: pd.DataFrame, finding: str | None = None, **params) -> Results:
+    """RI, MaRI and CRoMa of ``features`` (N, D; float32 or float64) aligned with ``manifest``;
+    ``params``: :class:`~robustbench_fm.methods.croma.params.CromaParams`.
 
     ``finding`` is how the app loop names the label: when given it replaces ``label_col`` and is
     recorded as the summary's first column. ``device``: ``auto`` | ``cpu`` | ``cuda``;
     ``block_size``: edge of the similarity tiles (memory ≈ block_size² × 4–8 bytes per tile).
     """
-    check_params(m=m, alpha=alpha, k_grid=k_grid, k=k, tau=tau, design=design, on_short=on_short,
-                 block_size=block_size)
-    if finding is not None:
-        label_col = finding
+    p = PARAMS.parse(params)
+    confounder_col, exclude_col, m, alpha, k_grid, k = p.confounder_col, p.exclude_col, p.m, p.alpha, p.k_grid, p.k
+    tau, design, subset_col, on_short, device, block_size = p.tau, p.design, p.subset_col, p.on_short, p.device, \
+        p.block_size
+    label_col = p.label_col if finding is None else finding
     prep = prepare(features, manifest, label_col=label_col, confounder_col=confounder_col,
                    exclude_col=exclude_col, m=m, k_grid=k_grid, k=k, design=design, subset_col=subset_col,
                    on_short=on_short, device=device, block_size=block_size)

@@ -35,6 +35,7 @@ from scipy.stats import spearmanr
 
 from ...core.atomic import write_atomic, write_text_atomic
 from ...core.tables import PaperTable, SweepResults
+from .params import CromaParams
 
 TABLES = ["croma_table3", "croma_table4", "croma_table5", "croma_table7", "croma_table8", "croma_table9",
           "croma_table10", "croma_table11", "croma_table12", "croma_table13", "croma_table14", "croma_figures"]
@@ -127,14 +128,9 @@ def _croma_params(cfg, stage: str) -> dict:
 
 
 def _default_params() -> dict:
-    """The croma stage's defaults (its ``run`` signature), the label and finding aside."""
-    import inspect
-
-    from . import stage as croma
-
-    return {k: (list(v.default) if isinstance(v.default, tuple) else v.default)
-            for k, v in inspect.signature(croma.run).parameters.items()
-            if v.default is not inspect.Parameter.empty and k not in ("label_col", "finding")}
+    """The croma stage's defaults (:class:`CromaParams`), the label aside."""
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in CromaParams().to_dict().items()
+            if k != "label_col"}
 
 
 def _manifest(results: SweepResults, cfg, entries: dict[str, Path]) -> pd.DataFrame:

@@ -1,6 +1,8 @@
 """Trained heads on frozen features and what is measured with them (candor.md "Implementation",
 "Baselines", "Discordance and Head Errors", Table 4; candor_v1.md "Implementation", Table 4).
 
+* :mod:`.params`: the parameters of every stage here, one typed structure each with the paper's
+  defaults (a parameter shared with CANDOR or the heads is declared once);
 * :mod:`.rows`: the stable-hash draw of the ≤ 25,000 training / ≤ 20,000 test rows shared by
   every encoder, and the split carve-out for datasets without one;
 * :mod:`.train`: linear and 256-unit MLP heads (Adam, 30 epochs, lr 1e-3, wd 1e-4, batch 256);
@@ -15,22 +17,25 @@ AUROCs (paired across scores) with its percentile interval and p-value, BH, and 
 Mantel-Haenszel risk difference of miss rates with Sato's variance.
 """
 from .. import Method, register
+from .params import CandorHeadsParams, ErrorDetectionParams, HeadParams, LogmeParams, MlpHeadParams
 
 _HEAD_COLUMNS = ("encoder", "finding", "auroc", "auroc_ci_low", "auroc_ci_high", "threshold", "test_sensitivity",
                  "test_specificity", "n")
 register(Method("linear_head", "a linear head per finding: AUROC, operating point at 0.8 sensitivity",
-                f"{__name__}.stage", console_columns=_HEAD_COLUMNS, tables=f"{__name__}.tables"))
+                f"{__name__}.stage", console_columns=_HEAD_COLUMNS, tables=f"{__name__}.tables",
+                params=HeadParams))
 register(Method("mlp_head", "a 256-unit MLP head per finding: AUROC, operating point at 0.8 sensitivity",
-                f"{__name__}.stage", console_columns=_HEAD_COLUMNS, tables=f"{__name__}.tables"))
+                f"{__name__}.stage", console_columns=_HEAD_COLUMNS, tables=f"{__name__}.tables",
+                params=MlpHeadParams))
 register(Method("logme", "LogME transferability score per finding", f"{__name__}.logme_stage",
-                console_columns=("encoder", "finding", "logme", "n")))
+                console_columns=("encoder", "finding", "logme", "n"), params=LogmeParams))
 register(Method("error_detection", "failure detection: MSP, energy, kNN, Mahalanobis, impurity r, DM proxy",
                 f"{__name__}.error_detection",
                 console_columns=("encoder", "finding", "stratum", "method", "auroc", "diff_vs_msp", "q_value", "n",
                                  "n_errors"),
-                tables=f"{__name__}.tables"))
+                tables=f"{__name__}.tables", params=ErrorDetectionParams))
 register(Method("candor_heads", "head errors joined with CANDOR discordance per sample (Table 4)",
                 f"{__name__}.candor_heads",
                 console_columns=("encoder", "finding", "auroc", "d", "miss_discordant", "miss_other", "fpr_near",
                                  "fpr_far", "n"),
-                tables=f"{__name__}.tables"))
+                tables=f"{__name__}.tables", params=CandorHeadsParams))

@@ -35,20 +35,21 @@ from ...core.devices import resolve_device
 from ...core.neighbors import l2_normalize, mean_topk_similarity
 from ...core.results import Results
 from ..candor import stage as candor
-from . import stage as heads_stage
 from .fit import fit_finding
+from .params import CandorHeadsParams
 from .rows import draw_rows
+
+PARAMS = CandorHeadsParams
 
 MULTI_FINDING = True
 PER_SAMPLE_COLUMNS = ["sample_id", "finding", "split", "acq_group", "label", "prob", "logit", "pred", "in_sample",
                       "query", "c_pos", "c_neg", "dm", "discordant", "near_pos"]
 
 
-def check_params(**params) -> None:
-    """CANDOR's and the heads' checks (one line each)."""
-    for stage in (candor, heads_stage):
-        names = stage.check_params.__code__.co_varnames
-        stage.check_params(**{p: v for p, v in params.items() if p in names})
+def check_params(**params) -> CandorHeadsParams:
+    """CANDOR's and the heads' checks (one line each;
+    :class:`~robustbench_fm.methods.heads.params.CandorHeadsParams`)."""
+    return PARAMS.parse(params)
 
 
 def bank_similarities(feats: torch.Tensor, manifest: pd.DataFrame, finding: str, rows: np.ndarray, k: int,
@@ -128,28 +129,23 @@ def _summary_row(finding, fit, per, candor_summary) -> dict:
                 n_far=int(far.sum()), n=len(test), reason=fit.summary["reason"])
 
 
-def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], head: str = "linear",
-        k: int = 5, bank_size: int = 4000, max_group_sample: int = 4000, group_col: str = "acq_group",
-        max_train: int = 25_000, max_test: int = 20_000, epochs: int = 30, lr: float = 1e-3,
-        weight_decay: float = 1e-4, batch_size: int = 256, hidden: int = 256, sensitivity: float = 0.8,
-        seed: int = 42, cluster_col: str = "patient_id", n_boot: int = 1000, val_fraction: float = 0.1,
-        test_fraction: float = 0.2, device="auto") -> Results:
-    """CANDOR and the head of every finding on the same rows, joined per sample (module doc)."""
+def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], **params) -> Results:
+    """CANDOR and the head of every finding on the same rows, joined per sample (module doc);
+    ``params``: :class:`~robustbench_fm.methods.heads.params.CandorHeadsParams`."""
+    p = PARAMS.parse(params)
     findings = [finding] if isinstance(finding, str) else list(finding)
-    params = dict(finding=finding, head=head, k=k, bank_size=bank_size, max_group_sample=max_group_sample,
-                  group_col=group_col, max_train=max_train, max_test=max_test, epochs=epochs, lr=lr,
-                  weight_decay=weight_decay, batch_size=batch_size, hidden=hidden, sensitivity=sensitivity,
-                  seed=seed, cluster_col=cluster_col, n_boot=n_boot, val_fraction=val_fraction,
-                  test_fraction=test_fraction)
-    check_params(**params)
-    candor_res = candor.run(features, manifest, findings, k=k, bank_size=bank_size, max_group_sample=max_group_sample,
-                            seed=seed, group_col=group_col, cluster_col=cluster_col, n_boot=n_boot, device=device)
-    rows = draw_rows(manifest, max_train, max_test, seed, cluster_col, val_fraction, test_fraction)
-    feats = torch.as_tensor(l2_normalize(features), device=resolve_device(device))
-    head_options = dict(head=head, seed=seed, sensitivity=sensitivity, cluster_col=cluster_col, n_boot=n_boot,
-                        device=device, epochs=epochs, lr=lr, weight_decay=weight_decay, batch_size=batch_size,
-                        hidden=hidden)
-    candor_options = dict(k=k, bank_size=bank_size, max_group_sample=max_group_sample, seed=seed, group_col=group_col)
+    params = {"finding": finding, **{n: v for n, v in p.to_dict().items() if n != "device"}}
+    c = p.candor_params()
+    candor_res = candor.run(features, manifest, findings, k=c.k, bank_size=c.bank_size,
+                            max_group_sample=c.max_group_sample, seed=c.seed, group_col=c.group_col,
+                            cluster_col=c.cluster_col, n_boot=c.n_boot, device=c.device)
+    rows = draw_rows(manifest, p.max_train, p.max_test, p.seed, p.cluster_col, p.val_fraction, p.test_fraction)
+    feats = torch.as_tensor(l2_normalize(features), device=resolve_device(p.device))
+    head_options = dict(head=p.head, seed=p.seed, sensitivity=p.sensitivity, cluster_col=p.cluster_col,
+                        n_boot=p.n_boot, device=p.device, epochs=p.epochs, lr=p.lr, weight_decay=p.weight_decay,
+                        batch_size=p.batch_size, hidden=p.hidden)
+    candor_options = dict(k=c.k, bank_size=c.bank_size, max_group_sample=c.max_group_sample, seed=c.seed,
+                          group_col=c.group_col)
     summaries, per_samples = [], []
     for f in findings:
         fit, per = _finding_rows(features, feats, manifest, f, rows, candor_res, head_options, candor_options)

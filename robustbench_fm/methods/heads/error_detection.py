@@ -45,11 +45,13 @@ from ...core.results import Results
 from ...core.stats import bh_adjust, bootstrap_aurocs, bootstrap_p, percentile_ci
 from ..candor.impurity import neighbourhood_impurity
 from ..candor.stage import draw_group, group_rng
-from . import stage as heads_stage
 from .failure import CONFIDENCE, confidence_scores, dm_proxy, ensemble_disagreement, knn_distance, mahalanobis
 from .fit import fit_finding
+from .params import ErrorDetectionParams
 from .rows import draw_rows
 from .train import train_head
+
+PARAMS = ErrorDetectionParams
 
 METHODS = (*CONFIDENCE, "ensemble", "mahalanobis", "knn", "impurity", "dm_proxy")
 GROUP_COLUMNS = ["stratum", "method"]
@@ -59,12 +61,10 @@ SUMMARY_COLUMNS = ["finding", "stratum", "method", "auroc", "auroc_ci_low", "aur
 ALL = "__all__"
 
 
-def check_params(n_members: int = 5, knn_k: int = 50, k: int = 5, **params) -> None:
-    """The heads' checks plus the detectors' own (one line each)."""
-    heads_stage.check_params(**{p: v for p, v in params.items() if p in heads_stage.check_params.__code__.co_varnames})
-    for name, value in (("n_members", n_members), ("knn_k", knn_k), ("k", k)):
-        if value < 1:
-            raise ValueError(f"error_detection: {name}={value} must be at least 1")
+def check_params(**params) -> ErrorDetectionParams:
+    """The heads' checks plus the detectors' own (one line each;
+    :class:`~robustbench_fm.methods.heads.params.ErrorDetectionParams`)."""
+    return PARAMS.parse(params)
 
 
 def _dm_proxy_scores(features, manifest, finding, fit, test, pred, groups, bank_size, k, seed, device):
@@ -131,26 +131,22 @@ def _stratum_rows(finding, stratum, error, scores: pd.DataFrame, clusters, n_boo
     return rows
 
 
-def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, head: str = "linear", n_members: int = 5,
-        knn_k: int = 50, k: int = 5, bank_size: int = 4000, group_col: str = "acq_group",
-        stratify_col: str | None = None, max_train: int = 25_000, max_test: int = 20_000, epochs: int = 30,
-        lr: float = 1e-3, weight_decay: float = 1e-4, batch_size: int = 256, hidden: int = 256,
-        sensitivity: float = 0.8, seed: int = 42, cluster_col: str = "patient_id", n_boot: int = 1000,
-        val_fraction: float = 0.1, test_fraction: float = 0.2, device="auto") -> Results:
-    """Every detector's AUROC for the errors of the ``head`` of ``finding`` (module doc)."""
-    train_options = dict(kind=head, epochs=epochs, lr=lr, weight_decay=weight_decay, batch_size=batch_size,
-                         hidden=hidden)
-    params = dict(finding=finding, head=head, n_members=n_members, knn_k=knn_k, k=k, bank_size=bank_size,
-                  group_col=group_col, stratify_col=stratify_col, max_train=max_train, max_test=max_test,
-                  epochs=epochs, lr=lr, weight_decay=weight_decay, batch_size=batch_size, hidden=hidden,
-                  sensitivity=sensitivity, seed=seed, cluster_col=cluster_col, n_boot=n_boot,
-                  val_fraction=val_fraction, test_fraction=test_fraction)
-    check_params(**params)
+def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, **params) -> Results:
+    """Every detector's AUROC for the errors of the ``head`` of ``finding`` (module doc); ``params``:
+    :class:`~robustbench_fm.methods.heads.params.ErrorDetectionParams`."""
+    p = PARAMS.parse(params)
+    head, n_members, knn_k, k, bank_size, group_col = p.head, p.n_members, p.knn_k, p.k, p.bank_size, p.group_col
+    stratify_col, max_train, max_test, seed, cluster_col = p.stratify_col, p.max_train, p.max_test, p.seed, \
+        p.cluster_col
+    n_boot, device = p.n_boot, p.device
+    train_options = dict(kind=head, epochs=p.epochs, lr=p.lr, weight_decay=p.weight_decay, batch_size=p.batch_size,
+                         hidden=p.hidden)
+    params = {"finding": finding, **{n: v for n, v in p.to_dict().items() if n != "device"}}
     for col in [finding] + ([stratify_col] if stratify_col else []):
         if col not in manifest.columns:
             raise ValueError(f"error_detection: manifest has no column '{col}'; add it or change the setting")
-    rows = draw_rows(manifest, max_train, max_test, seed, cluster_col, val_fraction, test_fraction)
-    fit = fit_finding(features, manifest, finding, rows, seed=seed, sensitivity=sensitivity,
+    rows = draw_rows(manifest, max_train, max_test, seed, cluster_col, p.val_fraction, p.test_fraction)
+    fit = fit_finding(features, manifest, finding, rows, seed=seed, sensitivity=p.sensitivity,
                       cluster_col=cluster_col, n_boot=0, device=device, head=head,
                       **{o: v for o, v in train_options.items() if o != "kind"})
     if fit.head is None:

@@ -16,25 +16,27 @@ import pandas as pd
 
 from ...core.results import Results
 from .logme import fit_evidence
+from .params import LogmeParams
 from .rows import draw_rows
 
-
-def check_params(max_train: int = 25_000, **_) -> None:
-    """Refuse inconsistent options before any heavy work."""
-    if max_train < 2:
-        raise ValueError(f"logme: max_train={max_train} must be at least 2")
+PARAMS = LogmeParams
 
 
-def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, max_train: int = 25_000, seed: int = 42,
-        cluster_col: str = "patient_id", val_fraction: float = 0.1, test_fraction: float = 0.2) -> Results:
-    """LogME of ``finding`` on the drawn training rows (module doc)."""
-    params = dict(finding=finding, max_train=max_train, seed=seed, cluster_col=cluster_col,
-                  val_fraction=val_fraction, test_fraction=test_fraction)
-    check_params(max_train=max_train)
+def check_params(**params) -> LogmeParams:
+    """Refuse unknown, mistyped or inconsistent options before any heavy work
+    (:class:`~robustbench_fm.methods.heads.params.LogmeParams`)."""
+    return PARAMS.parse(params)
+
+
+def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, **params) -> Results:
+    """LogME of ``finding`` on the drawn training rows (module doc); ``params``:
+    :class:`~robustbench_fm.methods.heads.params.LogmeParams`."""
+    p = PARAMS.parse(params)
+    params = {"finding": finding, **p.to_dict()}
     if finding not in manifest.columns:
         from .. import missing_column
         raise missing_column("logme", finding, "finding", manifest.columns)
-    train = draw_rows(manifest, max_train, 1, seed, cluster_col, val_fraction, test_fraction).train
+    train = draw_rows(manifest, p.max_train, 1, p.seed, p.cluster_col, p.val_fraction, p.test_fraction).train
     y = manifest[finding].to_numpy()[train]
     train, y = train[np.isin(y, (0.0, 1.0))], y[np.isin(y, (0.0, 1.0))]
     row = dict(finding=finding, logme=np.nan, alpha_pos=np.nan, beta_pos=np.nan, n=len(y),

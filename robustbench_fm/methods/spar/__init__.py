@@ -1,11 +1,13 @@
 """SPAR-Bench (spar.md): spatial anatomical reasoning probes over multi-organ abdominal CT.
 
-Samples: ``samples`` (slice selection, organ tiles, cached sample tables) and ``probes`` (probe
+Parameters: ``params`` (one typed structure with the paper's defaults). Samples: ``samples``
+(slice selection, organ tiles, cached sample tables) and ``probes`` (probe
 labels), over the CT volumes of :mod:`robustbench_fm.data.ct` (NIfTI in RAS, the WORD / LiTS /
 TotalSegmentator layouts, phantoms).
 """
 from .. import Method, register
+from .params import FINDINGS, SparParams
 
 register(Method("spar", "SPAR-Bench spatial probes (Levels 1-3) on token sequences, frozen or finetuned",
                 f"{__name__}.stage", tables=f"{__name__}.tables", figures=f"{__name__}.plots:report_figures",
-                tables_after_run=True))
+                tables_after_run=True, params=SparParams, findings=FINDINGS))

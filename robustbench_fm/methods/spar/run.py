@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from . import metrics
 from .heads import MAX_CLASSES, MLPHead, SparModel, TransformerHead
 from .models import Backbone, CombinedViT
+from .params import SparParams
 from .samples import L3_PROBES, ORGANS, SparSamples, apply_transform
 from .sinkhorn import hungarian, permutation_loss, sinkhorn
 from .train import TrainConfig, fit, predict
@@ -43,21 +44,22 @@ QUESTION_DIM = len(L3_PROBES) + 4 * len(ORGANS)
 
 @dataclass(frozen=True)
 class Setup:
-    """What every configuration of one run shares (spar.md Section 3.2 defaults)."""
+    """What every configuration of one run shares (spar.md Section 3.2 defaults, those of
+    :class:`~robustbench_fm.methods.spar.params.SparParams`)."""
 
-    levels: tuple[str, ...] = LEVELS
-    heads: tuple[str, ...] = ("mlp", "transformer")
-    seeds: tuple[int, ...] = (42, 123, 1234)
+    levels: tuple[str, ...] = SparParams.levels
+    heads: tuple[str, ...] = SparParams.heads
+    seeds: tuple[int, ...] = SparParams.seeds
     train: TrainConfig = field(default_factory=TrainConfig)
-    token_grid: int = 7
-    tile_token_grid: int = 2
-    sinkhorn_tau: float = 0.3
-    sinkhorn_iters: int = 20
-    smoothing: float = 0.1
-    sdr_px: float = 10.0
-    d_model: int = 256
-    head_layers: int = 2
-    hidden: int = 512
+    token_grid: int = SparParams.token_grid
+    tile_token_grid: int = SparParams.tile_token_grid
+    sinkhorn_tau: float = SparParams.sinkhorn_tau
+    sinkhorn_iters: int = SparParams.sinkhorn_iters
+    smoothing: float = SparParams.smoothing
+    sdr_px: float = SparParams.sdr_px
+    d_model: int = SparParams.d_model
+    head_layers: int = SparParams.head_layers
+    hidden: int = SparParams.hidden
     eval_batch_size: int = 64
 
 

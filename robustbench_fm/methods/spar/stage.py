@@ -19,11 +19,11 @@ from ...core.devices import resolve_device
 from ...core.errors import UserError
 from ...core.results import Results
 from ..job import JobContext
+from .params import DEFAULT_LABELS, SparParams
 
 GROUP_COLUMNS = ["label", "section", "head", "mode", "eval_dataset", "organ", "seed"]
 PARAM_COLUMNS = ["epochs", "chance"]
-DEFAULT_LABELS = {"resnet50_in1k": "CNN", "vit_b32_in1k": "ViT", "rad_dino": "RadDINO", "biomedclip": "BiomedCLIP",
-                  "sam_med2d": "SAM-Med2D"}
+PARAMS = SparParams
 HEAD_LABELS = {"mlp": "MLP", "transformer": "Trans", "combined": "Combined"}
 SECTIONS = ("Trained from scratch", "Frozen foundation models", "Finetuned foundation models")
 
@@ -33,32 +33,10 @@ def run(features, manifest, **params):
                     "encoder itself, not pooled features; run it through the app (experiment=spar_word)")
 
 
-def check_params(levels=("localization", "permutation", "spatial_queries"), heads=("mlp", "transformer"),
-                 modes=None, combined=(), seeds=(42,), lr=1e-4, batch_size=16, max_epochs=50, patience=20,
-                 sinkhorn_tau=0.3, sinkhorn_iters=20, smoothing=0.1, token_grid=7, tile_token_grid=2,
-                 vqa_models=(), **_):
-    from .run import HEADS, LEVELS, MODES
-    from .vqa import MODELS
-
-    for name, values, known in (("levels", levels, LEVELS), ("heads", heads, HEADS)):
-        bad = [v for v in values if v not in known]
-        if bad:
-            raise ValueError(f"stage.params.{name}: unknown {bad}; use {', '.join(known)}")
-    for enc, own in (modes or {}).items():
-        bad = [m for m in own if m not in MODES]
-        if bad:
-            raise ValueError(f"stage.params.modes.{enc}: unknown {bad}; use {', '.join(MODES)}")
-    bad = [m for m in vqa_models if m not in MODELS]
-    if bad:
-        raise ValueError(f"stage.params.vqa_models: unknown {bad}; known: {', '.join(MODELS)}")
-    if not seeds:
-        raise ValueError("stage.params.seeds must list at least one seed")
-    if lr <= 0 or batch_size < 1 or max_epochs < 1 or patience < 1:
-        raise ValueError("stage.params: need lr > 0, batch_size >= 1, max_epochs >= 1, patience >= 1")
-    if sinkhorn_tau <= 0 or sinkhorn_iters < 1 or not 0 <= smoothing < 1:
-        raise ValueError("stage.params: need sinkhorn_tau > 0, sinkhorn_iters >= 1, 0 <= smoothing < 1")
-    if token_grid < 1 or tile_token_grid < 1:
-        raise ValueError("stage.params: token_grid and tile_token_grid must be >= 1")
+def check_params(**params) -> SparParams:
+    """Refuse unknown, mistyped or inconsistent parameters (one line each;
+    :class:`~robustbench_fm.methods.spar.params.SparParams`)."""
+    return PARAMS.parse(params)
 
 
 def config_label(encoder: str, head: str, mode: str, labels: dict, scratch) -> tuple[str, str]:
@@ -115,34 +93,32 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
     own ``device``, with ``encoder_overrides`` (e.g. an input size) replacing spec fields."""
     from .run import Setup, TrainConfig, configurations, run_encoder
 
-    p = job.params
+    p = PARAMS.parse(job.params)
     out_dir = Path(job.out_dir)
     cache_dir = Path(job.embedder.cache_dir)
     samples = _samples(job.dataset, job.root, cache_dir, int(job.seed), job.dataset_options)
     summaries = []
-    if p.get("vqa_models"):
+    if p.vqa_models:
         from .vqa import run_vqa
 
-        for model in p["vqa_models"]:
-            rows = run_vqa(model, samples, seeds=p.get("seeds", [42]), device=p.get("device", "auto"),
-                           **(p.get("vqa") or {}))
+        for model in p.vqa_models:
+            rows = run_vqa(model, samples, seeds=list(p.seeds), device=p.device, **(p.vqa or {}))
             rows["eval_dataset"] = job.dataset
-            summaries += _save(rows, model, job.dataset, out_dir, p)
+            summaries += _save(rows, model, job.dataset, out_dir, job.params)
         return summaries
-    device = resolve_device(p.get("device", "auto"))
-    transfers = _transfer_samples(p.get("transfer") or {}, cache_dir, int(job.seed))
-    setup = Setup(levels=tuple(p["levels"]), heads=tuple(p["heads"]), seeds=tuple(p["seeds"]),
-                  train=TrainConfig(lr=p["lr"], batch_size=p["batch_size"], max_epochs=p["max_epochs"],
-                                    patience=p["patience"]),
-                  **{k: p[k] for k in ("token_grid", "tile_token_grid", "sinkhorn_tau", "sinkhorn_iters",
-                                       "smoothing", "sdr_px", "d_model", "head_layers", "hidden") if k in p})
-    labels = {**DEFAULT_LABELS, **(p.get("labels") or {})}
+    device = resolve_device(p.device)
+    transfers = _transfer_samples(p.transfer or {}, cache_dir, int(job.seed))
+    setup = Setup(levels=tuple(p.levels), heads=tuple(p.heads), seeds=tuple(p.seeds),
+                  train=TrainConfig(lr=p.lr, batch_size=p.batch_size, max_epochs=p.max_epochs, patience=p.patience),
+                  **{k: getattr(p, k) for k in ("token_grid", "tile_token_grid", "sinkhorn_tau", "sinkhorn_iters",
+                                                "smoothing", "sdr_px", "d_model", "head_layers", "hidden")})
+    labels = {**DEFAULT_LABELS, **(p.labels or {})}
     for name in job.encoders:
-        enc = job.embedder.load(name, device=device, **(p.get("encoder_overrides") or {}).get(name, {}))
-        configs = configurations(name, setup.heads, p.get("modes") or {}, p.get("combined") or [])
+        enc = job.embedder.load(name, device=device, **(p.encoder_overrides or {}).get(name, {}))
+        configs = configurations(name, setup.heads, p.modes or {}, p.combined or [])
         rows = run_encoder(enc, samples, transfers, setup, configs, device, cache_dir / "spar_tokens", job.dataset)
-        names = [config_label(name, h, m, labels, p.get("scratch") or []) for h, m in zip(rows["head"], rows["mode"])]
+        names = [config_label(name, h, m, labels, p.scratch or []) for h, m in zip(rows["head"], rows["mode"])]
         rows.insert(0, "label", [n[0] for n in names])
         rows.insert(1, "section", [n[1] for n in names])
-        summaries += _save(rows, name, job.dataset, out_dir, p)
+        summaries += _save(rows, name, job.dataset, out_dir, job.params)
     return summaries

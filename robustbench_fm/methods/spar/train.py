@@ -11,6 +11,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .params import SparParams
+
 #: ``batch(idx, rng)`` -> (inputs, question or None, target); ``rng`` is None for evaluation.
 BatchFn = Callable[[np.ndarray, np.random.Generator | None], tuple[torch.Tensor, torch.Tensor | None, object]]
 LossFn = Callable[[torch.Tensor, object], torch.Tensor]
@@ -18,10 +20,13 @@ LossFn = Callable[[torch.Tensor, object], torch.Tensor]
 
 @dataclass(frozen=True)
 class TrainConfig:
-    lr: float = 1e-4
-    batch_size: int = 16
-    max_epochs: int = 50
-    patience: int = 20
+    """Adam and early stopping (spar.md Section 3.2; defaults of
+    :class:`~robustbench_fm.methods.spar.params.SparParams`)."""
+
+    lr: float = SparParams.lr
+    batch_size: int = SparParams.batch_size
+    max_epochs: int = SparParams.max_epochs
+    patience: int = SparParams.patience
     seed: int = 42
 
 

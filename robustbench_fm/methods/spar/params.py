@@ -1,0 +1,112 @@
+"""SPAR-Bench's stage parameters, one typed structure (the one home of every default; spar.md
+Sections 3.1-3.3). The command line's ``stage=spar`` config is generated from it, and the
+training setup (:class:`~robustbench_fm.methods.spar.run.Setup`,
+:class:`~robustbench_fm.methods.spar.train.TrainConfig`) takes its defaults from it.
+
+Imports nothing heavy; :meth:`check` imports what it checks against when it runs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..params import DEVICE, StageParams
+
+#: the findings the stage reports: the levels, the Level 3 probes and their macro average
+FINDINGS = ("localization", "permutation", "relative_position", "orientation", "kidney_symmetry", "liver_size",
+            "distance_compare", "tumour_count", "macro")
+#: row labels of the paper's tables (spar.md Table 1)
+DEFAULT_LABELS = {"resnet50_in1k": "CNN", "vit_b32_in1k": "ViT", "rad_dino": "RadDINO", "biomedclip": "BiomedCLIP",
+                  "sam_med2d": "SAM-Med2D"}
+#: the zero-shot cohorts of the command line (spar.md Section 3.3)
+CONFIG_TRANSFER = {"totalsegmentator": {"dataset": "totalsegmentator", "root": "${paths.data_dir}/totalsegmentator",
+                                        "options": {}}}
+
+
+@dataclass(frozen=True)
+class SparParams(StageParams):
+    """SPAR-Bench (spar.md Sections 3.1-3.3): Adam lr 1e-4, batch 16, ≤ 50 epochs, early stopping
+    on validation loss (patience 20), seeds 42/123/1234; Sinkhorn tau 0.3, 20 iterations, smoothed
+    permutation loss eps 0.1; SDR at 10 px. The findings (:data:`FINDINGS`) are the levels and
+    probes the stage reports."""
+
+    STAGE = "spar"
+
+    levels: tuple[str, ...] = ("localization", "permutation", "spatial_queries")
+    """The levels trained and scored (spar.md Section 3.1: Levels 1-3)."""
+    heads: tuple[str, ...] = ("mlp", "transformer")
+    """Task heads on the token sequences (spar.md Section 3.2)."""
+    modes: dict = field(default_factory=lambda: {"default": ["frozen"], "resnet50_in1k": ["finetuned"],
+                                                 "vit_b32_in1k": ["finetuned"], "rad_dino": ["frozen", "finetuned"]})
+    """(head × mode) per encoder: ImageNet backbones train end to end ("trained from scratch" from
+    ImageNet init), foundation models frozen, RadDINO also finetuned (spar.md Section 3.2);
+    ``default`` for every other encoder."""
+    combined: list = field(default_factory=lambda: ["vit_b32_in1k"])
+    """ViT-Combined: all 16 tiles patchified jointly."""
+    scratch: list = field(default_factory=lambda: ["resnet50_in1k", "vit_b32_in1k"])
+    """Encoders whose rows are "Trained from scratch"."""
+    labels: dict = field(default_factory=lambda: dict(DEFAULT_LABELS))
+    """Encoder -> the row label of the paper's tables (CNN, ViT, RadDINO, ...)."""
+    seeds: tuple[int, ...] = (42, 123, 1234)
+    """Training seeds, one run per configuration each (spar.md Section 3.2)."""
+    lr: float = 1e-4
+    """Adam's learning rate (spar.md Section 3.2)."""
+    batch_size: int = 16
+    """Samples per training batch."""
+    max_epochs: int = 50
+    """Epochs, at most."""
+    patience: int = 20
+    """Early stopping on the validation loss after this many epochs without improvement."""
+    sinkhorn_tau: float = 0.3
+    """Sinkhorn temperature of the permutation head (Level 2)."""
+    sinkhorn_iters: int = 20
+    """Sinkhorn normalisation iterations."""
+    smoothing: float = 0.1
+    """Label smoothing eps of the permutation loss."""
+    sdr_px: float = 10.0
+    """Localization success radius in pixels (SDR at 10 px)."""
+    token_grid: int = 7
+    """Patch grid pooled to ≤ token_grid × token_grid (ResNet-50 / ViT-B/32 at 224 px: 7)."""
+    tile_token_grid: int = 2
+    """Per organ tile at Levels 1-2 (16 tiles × (CLS + 2 × 2) tokens)."""
+    d_model: int = 256
+    """Transformer head width (not in the paper)."""
+    head_layers: int = 2
+    """Transformer head layers (not in the paper)."""
+    hidden: int = 512
+    """MLP head hidden width (not in the paper)."""
+    transfer: dict = field(default_factory=dict, metadata={"config": CONFIG_TRANSFER})
+    """Zero-shot cohorts (spar.md Section 3.3): name -> {dataset, root, options}; no retraining. On the
+    command line TotalSegmentator under ``${paths.data_dir}``; none in Python."""
+    encoder_overrides: dict = field(default_factory=dict)
+    """Encoder -> EncoderSpec fields to replace (e.g. shallow random copies for demos)."""
+    vqa_models: list = field(default_factory=list)
+    """SPAR-VQA: chat models (:data:`robustbench_fm.methods.spar.vqa.MODELS`) instead of encoders."""
+    vqa: dict = field(default_factory=dict)
+    """Options of :func:`~robustbench_fm.methods.spar.vqa.run_vqa`: n_items, max_new_tokens, batch_size, weights."""
+    device: Any = field(default="auto", metadata=DEVICE)
+    """auto | cpu | cuda (``${device}`` on the command line)."""
+
+    def check(self) -> None:
+        """Refuse unknown levels, heads, modes and chat models and out-of-range settings (one line each)."""
+        from .run import HEADS, LEVELS, MODES
+        from .vqa import MODELS
+
+        for name, values, known in (("levels", self.levels, LEVELS), ("heads", self.heads, HEADS)):
+            bad = [v for v in values if v not in known]
+            if bad:
+                raise ValueError(f"stage.params.{name}: unknown {bad}; use {', '.join(known)}")
+        for enc, own in (self.modes or {}).items():
+            bad = [m for m in own if m not in MODES]
+            if bad:
+                raise ValueError(f"stage.params.modes.{enc}: unknown {bad}; use {', '.join(MODES)}")
+        bad = [m for m in self.vqa_models if m not in MODELS]
+        if bad:
+            raise ValueError(f"stage.params.vqa_models: unknown {bad}; known: {', '.join(MODELS)}")
+        if not self.seeds:
+            raise ValueError("stage.params.seeds must list at least one seed")
+        if self.lr <= 0 or self.batch_size < 1 or self.max_epochs < 1 or self.patience < 1:
+            raise ValueError("stage.params: need lr > 0, batch_size >= 1, max_epochs >= 1, patience >= 1")
+        if self.sinkhorn_tau <= 0 or self.sinkhorn_iters < 1 or not 0 <= self.smoothing < 1:
+            raise ValueError("stage.params: need sinkhorn_tau > 0, sinkhorn_iters >= 1, 0 <= smoothing < 1")
+        if self.token_grid < 1 or self.tile_token_grid < 1:
+            raise ValueError("stage.params: token_grid and tile_token_grid must be >= 1")
