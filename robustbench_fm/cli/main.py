@@ -238,6 +238,10 @@ def load_plugins(argv: list[str]) -> list[str]:
             continue  # check_overrides reports it
         names += [str(v) for v in (value if isinstance(value, list) else [value]) if v]
     methods.load_plugins(names)
+    if names:
+        from . import stage_configs
+
+        stage_configs.register()  # the plugins' stage=<name> configs
     return names
 
 
