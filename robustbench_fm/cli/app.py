@@ -14,14 +14,22 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from .. import data, encoders, methods
+from .. import methods as stages
 from ..core.atomic import write_atomic, write_text_atomic
 from ..core.errors import UserError
+from ..core.locking import FileLock
 from ..core.redact import redact_config, redacted_yaml
 from ..core.results import not_scored, to_markdown, without_single_group_pools
+from ..core.tables import SweepResults
+from ..data import cards
 from ..data import manifest as mf
 from ..features.embed import Embedder, EncoderOptions
 from ..methods.job import JobContext
 from ..methods.run import score_and_save
+from ..report.html import run_report, write_report
+from ..report.long_format import to_long
+from ..report.tables import build_tables
 
 log = logging.getLogger("robustbench_fm")
 
@@ -86,7 +94,6 @@ def _refuse_encoder_field(cfg: DictConfig, cli_overrides: list[str] | None) -> N
     closest names when <x> is unknown."""
     if not any(o.split("=")[0].lstrip("+~") == "encoder.name" for o in cli_overrides or ()):
         return
-    from .. import encoders
 
     name = str(cfg.encoder.name)
     try:
@@ -103,8 +110,6 @@ def _refuse_encoder_field(cfg: DictConfig, cli_overrides: list[str] | None) -> N
 
 def plan(cfg: DictConfig, cli_overrides: list[str] | None = None) -> Plan:
     """Validate names and options (one-line errors) without touching data or models."""
-    from .. import data, encoders
-    from .. import methods as stages
 
     stages.load_plugins(cfg.get("plugins") or [])  # a sweep's job processes import them again
     _require_settings(cfg)
@@ -196,8 +201,6 @@ def load_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
     """The dataset's canonical manifest (generated first for synthetic datasets), or the one in
     ``manifest_file`` (paths relative to ``dataset.root``); counts that differ from the dataset
     card's expected ones are logged as warnings."""
-    from .. import data
-    from ..data import cards
 
     if cfg.get("manifest_file"):  # e.g. the manifest scripts/prepare_dataset.py wrote beside its images
         manifest = mf.read(cfg.manifest_file, findings=job.findings)
@@ -207,7 +210,6 @@ def load_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
     adapter = data.get(job.dataset)
     options = _dataset_options(cfg)
     if cfg.dataset.get("generate") and adapter.generate is not None:
-        from ..core.locking import FileLock
 
         # parallel sweep jobs share the generated folder: one writes it, the others wait
         with FileLock(job.root.parent / f".{job.root.name}.generate.lock", timeout=None):
@@ -227,7 +229,6 @@ def _extract_panel(job: Plan, cfg: DictConfig, manifest: pd.DataFrame) -> tuple[
     ``extract.num_shards`` when sharded); returns (encoder, cache entry, missing shards) triples,
     the sample_ids any encoder had to skip (unreadable images under ``on_bad_image=skip``) and
     the cache use per encoder (images, embedded now, read from the cache, hit, seconds)."""
-    from .. import encoders
 
     service = embedder(cfg)
     entries, skipped, cache = [], set(), {}
@@ -260,7 +261,6 @@ def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None) 
     sweep lists the jobs that did not finish, and reports a ``running`` job whose process is
     gone as interrupted.
     """
-    from ..core.locking import FileLock
 
     with FileLock(out_dir / ".lock", timeout=0):
         if _read_status(out_dir) == "running":  # we hold the lock, so whoever wrote that is gone
@@ -299,7 +299,7 @@ def run_stage_on_entries(job: Plan, cfg: DictConfig, manifest: pd.DataFrame, ent
                          out_dir: Path) -> list[pd.DataFrame]:
     """Run the stage on complete cache entries ``[(encoder, entry folder), ...]`` of one manifest,
     after dropping for every encoder the rows any encoder skipped (listed in ``skipped.csv``)."""
-    from ..features.load import align_features, load_features
+    from ..features.load import align_features, load_features  # lazy: imports torch
 
     if skipped:
         log.warning("%d unreadable images skipped for every encoder (listed in %s)", len(skipped),
@@ -325,7 +325,6 @@ def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFra
         summaries = _stage_results(job.stage, str(job.features_file), manifest, cfg, out_dir,
                                    encoder=job.features_file.stem, dataset=Path(cfg.manifest_file).stem)
     else:
-        from .. import methods as stages
 
         manifest = load_manifest(job, cfg)
         _check_scorable(job, cfg, manifest)  # before any image is read
@@ -362,9 +361,6 @@ def _tables_after_run(job: Plan, cfg: DictConfig, out_dir: Path) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from .. import methods
-    from ..core.tables import SweepResults
-    from ..report.tables import build_tables
 
     tables = list(cfg.get("report", {}).get("tables") or [])
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
@@ -376,7 +372,6 @@ def console_table(summary: pd.DataFrame, stage: str) -> str:
     """The console's (and ``summary.md``'s) table: the stage's ``console_columns``, pooled
     rows only where they pool two or more matched groups, then one line per row the stage left
     blank, with its ``reason`` (:func:`.results.not_scored`)."""
-    from .. import methods
 
     shown = without_single_group_pools(summary)
     columns = methods.method(stage).console_columns if stage in methods.names() else ()
@@ -394,7 +389,6 @@ def console_table(summary: pd.DataFrame, stage: str) -> str:
 def _check_scorable(job: Plan, cfg: DictConfig, manifest: pd.DataFrame) -> None:
     """The stage's ``check_manifest(manifest, findings, **params)`` (CANDOR: a k no matched group
     can satisfy) refuses a run whose every row would be blank, before any image is read."""
-    from .. import methods as stages
 
     check = getattr(stages.get(job.stage), "check_manifest", None)
     if check is not None:
@@ -419,8 +413,6 @@ def _refuse_all_blank(stage: str, summary: pd.DataFrame) -> None:
 def _write_report(job: Plan, cfg: DictConfig, summary: pd.DataFrame, out_dir: Path, seconds: float) -> Path:
     """``results_long.parquet``/``.csv`` (:mod:`.report.long_format`) and ``report.md`` /
     ``report.html`` (:mod:`.report.html`) of this run; returns the HTML path."""
-    from ..report.html import run_report, write_report
-    from ..report.long_format import to_long
 
     long = to_long(summary, job.stage, OmegaConf.create(redact_config(cfg)), out_dir.name)
     write_atomic(out_dir / "results_long.parquet", lambda f: long.to_parquet(f, index=False))

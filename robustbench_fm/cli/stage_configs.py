@@ -11,14 +11,15 @@ resolvers), so the Hydra app, the compose API and the launchers' job processes a
 """
 from __future__ import annotations
 
+from .. import methods
+from ..methods.params import config_node
+
 #: the config group the nodes fill
 GROUP = "stage"
 
 
 def nodes() -> dict[str, dict]:
     """name -> the ``stage`` node of every registered stage that has a parameter class."""
-    from .. import methods
-    from ..methods.params import config_node
 
     out = {}
     for name in methods.names():

@@ -39,7 +39,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..core.atomic import write_atomic, write_text_atomic
 from ..core.errors import UserError
+from ..core.locking import abandoned, read_holder
 from ..core.redact import redacted_yaml
+from ..core.tables import SweepResults
+from ..report.compare import write_compare
+from ..report.html import console_summary, sweep_report, write_report
+from ..report.long_format import LONG_COLUMNS, to_long
+from ..report.render import render
+from ..report.tables import get
 from .resolvers import register, sweep_values  # noqa: F401  (sweep_values: kept importable from here)
 
 log = logging.getLogger("robustbench_fm")
@@ -97,7 +104,7 @@ def dry_run_sweep(config: DictConfig) -> int:
     """``-m ... dry_run=true``: print the jobs the sweep would launch, with which launcher and
     settings, each job's plan checked (:func:`.app.plan`: names, data folders, options); launch
     nothing and write nothing. Returns the exit code: 0, or 2 when a job's plan fails."""
-    from . import app
+    from . import app  # lazy: imports torch
 
     jobs = plan_jobs(config, with_configs=True)
     launcher = config.hydra.launcher
@@ -138,7 +145,6 @@ def job_state(job_dir: Path) -> tuple[str, str]:
     """``(status, detail)`` of one job folder: ``done``, ``failed``, ``interrupted``, ``running``
     or ``never started``. A ``running`` job whose lock is abandoned (its process died on this
     host: SIGKILL, out of memory, node lost) is ``interrupted``, and its ``status.json`` says so."""
-    from ..core.locking import abandoned, read_holder
 
     status_file = job_dir / "status.json"
 
@@ -173,9 +179,9 @@ def job_state(job_dir: Path) -> tuple[str, str]:
 def _collect_parts(records: list[tuple[Path, dict]], sweep_dir: Path) -> tuple[list, list[str]]:
     """Run the stage on the complete entries of sharded jobs; report the incomplete ones.
     Returns ``(summary, config of the group's first part)`` pairs and the problems."""
-    from ..features import missing_shards, skipped_ids
-    from ..features.cache import SHARD_NAME
-    from . import app
+    from ..features import missing_shards, skipped_ids  # lazy: imports torch
+    from ..features.cache import SHARD_NAME  # lazy: imports torch
+    from . import app  # lazy: imports torch
 
     summaries, problems = [], []
     groups: dict[tuple[str, str], list[tuple[Path, dict]]] = {}
@@ -306,7 +312,6 @@ def collect_sweep(sweep_dir: str | Path) -> Collected:
 
 def _long(summaries: list[tuple[pd.DataFrame, DictConfig | None]]) -> pd.DataFrame:
     """Every job's summary in long format (stage, seed and config hash from the job's config)."""
-    from ..report.long_format import LONG_COLUMNS, to_long
 
     parts = [to_long(summary, str(OmegaConf.select(cfg, "stage.name", default="")) if cfg is not None else "",
                      cfg, str(summary["job"].iloc[0]) if len(summary) else "")
@@ -318,11 +323,7 @@ def _long(summaries: list[tuple[pd.DataFrame, DictConfig | None]]) -> pd.DataFra
 def _write_tables(sweep_dir: Path, combined: pd.DataFrame) -> list:
     """The paper tables the sweep's experiment lists in ``report.tables`` -> ``<sweep>/tables/``,
     and their comparison with the published values -> ``compare.md`` / ``compare.csv``."""
-    from ..core.tables import SweepResults
-    from ..report.compare import write_compare
-    from ..report.render import render
-    from ..report.tables import get
-    from .app import job_manifest
+    from .app import job_manifest  # lazy: imports torch
 
     results = SweepResults(sweep_dir, combined, load_manifest=job_manifest)
     names = list((results.config.get("report") or {}).get("tables") or []) if results.config is not None else []
@@ -341,7 +342,6 @@ def _write_tables(sweep_dir: Path, combined: pd.DataFrame) -> list:
 def _write_report(sweep_dir: Path, long: pd.DataFrame, tables: list, missing: list[str], seconds: float) -> None:
     """``report.md`` / ``report.html`` of the sweep (:mod:`.report.html`); ``seconds``: the collect
     step's time (the report's runtime is the sweep's wall clock, from the jobs' ``status.json``)."""
-    from ..report.html import console_summary, sweep_report, write_report
 
     report = sweep_report(sweep_dir, long, tables, missing, seconds)
     md, html = write_report(report, sweep_dir)

@@ -38,6 +38,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from .parquet_images import read_parquet_image
+
 CROP_COLUMNS = ("crop_left", "crop_top", "crop_right", "crop_bottom")
 HDF5_SUFFIXES = (".h5", ".hdf5")
 DICOM_SUFFIXES = (".dcm", ".dicom")
@@ -175,7 +177,6 @@ def read_image(image_root: str | Path, row: dict) -> Image.Image:
     elif suffix == ".npz":
         im = _read_npz(file, locator)
     elif suffix == ".parquet":  # PathoROB's HF snapshot: image bytes embedded in parquet rows
-        from .pathorob import read_parquet_image
 
         im = _l_or_rgb(read_parquet_image(image_root, row), file)
     elif _is_part10_dicom(file):

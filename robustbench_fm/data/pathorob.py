@@ -26,19 +26,16 @@ medical_center; bio_label = biological_class; subset (TCGA-2x2 only).
 """
 from __future__ import annotations
 
-from functools import lru_cache
-from io import BytesIO
 from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
-from PIL import Image
 
+from .parquet_images import LOCATOR_SEPARATOR, parse_locator, read_parquet_image  # noqa: F401
 from .registry import Adapter, register
 
-LOCATOR_SEPARATOR = "#"
 _PATCH_COLUMNS = ("patch_id", "sample_id", "id")
 _SLIDE_COLUMNS = ("slide_id", "case_id", "wsi_id")
 _METADATA_COLUMNS = ("subset", "slide_id", "patch_id", "biological_class", "medical_center")
@@ -51,45 +48,6 @@ SOURCES = {
     "pathorob_tolkach": ("bifold-pathomics/PathoROB-tolkach_esca", "tolkach_esca_reduced.csv", False,
                          "tolkach_esca.csv"),
 }
-
-
-def parse_locator(locator: str) -> tuple[str, int]:
-    """``"<file>#<row>"`` -> (file, row)."""
-    file, sep, row = str(locator).rpartition(LOCATOR_SEPARATOR)
-    if not sep or not file.endswith(".parquet") or not row.isdigit():
-        raise ValueError(f"'{locator}' is not a parquet locator; expected '<file>.parquet#<row index>'")
-    return file, int(row)
-
-
-@lru_cache(maxsize=4)
-def _row_group_bounds(file: str) -> np.ndarray:
-    meta = pq.ParquetFile(file).metadata
-    return np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
-
-
-@lru_cache(maxsize=2)
-def _row_group_images(file: str, group: int) -> list:
-    return pq.ParquetFile(file).read_row_group(group, columns=["image"]).column("image").to_pylist()
-
-
-def read_parquet_image(image_root: str | Path, row: dict) -> Image.Image:
-    """The image a manifest row's parquet locator points at, decoded eagerly (an extraction
-    ``reader(image_root, row)``). The last two row groups read stay in memory, so visiting rows
-    in file order reads each group once."""
-    file, index = parse_locator(row["path"])
-    full = str(Path(image_root) / file)
-    bounds = _row_group_bounds(full)
-    if index >= bounds[-1]:
-        raise ValueError(f"{full}: row {index} past the file's {bounds[-1]} rows; rebuild the manifest")
-    group = int(np.searchsorted(bounds, index, side="right") - 1)
-    cell = _row_group_images(full, group)[index - bounds[group]]
-    data = cell["bytes"] if isinstance(cell, dict) else cell
-    if not data:
-        raise ValueError(f"{full}: row {index} has no embedded image bytes; use the HF parquet snapshot, "
-                         "whose 'image' column embeds each tile")
-    with Image.open(BytesIO(data)) as im:
-        im.load()
-        return im
 
 
 def _pick(names: list[str], candidates: tuple[str, ...], file: Path, what: str) -> str:

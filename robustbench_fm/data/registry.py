@@ -9,6 +9,8 @@ import pandas as pd
 
 from ..core.registry import Registry
 from . import manifest as mf
+from .files import check_label_gaps, collect_label_gaps
+from .images import locator_file
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,6 @@ def build_manifest(name: str, root: str | Path, verify_images: bool = True,
     naming the file and the column; a column feeding only other findings is a warning line
     (:func:`.files.check_label_gaps`).
     """
-    from .files import check_label_gaps, collect_label_gaps
 
     adapter = get(name)
     root = Path(root)
@@ -62,7 +63,6 @@ def build_manifest(name: str, root: str | Path, verify_images: bool = True,
     check_label_gaps(gaps, findings)
     df = mf.validate(built, source=f"{name}@{root}", findings=adapter.findings)
     if verify_images and "path" in df.columns:
-        from .images import locator_file
 
         files = pd.Series(pd.unique(df["path"].map(locator_file)))
         found = set(files[files.map(lambda p: (root / p).is_file())])

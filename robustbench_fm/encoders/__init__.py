@@ -54,7 +54,7 @@ def load(name: str | EncoderSpec, weights: str | Path | None = None, device="aut
                          f"embedding; embed the tiles with encoder={spec.tile_encoder} and use "
                          f"robustbench_fm.encoders.load_slide('{spec.name}')")
     _check(spec, weights, allow_remote_code)
-    from .base import resolve_device
+    from .base import resolve_device  # lazy: imports torch
 
     return loader(spec.library)(spec, weights, resolve_device(device), allow_remote_code)
 
@@ -66,6 +66,6 @@ def load_slide(name: str | EncoderSpec, weights: str | Path | None = None, devic
     if not spec.is_slide:
         raise ValueError(f"encoder '{spec.name}' embeds images; use robustbench_fm.encoders.load('{spec.name}')")
     _check(spec, weights, allow_remote_code)
-    from .base import resolve_device
+    from .base import resolve_device  # lazy: imports torch
 
     return loader(spec.library)(spec, weights, resolve_device(device), allow_remote_code)

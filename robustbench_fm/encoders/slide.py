@@ -109,7 +109,7 @@ def _moozy(spec, weights, trust):
         source, weights_id = hub_or_local(spec, None)
         from huggingface_hub import hf_hub_download
 
-        from .loaders.hub import offline
+        from .loaders.hub import offline  # lazy: imports torch
         with hub_call(spec, spec.hub_id):
             ckpt = hf_hub_download(spec.hub_id, spec.hub_file, local_files_only=offline())
     else:

@@ -80,7 +80,7 @@ class Embedder:
     def embed_slides(self, manifest: pd.DataFrame, root: str | Path, name: str) -> Path:
         """Slide embeddings of the slides of ``manifest`` by slide encoder ``name`` (tiles embedded
         by its tile encoder first); returns the cache entry."""
-        from .slides import extract_slides
+        from .slides import extract_slides  # lazy: imports torch
 
         opts = self._options(name)
         return extract_slides(name, manifest, root, self.cache_dir, weights=opts.weights,

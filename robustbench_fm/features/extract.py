@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..core.errors import UserError
 from ..core.locking import FileLock, LockTimeout
+from ..data.images import read_image
 from .cache import FeatureCache, FeatureCacheError
 from .key import cache_key_fields
 from .occlusion import occlude_row
@@ -91,7 +92,6 @@ class FeatureSet:
 def default_reader(image_root: Path, row: dict) -> Image.Image:
     """The row's image as 'L' or 'RGB', decoded eagerly: :func:`robustbench_fm.data.images.read_image`
     (PNG 8/16-bit, JPEG, TIFF, DICOM with its LUTs, HDF5/NPZ rows, crop columns)."""
-    from ..data.images import read_image
 
     return read_image(image_root, row)
 

@@ -28,6 +28,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import torch
 
+from .. import encoders
 from ..core.locking import FileLock
 from ..data import manifest as mf
 from .cache import FeatureCache, _embedding_matrix
@@ -104,8 +105,7 @@ def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir:
     :func:`robustbench_fm.features.extract`. Tiles skipped as unreadable (``on_bad_image="skip"``)
     are left out of their slide's bag.
     """
-    from .. import encoders
-    from .extract import extract
+    from .extract import extract  # lazy: imports torch
 
     slide_enc = encoder if isinstance(encoder, encoders.SlideEncoder) else encoders.load_slide(
         encoder, weights=weights, device=device, allow_remote_code=allow_remote_code)

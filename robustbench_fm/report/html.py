@@ -34,6 +34,7 @@ from ..core.results import not_scored as summary_reasons
 from ..core.results import to_markdown as frame_markdown
 from ..core.tables import PaperTable, SweepResults
 from . import compare as cmp_mod
+from .long_format import stage_conventions
 from .render import ranks
 from .render import to_markdown as table_markdown
 
@@ -180,7 +181,6 @@ def summary_table(long: pd.DataFrame) -> pd.DataFrame:
     if out["n"].isna().all():
         out = out.drop(columns="n")
     elif out["stage"].nunique() == 1:  # the stage's own name of its count, e.g. CANDOR's n_queries
-        from .long_format import stage_conventions
 
         count = stage_conventions(str(out["stage"].iloc[0]))[2]
         if count not in out.columns:

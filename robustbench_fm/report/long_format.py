@@ -24,6 +24,8 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from .. import methods as stages
+
 LONG_COLUMNS = ["encoder", "dataset", "task", "stage", "group", "metric", "value", "ci_low", "ci_high", "n",
                 "seed", "config_hash", "job"]
 ID_COLUMNS = ("encoder", "dataset", "finding", "stage", "job")
@@ -63,7 +65,6 @@ def config_seed(cfg: DictConfig | None) -> float:
 def stage_conventions(stage: str) -> tuple[list[str], list[str], str]:
     """``(GROUP_COLUMNS, PARAM_COLUMNS, COUNT_COLUMN)`` of a registered stage module (empty lists
     and ``"n"`` for a stage that declares nothing, or a name no stage is registered under)."""
-    from .. import methods as stages
 
     module = stages.get(stage) if stage in stages.names() else None
     return (list(getattr(module, "GROUP_COLUMNS", [])), list(getattr(module, "PARAM_COLUMNS", [])),

@@ -19,6 +19,7 @@ from typing import Callable
 
 from .. import methods
 from ..core.tables import PaperTable, SweepResults
+from .render import render
 
 Builder = Callable[[SweepResults], list[PaperTable]]
 
@@ -52,7 +53,6 @@ def get(name: str) -> Builder:
 
 def build_tables(names, results: SweepResults, out_dir: str | Path) -> list[Path]:
     """Build and render the named tables into ``out_dir``; returns the written files."""
-    from .render import render
 
     written = []
     for name in names:

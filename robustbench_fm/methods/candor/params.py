@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ... import data
 from ..params import DEVICE, PYTHON_ONLY, SEED, StageParams
+from .tasks import TASKS
 
 
 @dataclass(frozen=True)
@@ -68,8 +70,7 @@ class CandorParams(StageParams):
 
     def check(self) -> None:
         """Refuse inconsistent options before any heavy work (one line each)."""
-        from .stage import AUROC_BOOTSTRAPS, QUERY_ROLES
-        from .tasks import TASKS
+        from .stage import AUROC_BOOTSTRAPS, QUERY_ROLES  # lazy: imports torch
 
         if self.k < 1:
             raise ValueError(f"candor: k={self.k} must be at least 1")
@@ -125,8 +126,7 @@ class RetentionParams(StageParams):
 
     def check(self) -> None:
         """Refuse bad parameters (one line each), before anything is read or embedded."""
-        from ... import data
-        from ...features import occlusion as occ
+        from ...features import occlusion as occ  # lazy: imports torch
 
         if int(self.n_pairs) < 1:
             raise ValueError(f"stage retention: n_pairs must be >= 1, got {self.n_pairs}")

@@ -62,6 +62,7 @@ from ...core.errors import UserError
 from ...core.neighbors import l2_normalize
 from ...core.results import Results
 from ...core.stats import cluster_bootstrap_ratio, summarize_bootstrap
+from ...data.images import read_mask
 from ...data.manifest import BOX_COLUMNS
 from ...features import occlusion as occ
 from ...features.load import load_features
@@ -107,7 +108,6 @@ def boxed_positives(manifest: pd.DataFrame, finding: str, root: str | Path | Non
         return manifest.iloc[:0].assign(**{c: pd.Series(dtype=float) for c in BOX_COLUMNS})
     pos = manifest[pd.to_numeric(manifest[finding], errors="coerce") == 1]
     if mask_col in manifest.columns:
-        from ...data.images import read_mask
 
         pos = pos[pos[mask_col].notna()]
         boxes = [occ.mask_box(read_mask(Path(root) / rel)) for rel in pos[mask_col]]

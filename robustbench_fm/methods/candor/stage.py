@@ -62,6 +62,7 @@ from ...core.devices import resolve_device
 from ...core.neighbors import Shortlist, l2_normalize, topk_similarity
 from ...core.results import Results
 from ...core.stats import LinearizedAUROC, ResampledAUROC, ResampledRatio, cluster_count_chunks, summarize_bootstrap
+from .. import missing_column
 from . import tasks as ct
 from .params import CandorParams
 
@@ -241,7 +242,6 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     findings = [finding] if isinstance(finding, str) else list(finding)
     for col, param in (*((f, "finding") for f in findings), (group_col, "group_col"), (cluster_col, "cluster_col")):
         if col not in manifest.columns:
-            from .. import missing_column
             raise missing_column("candor", col, param, manifest.columns)
     groups = manifest[group_col].astype(str).to_numpy()
     tasks = _prepared_tasks(manifest, findings, task, group_col, groups, seed, queries, p.shuffle_labels,

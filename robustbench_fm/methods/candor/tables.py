@@ -30,8 +30,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ... import encoders
 from ...core.tables import PaperTable, SweepResults
 from ...data.manifest import CHEST_FINDINGS
+from ...report.published import aliases
 from .params import CandorParams
 from .ranks import MIN_TEST_N, association_family, spearman
 from .sets import overlap_summary, pairwise_overlaps
@@ -85,7 +87,6 @@ ABLATION_SETTINGS = {
 
 def paper_names() -> dict[str, str]:
     """Registry name -> CANDOR's printed encoder name, in the paper's order (published/aliases.csv)."""
-    from ...report.published import aliases
 
     return aliases().get("candor", {})
 
@@ -95,7 +96,6 @@ def paper_name(encoder: str) -> str:
 
 
 def _spec(encoder: str):
-    from ... import encoders
 
     try:
         return encoders.get(encoder)

@@ -42,6 +42,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import balanced_accuracy_score
 
 from ...core.results import Results
+from .. import missing_column
 from . import shortcut_metrics as sm
 from .params import ShortcutParams
 
@@ -153,7 +154,6 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str = "bio_label"
     needed = {finding: "finding", site_col: "site_col"} | ({slide_col: "slide_col"} if bm.case_split_max_sizes else {})
     for col, param in needed.items():
         if col not in manifest.columns:
-            from .. import missing_column
             raise missing_column("shortcut", col, param, manifest.columns)
     sites, labels = manifest[site_col].astype(str), manifest[finding].astype(str)
     unknown = ~sites.isin(bm.centres + bm.ood_centres)

@@ -45,6 +45,7 @@ import torch
 from ...core.devices import resolve_device
 from ...core.neighbors import l2_normalize
 from ...core.results import Results
+from .. import missing_column
 from .knn import ScopeNeighbours, scope_neighbours
 from .params import DEFAULT_K_GRID, DESIGNS, ON_SHORT, CromaParams  # noqa: F401  (DESIGNS, ON_SHORT: importable here)
 from .params import grid as _grid
@@ -104,7 +105,6 @@ def check_params(**params) -> CromaParams:
 def _strings(manifest: pd.DataFrame, col: str, param: str) -> np.ndarray:
     """Column values as stripped strings; a missing column or an empty value is refused."""
     if col not in manifest.columns:
-        from .. import missing_column
         raise missing_column("croma", col, param, manifest.columns)
     values = manifest[col]
     text = values.map(lambda v: "" if pd.isna(v) else str(v).strip()).to_numpy(dtype=object)

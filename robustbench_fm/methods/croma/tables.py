@@ -136,7 +136,7 @@ def _default_params() -> dict:
 def _manifest(results: SweepResults, cfg, entries: dict[str, Path]) -> pd.DataFrame:
     """The jobs' manifest rebuilt from their config (through the collector's loader), without the
     rows any encoder skipped."""
-    from ...features import skipped_ids
+    from ...features import skipped_ids  # lazy: imports torch
 
     manifest = results.manifest(cfg)
     skipped = {s for entry in entries.values() for s in skipped_ids(entry)}
@@ -144,7 +144,7 @@ def _manifest(results: SweepResults, cfg, entries: dict[str, Path]) -> pd.DataFr
 
 
 def _features(entry: Path, manifest: pd.DataFrame) -> np.ndarray:
-    from ...features.load import align_features, load_features
+    from ...features.load import align_features, load_features  # lazy: imports torch
 
     ids, emb = load_features(entry)
     return align_features(ids, emb, manifest, str(entry))
@@ -152,7 +152,7 @@ def _features(entry: Path, manifest: pd.DataFrame) -> np.ndarray:
 
 def _m_sweep(manifest: pd.DataFrame, params: dict, label_col: str) -> int:
     """Largest m ≤ 20 every unit has candidates for (at least the stage's m)."""
-    from . import stage as croma
+    from . import stage as croma  # lazy: imports torch
 
     scopes = croma.build_scopes(manifest, label_col, params["confounder_col"], params["exclude_col"],
                                 params["design"], params["subset_col"])
@@ -164,8 +164,8 @@ def _score_benchmark(results: SweepResults, key: str, group: dict, protocol: str
                      ) -> list[pd.DataFrame]:
     """Re-score one benchmark's panel (module doc); saves results under ``out`` and returns
     [summary, by_m, by_alpha] frames."""
-    from . import stage as croma
-    from .panel import median_k, sweeps
+    from . import stage as croma  # lazy: imports torch
+    from .panel import median_k, sweeps  # lazy: imports torch
 
     cfg, entries = group["cfg"], group["entries"]
     params = _croma_params(cfg, group["stage"])
@@ -338,7 +338,7 @@ def _per_benchmark(frame: pd.DataFrame, row) -> pd.DataFrame:
 
 def croma_table7(results: SweepResults) -> list[PaperTable]:
     """Table 7: Spearman ρ between the LTM_α rankings of the pathology encoders (A.2)."""
-    from .panel import alpha_sensitivity
+    from .panel import alpha_sensitivity  # lazy: imports torch
 
     def row(key, part):
         r = alpha_sensitivity(part)
@@ -351,7 +351,7 @@ def croma_table7(results: SweepResults) -> list[PaperTable]:
 def croma_table8(results: SweepResults) -> list[PaperTable]:
     """Table 8: Spearman ρ between the median-CRoMa rankings at m = 1, 5, 20 (A.3); NaN where a
     benchmark's cells are too small for m = 20."""
-    from .panel import m_sensitivity
+    from .panel import m_sensitivity  # lazy: imports torch
 
     def row(key, part):
         pairs = tuple(p for p in ((1, 5), (5, 20), (1, 20)) if set(p) <= set(part["m"]))
@@ -364,7 +364,7 @@ def croma_table8(results: SweepResults) -> list[PaperTable]:
 
 def croma_table9(results: SweepResults) -> list[PaperTable]:
     """Table 9: Spearman ρ between RI, MaRI and CRoMa over the pathology encoders (median-k)."""
-    from .panel import metric_agreement
+    from .panel import metric_agreement  # lazy: imports torch
 
     def row(key, part):
         r = metric_agreement(part)
@@ -439,7 +439,7 @@ def croma_table10(results: SweepResults) -> list[PaperTable]:
 def typed_rank_medians(results: SweepResults, key: str) -> pd.DataFrame:
     """encoder, median rank_so, median rank_os of benchmark ``key``
     (:func:`robustbench_fm.methods.croma.panel.typed_ranks` on each job's entry; saved beside the panel)."""
-    from .panel import typed_ranks
+    from .panel import typed_ranks  # lazy: imports torch
 
     croma_panel(results)  # (re)builds the panel folder, which the saved ranks belong to
     path = results.root / PANEL_DIR / f"typed_ranks_{key}.parquet"
@@ -511,7 +511,7 @@ def croma_figures(results: SweepResults) -> list[PaperTable]:
     """Figures 3/4/9 (and 6 with shortcut results) per benchmark into ``<sweep>/figures/``:
     ridgeline of per-sample CRoMa, median–tail Pareto plane, typed-distance plane with 75% outlines,
     CRoMa against APD with the probe-accuracy top row. Returns no table."""
-    from . import plots as cp
+    from . import plots as cp  # lazy: imports matplotlib
 
     panel = croma_panel(results)
     out = results.root / "figures"

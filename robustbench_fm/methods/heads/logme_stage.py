@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ...core.results import Results
+from .. import missing_column
 from .logme import fit_evidence
 from .params import LogmeParams
 from .rows import draw_rows
@@ -34,7 +35,6 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, **params) ->
     p = PARAMS.parse(params)
     params = {"finding": finding, **p.to_dict()}
     if finding not in manifest.columns:
-        from .. import missing_column
         raise missing_column("logme", finding, "finding", manifest.columns)
     train = draw_rows(manifest, p.max_train, 1, p.seed, p.cluster_col, p.val_fraction, p.test_fraction).train
     y = manifest[finding].to_numpy()[train]

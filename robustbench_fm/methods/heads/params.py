@@ -58,7 +58,7 @@ class HeadParams(StageParams):
 
     def check(self) -> None:
         """Refuse inconsistent options before any heavy work (one line each)."""
-        from .train import HEADS
+        from .train import HEADS  # lazy: imports torch
 
         if self.head not in HEADS:
             raise ValueError(f"heads: head='{self.head}' is not one of {', '.join(HEADS)}; set stage.params.head")

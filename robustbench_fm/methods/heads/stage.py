@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ...core.results import Results
+from .. import missing_column
 from .fit import PER_SAMPLE_COLUMNS, fit_finding
 from .params import HeadParams
 from .rows import draw_rows
@@ -45,7 +46,6 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, **params) ->
     head, max_train, max_test, seed, cluster_col = p.head, p.max_train, p.max_test, p.seed, p.cluster_col
     params = {"finding": finding, **{n: v for n, v in p.to_dict().items() if n != "device"}}
     if finding not in manifest.columns:
-        from .. import missing_column
         raise missing_column("heads", finding, "finding", manifest.columns)
     rows = draw_rows(manifest, max_train, max_test, seed, cluster_col, p.val_fraction, p.test_fraction)
     fit = fit_finding(features, manifest, finding, rows, head=head, seed=seed, sensitivity=p.sensitivity,

@@ -20,6 +20,7 @@ import pandas as pd
 
 from ...core.stats import FDR_ALPHA, bh_adjust, mantel_haenszel_rd
 from ...core.tables import PaperTable, SweepResults
+from ..candor.sets import consensus_blind_set
 from . import combine
 
 TABLES = ["candor_table4", "candor_v1_consensus", "candor_head_errors", "candor_failure_detection"]
@@ -38,7 +39,6 @@ def _key(per: pd.DataFrame) -> list[str]:
 
 def blind_flags(per: pd.DataFrame) -> pd.DataFrame:
     """``blind`` per (dataset, finding, sample_id) of the positives with a discordance flag."""
-    from ..candor.sets import consensus_blind_set
 
     pos = per[(per["label"] == 1) & per["discordant"].notna()]
     return consensus_blind_set(pos.assign(discordant=pos["discordant"].astype(bool)))

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..params import DEVICE, StageParams
+from .vqa import MODELS
 
 #: the findings the stage reports: the levels, the Level 3 probes and their macro average
 FINDINGS = ("localization", "permutation", "relative_position", "orientation", "kidney_symmetry", "liver_size",
@@ -88,8 +89,7 @@ class SparParams(StageParams):
 
     def check(self) -> None:
         """Refuse unknown levels, heads, modes and chat models and out-of-range settings (one line each)."""
-        from .run import HEADS, LEVELS, MODES
-        from .vqa import MODELS
+        from .run import HEADS, LEVELS, MODES  # lazy: imports torch
 
         for name, values, known in (("levels", self.levels, LEVELS), ("heads", self.heads, HEADS)):
             bad = [v for v in values if v not in known]

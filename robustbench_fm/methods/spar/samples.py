@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ...data.ct.layouts import DATASET_LAYOUTS, ORGANS, sample_options
-from .probes import L3_PROBES, TRANSFORMS
+from ...data.ct.layouts import DATASET_LAYOUTS, ORGANS, list_volumes, load_labels, sample_options
+from ...data.ct.volumes import load_ras, to_display, window
+from .probes import L3_PROBES, TRANSFORMS, grid_cells, make_questions
 
 __all__ = ["ORGANS", "L3_PROBES", "TRANSFORMS", "SparSamples", "apply_transform", "build_samples"]
 
@@ -116,8 +117,6 @@ def _volume_samples(volume, size: int, min_organs: int) -> dict:
     """Tile sets and Level-3 slices of one volume (section 3.1)."""
     from scipy import ndimage
 
-    from ...data.ct.layouts import load_labels
-    from ...data.ct.volumes import load_ras, to_display, window
 
     hu = to_display(load_ras(volume.image))
     organ_ras, tumour_ras = load_labels(volume)
@@ -153,7 +152,6 @@ def _volume_samples(volume, size: int, min_organs: int) -> dict:
 
 def _volumes(dataset: str, root: Path, opts: dict) -> tuple[list, list]:
     """(volumes of the dataset's own layout, LiTS candidate volumes for the counting probe)."""
-    from ...data.ct.layouts import list_volumes
 
     if dataset not in DATASET_LAYOUTS:
         raise ValueError(f"unknown SPAR dataset {dataset!r}; use one of {', '.join(DATASET_LAYOUTS)}")
@@ -209,7 +207,6 @@ def build_samples(dataset: str, root: str | Path, cache_dir: str | Path, seed: i
     import os
     import shutil
 
-    from .probes import grid_cells, make_questions
 
     root, opts = Path(root), sample_options(dataset, options)
     own, lits = _volumes(dataset, root, opts)

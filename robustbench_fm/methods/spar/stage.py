@@ -15,11 +15,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from ... import data
 from ...core.devices import resolve_device
 from ...core.errors import UserError
+from ...core.locking import FileLock
 from ...core.results import Results
 from ..job import JobContext
 from .params import DEFAULT_LABELS, SparParams
+from .samples import build_samples
+from .vqa import run_vqa
 
 GROUP_COLUMNS = ["label", "section", "head", "mode", "eval_dataset", "organ", "seed"]
 PARAM_COLUMNS = ["epochs", "chance"]
@@ -49,7 +53,6 @@ def config_label(encoder: str, head: str, mode: str, labels: dict, scratch) -> t
 
 
 def _samples(dataset: str, root, cache_dir, seed: int, options: dict):
-    from .samples import build_samples
 
     return build_samples(dataset, root, cache_dir, seed=seed, **options)
 
@@ -57,8 +60,6 @@ def _samples(dataset: str, root, cache_dir, seed: int, options: dict):
 def _transfer_samples(transfer: dict, cache_dir, seed: int) -> dict:
     """Samples of every transfer cohort ``{name: {dataset, root, options}}``; a generated
     (phantom) dataset is written first (once, under a lock)."""
-    from ... import data
-    from ...core.locking import FileLock
 
     out = {}
     for name, spec in (transfer or {}).items():
@@ -91,7 +92,7 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
     """Every configuration of every encoder of ``job`` (or every chat model of ``vqa_models``).
     Encoders are loaded through the job's embedder (the user's weights apply) on the stage's
     own ``device``, with ``encoder_overrides`` (e.g. an input size) replacing spec fields."""
-    from .run import Setup, TrainConfig, configurations, run_encoder
+    from .run import Setup, TrainConfig, configurations, run_encoder  # lazy: imports torch
 
     p = PARAMS.parse(job.params)
     out_dir = Path(job.out_dir)
@@ -99,7 +100,6 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
     samples = _samples(job.dataset, job.root, cache_dir, int(job.seed), job.dataset_options)
     summaries = []
     if p.vqa_models:
-        from .vqa import run_vqa
 
         for model in p.vqa_models:
             rows = run_vqa(model, samples, seeds=list(p.seeds), device=p.device, **(p.vqa or {}))

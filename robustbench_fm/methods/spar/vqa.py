@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ...core import errors
 from . import metrics
 from .samples import SparSamples, apply_transform
 
@@ -136,8 +137,7 @@ class ChatBackend:
         import torch
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
-        from ...core import errors
-        from ...core.devices import resolve_device
+        from ...core.devices import resolve_device  # lazy: imports torch
 
         self.device = resolve_device(device)
         torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if self.device.type == "cuda"
