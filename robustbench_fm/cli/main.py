@@ -178,7 +178,9 @@ def _settings() -> tuple[set[str], list[str]]:
             return [prefix]
         return [p for k, v in node.items() if k != "defaults" for p in leaves(v, f"{prefix}.{k}" if prefix else k)]
 
-    roots, paths = {"hydra"}, []
+    from . import configstore
+
+    roots, paths = {"hydra", *configstore.GROUPS}, []
     for path in [CONFIG_DIR / "config.yaml", *sorted(CONFIG_DIR.glob("*/*.yaml"))]:
         tree = yaml.safe_load(path.read_text()) or {}
         glob = path.parent == CONFIG_DIR or "@package _global_" in path.read_text().split("\n", 1)[0]
@@ -187,6 +189,8 @@ def _settings() -> tuple[set[str], list[str]]:
         else:
             roots.add(path.parent.name)
         paths += leaves(tree, "" if glob else path.parent.name)
+    paths += [p for group in configstore.GROUPS for tree in configstore.nodes(group).values()
+              for p in leaves(tree, group)]
     return roots, sorted({p for p in paths if not p.startswith("hydra.") and not set(p) & set("+~@/")})
 
 
@@ -195,11 +199,12 @@ def _unknown_group_option(key: str, override) -> str | None:
     closest options, instead of Hydra's 60-line list of every option."""
     import difflib
 
-    folder = CONFIG_DIR / key
-    if "." in key or "/" in key or not folder.is_dir():
+    from .configstore import group_options
+
+    options = None if "." in key or "/" in key else group_options(CONFIG_DIR, key)
+    if options is None:
         return None
     values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
-    options = sorted(p.stem for p in folder.glob("*.yaml"))
     for value in values:
         if value is None or str(value) in options or str(value) == "null":
             continue
@@ -231,7 +236,9 @@ def check_overrides(argv: list[str]) -> str | None:
     except SystemExit:  # a malformed flag: Hydra reports it itself
         return None
     parser, roots, paths = OverridesParser.create(), None, None
-    groups = {"hydra", *(p.name for p in CONFIG_DIR.iterdir() if p.is_dir()),
+    from .configstore import GROUPS
+
+    groups = {"hydra", *GROUPS, *(p.name for p in CONFIG_DIR.iterdir() if p.is_dir()),
               *yaml.safe_load((CONFIG_DIR / "config.yaml").read_text())}
     for i, text in enumerate(overrides):
         try:
@@ -297,9 +304,11 @@ def main() -> None:
     from hydra.types import RunMode
     from omegaconf import DictConfig
 
+    from . import configstore
     from .sweeps import register_resolvers
 
     register_resolvers()
+    configstore.register()  # the generated group options (importing the package did it too)
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _job(cfg: DictConfig) -> None:
