@@ -14,11 +14,11 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 from .api import evaluate  # noqa: E402
+from .cli import configstore as _configstore  # noqa: E402
 from .cli import resolvers as _resolvers  # noqa: E402
-from .cli import stage_configs as _stage_configs  # noqa: E402
 from .core.results import Results  # noqa: E402
 
 _resolvers.register()  # ${launch_dir:} and ${sweep_values:...} of the shipped configs
-_stage_configs.register()  # the stage=<name> configs, generated from each stage's parameter class
+_configstore.register()  # the encoder= and stage= options, generated from the registries
 
 __all__ = ["Results", "evaluate", "__version__"]

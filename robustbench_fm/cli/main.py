@@ -180,9 +180,9 @@ def _settings() -> tuple[set[str], list[str]]:
             return [prefix]
         return [p for k, v in node.items() if k != "defaults" for p in leaves(v, f"{prefix}.{k}" if prefix else k)]
 
-    from . import stage_configs
+    from . import configstore
 
-    roots, paths = {"hydra", stage_configs.GROUP}, []
+    roots, paths = {"hydra", *configstore.GROUPS}, []
     for path in [CONFIG_DIR / "config.yaml", *sorted(CONFIG_DIR.glob("*/*.yaml"))]:
         tree = yaml.safe_load(path.read_text()) or {}
         glob = path.parent == CONFIG_DIR or "@package _global_" in path.read_text().split("\n", 1)[0]
@@ -191,8 +191,8 @@ def _settings() -> tuple[set[str], list[str]]:
         else:
             roots.add(path.parent.name)
         paths += leaves(tree, "" if glob else path.parent.name)
-    for node in stage_configs.nodes().values():  # the generated stage configs
-        paths += leaves(node, stage_configs.GROUP)
+    paths += [p for group in configstore.GROUPS for tree in configstore.nodes(group).values()
+              for p in leaves(tree, group)]
     return roots, sorted({p for p in paths if not p.startswith("hydra.") and not set(p) & set("+~@/")})
 
 
@@ -201,14 +201,12 @@ def _unknown_group_option(key: str, override) -> str | None:
     closest options, instead of Hydra's 60-line list of every option."""
     import difflib
 
-    from . import stage_configs
+    from .configstore import group_options
 
-    folder = CONFIG_DIR / key
-    generated = key == stage_configs.GROUP
-    if "." in key or "/" in key or not (folder.is_dir() or generated):
+    options = None if "." in key or "/" in key else group_options(CONFIG_DIR, key)
+    if options is None:
         return None
     values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
-    options = sorted(p.stem for p in folder.glob("*.yaml")) + (stage_configs.options() if generated else [])
     for value in values:
         if value is None or str(value) in options or str(value) == "null":
             continue
@@ -239,9 +237,9 @@ def load_plugins(argv: list[str]) -> list[str]:
         names += [str(v) for v in (value if isinstance(value, list) else [value]) if v]
     methods.load_plugins(names)
     if names:
-        from . import stage_configs
+        from . import configstore
 
-        stage_configs.register()  # the plugins' stage=<name> configs
+        configstore.register()  # the plugins' stage=<name> configs
     return names
 
 
@@ -266,9 +264,9 @@ def check_overrides(argv: list[str]) -> str | None:
     except SystemExit:  # a malformed flag: Hydra reports it itself
         return None
     parser, roots, paths = OverridesParser.create(), None, None
-    from .stage_configs import GROUP
+    from .configstore import GROUPS
 
-    groups = {"hydra", GROUP, *(p.name for p in CONFIG_DIR.iterdir() if p.is_dir()),
+    groups = {"hydra", *GROUPS, *(p.name for p in CONFIG_DIR.iterdir() if p.is_dir()),
               *yaml.safe_load((CONFIG_DIR / "config.yaml").read_text())}
     for i, text in enumerate(overrides):
         try:
@@ -334,9 +332,11 @@ def main() -> None:
     from hydra.types import RunMode
     from omegaconf import DictConfig
 
+    from . import configstore
     from .sweeps import register_resolvers
 
     register_resolvers()
+    configstore.register()  # the generated group options (importing the package did it too)
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _job(cfg: DictConfig) -> None:

@@ -4,9 +4,13 @@ Each ``configs/dataset/<name>.yaml`` holds a ``card`` with the access and licenc
 citation and the ``expected`` counts (``images``, ``patients``, ``positives`` per finding) from the
 papers or the official sources named in ``source``. :func:`check` compares a built manifest with
 them and returns one warning line per mismatch; a count of ``null`` is not checked.
+
+The card is the one home of a dataset's access, licence and citation: the registry's
+:class:`~.registry.Adapter` reads them from it (:func:`card_field`), and ``list datasets`` shows them.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pandas as pd
@@ -14,6 +18,8 @@ import pandas as pd
 import robustbench_fm
 
 CONFIG_DIR = Path(robustbench_fm.__file__).resolve().parent.parent / "configs"
+#: the card's text fields that the registry adapters show (``Adapter.access`` etc., ``list datasets``)
+CARD_FIELDS = ("access", "licence", "citation")
 
 
 def load_card(name: str) -> dict:
@@ -28,6 +34,23 @@ def load_card(name: str) -> dict:
     if card is None:
         raise ValueError(f"{path}: no 'card' section; add card: {{access, licence, citation, expected, source}}")
     return OmegaConf.to_container(card, resolve=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _card_text(name: str) -> dict:
+    try:
+        card = load_card(name)
+    except (FileNotFoundError, ValueError):  # a dataset without a shipped card (planted, spar_phantom_totalsegmentator)
+        return {}
+    return {k: card.get(k) for k in CARD_FIELDS}
+
+
+def card_field(name: str, field: str) -> str:
+    """``card.<field>`` (one of :data:`CARD_FIELDS`) of dataset ``name``, "" without a card: the one
+    home of the registry adapters' ``access``, ``licence`` and ``citation`` (read once per dataset)."""
+    if field not in CARD_FIELDS:
+        raise KeyError(f"'{field}' is not a card text field; one of {', '.join(CARD_FIELDS)}")
+    return _card_text(name).get(field) or ""
 
 
 def _mismatch(source: str, what: str, found: int, expected: int, card_source: str) -> str:

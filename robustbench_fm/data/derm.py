@@ -127,11 +127,6 @@ FITZPATRICK17K = register(Adapter(
     build=build_fitzpatrick17k,
     findings=("malignant",),
     description="Fitzpatrick17k: 16,577 clinical skin photographs, 114 conditions, Fitzpatrick skin type 1-6.",
-    access="CSV from github.com/mattgroh/fitzpatrick17k; images downloaded from its url column "
-           "(or the authors' zip on request)",
-    licence="CC BY-NC-SA 3.0 (CSV); images under the terms of their source atlases",
-    citation="Groh M et al. Evaluating deep neural networks trained on clinical images in dermatology "
-             "with the Fitzpatrick 17k dataset. CVPR Workshops 2021, 1820-1828.",
 ))
 
 ISIC2019 = register(Adapter(
@@ -139,11 +134,6 @@ ISIC2019 = register(Adapter(
     build=build_isic2019,
     findings=("malignant",),
     description="ISIC 2019: 25,331 dermoscopic images in 8 diagnoses (MEL, NV, BCC, AK, BKL, DF, VASC, SCC).",
-    access="open: challenge.isic-archive.com/data (ISIC 2019 training input, ground truth, metadata)",
-    licence="CC BY-NC 4.0",
-    citation="Tschandl P et al. The HAM10000 dataset. Sci Data 5:180161, 2018; Codella N et al. ISIC "
-             "2017 challenge. ISBI 2018; Combalia M et al. BCN20000: dermoscopic lesions in the wild. "
-             "arXiv:1908.02288, 2019.",
 ))
 
 DDI = register(Adapter(
@@ -151,8 +141,4 @@ DDI = register(Adapter(
     build=build_ddi,
     findings=("malignant",),
     description="DDI (Diverse Dermatology Images): 656 clinical images, biopsy-proven, skin tones FST I-VI.",
-    access="Stanford AIMI (aimi.stanford.edu): registration and research-use agreement",
-    licence="Stanford University Dataset Research Use Agreement",
-    citation="Daneshjou R et al. Disparities in dermatology AI performance on a diverse, curated "
-             "clinical image set. Science Advances 8(32):eabq6147, 2022.",
 ))

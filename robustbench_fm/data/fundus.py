@@ -256,10 +256,6 @@ FAIRVISION = register(Adapter(
     findings=("glaucoma", "referable_dr"),
     description="Harvard-FairVision30k: SLO fundus (200 px, in each NPZ) of 10,000 subjects per disease; "
                 "glaucoma yes/no.",
-    access="registration form: ophai.hms.harvard.edu/datasets/harvard-fairvision30k (Google Drive folder)",
-    licence="CC BY-NC-ND 4.0",
-    citation="Luo Y, Khan MO, Tian Y, Shi M, Dou Z, Elze T, Fang Y, Wang M. FairVision: equitable deep "
-             "learning for eye disease screening via fair identity scaling. arXiv:2310.02492, 2024.",
 ))
 
 APTOS = register(Adapter(
@@ -267,9 +263,6 @@ APTOS = register(Adapter(
     build=build_aptos,
     findings=("referable_dr",),
     description="APTOS 2019 Blindness Detection: 3,662 graded fundus photographs (Aravind, India); DR grade >= 2.",
-    access="Kaggle competition aptos2019-blindness-detection: Kaggle account and acceptance of the competition rules",
-    licence="Kaggle competition rules (non-commercial research use)",
-    citation="Karthik M, Dane S. APTOS 2019 Blindness Detection. Kaggle, 2019.",
 ))
 
 MESSIDOR2 = register(Adapter(
@@ -277,13 +270,6 @@ MESSIDOR2 = register(Adapter(
     build=build_messidor2,
     findings=("referable_dr",),
     description="Messidor-2: 1,748 fundus photographs (874 exams, France) with Krause et al.'s adjudicated DR grades.",
-    access="images: ADCIS registration form with manual approval (adcis.net/en/third-party/messidor2); "
-           "grades: Kaggle dataset google-brain/messidor2-dr-grades",
-    licence="Messidor-2 licence agreement (research use, no redistribution); grades CC BY 4.0 (Kaggle)",
-    citation="Decencière E et al. Feedback on a publicly distributed image database: the Messidor database. "
-             "Image Analysis & Stereology 33(3):231-234, 2014. Krause J et al. Grader variability and the "
-             "importance of reference standards for evaluating machine learning models for diabetic "
-             "retinopathy. Ophthalmology 125(8):1264-1272, 2018.",
 ))
 
 IDRID = register(Adapter(
@@ -291,9 +277,4 @@ IDRID = register(Adapter(
     build=build_idrid,
     findings=("referable_dr",),
     description="IDRiD: 516 graded fundus photographs (India) and 81 with pixel-level lesion masks (MA, HE, EX, SE).",
-    access="IEEE DataPort (open access, free IEEE account): ieee-dataport.org/open-access/"
-           "indian-diabetic-retinopathy-image-dataset-idrid",
-    licence="CC BY 4.0",
-    citation="Porwal P et al. Indian Diabetic Retinopathy Image Dataset (IDRiD): a database for diabetic "
-             "retinopathy screening research. Data 3(3):25, 2018.",
 ))

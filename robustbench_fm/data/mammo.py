@@ -75,9 +75,4 @@ VINDR_MAMMO = register(Adapter(
     findings=("mass_or_calcification",),
     description="VinDr-Mammo: 20,000 full-field digital mammograms (5,000 exams, Vietnam), DICOM; "
                 "mass or suspicious calcification.",
-    access="PhysioNet credentialed access (physionet.org/content/vindr-mammo/1.0.0): "
-           "CITI training and the data use agreement",
-    licence="PhysioNet Credentialed Health Data License 1.5.0",
-    citation="Nguyen HT et al. VinDr-Mammo: a large-scale benchmark dataset for computer-aided diagnosis "
-             "in full-field digital mammography. Scientific Data 10(1):277, 2023.",
 ))

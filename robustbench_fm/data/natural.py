@@ -118,18 +118,10 @@ CUB = register(Adapter(
     build=build_cub,
     description="CUB-200-2011: 11,788 bird photographs of 200 species; one species vs its family "
                 "(last word of the name).",
-    access="open: data.caltech.edu/records/20098 (CUB_200_2011.tgz), no registration",
-    licence="research and non-commercial use (Caltech; images from Flickr under their owners' terms)",
-    citation="Wah C, Branson S, Welinder P, Perona P, Belongie S. The Caltech-UCSD Birds-200-2011 "
-             "Dataset. Technical Report CNS-TR-2011-001, California Institute of Technology, 2011.",
 ))
 
 FGVC_AIRCRAFT = register(Adapter(
     name="fgvc_aircraft",
     build=build_fgvc_aircraft,
     description="FGVC-Aircraft 2013b: 10,000 aircraft photographs, 100 variants; one variant vs its manufacturer.",
-    access="open for non-commercial research: robots.ox.ac.uk/~vgg/data/fgvc-aircraft (fgvc-aircraft-2013b.tar.gz)",
-    licence="non-commercial research use only (images by airliners.net photographers)",
-    citation="Maji S, Rahtu E, Kannala J, Blaschko M, Vedaldi A. Fine-grained visual classification "
-             "of aircraft. arXiv:1306.5151, 2013.",
 ))

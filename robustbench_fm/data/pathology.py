@@ -120,10 +120,6 @@ NCT_CRC = register(Adapter(
     build=build_nct_crc,
     findings=("tumour",),
     description="NCT-CRC-HE-100K / CRC-VAL-HE-7K: 224 px H&E colorectal tiles in 9 tissue classes; tumour = TUM.",
-    access="open: Zenodo record 1214456 (NCT-CRC-HE-100K.zip, CRC-VAL-HE-7K.zip), no registration",
-    licence="CC BY 4.0",
-    citation="Kather JN et al. Predicting survival from colorectal cancer histology slides using deep "
-             "learning: a retrospective multicenter study. PLoS Medicine 16(1):e1002730, 2019.",
 ))
 
 PCAM = register(Adapter(
@@ -131,8 +127,4 @@ PCAM = register(Adapter(
     build=build_pcam,
     findings=("tumour",),
     description="PatchCamelyon: 96 px lymph-node patches (HDF5) from Camelyon16; tumour in the central 32 px.",
-    access="open: github.com/basveeling/pcam (Google Drive) or Zenodo 2546921; gunzip the .h5.gz files",
-    licence="CC0 1.0",
-    citation="Veeling BS, Linmans J, Winkens J, Cohen T, Welling M. Rotation equivariant CNNs for "
-             "digital pathology. MICCAI 2018.",
 ))

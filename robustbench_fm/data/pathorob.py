@@ -239,17 +239,14 @@ def build_pcabiop(root: Path, view: str = "binary", slides_csv: str = "train.csv
     return isup_pair_occurrences(out) if view == "isup" else out
 
 
-_CITATION = "Kömen J et al. Towards robust foundation models for digital pathology. arXiv:2507.17845, 2025."
-#: registry name -> (description, tile licence)
-_CARDS = {
+#: registry name -> description (access, licence and citation: the card of configs/dataset/<name>.yaml)
+_DESCRIPTIONS = {
     "pathorob_camelyon": ("Camelyon16/17 lymph-node tiles: normal/tumor x RUMC/UMCU (RI: 20,400; "
-                          "APD adds CWZ, RST, LPON)", "CC0 1.0"),
-    "pathorob_tcga4x4": ("TCGA tiles: 4 cancer types x 4 centres (RI: 5,760; APD adds 4 unseen centres)",
-                         "CC BY-NC-SA 4.0"),
-    "pathorob_tcga2x2": ("TCGA 2x2 quartets (paired design, one row per tile occurrence; 94 x 1,200)",
-                         "CC BY-NC-SA 4.0"),
+                          "APD adds CWZ, RST, LPON)"),
+    "pathorob_tcga4x4": "TCGA tiles: 4 cancer types x 4 centres (RI: 5,760; APD adds 4 unseen centres)",
+    "pathorob_tcga2x2": "TCGA 2x2 quartets (paired design, one row per tile occurrence; 94 x 1,200)",
     "pathorob_tolkach": ("Tolkach-ESCA oesophageal tiles: 6 classes x 3 centres (RI: 9,000 reduced set; "
-                         "APD: 16,300 with unseen centres)", "CC BY-SA 4.0"),
+                         "APD: 16,300 with unseen centres)"),
 }
 
 
@@ -265,22 +262,7 @@ register(Adapter(
     build=build_pcabiop,
     description="PCaBiop: PANDA prostate biopsies, benign/cancer (binary) or ISUP grade pairs (isup) x "
                 "Karolinska/Radboud; slide-level (slide encoders over cached tile embeddings)",
-    access="registration: kaggle.com/competitions/prostate-cancer-grade-assessment (train.csv, train_images/); "
-           "tile the slides into tiles/<image_id>/<x>_<y>.png",
-    licence="CC BY-SA-NC 4.0 (PANDA)",
-    citation="Bulten W et al. Artificial intelligence for diagnosis and Gleason grading of prostate cancer: "
-             "the PANDA challenge. Nature Medicine 28:154-163, 2022.",
 ))
 
-for _name, (_description, _licence) in _CARDS.items():
-    _repo, _ri_file, _, _apd_file = SOURCES[_name]
-    _files = _ri_file + (f" (+ {_apd_file} for view=apd)" if _apd_file not in (None, _ri_file) else "")
-    register(Adapter(
-        name=_name,
-        build=_builder(_name),
-        description=_description,
-        access=(f"open: huggingface.co/datasets/{_repo} (data/*.parquet) + {_files} from "
-                "github.com/bifold-pathomics/PathoROB data/metadata"),
-        licence=f"{_licence} (tiles); PathoROB metadata BSD-3-Clause",
-        citation=_CITATION,
-    ))
+for _name, _description in _DESCRIPTIONS.items():
+    register(Adapter(name=_name, build=_builder(_name), description=_description))

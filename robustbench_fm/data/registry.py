@@ -13,6 +13,29 @@ from .files import check_label_gaps, collect_label_gaps
 from .images import locator_file
 
 
+class _CardField:
+    """An adapter field whose one home is the dataset card (``card.<field>`` of
+    ``configs/dataset/<name>.yaml``, :mod:`.cards`): read when first asked for. A value passed to
+    ``Adapter(...)`` is used instead; that is for datasets registered without a shipped card (no
+    shipped adapter passes one: ``tests/cli/test_config_sources.py``)."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.field, self.slot = name, f"_{name}"
+
+    def __get__(self, adapter, owner=None):
+        if adapter is None:  # the dataclass default: None = the card's
+            return None
+        given = adapter.__dict__.get(self.slot)
+        if given is not None:
+            return given
+        from .cards import card_field
+
+        return card_field(adapter.name, self.field)
+
+    def __set__(self, adapter, value) -> None:  # Adapter.__init__ (frozen: only there)
+        adapter.__dict__[self.slot] = value
+
+
 @dataclass(frozen=True)
 class Adapter:
     """One dataset family member as its official distribution lays it out.
@@ -21,7 +44,8 @@ class Adapter:
     canonical manifest; ``findings`` are its binary finding columns; ``generate(root, **options)``
     (synthetic datasets only) writes the dataset's files first. ``access`` says where a user
     gets the data (and any credential or agreement it needs), ``licence`` and ``citation`` what
-    its dataset card states.
+    its dataset card states: all three are read from that card (``configs/dataset/<name>.yaml``),
+    "" where the dataset has none.
     """
 
     name: str
@@ -29,9 +53,9 @@ class Adapter:
     findings: tuple[str, ...] = ()
     description: str = ""
     generate: Callable[..., Path] | None = None
-    access: str = ""
-    licence: str = ""
-    citation: str = ""
+    access: str = _CardField()
+    licence: str = _CardField()
+    citation: str = _CardField()
 
 
 ADAPTERS: Registry[Adapter] = Registry("dataset")

@@ -4,11 +4,13 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from robustbench_fm import data, encoders
 from robustbench_fm import methods as stages
-from robustbench_fm.cli import app, stage_configs
+from robustbench_fm.cli import app, configstore
 from robustbench_fm.cli.main import CONFIG_DIR, listing
 from robustbench_fm.methods.params import config_node, field_docs
 
@@ -32,19 +34,23 @@ def test_every_experiment_composes_and_plans(experiment, tmp_path):
 
 
 def test_group_options_match_the_registries():
-    assert sorted(p.stem for p in (CONFIG_DIR / "encoder").glob("*.yaml")) == encoders.names()
-    for p in (CONFIG_DIR / "encoder").glob("*.yaml"):
-        assert OmegaConf.load(p).name == p.stem
+    # the encoder options are generated from the registry (robustbench_fm/cli/configstore.py): what
+    # Hydra offers for `encoder=` is the registry, and each option names its own entry
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        options = GlobalHydra.instance().config_loader().get_group_options("encoder")
+    assert sorted(options) == encoders.names()
+    for name in options:
+        assert ConfigStore.instance().load(f"encoder/{name}.yaml").node.name == name
     for p in (CONFIG_DIR / "dataset").glob("*.yaml"):
         assert OmegaConf.load(p).name in data.names()
-    assert stage_configs.options() == stages.names()
+    assert sorted(configstore.nodes("stage")) == stages.names()
 
 
 def test_stage_configs_are_generated_from_the_registry():
     """Every registered stage has a generated ``stage/<name>`` node (no YAML file): its name, the
     method's findings default and the parameter class's config node; every parameter is documented."""
     assert not (CONFIG_DIR / "stage").exists()
-    nodes = stage_configs.nodes()
+    nodes = configstore.nodes("stage")
     assert list(nodes) == stages.names()
     for name, node in nodes.items():
         method = stages.method(name)

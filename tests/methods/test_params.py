@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from robustbench_fm import methods
-from robustbench_fm.cli import stage_configs
+from robustbench_fm.cli import configstore
 from robustbench_fm.cli.main import CONFIG_DIR
 from robustbench_fm.methods.candor import stage as candor_stage
 from robustbench_fm.methods.candor.params import CandorParams
@@ -39,7 +39,7 @@ def test_the_generated_stage_config_equals_the_yaml_it_replaced(name):
     old = old_yaml(name)
     if old is None:
         pytest.skip(f"no git history with {YAML_REVISION}")
-    new = OmegaConf.to_container(OmegaConf.create(stage_configs.nodes()[name]))
+    new = OmegaConf.to_container(OmegaConf.create(configstore.nodes("stage")[name]))
     # the same keys in the same order, the same values of the same types (10.0 is not 10)
     assert json.dumps(new) == json.dumps(old)
 

@@ -66,9 +66,4 @@ def build_chexpert(root: Path, uncertain: str = "nan", views: list[str] | None =
 register(Adapter(
     name="chexpert", build=build_chexpert, findings=tuple(finding_sources("chexpert")),
     description="CheXpert: 224,316 chest radiographs of 65,240 patients (Stanford) with CheXpert-labeler labels.",
-    access="Stanford AIMI https://stanfordaimi.azurewebsites.net/datasets/8cbd9ed4-2eb9-4565-affc-111cf4f7ebe2 ; "
-           "free registration and the Stanford research use agreement",
-    licence="Stanford University School of Medicine CheXpert Dataset Research Use Agreement (non-commercial)",
-    citation="Irvin J et al. CheXpert: a large chest radiograph dataset with uncertainty labels and "
-             "expert comparison. AAAI 33:590-597 (2019).",
 ))

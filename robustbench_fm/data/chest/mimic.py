@@ -135,22 +135,12 @@ def build_ms_cxr(root: Path, annotations: str | None = None, box_finding: str = 
     return assemble(base, findings, "mimic_cxr", views, boxes)
 
 
-MIMIC_ACCESS = ("PhysioNet https://physionet.org/content/mimic-cxr-jpg/2.1.0/ ; credentialed access "
-                "(CITI data-research training + signed data use agreement)")
 register(Adapter(
     name="mimic_cxr", build=build_mimic_cxr, findings=CHEST_FINDINGS,
     description="MIMIC-CXR-JPG: 377,110 chest radiographs (BIDMC, Boston) with CheXpert-labeler labels per study.",
-    access=MIMIC_ACCESS, licence="PhysioNet Credentialed Health Data License 1.5.0",
-    citation="Johnson AEW et al. MIMIC-CXR, a de-identified publicly available database of chest "
-             "radiographs with free-text reports. Sci Data 6:317 (2019); MIMIC-CXR-JPG, PhysioNet (2019).",
 ))
 register(Adapter(
     name="ms_cxr", build=build_ms_cxr, findings=tuple(finding_sources("ms_cxr")),
     description="MS-CXR: 1,162 radiologist boxes with phrases on MIMIC-CXR images (8 findings); boxes of one finding "
                 "per row.",
-    access="PhysioNet https://physionet.org/content/ms-cxr/ ; credentialed access; needs the "
-           "MIMIC-CXR-JPG images (same root)",
-    licence="PhysioNet Credentialed Health Data License 1.5.0",
-    citation="Boecking B et al. Making the most of text semantics to improve biomedical vision-language "
-             "processing. ECCV 2022; MS-CXR, PhysioNet (2022).",
 ))

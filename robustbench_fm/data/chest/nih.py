@@ -67,8 +67,4 @@ register(Adapter(
     name="nih_cxr14", build=build_nih_cxr14, findings=tuple(finding_sources("nih_cxr14")),
     description="NIH ChestX-ray14: 112,120 frontal radiographs of 30,805 patients, 14 text-mined labels "
                 "(CANDOR uses it only for Figure 1).",
-    access="open: NIH Box https://nihcc.app.box.com/v/ChestXray-NIHCC (or Kaggle nih-chest-xrays/data)",
-    licence="no restrictions stated by the NIH Clinical Center; acknowledge the NIH Clinical Center and cite the paper",
-    citation="Wang X et al. ChestX-ray8: hospital-scale chest X-ray database and benchmarks on weakly-"
-             "supervised classification and localization of common thorax diseases. CVPR 2017.",
 ))

@@ -116,8 +116,4 @@ register(Adapter(
     name="openi", build=build_openi, findings=tuple(finding_sources("openi")),
     description="Open-I (Indiana University): 7,470 radiographs of 3,955 reports with manual MeSH terms; "
                 "CANDOR's external site.",
-    access="open: NLM Open-i https://openi.nlm.nih.gov/faq (NLMCXR_png.tgz, NLMCXR_dcm.tgz, NLMCXR_reports.tgz)",
-    licence="CC BY-NC-ND 4.0 (per the reports' licenseURL)",
-    citation="Demner-Fushman D et al. Preparing a collection of radiology examinations for distribution "
-             "and retrieval. J Am Med Inform Assoc 23(2):304-310 (2016).",
 ))

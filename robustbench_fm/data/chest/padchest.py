@@ -75,8 +75,4 @@ register(Adapter(
     name="padchest", build=build_padchest, findings=tuple(finding_sources("padchest")),
     description="PadChest: 160,861 radiographs of 67,625 patients (Alicante, 2009-2017), 174 findings "
                 "from Spanish reports (27% by physicians).",
-    access="BIMCV https://bimcv.cipf.es/bimcv-projects/padchest/ ; request form (registration)",
-    licence="CC BY-SA 4.0 (PadChest dataset research use agreement)",
-    citation="Bustos A, Pertusa A, Salinas JM, de la Iglesia-Vaya M. PadChest: a large chest x-ray image "
-             "dataset with multi-label annotated reports. Med Image Anal 66:101797 (2020).",
 ))

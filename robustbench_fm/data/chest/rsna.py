@@ -84,9 +84,4 @@ def build_rsna_pneumonia(root: Path, headers: str | None = None, box_finding: st
 register(Adapter(
     name="rsna_pneumonia", build=build_rsna_pneumonia, findings=tuple(finding_sources("rsna_pneumonia")),
     description="RSNA Pneumonia Detection: 26,684 NIH radiographs (DICOM) with radiologist pneumonia boxes.",
-    access="Kaggle https://www.kaggle.com/c/rsna-pneumonia-detection-challenge ; Kaggle account and "
-           "acceptance of the competition rules",
-    licence="RSNA/Kaggle competition data terms (non-commercial research); images derived from NIH ChestX-ray14",
-    citation="Shih G et al. Augmenting the National Institutes of Health chest radiograph dataset with "
-             "expert annotations of possible pneumonia. Radiol Artif Intell 1(1):e180041 (2019).",
 ))

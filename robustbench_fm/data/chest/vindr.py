@@ -142,17 +142,8 @@ def build_vindr_pcxr(root: Path, readers: str = "any", extension: str = ".dicom"
 register(Adapter(
     name="vindr_cxr", build=build_vindr_cxr, findings=tuple(finding_sources("vindr_cxr")),
     description="VinDr-CXR: 18,000 PA radiographs (DICOM) from 2 Hanoi hospitals, 28 labels per reader, boxes.",
-    access="PhysioNet https://physionet.org/content/vindr-cxr/1.0.0/ ; credentialed access and signed DUA "
-           "(Kaggle vinbigdata-chest-xray-abnormalities-detection holds the 14-class train part)",
-    licence="PhysioNet Credentialed Health Data License 1.5.0",
-    citation="Nguyen HQ et al. VinDr-CXR: an open dataset of chest X-rays with radiologist's "
-             "annotations. Sci Data 9:429 (2022).",
 ))
 register(Adapter(
     name="vindr_pcxr", build=build_vindr_pcxr, findings=tuple(finding_sources("vindr_pcxr")),
     description="VinDr-PCXR (PediCXR): 9,125 paediatric PA radiographs (DICOM) with 15 diagnoses.",
-    access="PhysioNet https://physionet.org/content/vindr-pcxr/1.0.0/ ; restricted access (signed DUA)",
-    licence="PhysioNet Restricted Health Data License 1.5.0",
-    citation="Pham HH, Nguyen NH, Tran TT, Nguyen TN, Nguyen HQ. PediCXR: an open, large-scale chest "
-             "radiograph dataset for interpretation of common thoracic diseases in children. Sci Data 10:240 (2023).",
 ))

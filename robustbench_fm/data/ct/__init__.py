@@ -54,23 +54,11 @@ def _adapter(name: str, description: str, **kwargs) -> Adapter:
 
 
 WORD = _adapter(
-    "word", "WORD: 150 abdominal CT volumes with 16 organ label maps (imagesTr/Val/Ts, 100/20/30).",
-    access="application by email to the WORD authors (github.com/HiLab-git/WORD); Google Drive zip, password sent "
-           "to institutional addresses; labelsTs zip on GitHub",
-    licence="GPL-3.0, academic use only",
-    citation="Luo X et al. WORD: A large scale dataset, benchmark and clinical applicable study for abdominal organ "
-             "segmentation from CT image. Medical Image Analysis 82:102642, 2022.")
+    "word", "WORD: 150 abdominal CT volumes with 16 organ label maps (imagesTr/Val/Ts, 100/20/30).")
 LITS = _adapter(
-    "lits", "LiTS: liver CT volumes with liver (1) and tumour (2) labels; SPAR counts tumours on 20 of them.",
-    access="CodaLab LiTS challenge (registration) or the open MSD Task03_Liver",
-    licence="CC BY-SA 4.0 (MSD Task03_Liver)",
-    citation="Bilic P et al. The Liver Tumor Segmentation Benchmark (LiTS). Medical Image Analysis 84:102680, 2023.")
+    "lits", "LiTS: liver CT volumes with liver (1) and tumour (2) labels; SPAR counts tumours on 20 of them.")
 TOTALSEG = _adapter(
-    "totalsegmentator", "TotalSegmentator: CT subjects with one binary mask per class; meta.csv split.",
-    access="open: Zenodo record 10047292 (v2.0.1)",
-    licence="CC BY 4.0",
-    citation="Wasserthal J et al. TotalSegmentator: Robust segmentation of 104 anatomic structures in CT images. "
-             "Radiology: Artificial Intelligence 5(5):e230024, 2023.")
+    "totalsegmentator", "TotalSegmentator: CT subjects with one binary mask per class; meta.csv split.")
 PHANTOM_WORD = _adapter(
     "spar_phantom_word", "Synthetic abdominal CT phantoms in the WORD layout, LiTS-style set under lits/.",
     generate=_phantom_generator("word"))

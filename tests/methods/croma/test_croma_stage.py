@@ -9,7 +9,7 @@ from croma_cohorts import cohort, quartets
 from omegaconf import OmegaConf
 
 from robustbench_fm import evaluate
-from robustbench_fm.cli import stage_configs
+from robustbench_fm.cli import configstore
 from robustbench_fm.methods.croma import stage
 
 
@@ -104,7 +104,7 @@ def test_finding_names_the_label_and_leads_the_summary():
 
 
 def test_stage_config_runs_as_the_app_calls_it():
-    cfg = OmegaConf.create(stage_configs.nodes()["croma"])  # what stage=croma composes
+    cfg = OmegaConf.create(configstore.nodes("stage")["croma"])  # what stage=croma composes
     params = OmegaConf.to_container(cfg.params)
     params["device"] = "cpu"  # ${device} in the app
     stage.check_params(**params)
