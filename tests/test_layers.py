@@ -119,3 +119,21 @@ def test_every_module_is_in_a_layer():
     """Only ``__init__``, ``__main__`` and ``api`` sit at the package root."""
     root = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert root == ["__init__", "__main__", "api"]
+
+
+def test_imports_inside_functions_say_why():
+    """Imports of our modules sit at module top; one inside a function is lazy on purpose (its
+    target imports torch or matplotlib, or it would close a cycle) and says so in a comment on its
+    line or the line above."""
+    silent = []
+    for module, path in MODULES.items():
+        lines = path.read_text().splitlines()
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("robustbench_fm")):
+                    here, above = lines[node.lineno - 1], lines[node.lineno - 2].strip()
+                    if "#" not in here and not above.startswith("#"):
+                        silent.append(f"{module}:{node.lineno}: {here.strip()}")
+    assert not silent, "\n".join(sorted(set(silent)))

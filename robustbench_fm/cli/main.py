@@ -13,6 +13,16 @@ import logging
 import sys
 from pathlib import Path
 
+from .. import data, encoders, methods
+from .. import methods as stages
+from ..core.redact import install_log_redaction, redacted_yaml
+from ..core.tables import SweepResults
+from ..report.compare import to_markdown, write_compare
+from ..report.tables import get
+from . import configstore
+from .configstore import GROUPS, group_options
+from .sweeps import collect_and_report, register_resolvers
+
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
@@ -48,8 +58,6 @@ def listing(what: str | None = None) -> str:
     line with what each is. Imports no torch (the registries hold specs only)."""
     if what is not None and what not in SECTIONS:
         raise SystemExit(f"error: list: unknown section '{what}'; choose one of {', '.join(SECTIONS)}")
-    from .. import data, encoders
-    from .. import methods as stages
 
     def encoder_rows():
         for n in encoders.names():
@@ -72,7 +80,7 @@ def listing(what: str | None = None) -> str:
 
 def verify(path: str, manifest: str | None = None) -> int:
     """Print one line per cache entry (plus its problems and notes); 1 when any entry is bad."""
-    from ..features import verify_cache, verify_entry
+    from ..features import verify_cache, verify_entry  # lazy: imports torch
 
     target = Path(path)
     reports = [verify_entry(target, manifest)] if manifest or (target / "meta.json").exists() \
@@ -93,7 +101,6 @@ def collect(sweep_dir: str, show_compare: bool = False) -> int:
     """Merge a sweep's results (``combined.parquet``, ``results_long.parquet``, tables, report);
     with ``show_compare`` print ``compare.md``; 1 with a one-line summary when jobs did not
     finish, 2 with a one-line error when incomplete."""
-    from .sweeps import collect_and_report
 
     result = collect_and_report(sweep_dir)
     if result is None or result.problems:
@@ -121,10 +128,7 @@ def newest_sweep(root: Path = Path("outputs") / "multirun") -> str | None:
 def compare(sweep_dir: str) -> int:
     """Rebuild the sweep's paper tables (``report.tables``) and print them beside the published
     values (``compare.md`` / ``compare.csv`` in the sweep folder); 2 with a one-line error."""
-    from ..core.tables import SweepResults
-    from ..report.compare import to_markdown, write_compare
-    from ..report.tables import get
-    from .app import job_manifest
+    from .app import job_manifest  # lazy: imports torch
 
     results = SweepResults(sweep_dir, load_manifest=job_manifest)
     if not results.root.is_dir() or results.config is None:
@@ -158,7 +162,7 @@ def _remove_dry_run_folder(out: Path, output_root: Path) -> None:
 
 def doctor(selected: list[str]) -> int:
     """Print the doctor's report; 2 with a one-line error for an unknown encoder name."""
-    from .doctor import report
+    from .doctor import report  # lazy: imports torch
 
     try:
         text = report(selected)
@@ -180,7 +184,6 @@ def _settings() -> tuple[set[str], list[str]]:
             return [prefix]
         return [p for k, v in node.items() if k != "defaults" for p in leaves(v, f"{prefix}.{k}" if prefix else k)]
 
-    from . import configstore
 
     roots, paths = {"hydra", *configstore.GROUPS}, []
     for path in [CONFIG_DIR / "config.yaml", *sorted(CONFIG_DIR.glob("*/*.yaml"))]:
@@ -201,7 +204,6 @@ def _unknown_group_option(key: str, override) -> str | None:
     closest options, instead of Hydra's 60-line list of every option."""
     import difflib
 
-    from .configstore import group_options
 
     options = None if "." in key or "/" in key else group_options(CONFIG_DIR, key)
     if options is None:
@@ -223,7 +225,6 @@ def load_plugins(argv: list[str]) -> list[str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    from .. import methods
 
     names: list[str] = []
     parser = OverridesParser.create()
@@ -237,7 +238,6 @@ def load_plugins(argv: list[str]) -> list[str]:
         names += [str(v) for v in (value if isinstance(value, list) else [value]) if v]
     methods.load_plugins(names)
     if names:
-        from . import configstore
 
         configstore.register()  # the plugins' stage=<name> configs
     return names
@@ -264,7 +264,6 @@ def check_overrides(argv: list[str]) -> str | None:
     except SystemExit:  # a malformed flag: Hydra reports it itself
         return None
     parser, roots, paths = OverridesParser.create(), None, None
-    from .configstore import GROUPS
 
     groups = {"hydra", *GROUPS, *(p.name for p in CONFIG_DIR.iterdir() if p.is_dir()),
               *yaml.safe_load((CONFIG_DIR / "config.yaml").read_text())}
@@ -332,16 +331,13 @@ def main() -> None:
     from hydra.types import RunMode
     from omegaconf import DictConfig
 
-    from . import configstore
-    from .sweeps import register_resolvers
 
     register_resolvers()
     configstore.register()  # the generated group options (importing the package did it too)
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _job(cfg: DictConfig) -> None:
-        from ..core.redact import install_log_redaction, redacted_yaml
-        from . import app
+        from . import app  # lazy: imports torch
 
         install_log_redaction()
         hc = HydraConfig.get()

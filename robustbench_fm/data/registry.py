@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..core.registry import Registry
 from . import manifest as mf
+from .cards import card_field
 from .files import check_label_gaps, collect_label_gaps
 from .images import locator_file
 
@@ -28,7 +29,6 @@ class _CardField:
         given = adapter.__dict__.get(self.slot)
         if given is not None:
             return given
-        from .cards import card_field
 
         return card_field(adapter.name, self.field)
 
