@@ -132,7 +132,8 @@ def test_imports_inside_functions_say_why():
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             for node in ast.walk(fn):
-                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("robustbench_fm")):
+                ours = isinstance(node, ast.ImportFrom) and (node.level or str(node.module).startswith(PACKAGE.name))
+                if ours:
                     here, above = lines[node.lineno - 1], lines[node.lineno - 2].strip()
                     if "#" not in here and not above.startswith("#"):
                         silent.append(f"{module}:{node.lineno}: {here.strip()}")

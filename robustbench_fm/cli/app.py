@@ -25,6 +25,7 @@ from ..core.tables import SweepResults
 from ..data import cards
 from ..data import manifest as mf
 from ..features.embed import Embedder, EncoderOptions
+from ..features.load import align_features, load_features
 from ..methods.job import JobContext
 from ..methods.run import score_and_save
 from ..report.html import run_report, write_report
@@ -299,7 +300,6 @@ def run_stage_on_entries(job: Plan, cfg: DictConfig, manifest: pd.DataFrame, ent
                          out_dir: Path) -> list[pd.DataFrame]:
     """Run the stage on complete cache entries ``[(encoder, entry folder), ...]`` of one manifest,
     after dropping for every encoder the rows any encoder skipped (listed in ``skipped.csv``)."""
-    from ..features.load import align_features, load_features  # lazy: imports torch
 
     if skipped:
         log.warning("%d unreadable images skipped for every encoder (listed in %s)", len(skipped),

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from .loaders.extras import require
-from .loaders.hub import hub_call, trust_remote_code
+from .loaders.hub import hub_call, offline, trust_remote_code
 from .loaders.package_loaders import hub_or_local
 from .registry import get, register_loader
 from .spec import EncoderSpec
@@ -109,7 +109,6 @@ def _moozy(spec, weights, trust):
         source, weights_id = hub_or_local(spec, None)
         from huggingface_hub import hf_hub_download
 
-        from .loaders.hub import offline  # lazy: imports torch
         with hub_call(spec, spec.hub_id):
             ckpt = hf_hub_download(spec.hub_id, spec.hub_file, local_files_only=offline())
     else:

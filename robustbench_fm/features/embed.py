@@ -13,6 +13,7 @@ import pandas as pd
 
 from .. import encoders
 from .extract import FeatureSet, extract
+from .slides import extract_slides
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,6 @@ class Embedder:
     def embed_slides(self, manifest: pd.DataFrame, root: str | Path, name: str) -> Path:
         """Slide embeddings of the slides of ``manifest`` by slide encoder ``name`` (tiles embedded
         by its tile encoder first); returns the cache entry."""
-        from .slides import extract_slides  # lazy: imports torch
 
         opts = self._options(name)
         return extract_slides(name, manifest, root, self.cache_dir, weights=opts.weights,

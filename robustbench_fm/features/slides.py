@@ -32,6 +32,7 @@ from .. import encoders
 from ..core.locking import FileLock
 from ..data import manifest as mf
 from .cache import FeatureCache, _embedding_matrix
+from .extract import extract
 from .key import CACHE_FORMAT, library_versions, package_version
 
 log = logging.getLogger("robustbench_fm.features")
@@ -105,7 +106,6 @@ def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir:
     :func:`robustbench_fm.features.extract`. Tiles skipped as unreadable (``on_bad_image="skip"``)
     are left out of their slide's bag.
     """
-    from .extract import extract  # lazy: imports torch
 
     slide_enc = encoder if isinstance(encoder, encoders.SlideEncoder) else encoders.load_slide(
         encoder, weights=weights, device=device, allow_remote_code=allow_remote_code)

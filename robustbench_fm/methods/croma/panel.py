@@ -28,6 +28,8 @@ import pandas as pd
 import torch
 from scipy.stats import rankdata, spearmanr
 
+from ...core.devices import resolve_device
+from ...core.neighbors import l2_normalize
 from . import stage as croma
 from .params import CromaParams
 
@@ -153,8 +155,6 @@ def typed_ranks(features, manifest: pd.DataFrame, label_col: str = "bio_label", 
     closer (cosine) than its nearest SO match / OS distractor (Table 12: "the rank of the nearest
     cross-confounder biological match and same-confounder biological distractor"); NaN without
     such a candidate. One blocked pass over the similarity matrix (design ``all``)."""
-    from ...core.devices import resolve_device  # lazy: imports torch
-    from ...core.neighbors import l2_normalize  # lazy: imports torch
 
     x = torch.as_tensor(l2_normalize(features, "croma: features", dtype=None)).to(resolve_device(device))
     codes = [torch.as_tensor(pd.factorize(croma._strings(manifest, c, p))[0], device=x.device)

@@ -22,6 +22,7 @@ from ...core.locking import FileLock
 from ...core.results import Results
 from ..job import JobContext
 from .params import DEFAULT_LABELS, SparParams
+from .run import Setup, TrainConfig, configurations, run_encoder
 from .samples import build_samples
 from .vqa import run_vqa
 
@@ -92,7 +93,6 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
     """Every configuration of every encoder of ``job`` (or every chat model of ``vqa_models``).
     Encoders are loaded through the job's embedder (the user's weights apply) on the stage's
     own ``device``, with ``encoder_overrides`` (e.g. an input size) replacing spec fields."""
-    from .run import Setup, TrainConfig, configurations, run_encoder  # lazy: imports torch
 
     p = PARAMS.parse(job.params)
     out_dir = Path(job.out_dir)
