@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..params import DEVICE, PYTHON_ONLY, StageParams
-from . import shortcut_metrics as sm
 
 #: PathoROB's sparse grid [1,3,5,7,9] + range(11, 100, 10) used for the paper (conventions A.5).
 DEFAULT_K_GRID = (1, 3, 5, 7, 9, 11, 21, 31, 41, 51, 61, 71, 81, 91)
@@ -117,6 +116,8 @@ class ShortcutParams(StageParams):
 
     def check(self) -> None:
         """Refuse inconsistent options before any heavy work (one line each)."""
+
+        from . import shortcut_metrics as sm  # lazy: imports scipy.stats (~1 s), and the registry reads this module
 
         sm.benchmark(self.benchmark)
         sm.replicate_seeds(0, self.iterations)
