@@ -14,10 +14,6 @@ import importlib.util
 from dataclasses import dataclass
 
 from ..encoders import get, names
-from ..encoders.loaders.extras import install_line
-from ..encoders.loaders.hub import cached_commit
-from ..encoders.loaders.timm_loader import _timm_repo
-from ..encoders.loaders.xrv_loader import cached_release
 from ..encoders.spec import EncoderSpec
 
 #: import name of each library's loader dependency (None: built into robustbench_fm)
@@ -66,6 +62,7 @@ def hub_repo(spec: EncoderSpec) -> str | None:
     if ":" in hub_id:
         return hub_id.split(":", 1)[1].split("@")[0]
     if spec.library == "timm" and spec.hub_file is None:
+        from ..encoders.loaders.timm_loader import _timm_repo  # lazy: imports torch
         return _timm_repo(hub_id)
     return hub_id
 
@@ -84,6 +81,7 @@ def _weights(spec: EncoderSpec) -> tuple[str, bool]:
     if spec.library == "torchxrayvision":
         if not _module_found("torchxrayvision"):  # its cache folder and file names come from the package
             return "unknown: torchxrayvision not installed", False
+        from ..encoders.loaders.xrv_loader import cached_release  # lazy: imports torch
         path = cached_release(spec)
         return (f"torchxrayvision cache {path.name[:24]}", True) if path else ("not in torchxrayvision cache", False)
     repo = hub_repo(spec)
@@ -91,6 +89,7 @@ def _weights(spec: EncoderSpec) -> tuple[str, bool]:
         return "encoder.weights=PATH needed (not on HF)", False
     from huggingface_hub import try_to_load_from_cache
 
+    from ..encoders.loaders.hub import cached_commit  # lazy: imports torch
     commit = cached_commit(repo, spec.revision)
     if commit is not None and spec.hub_file is not None:
         found = isinstance(try_to_load_from_cache(repo, spec.hub_file, revision=commit), str)
@@ -110,6 +109,12 @@ def diagnose(name: str) -> Diagnosis:
                      offline_ok=not missing and found)
 
 
+def _install_line():
+    from ..encoders.loaders.extras import install_line  # lazy: the loaders package imports torch
+
+    return install_line
+
+
 def install_lines(rows: list[Diagnosis]) -> list[str]:
     """One line per install command the missing packages of ``rows`` need: the command, then the
     packages it installs and the encoders that need them (a package several extras hold, e.g.
@@ -117,7 +122,7 @@ def install_lines(rows: list[Diagnosis]) -> list[str]:
     commands: dict[str, tuple[dict, dict]] = {}
     for row in rows:
         for module in row.packages_missing:
-            packages, encoders = commands.setdefault(install_line(get(row.name), module), ({}, {}))
+            packages, encoders = commands.setdefault(_install_line()(get(row.name), module), ({}, {}))
             packages[module] = encoders[row.name] = None
     if not commands:
         return []
