@@ -13,6 +13,8 @@ import robustbench_fm
 from robustbench_fm.cli import app
 from robustbench_fm.cli.main import CONFIG_DIR
 
+pytestmark = pytest.mark.slow  # command-line subprocesses: the full suite runs them
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

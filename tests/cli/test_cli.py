@@ -9,6 +9,8 @@ import pytest
 from robustbench_fm import methods as stages
 from robustbench_fm.cli.main import SECTIONS, listing
 
+pytestmark = pytest.mark.slow  # command-line subprocesses: the full suite runs them
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -14,10 +14,13 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from robustbench_fm.cli.main import collect as cli_collect
 from robustbench_fm.cli.sweeps import collect
 from robustbench_fm.core.locking import FileLock
+
+pytestmark = pytest.mark.slow  # command-line subprocesses: the full suite runs them
 
 REPO = Path(__file__).resolve().parents[2]
 # a job as app.run leaves it while it works: its folder locked, status.json "running"

@@ -1,10 +1,13 @@
 """Same config and seed give bit-identical results twice on CPU; the seed is the only source of
 randomness (issue: reliability 8)."""
 import pandas as pd
+import pytest
 from hydra import compose, initialize_config_dir
 
 from robustbench_fm.cli import app
 from robustbench_fm.cli.main import CONFIG_DIR
+
+pytestmark = pytest.mark.slow  # command-line subprocesses: the full suite runs them
 
 
 def run(tmp_path, name, *overrides):

@@ -13,6 +13,8 @@ import pytest
 from robustbench_fm import encoders as enc
 from robustbench_fm.encoders.loaders.extras import INSTALL, MissingExtraError
 
+pytestmark = pytest.mark.slow  # command-line subprocesses: the full suite runs them
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

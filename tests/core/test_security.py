@@ -17,6 +17,8 @@ from robustbench_fm.core.redact import install_log_redaction
 from robustbench_fm.data import manifest as mf
 from robustbench_fm.encoders.registry import SPECS
 
+pytestmark = pytest.mark.slow  # command-line subprocesses: the full suite runs them
+
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "hf_" + "Q" * 34
 

@@ -17,6 +17,8 @@ from robustbench_fm.cli import app
 from robustbench_fm.core.locking import FileLock, LockTimeout
 from robustbench_fm.features import extract
 
+pytestmark = pytest.mark.slow  # command-line subprocesses: the full suite runs them
+
 
 def slow_reader(image_root: Path, row: dict) -> Image.Image:
     time.sleep(0.05)

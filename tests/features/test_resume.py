@@ -38,6 +38,8 @@ from robustbench_fm.features import (
     verify_entry,
 )
 
+pytestmark = pytest.mark.slow  # command-line subprocesses: the full suite runs them
+
 N_IMAGES, SHARD, BATCH = 40, 8, 3  # 5 shards; batches of 3 do not divide a shard
 BAD_ROWS = {3: "img/garbage.png", 18: "img/missing.png"}  # skip scenarios: shard 0 and shard 2
 KILL_WAIT_S = 90

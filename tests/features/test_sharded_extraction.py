@@ -17,6 +17,8 @@ from PIL import Image
 from robustbench_fm.features import FeatureCache, extract, load_features, verify_entry
 from robustbench_fm.features.cache import FeatureCacheError
 
+pytestmark = pytest.mark.slow  # command-line subprocesses: the full suite runs them
+
 
 @pytest.mark.parametrize("n_rows, shard_size", [(1, 1), (40, 8), (1000, 7), (1024, 1024)])
 @pytest.mark.parametrize("num_parts", [1, 2, 3, 5, 16])

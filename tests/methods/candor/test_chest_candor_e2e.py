@@ -14,6 +14,8 @@ from PIL import Image
 from robustbench_fm.data.synthetic import _draw_image
 from robustbench_fm.methods.candor.tables import SEVERITY_WEIGHTS
 
+pytestmark = pytest.mark.slow  # command-line subprocesses: the full suite runs them
+
 PER_VIEW = 22  # images per (site, view)
 LABELS = {  # our finding -> the CheXpert-labeler column both sites use
     "pneumothorax": "Pneumothorax", "pneumonia": "Pneumonia", "consolidation": "Consolidation", "edema": "Edema",

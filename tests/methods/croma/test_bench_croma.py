@@ -4,6 +4,10 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # command-line subprocesses: the full suite runs them
+
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "bench_croma.py"
 
 
