@@ -10,9 +10,14 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
+
+if TYPE_CHECKING:  # the feature engine imports torch: a plan, a dry run and its one-line errors do not
+    from ..features.embed import Embedder
+    from ..methods.job import JobContext
 
 from .. import data, encoders, methods
 from .. import methods as stages
@@ -24,9 +29,6 @@ from ..core.results import not_scored, to_markdown, without_single_group_pools
 from ..core.tables import SweepResults
 from ..data import cards
 from ..data import manifest as mf
-from ..features.embed import Embedder, EncoderOptions
-from ..features.load import align_features, load_features
-from ..methods.job import JobContext
 from ..methods.run import score_and_save
 from ..report.html import run_report, write_report
 from ..report.long_format import to_long
@@ -115,7 +117,7 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None) -> Plan:
     stages.load_plugins(cfg.get("plugins") or [])  # a sweep's job processes import them again
     _require_settings(cfg)
     _refuse_encoder_field(cfg, cli_overrides)
-    stages.get(cfg.stage.name)
+    stages.method(cfg.stage.name)  # the name; its module (torch) is imported when the stage runs
     findings = list(cfg.stage.findings)
     params = OmegaConf.to_container(cfg.stage.params, resolve=True)
     stages.check(cfg.stage.name, params)  # names, types (k=abc: one line naming the type) and values, once
@@ -154,6 +156,8 @@ def _params(cfg: DictConfig) -> dict:
 def embedder(cfg: DictConfig) -> Embedder:
     """The run's extraction service: ``extract.*``, ``device``, the cache folder, the remote-code
     policy and the options the user gave the chosen encoder (``encoder.weights``, ...)."""
+    from ..features.embed import Embedder, EncoderOptions  # lazy: imports torch
+
     enc = cfg.encoder
     options = EncoderOptions(weights=enc.get("weights"), tile_weights=enc.get("tile_weights"),
                              embedding=enc.get("embedding"), batch_size=enc.get("batch_size"))
@@ -179,6 +183,8 @@ def _overrides(cfg: DictConfig) -> dict[str, str]:
 
 def job_context(job: Plan, cfg: DictConfig, manifest: pd.DataFrame, out_dir: Path) -> JobContext:
     """What a ``run_job`` stage receives (:class:`robustbench_fm.methods.job.JobContext`)."""
+    from ..methods.job import JobContext  # lazy: imports torch
+
     return JobContext(stage=job.stage, dataset=job.dataset, root=job.root, encoders=list(job.encoders),
                       findings=[str(f) for f in job.findings], params=_params(cfg), manifest=manifest,
                       out_dir=Path(out_dir), embedder=embedder(cfg), seed=int(cfg.seed),
@@ -300,6 +306,7 @@ def run_stage_on_entries(job: Plan, cfg: DictConfig, manifest: pd.DataFrame, ent
                          out_dir: Path) -> list[pd.DataFrame]:
     """Run the stage on complete cache entries ``[(encoder, entry folder), ...]`` of one manifest,
     after dropping for every encoder the rows any encoder skipped (listed in ``skipped.csv``)."""
+    from ..features.load import align_features, load_features  # lazy: imports torch
 
     if skipped:
         log.warning("%d unreadable images skipped for every encoder (listed in %s)", len(skipped),

@@ -14,6 +14,12 @@ from ... import data
 from ..params import DEVICE, PYTHON_ONLY, SEED, StageParams
 from .tasks import TASKS
 
+#: the query role a task's discordance is measured for (``queries``; ablation 7 exchanges them)
+QUERY_ROLES = ("positive", "negative")
+#: margin-AUROC intervals: the bootstrap of its placement-value expansion, or re-ranked resamples
+#: (the estimators: :data:`robustbench_fm.methods.candor.stage.AUROC_ESTIMATORS`)
+AUROC_BOOTSTRAPS = ("linear", "exact")
+
 
 @dataclass(frozen=True)
 class CandorParams(StageParams):
@@ -70,8 +76,6 @@ class CandorParams(StageParams):
 
     def check(self) -> None:
         """Refuse inconsistent options before any heavy work (one line each)."""
-        from .stage import AUROC_BOOTSTRAPS, QUERY_ROLES  # lazy: imports torch
-
         if self.k < 1:
             raise ValueError(f"candor: k={self.k} must be at least 1")
         if self.bank_size < self.k + 1:

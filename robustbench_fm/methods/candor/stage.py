@@ -64,7 +64,7 @@ from ...core.results import Results
 from ...core.stats import LinearizedAUROC, ResampledAUROC, ResampledRatio, cluster_count_chunks, summarize_bootstrap
 from .. import missing_column
 from . import tasks as ct
-from .params import CandorParams
+from .params import AUROC_BOOTSTRAPS, QUERY_ROLES, CandorParams  # noqa: F401  (QUERY_ROLES: importable here)
 
 PARAMS = CandorParams
 #: the parameters a result records (``Results.params``, after ``finding``)
@@ -84,9 +84,10 @@ PARAM_COLUMNS = ["bank_size", "k"]
 METRICS = ("d", "d_all", "margin_auroc")
 PER_SAMPLE_COLUMNS = ["sample_id", "finding", "target", "acq_group", "c_pos", "c_neg", "dm", "discordant",
                       "c_pos_all", "c_neg_all", "dm_all", "discordant_all"]
-QUERY_ROLES = ("positive", "negative")
 #: margin-AUROC intervals: the bootstrap of its placement-value expansion, or re-ranked resamples
-AUROC_BOOTSTRAPS = {"linear": LinearizedAUROC, "exact": ResampledAUROC}
+AUROC_ESTIMATORS = {"linear": LinearizedAUROC, "exact": ResampledAUROC}
+if tuple(AUROC_ESTIMATORS) != AUROC_BOOTSTRAPS:  # one list of names: CandorParams checks against it
+    raise ImportError("candor: AUROC_ESTIMATORS and params.AUROC_BOOTSTRAPS disagree")
 
 
 def group_rng(seed: int, group: str) -> np.random.Generator:
@@ -301,7 +302,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
             parts.append(dict(task=i, row=row, queries=q, disc=np.c_[disc, disc_all],
                               images=everyone[scored], margin=margin[scored], labels=y[scored]))
         del group_shortlist
-    summary = _summary(tasks, rows, parts, clusters, k, n_boot, seed, AUROC_BOOTSTRAPS[p.auroc_bootstrap])
+    summary = _summary(tasks, rows, parts, clusters, k, n_boot, seed, AUROC_ESTIMATORS[p.auroc_bootstrap])
     per = pd.concat(per_sample, ignore_index=True) if per_sample else pd.DataFrame(columns=PER_SAMPLE_COLUMNS)
     if len(tasks) > 1 and len(per):
         order = {(t.finding, t.target): i for i, t in enumerate(tasks)}
