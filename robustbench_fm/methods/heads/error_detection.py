@@ -5,8 +5,9 @@ For one finding, the ``head`` of :mod:`robustbench_fm.methods.heads.stage` (same
 operating point) errs on a test row when its prediction at the operating point differs from the
 label. Each detector scores every drawn test row (:mod:`robustbench_fm.methods.heads.failure`):
 
-* ``msp``, ``max_logit``, ``energy``: confidence, read at the operating point (identical AUROCs
-  for a binary head up to float ties; ``confidence_max_diff`` reports their largest gap);
+* ``msp``, ``max_logit``, ``energy``: confidence computed from the head's logit (its output),
+  not from its decision at the operating point (identical AUROCs for a binary head up to float
+  ties; ``confidence_max_diff`` reports their largest gap);
 * ``ensemble``: disagreement of ``n_members`` = 5 heads (the head itself and ``n_members`` − 1
   more, seeds seed+1, …), the standard deviation of their probabilities;
 * ``mahalanobis``: class-conditional Gaussians with shared covariance on the standardised
@@ -88,7 +89,7 @@ def detector_scores(features, manifest, finding, fit, n_members, knn_k, k, bank_
     test, train = fit.test, fit.train
     y = manifest[finding].to_numpy()
     logit, pred = fit.scores(features, test)
-    scores = confidence_scores(logit, fit.threshold_logit)
+    scores = confidence_scores(logit)  # from the outputs, not the decision
     members = [expit(logit)] + [expit(train_head(features[train], y[train], seed=seed + m, device=device,
                                                  **train_options).logits(features[test]))
                                 for m in range(1, n_members)]

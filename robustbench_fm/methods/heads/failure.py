@@ -1,12 +1,18 @@
 """Scores that should be high on a head's errors (candor.md "Baselines", "Discordance and Head
 Errors", Ablation (3)). Every function returns one score per test row; higher = more likely wrong.
 
-* confidence of a binary head with logit z, read at its operating point: the head is the 2-class
-  softmax over logits (−z′/2, z′/2), z′ = z − z_t (the bias moved so the threshold z_t becomes the
-  0.5 decision boundary of the prediction being judged). Maximum softmax probability σ(|z′|)
-  (scored as −log σ(|z′|) = softplus(−|z′|), the same order without float saturation), maximum
-  logit |z′|/2, energy −logsumexp(±z′/2): all three are decreasing in |z′|, so their AUROCs agree
-  up to float ties (Ablation (3));
+* confidence (Ablation (3); Hendrycks & Gimpel 2017, Liu et al. 2020), computed from the head's
+  OUTPUTS, its logits, never from its decision at the operating point: with logits z_1..z_C,
+  maximum softmax probability max_c softmax(z)_c (scored as −log MSP = logsumexp(z) − max_c z_c,
+  the same order without float saturation), maximum logit max_c z_c and energy
+  −logsumexp(z); the error scores are −log MSP, −max logit and energy. A binary head has one
+  logit z (P(positive) = σ(z)); its two class logits are taken centred, (−z/2, z/2) (the
+  softmax of any (a, a + z) is the same, and centring is the one choice that does not favour a
+  class), so MSP = σ(|z|), max logit = |z|/2, energy = −logsumexp(±z/2): all three are monotone
+  in |z| and their AUROCs agree up to float ties ("monotone transforms of the single logit of a
+  binary head", Ablation (3)). On a multi-class head (logits of shape (N, C), C > 2) they are
+  different functions of z and their AUROCs may differ (the paper: ≤ 0.005 over 2,532
+  combinations);
 * deep-ensemble disagreement: the standard deviation of the members' probabilities;
 * Mahalanobis distance (Lee et al. 2018): class-conditional Gaussians of the training features
   with a shared covariance, the distance to the nearest class mean;
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from scipy.special import logsumexp
 
 from ...core.devices import resolve_device
 from ...core.neighbors import l2_normalize, mean_topk_similarity, topk_similarity
@@ -27,12 +34,22 @@ from ...core.neighbors import l2_normalize, mean_topk_similarity, topk_similarit
 CONFIDENCE = ("msp", "max_logit", "energy")
 
 
-def confidence_scores(logit, threshold_logit: float = 0.0) -> dict[str, np.ndarray]:
-    """Error scores from the three confidence measures (module doc)."""
-    z = np.abs(np.asarray(logit, np.float64) - threshold_logit)
-    return {"msp": np.logaddexp(0.0, -z),  # −log MSP
-            "max_logit": -z / 2,
-            "energy": -np.logaddexp(z / 2, -z / 2)}
+def confidence_scores(logits) -> dict[str, np.ndarray]:
+    """Error scores (higher = less confident) of the three confidence measures from the head's
+    logits: shape (N,) for a binary head's single logit, (N, C) for a C-class head (module doc)."""
+    z = np.asarray(logits, np.float64)
+    if z.ndim == 1:  # a binary head's one logit: its centred class logits (-z/2, z/2)
+        z = np.stack([-z / 2, z / 2], axis=1)
+    if z.ndim != 2 or z.shape[1] < 2:
+        raise ValueError(f"confidence scores: logits of shape {z.shape}; give (N,) for a binary head "
+                         "or (N, C) with C >= 2 classes")
+    top = z.max(axis=1)
+    rest = z - top[:, None]
+    rest[np.arange(len(z)), z.argmax(axis=1)] = -np.inf
+    others = logsumexp(rest, axis=1)  # log Σ_{c ≠ top} exp(z_c − z_top)
+    return {"msp": np.logaddexp(0.0, others),  # −log MSP = log(1 + Σ_{c ≠ top} e^{z_c − z_top}), no saturation
+            "max_logit": -top,
+            "energy": -(top + np.logaddexp(0.0, others))}  # −logsumexp(z)
 
 
 def ensemble_disagreement(member_probs: np.ndarray) -> np.ndarray:

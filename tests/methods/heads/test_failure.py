@@ -17,12 +17,53 @@ def test_confidence_measures_agree_for_a_binary_head():
     rng = np.random.default_rng(0)
     logit = np.r_[rng.normal(scale=3, size=500), 50.0, -60.0]  # saturating logits included
     error = rng.random(len(logit)) < 1 / (1 + np.abs(logit))
-    aurocs = [roc_auc_score(error, s) for s in confidence_scores(logit, threshold_logit=0.4).values()]
+    scores = confidence_scores(logit)
+    aurocs = [roc_auc_score(error, s) for s in scores.values()]
     assert max(aurocs) - min(aurocs) < 1e-6
-    msp = 1 / (1 + np.exp(-np.abs(logit - 0.4)))  # the textbook MSP ranks the same way where it does not saturate
+    # from the outputs: the textbook MSP of sigma(z), max(sigma, 1 - sigma), ranks the same way where it
+    # does not saturate, and -log MSP is exact
+    p = 1 / (1 + np.exp(-logit))
+    msp = np.maximum(p, 1 - p)
     ok = np.abs(logit) < 30
-    assert (roc_auc_score(error[ok], -msp[ok])
-            == pytest.approx(roc_auc_score(error[ok], confidence_scores(logit, 0.4)["msp"][ok])))
+    np.testing.assert_allclose(np.exp(-scores["msp"][ok]), msp[ok], rtol=1e-12)
+    assert roc_auc_score(error[ok], -msp[ok]) == pytest.approx(roc_auc_score(error[ok], scores["msp"][ok]), abs=1e-12)
+
+
+def test_confidence_measures_of_a_multiclass_head_differ():
+    """Three classes whose logits have different spreads: MSP, max logit and energy rank the rows
+    differently (candor.md Ablation (3): they may differ on multi-class heads)."""
+    from scipy.special import logsumexp, softmax
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 4, 3000)
+    x = rng.normal(size=(3000, 6)) + np.eye(4, 6)[y] * np.array([2.5, 1.0, 0.6, 0.3])[y, None] * 1.5
+    x[:, 5] *= 1 + 3 * (y == 0)  # a class with wider features: larger logits without more accuracy
+    head = LogisticRegression(max_iter=2000).fit(x[:1500], y[:1500])  # a 4-class softmax head
+    logits = head.decision_function(x[1500:])
+    error = logits.argmax(1) != y[1500:]
+    scores = confidence_scores(logits)
+    # against the textbook definitions, computed independently
+    np.testing.assert_allclose(np.exp(-scores["msp"]), softmax(logits, axis=1).max(1), rtol=1e-10)
+    np.testing.assert_allclose(scores["max_logit"], -logits.max(1), rtol=1e-12)
+    np.testing.assert_allclose(scores["energy"], -logsumexp(logits, axis=1), rtol=1e-12)
+    aurocs = {m: roc_auc_score(error, s) for m, s in scores.items()}
+    assert all(a > 0.6 for a in aurocs.values())  # each detects the errors
+    assert abs(aurocs["msp"] - aurocs["max_logit"]) > 1e-3 and abs(aurocs["max_logit"] - aurocs["energy"]) > 1e-4
+
+
+def test_confidence_comes_from_the_logit_not_the_operating_point():
+    """The stage's MSP is -log max(sigma(z), 1 - sigma(z)) of the head's logit z, whatever the
+    threshold at 0.8 validation sensitivity (it is not 0 here)."""
+    x, m = synthetic(n=900, signal=0.7, seed=2)
+    res = evaluate("error_detection", x, m, finding="f", n_boot=0, epochs=5, n_members=2, knn_k=10)
+    per = res.per_sample
+    z = per["logit"].to_numpy()
+    p = 1 / (1 + np.exp(-z))
+    np.testing.assert_allclose(per["msp"], -np.log(np.maximum(p, 1 - p)), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(per["max_logit"], -np.abs(z) / 2, rtol=1e-12)
+    # the operating point is not at logit 0, so the decision-based score would differ
+    assert ((z >= 0) != per["pred"].to_numpy()).any()
 
 
 def test_mahalanobis_matches_a_direct_inverse():
