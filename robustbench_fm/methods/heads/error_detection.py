@@ -19,6 +19,13 @@ label. Each detector scores every drawn test row (:mod:`robustbench_fm.methods.h
   positive / negative banks (≤ ``bank_size``) of the group's training rows, drawn as CANDOR
   draws its banks (seed, group).
 
+With ``train_on`` (e.g. ``mimic_cxr`` on ``dataset=chest_pool``) the head is trained on that
+site's training rows, its operating point fixed on that site's validation rows, and every site's
+drawn test rows are scored (:func:`cross_site_rows`), one stratum per site (``site_col``); the
+ensemble, Mahalanobis and k-NN reference is the same training rows, and r's candidate set and
+the DM proxy's banks are the training rows in the query's view (``view_col``): nothing of a
+test site enters any reference.
+
 Every detector is scored on the same rows: the drawn test rows where all scores are finite (a
 matched group with too few training rows for the neighbour scores drops out). With
 ``stratify_col`` (e.g. ``site``) each value of that column is a further stratum beside
@@ -49,7 +56,7 @@ from ..candor.stage import draw_group, group_rng
 from .failure import CONFIDENCE, confidence_scores, dm_proxy, ensemble_disagreement, knn_distance, mahalanobis
 from .fit import fit_finding
 from .params import ErrorDetectionParams
-from .rows import draw_rows
+from .rows import HeadRows, draw_first, draw_rows
 from .train import train_head
 
 PARAMS = ErrorDetectionParams
@@ -85,7 +92,9 @@ def _dm_proxy_scores(features, manifest, finding, fit, test, pred, groups, bank_
 
 def detector_scores(features, manifest, finding, fit, n_members, knn_k, k, bank_size, group_col, seed,
                     device, train_options) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
-    """Per drawn test row: every detector's error score; also (logit, prediction)."""
+    """Per drawn test row: every detector's error score; also (logit, prediction). A test row's
+    r and DM proxy use the training rows (``fit.train``) with its value of ``group_col`` (the
+    matched group; the view when training on another site)."""
     test, train = fit.test, fit.train
     y = manifest[finding].to_numpy()
     logit, pred = fit.scores(features, test)
@@ -108,6 +117,26 @@ def detector_scores(features, manifest, finding, fit, n_members, knn_k, k, bank_
     scores["dm_proxy"] = _dm_proxy_scores(features, manifest, finding, fit, test, pred, groups, bank_size, k,
                                           seed, device)
     return pd.DataFrame(scores)[list(METHODS)], logit, pred
+
+
+def cross_site_rows(manifest: pd.DataFrame, rows: HeadRows, train_on: str, site_col: str, max_train: int,
+                    max_test: int, seed: int) -> HeadRows:
+    """The rows of the cross-site study (candor.md "Discordance and Head Errors"): training and
+    validation rows of site ``train_on`` only (its ≤ ``max_train`` stable-hash training rows),
+    test rows the ≤ ``max_test`` stable-hash test rows of every site (the splits of
+    :func:`~robustbench_fm.methods.heads.rows.head_splits`, carved per site where a site has none).
+    The paper's "tested on at most 20,000 images of its domain" is read per test site."""
+    sites = manifest[site_col].astype(str).to_numpy()
+    if not (sites == train_on).any():
+        raise ValueError(f"error_detection: train_on='{train_on}' names no row of column '{site_col}' "
+                         f"(sites: {', '.join(sorted(set(sites)))}); set stage.params.train_on to one of them")
+    ids = manifest["sample_id"].astype(str).to_numpy()
+    home = sites == train_on
+    train = draw_first(np.flatnonzero(home & (rows.split == "train")), ids, max_train, seed)
+    val = np.flatnonzero(home & (rows.split == "val"))
+    test = np.sort(np.concatenate([draw_first(np.flatnonzero((sites == s) & (rows.split == "test")), ids, max_test,
+                                              seed) for s in pd.unique(sites)]))
+    return HeadRows(train=train, val=val, test=test, test_all=np.flatnonzero(rows.split == "test"), split=rows.split)
 
 
 def _stratum_rows(finding, stratum, error, scores: pd.DataFrame, clusters, n_boot, seed) -> list[dict]:
@@ -143,10 +172,14 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, **params) ->
     train_options = dict(kind=head, epochs=p.epochs, lr=p.lr, weight_decay=p.weight_decay, batch_size=p.batch_size,
                          hidden=p.hidden)
     params = {"finding": finding, **{n: v for n, v in p.to_dict().items() if n != "device"}}
-    for col in [finding] + ([stratify_col] if stratify_col else []):
+    needed = [p.site_col, p.view_col] if p.train_on is not None else []
+    for col in [finding] + ([stratify_col] if stratify_col else []) + needed:
         if col not in manifest.columns:
             raise ValueError(f"error_detection: manifest has no column '{col}'; add it or change the setting")
     rows = draw_rows(manifest, max_train, max_test, seed, cluster_col, p.val_fraction, p.test_fraction)
+    if p.train_on is not None:
+        rows = cross_site_rows(manifest, rows, p.train_on, p.site_col, max_train, max_test, seed)
+        group_col, stratify_col = p.view_col, stratify_col or p.site_col
     fit = fit_finding(features, manifest, finding, rows, seed=seed, sensitivity=p.sensitivity,
                       cluster_col=cluster_col, n_boot=0, device=device, head=head,
                       **{o: v for o, v in train_options.items() if o != "kind"})

@@ -129,7 +129,21 @@ class ErrorDetectionParams(StageParams):
     """Images per DM-proxy bank, at most, drawn from the group's training rows as CANDOR draws its banks."""
     group_col: str = shared(CandorParams, "group_col")
     stratify_col: str | None = None
-    """A column whose every value is a further stratum beside ``__all__`` (e.g. site); null: none."""
+    """A column whose every value is a further stratum beside ``__all__`` (e.g. site); null: none
+    (with ``train_on``: ``site_col``, the test sites)."""
+    train_on: str | None = None
+    """Train on one site, test on every site (candor.md "Discordance and Head Errors": "we train
+    each head on MIMIC-CXR and take the candidate set of r from the MIMIC-CXR training split in
+    the view of the query"): the value of ``site_col`` (e.g. mimic_cxr in dataset=chest_pool)
+    whose training rows train the head, the ensemble, Mahalanobis and k-NN, whose validation rows
+    fix the operating point, and whose training rows in the query's ``view_col`` are r's
+    candidate set and the DM proxy's banks; the test rows are each site's drawn test rows
+    (≤ ``max_test`` per site), one stratum per site. null: train and test on the whole manifest."""
+    site_col: str = "dataset"
+    """The column naming each row's site (a pooled manifest's ``dataset``; used with ``train_on``)."""
+    view_col: str = "view"
+    """The column matching a test row with the training site's rows of r's candidate set and the
+    DM proxy's banks when ``train_on`` is set (the query's view)."""
     max_train: int = shared(HeadParams, "max_train")
     max_test: int = shared(HeadParams, "max_test")
     epochs: int = shared(HeadParams, "epochs")

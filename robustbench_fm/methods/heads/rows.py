@@ -10,7 +10,8 @@ Splits come from the manifest's ``split`` column. A split the manifest lacks (no
 ``val`` or no ``test`` rows) is carved out of the training rows by the same kind of hash of the
 patient (``cluster_col``; sample_id when absent), so no patient straddles two splits: the test
 carve-out takes the patients with u < ``test_fraction``, the validation carve-out the next
-``val_fraction``. A manifest without any training row is carved entirely.
+``val_fraction``. A manifest without any training row is carved entirely. A pooled manifest (a
+``dataset`` column) is carved per member site.
 """
 from __future__ import annotations
 
@@ -31,22 +32,38 @@ def stable_uniform(keys, seed: int = 42) -> np.ndarray:
     return out
 
 
-def head_splits(manifest: pd.DataFrame, seed: int = 42, cluster_col: str = "patient_id",
-                val_fraction: float = 0.1, test_fraction: float = 0.2) -> np.ndarray:
-    """'train' / 'val' / 'test' (or None: row without a split) per manifest row (module doc)."""
-    n = len(manifest)
-    split = (manifest["split"].astype(object).to_numpy() if "split" in manifest.columns
-             else np.full(n, None, dtype=object))
+def _carve(split: np.ndarray, u: np.ndarray, val_fraction: float, test_fraction: float) -> np.ndarray:
     if not (split == "train").any():  # nothing to train on: carve every row
-        split = np.full(n, "train", dtype=object)
-    clusters = manifest[cluster_col if cluster_col in manifest.columns else "sample_id"].astype(str)
-    u = pd.Series(stable_uniform(clusters.unique(), seed), index=clusters.unique())[clusters].to_numpy()
+        split = np.full(len(split), "train", dtype=object)
     train = split == "train"
     if not (split == "test").any():
         split = np.where(train & (u < test_fraction), "test", split)
     if not (split == "val").any():
         split = np.where(train & (u >= test_fraction) & (u < test_fraction + val_fraction), "val", split)
     return split
+
+
+def head_splits(manifest: pd.DataFrame, seed: int = 42, cluster_col: str = "patient_id",
+                val_fraction: float = 0.1, test_fraction: float = 0.2) -> np.ndarray:
+    """'train' / 'val' / 'test' (or None: row without a split) per manifest row (module doc).
+
+    A pooled manifest (a ``dataset`` column: :mod:`robustbench_fm.data.pool`) is carved member by
+    member: a site without its own test (validation) split gets one by the patient hash, while
+    the other sites keep theirs, so every site has a test split (candor.md "Discordance and Head
+    Errors": "the test split of the 5 chest sites")."""
+    n = len(manifest)
+    split = (manifest["split"].astype(object).to_numpy() if "split" in manifest.columns
+             else np.full(n, None, dtype=object))
+    clusters = manifest[cluster_col if cluster_col in manifest.columns else "sample_id"].astype(str)
+    u = pd.Series(stable_uniform(clusters.unique(), seed), index=clusters.unique())[clusters].to_numpy()
+    if "dataset" not in manifest.columns:
+        return _carve(split, u, val_fraction, test_fraction)
+    members = manifest["dataset"].astype(str).to_numpy()
+    out = split.copy()
+    for member in pd.unique(members):
+        at = members == member
+        out[at] = _carve(split[at], u[at], val_fraction, test_fraction)
+    return out
 
 
 @dataclass(frozen=True)
