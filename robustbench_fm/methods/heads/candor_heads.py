@@ -15,7 +15,8 @@ For one encoder and a list of findings (``MULTI_FINDING``):
    positives on average") iff c+ > c−, i.e. its discordance with the roles of the banks exchanged
    (Ablation (7)). Rows of a group whose banks hold ≤ k images get no flag.
 
-``per_sample`` columns (per finding): sample_id, finding, split, acq_group, label, prob, logit,
+``per_sample`` columns (per finding): sample_id, patient_id (``cluster_col``: the bootstrap
+cluster of the cross-encoder tables), finding, split, acq_group, label, prob, logit,
 pred (NaN for CANDOR queries outside the validation / test splits), in_sample, query, c_pos,
 c_neg, dm, discordant, near_pos. CANDOR queries of every split are kept, so the consensus blind
 set can span all positives.
@@ -23,7 +24,10 @@ set can span all positives.
 pooled D), n_queries, miss_discordant, miss_other, n_discordant, n_other, fpr_near, fpr_far,
 n_near, n_far (rates over the whole test split), n (labelled test rows), reason.
 The cross-encoder analyses (Mantel-Haenszel difference, combination rules, oracle, consensus)
-are built from these rows by :mod:`robustbench_fm.methods.heads.tables`.
+are built from these rows by :mod:`robustbench_fm.methods.heads.tables`. On ``dataset=chest_pool``
+(the five chest sites as one manifest) the heads are trained once on the pooled chest domain: one
+stable-hash draw of ≤ 25,000 training and ≤ 20,000 test rows for the whole domain, the same for
+every encoder (candor.md "Implementation", Table 4), while CANDOR's matched groups stay site x view.
 """
 from __future__ import annotations
 
@@ -42,8 +46,8 @@ from .rows import draw_rows
 PARAMS = CandorHeadsParams
 
 MULTI_FINDING = True
-PER_SAMPLE_COLUMNS = ["sample_id", "finding", "split", "acq_group", "label", "prob", "logit", "pred", "in_sample",
-                      "query", "c_pos", "c_neg", "dm", "discordant", "near_pos"]
+PER_SAMPLE_COLUMNS = ["sample_id", "patient_id", "finding", "split", "acq_group", "label", "prob", "logit", "pred",
+                      "in_sample", "query", "c_pos", "c_neg", "dm", "discordant", "near_pos"]
 
 
 def check_params(**params) -> CandorHeadsParams:
@@ -86,7 +90,10 @@ def _finding_rows(features, feats, manifest, finding, rows, candor_res, head_opt
     position = pd.Series(np.arange(len(manifest)), index=manifest["sample_id"].astype(str))
     query_rows = position[queries["sample_id"].astype(str)].to_numpy()
     every = np.union1d(scored, query_rows)
-    per = pd.DataFrame({"sample_id": manifest["sample_id"].to_numpy()[every], "finding": finding,
+    cluster_col = head_options["cluster_col"]
+    patients = manifest[cluster_col if cluster_col in manifest.columns else "sample_id"].astype(str).to_numpy()
+    per = pd.DataFrame({"sample_id": manifest["sample_id"].to_numpy()[every], "patient_id": patients[every],
+                        "finding": finding,
                         "split": rows.split[every], "acq_group": manifest[candor_options["group_col"]].astype(str)
                         .to_numpy()[every], "label": y[every]})
     per["prob"] = per["logit"] = np.nan

@@ -8,7 +8,16 @@ from heads_data import synthetic
 from robustbench_fm.core.neighbors import l2_normalize
 from robustbench_fm.core.tables import SweepResults
 from robustbench_fm.methods.heads import candor_heads
-from robustbench_fm.methods.heads.tables import candor_head_errors, candor_table4, candor_v1_consensus
+from robustbench_fm.methods.heads.tables import (
+    RULES,
+    candor_head_errors,
+    candor_table4,
+    candor_v1_consensus,
+    clustered_rates,
+    head_error_strata,
+    mh_bootstrap_sd,
+    table4_errors,
+)
 
 OPTIONS = dict(n_boot=20, epochs=3, bank_size=60, max_group_sample=200, max_test=150)
 
@@ -18,7 +27,7 @@ def panel(tmp_path_factory):
     """Three 'encoders' (noisy views of the same planted features) run through candor_heads and
     saved as a run folder."""
     root = tmp_path_factory.mktemp("run")
-    (root / "config.yaml").write_text("report: {tables: []}\n")
+    (root / "config.yaml").write_text("report: {tables: []}\nstage: {params: {n_boot: 200, seed: 42}}\n")
     x, m = synthetic(n=800, signal=0.8, seed=4)
     m["g"] = np.where(np.arange(800) % 4 == 0, np.nan, (np.arange(800) * 7 % 10 < 3).astype(float))
     runs = {}
@@ -63,7 +72,11 @@ def test_rows_match_candor_and_the_banks(panel):
 def test_table4_rules_against_direct_counts(panel):
     root, _, runs = panel
     frame = candor_table4(SweepResults(root))[0].frame.set_index("Rule")
-    assert list(frame.columns) == ["Miss rate 263", "Miss rate 33,770", "Miss rate All", "FP rate Negatives"]
+    columns = ["Miss rate 263", "Miss rate 33,770", "Miss rate All", "FP rate Negatives"]
+    assert list(frame.columns[:9]) == ["Published as"] + [c for col in columns for c in (col, f"{col} ±")]
+    assert list(frame.columns[9:13]) == [f"{c} published" for c in columns]
+    assert frame.loc["OR rule", "Miss rate 263 published"] == 0.049  # Table 4, beside ours
+    assert frame.loc["Oracle selector (candor_v1.md)", "Miss rate 263 published"] == pytest.approx(0.028)
     # single head, all positives of the drawn test sample: the mean of the three heads' miss rates
     rates = []
     for _, res in runs.values():
@@ -98,10 +111,99 @@ def test_consensus_table_and_head_errors(panel):
     assert frame.loc["Pooled", "Best"] == pytest.approx(missed.mean())
     assert frame.index[-1] == "Pooled"
     errors = candor_head_errors(SweepResults(root))[0].frame.set_index("Encoder")
-    assert set(errors.index) == {"enc_a", "enc_b", "enc_c", "All encoders"}
+    assert set(errors.index) == {"enc_a", "enc_b", "enc_c", "All encoders", "Published (candor.md)"}
     test_pos = per[(per["split"] == "test") & (per["label"] == 1) & per["discordant"].notna()]
     both = test_pos.groupby(["encoder", "finding"])["discordant"].agg(lambda d: 0 < d.sum() < len(d))
     assert errors.loc["All encoders", "Strata"] == both.sum() >= 3
     a = test_pos[test_pos["encoder"] == "enc_a"]
     assert errors.loc["enc_a", "Miss rate discordant"] == pytest.approx(
         (~a.loc[a["discordant"].astype(bool), "pred"].astype(bool)).mean())
+
+
+def _panel_rows(runs) -> pd.DataFrame:
+    return pd.concat([res.per_sample.assign(encoder=name, dataset="synth") for name, (_, res) in runs.items()],
+                     ignore_index=True)
+
+
+def test_every_table4_rule_is_scored_on_one_test_sample(panel):
+    """candor.md: "Every rule is scored on the same 20,000 test images": one set of rows for all
+    seven rows of the table, and the rates are those rows' errors."""
+    root, m, runs = panel
+    per = _panel_rows(runs)
+    errors, sets = table4_errors(per)
+    assert list(errors.columns) == list(RULES) and errors.notna().all().all()
+    sample = per[per["in_sample"] & (per["encoder"] == "enc_a") & per["pred"].notna()]  # findings with a head
+    # "All" / "Negatives": exactly the drawn test sample's positives / negatives, the same ids for every rule
+    for col, label in (("Miss rate All", 1), ("FP rate Negatives", 0)):
+        ids = set(map(tuple, sample.loc[sample["label"] == label, ["finding", "sample_id"]].to_numpy()))
+        assert {(f, i) for _, f, i in sets[col]} == ids
+    # the drawn test sample is the stable-hash draw, identical for every encoder
+    drawn = {name: set(res.per_sample.loc[res.per_sample["in_sample"], "sample_id"]) for name, (_, res) in runs.items()}
+    assert drawn["enc_a"] == drawn["enc_b"] == drawn["enc_c"]
+    frame = candor_table4(SweepResults(root))[0].frame.set_index("Rule")
+    for rule, (label, _) in RULES.items():
+        for col, idx in sets.items():
+            assert frame.loc[label.format(n=3), col] == pytest.approx(errors.loc[idx, rule].mean(), nan_ok=True)
+    # the oracle errs only where every head errs, so it is never above any single head
+    heads = per[per["split"] == "test"].pivot_table(index=["finding", "sample_id"], columns="encoder", values="pred",
+                                                    aggfunc="first").astype(bool)
+    label = per.drop_duplicates(["finding", "sample_id"]).set_index(["finding", "sample_id"])["label"] == 1
+    pos = sets["Miss rate All"].droplevel("dataset")
+    assert frame.loc["Oracle selector (candor_v1.md)", "Miss rate All"] == pytest.approx(
+        (~heads.loc[pos]).all(axis=1).mean())
+    assert (~heads.loc[pos]).all(axis=1).mean() < (~heads.loc[pos]).mean().min()
+    assert label.loc[pos].all()
+
+
+def test_table4_bootstrap_resamples_patients(panel):
+    """The ± is the SD of the rates over resamples of the patients (two images each here), as a
+    brute force with the same draws gives it; a bootstrap of rows would give another value."""
+    _, _, runs = panel
+    per = _panel_rows(runs)
+    errors, sets = table4_errors(per)
+    patients = per.drop_duplicates(["dataset", "finding", "sample_id"]).set_index(
+        ["dataset", "finding", "sample_id"])["patient_id"]
+    sets = {"Miss rate All": sets["Miss rate All"]}
+    rates, sd = clustered_rates(errors, sets, patients, n_boot=300, seed=7)
+    idx = sets["Miss rate All"]
+    pids = patients.loc[idx].astype(str).to_numpy()
+    order = np.unique(pids)  # patient codes in the order of their ids as strings
+    code = np.searchsorted(order, pids)
+    draws = np.random.default_rng(7).integers(0, len(order), size=(300, len(order)))
+    brute = []
+    for d in draws:
+        mult = np.bincount(d, minlength=len(order))[code]
+        brute.append((mult[:, None] * errors.loc[idx].to_numpy()).sum(0) / mult.sum())
+    np.testing.assert_allclose(sd.loc["Miss rate All"].to_numpy(), np.std(brute, axis=0, ddof=1), rtol=1e-10)
+    assert rates.loc["Miss rate All", "or"] == pytest.approx(errors.loc[idx, "or"].mean())
+    assert len(np.unique(pids)) < len(pids)  # patients hold several rows of the set
+
+
+def test_mh_strata_are_encoder_by_finding_and_its_sd_resamples_patients(panel):
+    _, _, runs = panel
+    per = _panel_rows(runs)
+    two_sites = pd.concat([per, per.assign(dataset="other", sample_id=per["sample_id"] + "x",
+                                           patient_id=per["patient_id"] + "x")], ignore_index=True)
+    strata = head_error_strata(two_sites)
+    # one stratum per encoder x finding with a head (g has none), the two sites pooled in it
+    assert list(strata.columns[:2]) == ["encoder", "finding"] and len(strata) == 3
+    one = head_error_strata(per).set_index(["encoder", "finding"])
+    assert (strata.set_index(["encoder", "finding"])["n1"] == 2 * one["n1"]).all()
+    sd = mh_bootstrap_sd(per, n_boot=60, seed=3)
+    # brute force: resample the test patients, recount every stratum, MH over the strata
+    from robustbench_fm.core.stats import mantel_haenszel_rd
+    test = per[(per["split"] == "test") & per["pred"].notna() & per["discordant"].notna()].copy()
+    test["miss"] = ~test["pred"].astype(bool)
+    order = np.unique(test["patient_id"].astype(str))
+    code = np.searchsorted(order, test["patient_id"].astype(str))
+    draws = np.random.default_rng(3).integers(0, len(order), size=(60, len(order)))
+    brute = []
+    for d in draws:
+        t = test.assign(w=np.bincount(d, minlength=len(order))[code])
+        t["a"] = t["w"] * t["miss"]
+        g = t.groupby(["encoder", "finding", t["discordant"].astype(bool)])[["a", "w"]].sum().unstack(fill_value=0)
+        brute.append(mantel_haenszel_rd(g[("a", True)], g[("w", True)], g[("a", False)], g[("w", False)])["rd"])
+    assert sd["All encoders"] == pytest.approx(np.nanstd(brute, ddof=1), rel=1e-9)
+    frame = candor_head_errors(SweepResults(panel[0]))[0].frame.set_index("Encoder")
+    assert frame.loc["Published (candor.md)", "MH difference"] == 0.136
+    assert frame.loc["All encoders", "MH ±"] > 0
