@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: the hand-written configs/stage/*.yaml as they were at 5fcc8da, the last revision that had them
 OLD_YAMLS = ROOT / "tests" / "fixtures" / "stage_yaml_5fcc8da"
 STAGES = methods.names()
+#: parameters added since 5fcc8da (stage -> names): left out of the comparison with the old YAML
+ADDED_SINCE = {"error_detection": ("train_on", "site_col", "view_col")}  # issue 18: the cross-site study
 
 
 def old_yaml(name: str) -> dict:
@@ -35,6 +37,7 @@ def old_yaml(name: str) -> dict:
 def test_the_generated_stage_config_equals_the_yaml_it_replaced(name):
     old = old_yaml(name)
     new = OmegaConf.to_container(OmegaConf.create(configstore.nodes("stage")[name]))
+    new["params"] = {k: v for k, v in new["params"].items() if k not in ADDED_SINCE.get(name, ())}
     # the same keys in the same order, the same values of the same types (10.0 is not 10)
     assert json.dumps(new) == json.dumps(old)
 
