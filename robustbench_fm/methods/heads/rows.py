@@ -52,8 +52,8 @@ def head_splits(manifest: pd.DataFrame, seed: int = 42, cluster_col: str = "pati
     the other sites keep theirs, so every site has a test split (candor.md "Discordance and Head
     Errors": "the test split of the 5 chest sites")."""
     n = len(manifest)
-    split = (manifest["split"].astype(object).to_numpy() if "split" in manifest.columns
-             else np.full(n, None, dtype=object))
+    split = (manifest["split"].astype(object).where(manifest["split"].notna(), None).to_numpy()
+             if "split" in manifest.columns else np.full(n, None, dtype=object))
     clusters = manifest[cluster_col if cluster_col in manifest.columns else "sample_id"].astype(str)
     u = pd.Series(stable_uniform(clusters.unique(), seed), index=clusters.unique())[clusters].to_numpy()
     if "dataset" not in manifest.columns:
