@@ -57,8 +57,13 @@ def transform_points(xy: np.ndarray, transform: str) -> np.ndarray:
 
 
 def relative_position_label(xy_a: np.ndarray, xy_b: np.ndarray, transform: str = "none") -> np.ndarray:
-    """Probe (i): 0 when organ A lies left of organ B in the presented image, 1 when right of it."""
-    return (transform_points(xy_a, transform)[..., 0] > transform_points(xy_b, transform)[..., 0]).astype(np.int64)
+    """Probe (i): 0 when organ A lies to the PATIENT's left of organ B, 1 to the patient's right,
+    read from the presented image in the radiological convention (patient's left on the image's
+    right), the side convention of the organ names ("left kidney" = the patient's left) and of
+    the SPAR-VQA prompts. spar.md 3.1 (i) "Is organ A left or right of organ B?" and "presents
+    each slice in original and horizontally flipped form, so the label flips with the image": the
+    label is read off the image as shown, so it flips under 'hflip'."""
+    return (transform_points(xy_a, transform)[..., 0] < transform_points(xy_b, transform)[..., 0]).astype(np.int64)
 
 
 def kidney_symmetry_class(area_left: np.ndarray, area_right: np.ndarray) -> np.ndarray:
