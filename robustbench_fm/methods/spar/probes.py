@@ -29,7 +29,13 @@ def grid_cells(centroids: np.ndarray, present: np.ndarray) -> np.ndarray:
     Present organs are assigned to distinct cells of the 4 x 4 grid by the Hungarian algorithm
     (``scipy.optimize.linear_sum_assignment``), minimising the summed Euclidean distance from
     each centroid to its cell centre; absent organs then fill the remaining cells in slot order.
-    (The paper says only "the grid cell matching its centroid"; the assignment rule is ours.)
+
+    spar.md 3.1 Level 2: "The original ordering places each organ in the grid cell matching its
+    centroid, so the model must recover a spatial arrangement, not a fixed class order." Our
+    reading (the paper gives no rule): the grid is 4 x 4 over the slice (16 cells for 16 slots),
+    an organ's cell is the one containing its centroid (``row * 4 + col``), and organs whose
+    centroids share a cell are separated by the minimum-total-distance assignment above
+    (tests/methods/spar/test_spar_scoring.py, test_spar_probes.py).
     """
     from scipy.optimize import linear_sum_assignment
 

@@ -92,9 +92,9 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
 
 
 def _letter(x: str) -> str:
-    """A multiple-choice letter given alone or after 'answer'/'option' ("A", "B)", "Answer: C"),
-    not the article in "A large part" (a letter followed by a word)."""
-    return rf"(?:^|\b(?:answer|option)\W*(?:is\W*)?)\(?{x}\b(?![ \t]*[a-z])"
+    """A multiple-choice letter given alone, after a colon or after 'answer'/'option' ("A",
+    "B)", "Answer: C", "... 10%: B"), not the article in "A large part" (a letter then a word)."""
+    return rf"(?:^|:\s*|\b(?:answer|option)\W*(?:is\W*)?)(?P<opt>\(?{x}\b)(?![ \t]*[a-z])"
 
 
 _IMAGE_SIDE = r"(?:(?:image|viewer|screen)(?:'s)? {s}|{s}(?: hand)? side of the (?:image|screen))"
@@ -170,7 +170,7 @@ def parse_answer(probe: str, reply: str) -> int:
     text = " ".join(reply.strip().lower().replace("\u2019", "'").split())
     if probe == "relative_position":
         text = _SIDED_ORGANS.sub(lambda m: "organ".ljust(len(m.group(0))), text)
-    found = [(m.start(), -(m.end() - m.start()), cls) for cls, patterns in enumerate(ANSWER_PATTERNS[probe])
+    found = [(_start(m), -(m.end() - m.start()), cls) for cls, patterns in enumerate(ANSWER_PATTERNS[probe])
              for pattern in patterns for m in re.finditer(pattern, text)]
     if probe == "liver_size":
         found += [(m.start(), -(m.end() - m.start()), _percent_class(float(m.group(1))))
@@ -182,6 +182,12 @@ def parse_answer(probe: str, reply: str) -> int:
     if len(ANSWER_PATTERNS[probe]) == 2 and len(negated) == 1:
         return 1 - negated.pop()
     return -1
+
+
+def _start(m: re.Match) -> int:
+    """Where an option mention starts: its ``opt`` group when the pattern has one (a letter
+    after "Answer:"), else the whole match."""
+    return m.start("opt") if "opt" in m.re.groupindex else m.start()
 
 
 def _percent_class(value: float) -> int:
