@@ -2,7 +2,8 @@
 
 Input: a DataFrame with one row per (configuration, probe[, cohort]) with columns ``encoder``
 (the configuration, e.g. ``RadDINO-MLP``), ``probe``, ``accuracy`` and ``chance`` (the
-probe's chance accuracy, 1 / number of answers), and for :func:`domain_figure` ``cohort``;
+probe's chance accuracy, 1 / number of answers), optionally ``majority`` (the majority-class
+rate, drawn dotted beside chance), and for :func:`domain_figure` ``cohort``;
 :func:`probe_table` makes it from the spar stage's summary.
 
 * :func:`probe_bars_figure`: per-probe accuracy bars, one bar per configuration, the probe's
@@ -38,8 +39,9 @@ def probe_table(summary: pd.DataFrame) -> pd.DataFrame:
     name = rows["label"] if "label" in rows else rows["encoder"]
     rows = rows.assign(encoder=name.astype(str), probe=rows["finding"].astype(str),
                        cohort=rows["eval_dataset"].astype(str))
+    extra = {"majority": ("majority", "mean")} if "majority" in rows else {}
     out = rows.groupby(["encoder", "probe", "cohort"], sort=False).agg(
-        accuracy=("accuracy", "mean"), chance=("chance", "first")).reset_index()
+        accuracy=("accuracy", "mean"), chance=("chance", "first"), **extra).reset_index()
     trained = set(rows["dataset"].astype(str)) if "dataset" in rows else set()
     return out.assign(in_domain=out["cohort"].isin(trained))
 
@@ -58,9 +60,13 @@ def probe_bars_figure(df: pd.DataFrame, title: str = "") -> Figure:
         ax.bar(np.arange(len(probes)) - 0.4 + (k + 0.5) * width, heights, width, color=f"C{k % 10}",
                label=str(encoder))
     chance = df.groupby("probe", sort=False)["chance"].first()
+    majority = df.groupby("probe", sort=False)["majority"].mean() if "majority" in df else None
     for i, p in enumerate(probes):
         ax.hlines(chance[p], i - 0.45, i + 0.45, colors="k", linestyles="--", lw=1,
                   label="chance" if i == 0 else None)
+        if majority is not None and np.isfinite(majority[p]):
+            ax.hlines(majority[p], i - 0.45, i + 0.45, colors="0.4", linestyles=":", lw=1.2,
+                      label="majority class" if i == 0 else None)
     ax.set_xticks(range(len(probes)), probes, rotation=20, ha="right")
     ax.set_ylim(0, 1)
     ax.set_ylabel("accuracy")

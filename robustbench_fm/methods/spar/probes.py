@@ -29,7 +29,13 @@ def grid_cells(centroids: np.ndarray, present: np.ndarray) -> np.ndarray:
     Present organs are assigned to distinct cells of the 4 x 4 grid by the Hungarian algorithm
     (``scipy.optimize.linear_sum_assignment``), minimising the summed Euclidean distance from
     each centroid to its cell centre; absent organs then fill the remaining cells in slot order.
-    (The paper says only "the grid cell matching its centroid"; the assignment rule is ours.)
+
+    spar.md 3.1 Level 2: "The original ordering places each organ in the grid cell matching its
+    centroid, so the model must recover a spatial arrangement, not a fixed class order." Our
+    reading (the paper gives no rule): the grid is 4 x 4 over the slice (16 cells for 16 slots),
+    an organ's cell is the one containing its centroid (``row * 4 + col``), and organs whose
+    centroids share a cell are separated by the minimum-total-distance assignment above
+    (tests/methods/spar/test_spar_scoring.py, test_spar_probes.py).
     """
     from scipy.optimize import linear_sum_assignment
 
@@ -57,8 +63,13 @@ def transform_points(xy: np.ndarray, transform: str) -> np.ndarray:
 
 
 def relative_position_label(xy_a: np.ndarray, xy_b: np.ndarray, transform: str = "none") -> np.ndarray:
-    """Probe (i): 0 when organ A lies left of organ B in the presented image, 1 when right of it."""
-    return (transform_points(xy_a, transform)[..., 0] > transform_points(xy_b, transform)[..., 0]).astype(np.int64)
+    """Probe (i): 0 when organ A lies to the PATIENT's left of organ B, 1 to the patient's right,
+    read from the presented image in the radiological convention (patient's left on the image's
+    right), the side convention of the organ names ("left kidney" = the patient's left) and of
+    the SPAR-VQA prompts. spar.md 3.1 (i) "Is organ A left or right of organ B?" and "presents
+    each slice in original and horizontally flipped form, so the label flips with the image": the
+    label is read off the image as shown, so it flips under 'hflip'."""
+    return (transform_points(xy_a, transform)[..., 0] < transform_points(xy_b, transform)[..., 0]).astype(np.int64)
 
 
 def kidney_symmetry_class(area_left: np.ndarray, area_right: np.ndarray) -> np.ndarray:

@@ -170,18 +170,23 @@ class TileTask:
         perm = self.eval_perm[idx]
         rows = np.arange(len(idx))[:, None]
         present = np.asarray(self.s.present[idx])
-        if self.level == "localization":
-            size = np.array(self.s.slices.shape[-1:-3:-1], np.float32)  # (W, H) px of the slice frame
+        if self.level == "localization":  # MED / SDR in the native slice frame, the resized one beside
             pred = np.empty_like(out)
-            pred[rows, perm] = 1.0 / (1.0 + np.exp(-out)) * size
-            m = metrics.localization(pred, np.asarray(self.s.centroids_px[idx]), present, self.setup.sdr_px)
-            overall = {"med": m["med"], "sdr": m["sdr"], "n": m["n"]}
-            per = [{"organ": o, "med": v, "n": int(present[:, j].sum())} for j, (o, v) in
-                   enumerate(zip(ORGANS, m["per_slot_med"]))]
+            pred[rows, perm] = 1.0 / (1.0 + np.exp(-out))
+            native = metrics.native_frame(self.s.table["sample_id"].to_numpy()[idx], self.s.slice_table)
+            resized = np.array(self.s.slices.shape[-1:-3:-1], np.float32)  # (W, H) of the resized slices
+            m, m_r = (metrics.localization(pred, self.centroids[idx], present, self.setup.sdr_px, scale=sc)
+                      for sc in (native, resized))
+            overall = {"med": m["med"], "sdr": m["sdr"], "med_resized": m_r["med"], "sdr_resized": m_r["sdr"],
+                       "n": m["n"]}
+            per = [{"organ": o, "med": v, "med_resized": v_r, "n": int(present[:, j].sum())} for j, (o, v, v_r) in
+                   enumerate(zip(ORGANS, m["per_slot_med"], m_r["per_slot_med"]))]
         else:
-            p = sinkhorn(torch.from_numpy(out), self.setup.sinkhorn_tau, self.setup.sinkhorn_iters).numpy()
+            shown = present[rows, perm]  # present slots only (spar.md Level 2: missing slots are ignored)
+            p = sinkhorn(torch.from_numpy(out), self.setup.sinkhorn_tau, self.setup.sinkhorn_iters,
+                         torch.from_numpy(shown)).numpy()
             cells = np.empty_like(perm)
-            cells[rows, perm] = hungarian(p)
+            cells[rows, perm] = hungarian(p, shown)
             m = metrics.permutation(cells, np.asarray(self.s.grid_cells[idx]), present)
             overall = {"patch_acc": m["patch_acc"], "perm_acc": m["perm_acc"], "n": m["n"]}
             per = [{"organ": o, "patch_acc": v, "n": int(present[:, j].sum())} for j, (o, v) in
@@ -222,11 +227,7 @@ class QueryTask:
                              torch.from_numpy(self.n_classes[idx]))
         pred = logits.argmax(-1).numpy()
         probes = np.array(L3_PROBES)[self.probe[idx]]
-        acc = metrics.probe_accuracy(pred, self.label[idx], probes)
-        n_cls = dict(zip(probes, self.n_classes[idx]))
-        return [{"finding": p, "organ": "all", "accuracy": v, "n": int((probes == p).sum()) if p != "macro"
-                 else len(idx), "chance": metrics.chance(int(n_cls[p])) if p != "macro"
-                 else float(np.mean([metrics.chance(int(c)) for c in n_cls.values()]))} for p, v in acc.items()]
+        return [{**r, "organ": "all"} for r in metrics.probe_rows(pred, self.label[idx], probes, self.n_classes[idx])]
 
 
 # ------------------------------------------------------------------ configurations

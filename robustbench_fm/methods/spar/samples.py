@@ -60,7 +60,7 @@ def apply_transform(image: np.ndarray, transform: str) -> np.ndarray:
 # Building the samples (spar.md section 3.1)
 
 #: Bumped whenever sample construction changes, so old caches are rebuilt.
-SAMPLES_VERSION = 1
+SAMPLES_VERSION = 2  # 2: relative-position labels in the patient's side convention
 _ARRAYS = ("tiles", "present", "centroids", "centroids_px", "grid_cells", "slices", "slice_present",
            "slice_centroids", "slice_areas", "slice_tumours")
 

@@ -27,7 +27,7 @@ from .samples import build_samples
 from .vqa import run_vqa
 
 GROUP_COLUMNS = ["label", "section", "head", "mode", "eval_dataset", "organ", "seed"]
-PARAM_COLUMNS = ["epochs", "chance"]
+PARAM_COLUMNS = ["epochs", "chance", "majority"]
 PARAMS = SparParams
 HEAD_LABELS = {"mlp": "MLP", "transformer": "Trans", "combined": "Combined"}
 SECTIONS = ("Trained from scratch", "Frozen foundation models", "Finetuned foundation models")

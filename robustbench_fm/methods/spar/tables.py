@@ -16,6 +16,7 @@ ORGAN_COLUMNS = {"liver": "Liver", "spleen": "Spln", "left_kidney": "K-L", "righ
                  "intestine": "Intes", "adrenal": "Adrn"}
 COHORTS = {"word": "WORD", "totalsegmentator": "TotalSegmentator", "lits": "LiTS"}
 SECTIONS = ("Trained from scratch", "Frozen foundation models", "Finetuned foundation models")
+MAJORITY = "Majority class"
 ROW_ORDER = ("CNN-MLP", "CNN-Trans", "ViT-MLP", "ViT-Trans", "ViT-Combined", "RadDINO-MLP", "RadDINO-Trans",
              "BiomedCLIP-MLP", "BiomedCLIP-Trans", "SAM-Med2D-MLP", "SAM-Med2D-Trans")
 
@@ -59,19 +60,32 @@ def _level_frame(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _chance(df: pd.DataFrame, columns) -> dict:
-    """Chance of each probe column (1 / number of classes, recorded with the results)."""
+def _chance(df: pd.DataFrame, columns, metric: str = "chance") -> dict:
+    """Per probe column: its chance (``metric='chance'``: 1 / number of classes, recorded with the
+    results) or its majority-class rate (``'majority'``: the share of the most frequent label
+    among the scored items, the mean over the rows, which share their items)."""
     out = {}
     for probe, col in PROBE_COLUMNS.items():
-        part = df[(df["finding"] == probe) & df["chance"].notna()] if "chance" in df else df.iloc[:0]
+        part = df[(df["finding"] == probe) & df[metric].notna()] if metric in df else df.iloc[:0]
         if col in columns and len(part):
-            out[col] = float(part["chance"].iloc[0])
+            out[col] = float(part[metric].iloc[0]) if metric == "chance" else float(part[metric].mean())
     return out
+
+
+def _baselines(df: pd.DataFrame, columns, **fields) -> pd.DataFrame:
+    """The Chance row (uniform, the paper's 1 / classes) and, beside it, the Majority class row
+    (always answering a probe's most frequent label), which differ where labels are imbalanced
+    (organ size, distance); the second is left out for results recorded without it."""
+    rows = [{**fields, "label": "Chance", **_chance(df, columns)}]
+    majority = _chance(df, columns, "majority")
+    if majority:
+        rows.append({**fields, "label": MAJORITY, **majority})
+    return pd.DataFrame(rows)
 
 
 def spar_table1(results: SweepResults) -> list[PaperTable]:
     """Table 1: MED, Perm, RelPos, Orient, Symm per configuration on the in-domain cohort and
-    zero-shot on each transfer cohort; Chance rows."""
+    zero-shot on each transfer cohort; Chance and Majority class rows."""
     df = _rows(results)
     frames = []
     for in_domain in (True, False):
@@ -81,9 +95,8 @@ def spar_table1(results: SweepResults) -> list[PaperTable]:
             table = _order(_level_frame(part))
             table.insert(0, "Cohort", cohort)
             table["section"] = cohort + " / " + table["section"]
-            chance = {"Cohort": cohort, "section": cohort, "label": "Chance",
-                      **_chance(part, ("RelPos", "Orient", "Symm"))}
-            frames.append(pd.concat([table, pd.DataFrame([chance])], ignore_index=True))
+            frames.append(pd.concat([table, _baselines(part, ("RelPos", "Orient", "Symm"), Cohort=cohort,
+                                                       section=cohort)], ignore_index=True))
     cols = ["Cohort", "Section", "Model", "MED", "Perm", "RelPos", "Orient", "Symm"]
     frame = (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()) \
         .rename(columns={"section": "Section", "label": "Model"}).reindex(columns=cols)
@@ -119,7 +132,7 @@ def spar_table4(results: SweepResults) -> list[PaperTable]:
 
 
 def spar_table5(results: SweepResults) -> list[PaperTable]:
-    """Table 5: zero-shot Level 3 probes on the transfer cohorts; Chance row."""
+    """Table 5: zero-shot Level 3 probes on the transfer cohorts; Chance and Majority class rows."""
     df = _rows(results)
     df = df[(df["eval_dataset"] != df["dataset"]) & (df["organ"] == "all")]
     cols = ["Section", "Model", *PROBE_COLUMNS.values()]
@@ -128,8 +141,7 @@ def spar_table5(results: SweepResults) -> list[PaperTable]:
     else:
         table = _order(_level_frame(df)).drop(columns=["MED", "Perm"])
         table["label"] = table["label"].str.replace("-Combined", "-Comb", regex=False)
-        chance = {"section": "", "label": "Chance", **_chance(df, PROBE_COLUMNS.values())}
-        frame = pd.concat([table, pd.DataFrame([chance])], ignore_index=True) \
+        frame = pd.concat([table, _baselines(df, PROBE_COLUMNS.values(), section="")], ignore_index=True) \
             .rename(columns={"section": "Section", "label": "Model"}).reindex(columns=cols)
     return [PaperTable("spar_table5", frame.reset_index(drop=True),
                        caption="SPAR Table 5: zero-shot transfer, Level 3 probes (fraction, mean over seeds)")]
@@ -137,7 +149,8 @@ def spar_table5(results: SweepResults) -> list[PaperTable]:
 
 def spar_table2(results: SweepResults) -> list[PaperTable]:
     """Table 2: SPAR-VQA accuracy per probe and macro (mean and std over seeds) per chat model,
-    the best and worst encoder configuration (by macro over the five probes, in domain) and Chance."""
+    the best and worst encoder configuration (by macro over the five probes, in domain), Chance and
+    Majority class (of the chat models' items)."""
     df = results.summaries("spar")
     cols = ["Macro", *PROBE_COLUMNS.values()]
     rows = []
@@ -164,9 +177,10 @@ def spar_table2(results: SweepResults) -> list[PaperTable]:
                 for tag, r in (("best", best), ("worst", worst)):
                     rows.append({"Section": "encoder reference (from Table 1 configurations)",
                                  "Model": f"{r['label']} ({tag} enc.)", **{c: r[c] for c in ["Macro", *probes]}})
-        chance = _chance(pd.concat([vqa, enc]) if not enc.empty else vqa, PROBE_COLUMNS.values())
-        if chance:
-            rows.append({"Section": "", "Model": "Chance", **chance})
+        base = vqa if len(vqa) else enc  # the majority class of the items the chat models answered
+        if _chance(base, PROBE_COLUMNS.values()):
+            rows += [{"Section": "", "Model": r.pop("label"), **r}
+                     for r in _baselines(base, PROBE_COLUMNS.values()).to_dict("records")]
     order = ["Section", "Model"] + [x for c in cols for x in (c, f"{c}_sd")]
     frame = pd.DataFrame(rows).reindex(columns=order)
     return [PaperTable("spar_table2", frame.reset_index(drop=True),

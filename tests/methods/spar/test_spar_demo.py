@@ -34,20 +34,24 @@ def test_every_table_is_written_in_the_published_layout(run):
         assert ours <= set(published["column"]), (n, ours - set(published["column"]))
     t1 = tables[1]
     want = ["CNN-MLP", "CNN-Trans", "ViT-MLP", "ViT-Trans", "ViT-Combined", "random_vit_s-MLP", "random_vit_s-Trans",
-            "Chance"]
+            "Chance", "Majority class"]
     for cohort in ("spar_phantom_word (in domain)", "TotalSegmentator (zero-shot)"):
         part = t1[t1["Cohort"] == cohort]
         assert part["Model"].tolist() == want
         assert set(want[:5]) <= set(_published(1)["row"])
         chance = part.set_index("Model").loc["Chance"]
         assert chance["RelPos"] == 0.5 and chance["Orient"] == 0.2
-        models = part[part["Model"] != "Chance"]
+        majority = part.set_index("Model").loc["Majority class"]  # beside chance: >= it, equal when balanced
+        both = chance[["RelPos", "Orient", "Symm"]].astype(float).dropna().index
+        assert (majority[both].astype(float) >= chance[both].astype(float) - 1e-12).all()
+        assert majority["RelPos"] == 0.5
+        models = part[~part["Model"].isin(["Chance", "Majority class"])]
         assert (models["MED"] > 0).all() and models["Perm"].between(0, 1).all()
     assert t1["Section"].iloc[0] == "spar_phantom_word (in domain) / Trained from scratch"
     assert tables[3]["Model"].tolist()[:5] == ["CNN-MLP", "CNN-Trans", "ViT-MLP", "ViT-Trans", "ViT-Comb"]
     assert list(tables[3].columns[2:]) == list(_published(3)["column"].drop_duplicates())
     assert tables[4].drop(columns=["Section", "Model"]).stack().dropna().between(0, 1).all()
-    assert tables[5]["Model"].iloc[-1] == "Chance"
+    assert tables[5]["Model"].tolist()[-2:] == ["Chance", "Majority class"]
     assert tables[2]["Model"].str.endswith(("(best enc.)", "(worst enc.)")).sum() == 2
 
 

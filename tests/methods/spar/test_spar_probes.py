@@ -68,7 +68,7 @@ def test_relative_position_flip_control_flips_the_label(phantom):
     b = none["organ_b"].map(ORGANS.index).to_numpy()
     rows = none["slice_row"].to_numpy()
     xa, xb = s.slice_centroids[rows, a, 0], s.slice_centroids[rows, b, 0]
-    assert (none["label"].to_numpy() == (xa > xb)).all()          # 1: A right of B in the image
+    assert (none["label"].to_numpy() == (xa < xb)).all()  # 1: A on the patient's right of B (image left)
     assert (np.abs(xa - xb) * SIZE >= 1).all() and q["label"].mean() == 0.5
     assert s.slice_present[rows, a].all() and s.slice_present[rows, b].all()
     assert none[["organ_a", "organ_b"]].drop_duplicates().shape[0] > 5

@@ -23,6 +23,58 @@ def test_parser_per_probe(probe, reply, want):
     assert vqa.parse_answer(probe, reply) == want
 
 
+@pytest.mark.parametrize("probe, reply, want", [
+    # relative position: patient sides; side words of organ names are not answers; image sides converted
+    ("relative_position", "The left kidney lies to the right of the liver.", 1),
+    ("relative_position", "It is not on the left.", 1), ("relative_position", "Not right; left.", 0),
+    ("relative_position", "On the right side of the image", 0), ("relative_position", "image left", 1),
+    ("relative_position", "The head of femur right is left of it", 0),
+    # orientation: a negated option is skipped
+    ("orientation", "It is not horizontally flipped, it is vertically flipped", 2),
+    ("orientation", "Not rotated 90 degrees; rotated 180 degrees", 4),
+    ("orientation", "The image has not been transformed", 0), ("orientation", "It isn't original.", -1),
+    # symmetry: negation and comparatives
+    ("kidney_symmetry", "not symmetric; right larger", 2), ("kidney_symmetry", "Not symmetric, left larger", 1),
+    ("kidney_symmetry", "The left kidney is smaller than the right", 2),
+    ("kidney_symmetry", "The right kidney is smaller", 1), ("kidney_symmetry", "They are the same size.", 0),
+    ("kidney_symmetry", "The kidneys are asymmetric", -1),
+    ("kidney_symmetry", "The left kidney is larger, not the right", 1),
+    # organ size: percentages by the label's bins, letters only as answers
+    ("liver_size", "About 15%", 1), ("liver_size", "approximately 25 percent", 2), ("liver_size", "5%", 0),
+    ("liver_size", "10%", 1), ("liver_size", "20.5%", 2), ("liver_size", "The answer is (C).", 2),
+    ("liver_size", "A large part of the slice, about 8%", 0), ("liver_size", "Not less than 10%: B", 1),
+    # distance: a negated comparative of a two-answer probe gives the other answer
+    ("distance_compare", "It is not greater", 0), ("distance_compare", "No, it is shorter.", 0),
+    ("distance_compare", "The first distance is larger", 1),
+    # counting
+    ("tumour_count", "There are no tumours.", 0), ("tumour_count", "Not one, there are two", 2),
+    ("tumour_count", "12 lesions", 2), ("tumour_count", "A single tumour", 1),
+])
+def test_parser_negations_numbers_and_sides(probe, reply, want):
+    assert vqa.parse_answer(probe, reply) == want
+
+
+def test_labels_prompts_and_parser_share_the_patient_side_convention():
+    """Radiological display (data.ct.volumes): the liver (patient right) sits on the image left,
+    the spleen (patient left) on the image right. Asked "is the liver on the patient's left or
+    right of the spleen?", the label is 'right' (1) and so is the parsed truthful reply; the
+    horizontally flipped view flips both. The left kidney (larger area) is 'left larger'."""
+    from robustbench_fm.methods.spar import probes
+
+    liver, spleen = np.array([0.3, 0.4]), np.array([0.75, 0.4])
+    assert probes.relative_position_label(liver, spleen) == 1 == vqa.parse_answer(
+        "relative_position", "The liver is on the patient's right of the spleen.")
+    assert probes.relative_position_label(liver, spleen, "hflip") == 0 == vqa.parse_answer(
+        "relative_position", "In this image it is on the left.")
+    assert probes.kidney_symmetry_class(120, 100) == 1 == vqa.parse_answer("kidney_symmetry", "left kidney larger")
+    q = pd.DataFrame({"probe": ["relative_position", "kidney_symmetry"] * 6, "organ_a": "liver", "organ_b": "spleen",
+                      "organ_c": "", "organ_d": ""})
+    for prompt in vqa.render_questions(q, np.random.default_rng(1)):
+        assert "patient's left is on the image's right" in prompt
+    relpos = vqa.render_questions(q.iloc[::2], np.random.default_rng(2))
+    assert all("patient's left or right" in p for p in relpos)
+
+
 def test_templates_fill_organs_and_are_sampled_with_the_seed():
     q = pd.DataFrame({"probe": ["relative_position"] * 30, "organ_a": "left_kidney", "organ_b": "liver",
                       "organ_c": "", "organ_d": ""})

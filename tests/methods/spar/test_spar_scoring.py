@@ -1,0 +1,237 @@
+"""SPAR-Bench scoring to protocol (spar.md Section 3.1; issue 20 items 2, 3, 5): Level 2's
+Hungarian over present slots only and its grid-cell targets, Level 1 MED/SDR in the native slice
+frame, and the majority-class rate beside the uniform chance, each through the run's own scoring."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from robustbench_fm.methods.spar import metrics, probes, tables
+from robustbench_fm.methods.spar.run import QueryTask, Setup, TileTask
+from robustbench_fm.methods.spar.samples import ORGANS, SparSamples
+from robustbench_fm.methods.spar.sinkhorn import hungarian, sinkhorn
+
+CPU = torch.device("cpu")
+N = len(ORGANS)
+
+
+def _tile_samples(present, centroids, frames, resized=224) -> SparSamples:
+    """Tile sets with the given presence [n, 16], normalised centroids [n, 16, 2] and native
+    slice sizes ``frames`` [(W, H)] (one whole slice per tile set, as build_samples writes them)."""
+    n = len(present)
+    ids = [f"p_z{i:04d}" for i in range(n)]
+    table = pd.DataFrame({"sample_id": ids, "subject_id": "p", "split": "test", "dataset": "word", "z": range(n),
+                          "n_present": present.sum(1)})
+    slice_table = pd.DataFrame({"sample_id": ids, "subject_id": "p", "split": "test", "dataset": "word",
+                                "z": range(n), "height": [h for _, h in frames], "width": [w for w, _ in frames]})
+    c = np.where(present[..., None], centroids, np.nan).astype(np.float32)
+    return SparSamples(table, np.zeros((n, N, 1, 1), np.uint8), present, c, c * np.float32(resized),
+                       probes.grid_cells(c, present), np.zeros((n, resized, resized), np.uint8), slice_table,
+                       pd.DataFrame())
+
+
+def _logit(p):
+    p = np.asarray(p, np.float64)
+    return np.log(p / (1 - p))
+
+
+# ------------------------------------------------------------------ item 2: Level 2 scoring
+
+def _stealing_scores() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Two 3-slot examples (slots 0-2 present, targets = cells 0-2, absent slots fill 3..15).
+    In example 1 absent slot 3 prefers cell 0 over its own cell, and present slot 0 puts its
+    second choice on cell 3: matching all 16 rows hands cell 0 to the absent slot."""
+    present = np.zeros((2, N), bool)
+    present[:, :3] = True
+    cells = np.tile(np.arange(N), (2, 1))
+    p = np.stack([np.eye(N) * 0.6, np.eye(N) * 0.6])
+    p[1, 3, 3], p[1, 3, 0] = 0.0, 0.9
+    p[1, 0, 3] = 0.4
+    return p, cells, present
+
+
+def test_hungarian_matches_present_slots_only():
+    p, cells, present = _stealing_scores()
+    old = metrics.permutation(hungarian(p), cells, present)  # every row competes (the bug)
+    assert old["perm_acc"] == 0.5 and old["patch_acc"] == pytest.approx(5 / 6)
+    new = hungarian(p, present)
+    m = metrics.permutation(new, cells, present)
+    assert m["perm_acc"] == 1.0 and m["patch_acc"] == 1.0
+    assert (np.sort(new, 1) == np.arange(N)).all()                   # still a permutation per row
+    assert new[1, 3:].tolist() == list(range(3, N))                   # absent slots: free cells in order
+    with pytest.raises(ValueError, match="one flag per slot"):
+        hungarian(p, present[:, :5])
+
+
+def test_hungarian_over_present_rows_is_the_brute_force_optimum():
+    """k present rows of a random 16 x 16 matrix matched to distinct cells: the best total over
+    every injective assignment (brute force over 16P3 = 3360 choices)."""
+    import itertools
+
+    rng = np.random.default_rng(5)
+    for _ in range(4):
+        p = rng.random((1, N, N))
+        present = np.zeros((1, N), bool)
+        slots = rng.choice(N, 3, replace=False)
+        present[0, slots] = True
+        got = hungarian(p, present)[0]
+        best = max(p[0, np.sort(slots), list(c)].sum() for c in itertools.permutations(range(N), 3))
+        assert p[0, np.sort(slots), got[np.sort(slots)]].sum() == pytest.approx(best)
+
+
+def test_level2_run_scoring_ignores_absent_slots():
+    """The run's Level 2 scoring (Sinkhorn then Hungarian on the shuffled input order): a model
+    whose scores rank every present organ's cell first but let an absent slot want one of those
+    cells more scores 1.0 (present-only matching); matching all 16 rows scores it below 1."""
+    present = np.zeros((2, N), bool)
+    present[:, [0, 2, 4]] = True                                      # liver, left kidney, stomach
+    centroids = np.full((2, N, 2), 0.5)
+    centroids[:, [0, 2, 4]] = [(0.3, 0.3), (0.7, 0.6), (0.6, 0.4)]
+    s = _tile_samples(present, centroids, [(512, 512)] * 2)
+    task = TileTask("permutation", s, None, CPU, Setup(), seed=3)
+    target = s.grid_cells
+    thief = 1                                                           # an absent slot
+    scores = np.full((2, N, N), -1.0)
+    scores[np.arange(2)[:, None], np.arange(N), target] = 1.0
+    scores[1, thief, target[1, 0]] = 3.0                                 # wants the liver's cell most
+    scores[1, thief, target[1, thief]] = -1.0
+    scores[1, 0, target[1, thief]] = 0.9                                 # liver's second choice: the thief's cell
+    perm = task.eval_perm[:2]
+    out = np.take_along_axis(scores, perm[:, :, None], axis=1)          # rows in the shuffled input order
+    rows = {(r["organ"]): r for r in task.score(out.astype(np.float32), np.arange(2))}
+    assert rows["all"]["perm_acc"] == 1.0 and rows["all"]["patch_acc"] == 1.0
+    p = sinkhorn(torch.from_numpy(scores), Setup().sinkhorn_tau, Setup().sinkhorn_iters).numpy()
+    assert metrics.permutation(hungarian(p), target, present)["perm_acc"] == 0.5  # the old all-rows matching
+
+
+def test_grid_cell_target_is_the_cell_holding_the_centroid():
+    """spar.md 3.1 Level 2: "The original ordering places each organ in the grid cell matching its
+    centroid". Our reading (probes.grid_cells): the 4 x 4 cell that contains the centroid
+    (row * 4 + col) when present organs fall in distinct cells; organs sharing a cell are
+    separated by the minimum-total-distance assignment (brute-forced in test_spar_probes)."""
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        slots = rng.choice(N, 6, replace=False)
+        cells = rng.choice(16, 6, replace=False)
+        present = np.zeros((1, N), bool)
+        present[0, slots] = True
+        centroids = np.full((1, N, 2), np.nan)
+        col, row = cells % 4, cells // 4
+        centroids[0, slots] = np.stack([(col + rng.uniform(0.05, 0.95, 6)) / 4,
+                                        (row + rng.uniform(0.05, 0.95, 6)) / 4], -1)
+        assert probes.grid_cells(centroids, present)[0, slots].tolist() == cells.tolist()
+    # two organs in one cell: the nearer keeps it, the other moves to the nearest free cell
+    present = np.zeros((1, N), bool)
+    present[0, :2] = True
+    centroids = np.full((1, N, 2), np.nan)
+    centroids[0, :2] = [(0.13, 0.13), (0.20, 0.12)]                     # both in cell 0; slot 1 nearer cell 1
+    assert probes.grid_cells(centroids, present)[0, :2].tolist() == [0, 1]
+
+
+# ------------------------------------------------------------------ item 3: MED / SDR frame
+
+def test_localization_in_the_native_slice_frame():
+    """MED and SDR@10 in pixels of the original slice (spar.md 3.1 Level 1), the resized 224
+    frame beside it: a 448 x 448 slice doubles every distance, a 512 x 256 one scales x by
+    512/224 and y by 256/224."""
+    present = np.zeros((2, N), bool)
+    present[:, :3] = True
+    centroids = np.full((2, N, 2), 0.5)
+    centroids[:, :3] = [(0.3, 0.3), (0.6, 0.5), (0.4, 0.7)]
+    s = _tile_samples(present, centroids, [(448, 448), (512, 256)])
+    task = TileTask("localization", s, None, CPU, Setup(), seed=0)
+    offset = np.array([0.01, 0.02])
+    out = _logit(np.clip(centroids + offset, 1e-3, 1 - 1e-3)).astype(np.float32)
+    rows = {r["organ"]: r for r in task.score(out, np.arange(2))}
+    d448 = np.hypot(0.01 * 448, 0.02 * 448)                             # 10.02 px: not a success at 10 px
+    d512 = np.hypot(0.01 * 512, 0.02 * 256)                             # 7.24 px: a success
+    d224 = np.hypot(0.01 * 224, 0.02 * 224)                             # 5.01 px
+    assert rows["all"]["med"] == pytest.approx((d448 + d512) / 2, rel=1e-4)
+    assert rows["all"]["sdr"] == pytest.approx(0.5)
+    assert rows["all"]["med_resized"] == pytest.approx(d224, rel=1e-4) and rows["all"]["sdr_resized"] == 1.0
+    assert rows["liver"]["med"] == pytest.approx((d448 + d512) / 2, rel=1e-4)
+    assert rows["liver"]["med_resized"] == pytest.approx(d224, rel=1e-4)
+    m = metrics.localization(centroids[:1] + offset, centroids[:1], present[:1], scale=(448, 448))
+    assert m["med"] == pytest.approx(2 * d224)                           # the exact factor 448 / 224
+
+
+def test_native_frame_errors_name_the_fix():
+    st = pd.DataFrame({"sample_id": ["a"], "width": [512], "height": [400]})
+    assert metrics.native_frame(["a", "a"], st).tolist() == [[512, 400], [512, 400]]
+    with pytest.raises(ValueError, match="rebuilt"):
+        metrics.native_frame(["b"], st)
+    with pytest.raises(ValueError, match="width/height"):
+        metrics.native_frame(["a"], st.drop(columns="width"))
+
+
+# ------------------------------------------------------------------ item 5: chance rows
+
+def test_majority_class_rate_beside_uniform_chance_on_imbalanced_labels():
+    """Organ size with 7 of 11 items in one class: a constant answer scores 7/11 = 0.636, the
+    uniform chance stays 1/3; balanced labels give the same number twice."""
+    label = np.array([1] * 7 + [0] * 2 + [2] * 2 + [0, 1])
+    probe = np.array(["liver_size"] * 11 + ["relative_position"] * 2)
+    n_classes = np.array([3] * 11 + [2] * 2)
+    pred = np.array([1] * 11 + [0, 0])                                  # the constant majority answer
+    rows = {r["finding"]: r for r in metrics.probe_rows(pred, label, probe, n_classes)}
+    assert rows["liver_size"]["majority"] == pytest.approx(7 / 11) == rows["liver_size"]["accuracy"]
+    assert rows["liver_size"]["chance"] == pytest.approx(1 / 3)
+    assert rows["relative_position"]["majority"] == 0.5 == rows["relative_position"]["chance"]
+    assert rows["macro"]["majority"] == pytest.approx((7 / 11 + 0.5) / 2)
+    assert rows["macro"]["chance"] == pytest.approx((1 / 3 + 0.5) / 2) and rows["macro"]["n"] == 13
+    assert np.isnan(metrics.majority([]))
+
+
+def test_level3_run_rows_carry_the_majority_rate():
+    q = pd.DataFrame({"question_id": [f"q{i}" for i in range(8)], "probe": "liver_size", "slice_row": range(8),
+                      "transform": "none", "organ_a": "liver", "organ_b": "", "organ_c": "", "organ_d": "",
+                      "label": [0, 0, 0, 0, 0, 0, 1, 2], "n_classes": 3, "split": "test"})
+    s = SparSamples(pd.DataFrame(), np.zeros((0, N, 1, 1), np.uint8), np.zeros((0, N), bool),
+                    np.zeros((0, N, 2), np.float32), np.zeros((0, N, 2), np.float32), np.zeros((0, N), np.int64),
+                    np.zeros((8, 4, 4), np.uint8), pd.DataFrame({"sample_id": range(8)}), q)
+    task = QueryTask(s, None, np.arange(8), CPU)
+    out = np.zeros((8, task_width := 6 * 5), np.float32)
+    assert task_width == 30
+    rows = {r["finding"]: r for r in task.score(out, np.arange(8))}
+    assert rows["liver_size"]["majority"] == 0.75 and rows["liver_size"]["chance"] == pytest.approx(1 / 3)
+    assert rows["liver_size"]["organ"] == "all"
+
+
+class _Results:
+    def __init__(self, df):
+        self.df = df
+
+    def summaries(self, stage):
+        return self.df
+
+
+def _summary() -> pd.DataFrame:
+    """Two configurations x two seeds on the in-domain and a zero-shot cohort; organ size 70% class
+    1 in domain, relative position balanced."""
+    rows = []
+    for label in ("CNN-MLP", "ViT-MLP"):
+        for seed in (1, 2):
+            for cohort, size_majority in (("word", 0.636), ("totalsegmentator", 0.812)):
+                common = {"label": label, "section": "Trained from scratch", "seed": seed, "organ": "all",
+                          "dataset": "word", "eval_dataset": cohort}
+                rows += [{**common, "finding": "localization", "med": 9.0},
+                         {**common, "finding": "permutation", "perm_acc": 0.5},
+                         {**common, "finding": "relative_position", "accuracy": 0.9, "chance": 0.5,
+                          "majority": 0.5},
+                         {**common, "finding": "liver_size", "accuracy": 0.7, "chance": 1 / 3,
+                          "majority": size_majority}]
+    return pd.DataFrame(rows)
+
+
+def test_tables_show_a_majority_class_row_beside_chance():
+    t1 = tables.spar_table1(_Results(_summary()))[0].frame
+    for cohort in ("WORD (in domain)", "TotalSegmentator (zero-shot)"):
+        part = t1[t1["Cohort"] == cohort].set_index("Model")
+        assert part.index[-2:].tolist() == ["Chance", "Majority class"]
+        assert part.loc["Chance", "RelPos"] == 0.5 and part.loc["Majority class", "RelPos"] == 0.5
+    t5 = tables.spar_table5(_Results(_summary()))[0].frame.set_index("Model")
+    assert t5.loc["Chance", "Size"] == pytest.approx(1 / 3) and t5.loc["Majority class", "Size"] == 0.812
+    t2 = tables.spar_table2(_Results(_summary()))[0].frame.set_index("Model")
+    assert t2.loc["Chance", "Size"] == pytest.approx(1 / 3) and t2.loc["Majority class", "Size"] == 0.636
+    old = _summary().drop(columns="majority")                          # results recorded before the column
+    assert "Majority class" not in set(tables.spar_table5(_Results(old))[0].frame["Model"])
