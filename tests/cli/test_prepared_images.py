@@ -93,3 +93,36 @@ def test_chest_candor_job_reads_images_stored_once_at_224(tmp_path, monkeypatch)
     # a second 224 run finds everything: nothing decoded, nothing embedded
     app.run(_cfg(tmp_path, root), tmp_path / "again")
     assert calls == [] and _entries(tmp_path / "again") == entries
+
+
+@pytest.mark.slow
+def test_resolution_ablation_stores_its_fixed_sample_at_224_and_512(tmp_path):
+    """experiment=candor_ablation_resolution as a user runs it (one site here): each size's jobs
+    read their own store of the same fixed sample, and the collect step writes the ablation table."""
+    import subprocess
+
+    from robustbench_fm.data.sample import fixed_sample
+
+    root = tmp_path / "data" / "CheXpert-v1.0-small"
+    write_chexpert(root, np.random.default_rng(0))
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "robustbench_fm", "-m", "experiment=candor_ablation_resolution",
+           f"paths.root={tmp_path}", "dataset=chexpert", f"encoders=[{','.join(ENCODERS)}]", "fixed_sample=6",
+           "stage.params.n_boot=20", "device=cpu", "extract.num_workers=0", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (sweep / "missing.txt").read_text() == ""
+    cfg = _cfg(tmp_path, root, "fixed_sample=6")
+    full = app._full_manifest(app.plan(cfg), cfg)
+    sample = fixed_sample(full, list(cfg.stage.findings), 6)
+    assert 0 < len(sample) < len(full)
+    for size in (224, 512):
+        stores = list((tmp_path / "outputs" / "cache" / "prepared" / f"{size}px").glob("*/meta.json"))
+        assert len(stores) == 1  # one store per size, shared by both encoders
+        meta = json.loads(stores[0].read_text())
+        assert (meta["n_images"], meta["fields"]["size"]) == (len(sample), size)
+    per = pd.concat(pd.read_parquet(f) for f in sweep.glob("*/results/planted_sharp/*/candor/edema/per_sample.parquet"))
+    assert per["sample_id"].isin(sample["sample_id"]).all()
+    table = pd.read_csv(sweep / "tables" / "candor_ablation_image_size.csv")
+    assert list(table.columns) == ["Encoder", "image_size=224", "image_size=512"]
+    assert sorted(table["Encoder"]) == ENCODERS and table[["image_size=224", "image_size=512"]].notna().all().all()
