@@ -46,6 +46,23 @@ def test_plan_names_the_stored_size_and_native_opts_out(tmp_path):
         app.plan(_cfg(tmp_path, tmp_path, "resolution=224px"))
 
 
+def test_which_experiments_store_their_images_at_224(tmp_path):
+    def composed(*overrides):
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            return compose("config", overrides=[f"paths.root={tmp_path}", *overrides])
+
+    for exp in ("chest_candor", "candor_domains", "candor_heads", "candor_ablation_k", "candor_ablation_pooling"):
+        cfg = composed(f"experiment={exp}")
+        assert (cfg.resolution, cfg.fixed_sample) == (224, None), exp
+    for exp in ("demo", "candor_calibration", "croma_camelyon", "spar_word"):
+        assert composed(f"experiment={exp}").resolution == "native", exp
+    for size in (224, 512):
+        cfg = composed("experiment=candor_ablation_resolution", f"ablation.image_size={size}")
+        assert (cfg.resolution, cfg.fixed_sample, cfg.dataset.root) == (size, 500, str(tmp_path / "data" /
+                                                                                      "mimic-cxr-jpg" / "2.1.0"))
+        assert cfg.get("manifest_file") is None  # the adapter's manifest, not a hand-prepared copy
+
+
 @pytest.mark.slow
 def test_chest_candor_job_reads_images_stored_once_at_224(tmp_path, monkeypatch):
     root = tmp_path / "data" / "CheXpert-v1.0-small"
