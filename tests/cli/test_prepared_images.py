@@ -132,7 +132,12 @@ def test_resolution_ablation_stores_its_fixed_sample_at_224_and_512(tmp_path):
     cfg = _cfg(tmp_path, root, "fixed_sample=6")
     full = app._full_manifest(app.plan(cfg), cfg)
     sample = fixed_sample(full, list(cfg.stage.findings), 6)
-    assert 0 < len(sample) < len(full)
+    rows = pd.concat(pd.read_parquet(f) for f in sweep.glob("*/summary.parquet"))
+    rows = rows[rows["acq_group"] != "__pooled__"]
+    assert len(rows) == 4 * 2 * 12  # jobs x matched groups x findings
+    for r in rows.itertuples():  # each task sees at most 6 positives and 6 negatives: all of a smaller class
+        labels = full.loc[full["acq_group"] == r.acq_group, r.finding]
+        assert (r.n_pos, r.n_neg) == (min(6, (labels == 1).sum()), min(6, (labels == 0).sum()))
     for size in (224, 512):
         stores = list((tmp_path / "outputs" / "cache" / "prepared" / f"{size}px").glob("*/meta.json"))
         assert len(stores) == 1  # one store per size, shared by both encoders
