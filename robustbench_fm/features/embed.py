@@ -9,7 +9,8 @@ stored at 224x224 pixels. The image processor of each encoder then resizes it") 
 first stored at that size in the content-keyed prepared-image store
 (:mod:`robustbench_fm.data.prepared`), once for all encoders, and the encoders read the stored
 images; the feature-cache key then names the store's locators and folder, so it differs from a
-native run's. ``resolution=None`` (``native``) reads the images as the dataset ships them."""
+native run's. ``resolution=None`` (``native``) reads the images as the dataset ships them. Slide
+aggregation (:meth:`Embedder.embed_slides`) reads its tiles as shipped either way."""
 from __future__ import annotations
 
 import dataclasses

@@ -118,6 +118,9 @@ def test_a_killed_run_resumes_from_its_missing_shards_byte_identically(tmp_path,
     files = lambda root: {p.name: p.read_bytes() for p in sorted(root.iterdir())}  # noqa: E731
     assert files(resumed.root) == files(whole.root)  # shards and meta.json, byte for byte
     assert list(resumed.manifest["path"]) == [f"shard-{i // 3:05d}.parquet#{i % 3}" for i in range(10)]
+    # decoded in 2 forked processes: the same bytes
+    forked = prepared.prepare(m, tmp_path / "src", tmp_path / "c", 32, shard_size=3, workers=2, progress=False)
+    assert files(forked.root) == files(whole.root)
     # complete: nothing read or written again
     calls.clear()
     again = prepared.prepare(m, tmp_path / "src", tmp_path / "b", 32, shard_size=3, progress=False)
