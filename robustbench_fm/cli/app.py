@@ -143,12 +143,24 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None) -> Plan:
     names = panel(cfg, cli_overrides)
     for name in names:
         encoders.get(name)
+    fixed_sample_size(cfg)
     return Plan(cfg.dataset.name, root, names, cfg.stage.name, findings, None, resolution(cfg))
 
 
 def resolution(cfg: DictConfig) -> int | None:
     """The top-level ``resolution`` (``native`` or a side in pixels; one-line error otherwise)."""
     return prepared.parse_resolution(cfg.get("resolution", prepared.NATIVE))
+
+
+def fixed_sample_size(cfg: DictConfig) -> int | None:
+    """The top-level ``fixed_sample`` (null or a positive count; one-line error otherwise)."""
+    value = cfg.get("fixed_sample")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"fixed_sample={value!r}: use null (every image) or the number of positives and of "
+                         "negatives to draw per matched group and finding, e.g. fixed_sample=500")
+    return value
 
 
 def resolved_prepared_dir(cfg: DictConfig) -> Path:
@@ -229,11 +241,11 @@ def load_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
     at most N positives and N negatives per matched group and finding
     (:func:`robustbench_fm.data.sample.fixed_sample`)."""
     manifest = _full_manifest(job, cfg)
-    per_class = cfg.get("fixed_sample")
+    per_class = fixed_sample_size(cfg)
     if per_class is None:
         return manifest
     group_col = str(OmegaConf.select(cfg, "stage.params.group_col", default=None) or "acq_group")
-    sampled = fixed_sample(manifest, [str(f) for f in job.findings], int(per_class), seed=int(cfg.seed),
+    sampled = fixed_sample(manifest, [str(f) for f in job.findings], per_class, seed=int(cfg.seed),
                            group_col=group_col)
     log.info("fixed_sample=%d: %d of %d images (at most %d positives and %d negatives per %s and finding)",
              int(per_class), len(sampled), len(manifest), int(per_class), int(per_class), group_col)

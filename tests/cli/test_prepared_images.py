@@ -44,6 +44,8 @@ def test_plan_names_the_stored_size_and_native_opts_out(tmp_path):
     assert app.plan(native).resolution is None and "native (the files as shipped)" in app.plan(native).describe(native)
     with pytest.raises(ValueError, match="resolution='224px'"):
         app.plan(_cfg(tmp_path, tmp_path, "resolution=224px"))
+    with pytest.raises(ValueError, match="fixed_sample='many'"):
+        app.plan(_cfg(tmp_path, tmp_path, "fixed_sample=many"))
 
 
 def test_which_experiments_store_their_images_at_224(tmp_path):
