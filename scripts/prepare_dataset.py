@@ -1,6 +1,8 @@
 """Store every image of a dataset at SIZE x SIZE, as the CANDOR papers do before each encoder's
 own resize (candor.md "Scope": "Every image is stored at 224x224 pixels. The image processor of
 each encoder then resizes it to the input size of that encoder"; 512 for the resolution ablation).
+The experiments do this themselves (``resolution=224``, :mod:`robustbench_fm.data.prepared`); this
+script writes standalone PNG copies and their manifest, for use outside the package.
 
     python scripts/prepare_dataset.py NAME ROOT OUT [--size 224] [--option key=value ...] [--no-verify]
                                       [--workers N]
@@ -9,7 +11,8 @@ builds the manifest of dataset NAME under ROOT, writes one PNG per row to
 ``OUT/images/<sample_id>.png`` and ``OUT/manifest.csv`` (the manifest with ``path`` relative to
 OUT), so ``dataset.root=OUT`` with that manifest reproduces the run on the stored copies.
 
-Resize rule: the image as :func:`robustbench_fm.data.images.read_image` returns it (8-bit 'L' or
+Resize rule (:func:`robustbench_fm.data.prepared.prepare_image`, shared with the experiments' store): the
+image as :func:`robustbench_fm.data.images.read_image` returns it (8-bit 'L' or
 'RGB', DICOM LUTs applied, crop columns applied) is resized to exactly SIZE x SIZE with Pillow's
 bicubic filter, which low-passes when it shrinks (no aliasing); the aspect ratio is not kept
 (no crop, so nothing of the image is lost). PNG keeps the result lossless and single-channel
@@ -31,12 +34,12 @@ import sys
 from pathlib import Path
 
 import yaml
-from PIL import Image
 from tqdm import tqdm
 
 from robustbench_fm.core.atomic import write_atomic, write_text_atomic
 from robustbench_fm.data import build_manifest
 from robustbench_fm.data.images import CROP_COLUMNS, read_image
+from robustbench_fm.data.prepared import prepare_image
 
 
 def stored_name(sample_id: str) -> str:
@@ -77,7 +80,7 @@ def _store(job: tuple[Path, dict, Path, int]) -> int:
     root, row, dest, size = job
     if dest.is_file():
         return 0
-    image = read_image(root, row).resize((size, size), Image.Resampling.BICUBIC)
+    image = prepare_image(read_image(root, row), size)  # the rule's one home (the experiments' store too)
     write_atomic(dest, lambda f: image.save(f, format="PNG"))
     return 1
 

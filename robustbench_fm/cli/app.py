@@ -27,8 +27,9 @@ from ..core.locking import FileLock
 from ..core.redact import redact_config, redacted_yaml
 from ..core.results import not_scored, to_markdown, without_single_group_pools
 from ..core.tables import SweepResults
-from ..data import cards
+from ..data import cards, prepared
 from ..data import manifest as mf
+from ..data.sample import fixed_sample
 from ..methods.run import score_and_save
 from ..report.html import run_report, write_report
 from ..report.long_format import to_long
@@ -50,6 +51,7 @@ class Plan:
     stage: str
     findings: list[str]
     features_file: Path | None
+    resolution: int | None = None  # every image stored at this side first (``resolution``); None: native
 
     def describe(self, cfg: DictConfig) -> str:
         """The plan in words, as ``dry_run=true`` prints it."""
@@ -63,6 +65,9 @@ class Plan:
                 ("encoders", f"{', '.join(self.encoders)} ({len(self.encoders)})" if self.encoders else "-"),
                 ("stage", f"{self.stage} on {', '.join(self.findings)}"),
                 ("params", ", ".join(f"{k}={v}" for k, v in params.items())),
+                ("images", "native (the files as shipped)" if self.resolution is None else
+                 f"stored at {self.resolution} x {self.resolution} px once in {resolved_prepared_dir(cfg)}, then "
+                 "each encoder's own resize (resolution=native reads the files as shipped)"),
                 ("cache", str(cfg.paths.cache_dir)),
                 ("device", str(cfg.device))]
         return "\n".join(["plan (dry_run=true: nothing was read, embedded or written):"]
@@ -138,7 +143,30 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None) -> Plan:
     names = panel(cfg, cli_overrides)
     for name in names:
         encoders.get(name)
-    return Plan(cfg.dataset.name, root, names, cfg.stage.name, findings, None)
+    fixed_sample_size(cfg)
+    return Plan(cfg.dataset.name, root, names, cfg.stage.name, findings, None, resolution(cfg))
+
+
+def resolution(cfg: DictConfig) -> int | None:
+    """The top-level ``resolution`` (``native`` or a side in pixels; one-line error otherwise)."""
+    return prepared.parse_resolution(cfg.get("resolution", prepared.NATIVE))
+
+
+def fixed_sample_size(cfg: DictConfig) -> int | None:
+    """The top-level ``fixed_sample`` (null or a positive count; one-line error otherwise)."""
+    value = cfg.get("fixed_sample")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"fixed_sample={value!r}: use null (every image) or the number of positives and of "
+                         "negatives to draw per matched group and finding, e.g. fixed_sample=500")
+    return value
+
+
+def resolved_prepared_dir(cfg: DictConfig) -> Path:
+    """``paths.prepared_dir``, else ``prepared`` beside the feature cache."""
+    where = OmegaConf.select(cfg, "paths.prepared_dir", default=None)
+    return Path(where) if where else Path(cfg.paths.cache_dir).parent / "prepared"
 
 
 def _stage_results(stage: str, features, manifest: pd.DataFrame, cfg: DictConfig, out: Path,
@@ -155,7 +183,8 @@ def _params(cfg: DictConfig) -> dict:
 
 def embedder(cfg: DictConfig) -> Embedder:
     """The run's extraction service: ``extract.*``, ``device``, the cache folder, the remote-code
-    policy and the options the user gave the chosen encoder (``encoder.weights``, ...)."""
+    policy, the options the user gave the chosen encoder (``encoder.weights``, ...) and the
+    ``resolution`` every image is stored at first (``paths.prepared_dir``)."""
     from ..features.embed import Embedder, EncoderOptions  # lazy: imports torch
 
     enc = cfg.encoder
@@ -165,7 +194,8 @@ def embedder(cfg: DictConfig) -> Embedder:
     return Embedder(Path(cfg.paths.cache_dir), device=str(cfg.device), batch_size=int(x.batch_size),
                     num_workers=x.num_workers, shard_size=int(x.shard_size), on_bad_image=str(x.on_bad_image),
                     num_shards=int(x.get("num_shards", 1)), shard=int(x.get("shard", 0)),
-                    allow_remote_code=bool(cfg.security.allow_remote_code), options={str(enc.name): options})
+                    allow_remote_code=bool(cfg.security.allow_remote_code), options={str(enc.name): options},
+                    resolution=resolution(cfg), prepared_dir=resolved_prepared_dir(cfg))
 
 
 def _overrides(cfg: DictConfig) -> dict[str, str]:
@@ -207,8 +237,22 @@ def job_manifest(cfg: DictConfig) -> pd.DataFrame:
 def load_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
     """The dataset's canonical manifest (generated first for synthetic datasets), or the one in
     ``manifest_file`` (paths relative to ``dataset.root``); counts that differ from the dataset
-    card's expected ones are logged as warnings."""
+    card's expected ones are logged as warnings. With ``fixed_sample: N`` only the fixed sample of
+    at most N positives and N negatives per matched group and finding
+    (:func:`robustbench_fm.data.sample.fixed_sample`)."""
+    manifest = _full_manifest(job, cfg)
+    per_class = fixed_sample_size(cfg)
+    if per_class is None:
+        return manifest
+    group_col = str(OmegaConf.select(cfg, "stage.params.group_col", default=None) or "acq_group")
+    sampled = fixed_sample(manifest, [str(f) for f in job.findings], per_class, seed=int(cfg.seed),
+                           group_col=group_col)
+    log.info("fixed_sample=%d: %d of %d images (at most %d positives and %d negatives per %s and finding)",
+             int(per_class), len(sampled), len(manifest), int(per_class), int(per_class), group_col)
+    return sampled
 
+
+def _full_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
     if cfg.get("manifest_file"):  # e.g. the manifest scripts/prepare_dataset.py wrote beside its images
         manifest = mf.read(cfg.manifest_file, findings=job.findings)
         log.info("dataset %s: %d rows from %s, images under %s", job.dataset, len(manifest), cfg.manifest_file,

@@ -2,7 +2,15 @@
 a run and the per-encoder options the user gave (weights, embedding, batch size), and applies them
 the same way on every path: the app's panel extraction, a stage that embeds its own images
 (CANDOR's retention re-embeds occluded images; SPAR reads token sequences) and slide aggregation.
-Stages receive an Embedder; they never see the command-line config."""
+Stages receive an Embedder; they never see the command-line config.
+
+With a ``resolution`` (``resolution=224`` on the command line; candor.md "Scope": "Every image is
+stored at 224x224 pixels. The image processor of each encoder then resizes it") every manifest is
+first stored at that size in the content-keyed prepared-image store
+(:mod:`robustbench_fm.data.prepared`), once for all encoders, and the encoders read the stored
+images; the feature-cache key then names the store's locators and folder, so it differs from a
+native run's. ``resolution=None`` (``native``) reads the images as the dataset ships them. Slide
+aggregation (:meth:`Embedder.embed_slides`) reads its tiles as shipped either way."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import encoders
+from ..data import prepared
 from .extract import FeatureSet, extract
 from .slides import extract_slides
 
@@ -44,6 +53,10 @@ class Embedder:
     shard: int = 0
     allow_remote_code: bool = True
     options: dict[str, EncoderOptions] = field(default_factory=dict)
+    #: side in pixels every image is stored at before the encoders read it; None: native
+    resolution: int | None = None
+    #: where the prepared-image store lives (default: ``prepared`` beside ``cache_dir``)
+    prepared_dir: Path | None = None
 
     def _options(self, name: str) -> EncoderOptions:
         return self.options.get(name, EncoderOptions())
@@ -67,12 +80,28 @@ class Embedder:
                              device=self.device if device is None else device,
                              allow_remote_code=self.allow_remote_code)
 
+    @property
+    def prepared_root(self) -> Path:
+        return Path(self.prepared_dir) if self.prepared_dir is not None else Path(self.cache_dir).parent / "prepared"
+
+    def prepare(self, manifest: pd.DataFrame, root: str | Path | None) -> tuple[pd.DataFrame, Path | None]:
+        """``(manifest, root)`` the encoders read: unchanged at native resolution, else the manifest
+        pointing into the prepared-image store at ``resolution`` px and the store's folder (written
+        on the first call, read by every later one)."""
+        if self.resolution is None or root is None:
+            return manifest, root
+        done = prepared.prepare(manifest, root, self.prepared_root, self.resolution, shard_size=self.shard_size,
+                                workers=self.num_workers, on_bad_image=self.on_bad_image)
+        return done.manifest, done.root
+
     def embed(self, manifest: pd.DataFrame, root: str | Path | None, encoder, sharded: bool = False) -> FeatureSet:
         """Every row of ``manifest`` embedded (through the content-keyed cache) by ``encoder``, a
-        name or an encoder :meth:`load` returned. ``sharded``: only this run's part
-        ``shard`` of ``num_shards``. The entry is read later (``read=False``)."""
+        name or an encoder :meth:`load` returned, from the images at the run's ``resolution``
+        (:meth:`prepare`). ``sharded``: only this run's part ``shard`` of ``num_shards``. The
+        entry is read later (``read=False``)."""
         if isinstance(encoder, str):
             encoder = self.load(encoder)
+        manifest, root = self.prepare(manifest, root)
         return extract(encoder, manifest, root, self.cache_dir, batch_size=self.batch_size_of(encoder.spec.name),
                        num_workers=self.num_workers, shard_size=self.shard_size, on_bad_image=self.on_bad_image,
                        num_shards=self.num_shards if sharded else 1, shard=self.shard if sharded else 0,

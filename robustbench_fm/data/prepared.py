@@ -1,0 +1,428 @@
+"""Prepared images: every image of a job's manifest stored once at S x S pixels before any encoder
+reads it (candor.md "Scope": "Every image is stored at 224x224 pixels. The image processor of each
+encoder then resizes it to the input size of that encoder"; ablation (5) "Input Resolution":
+"With source images of 512x512 pixels ... At 224x224 pixels ...").
+
+``prepare(manifest, image_root, store_root, size)`` returns the same manifest with each ``path``
+pointing into a parquet image store (``"<shard>.parquet#<row>"``, read by
+:func:`robustbench_fm.data.parquet_images.read_parquet_image` through
+:func:`robustbench_fm.data.images.read_image` like any other locator) and the store's folder as the
+new image root. Every encoder of a panel reads the same store; its own transform then runs on the
+stored image, as the paper describes.
+
+Resize rule (the paper names no method, aspect handling or format; our reading): the image as
+:func:`~robustbench_fm.data.images.read_image` returns it (8-bit 'L' or 'RGB', DICOM LUTs applied,
+crop columns applied) is resized to exactly S x S with Pillow's bicubic filter, which widens its
+support when it shrinks (antialiased); the aspect ratio is not kept ("stored at 224x224": square,
+and no crop, so nothing of the image is lost); grayscale stays 'L' and colour 'RGB' (each
+encoder's transform converts channels as it does for the originals); stored as lossless PNG, so
+reading it back gives exactly the resized pixels. :func:`prepare_image` is the one home of the
+rule (``scripts/prepare_dataset.py`` uses it too).
+
+Store layout (content-keyed and resumable like the feature cache,
+:mod:`robustbench_fm.features.cache`)::
+
+    <store_root>/<S>px/<key>/
+        meta.json              key fields, shard_size, n_images, n_shards and per complete shard
+                               its file, row count, SHA-256 and number of failed rows
+        shard-00000.parquet    unique source images [0, shard_size): columns source (the
+        shard-00001.parquet    locator: path and crop), image (PNG bytes), error ('' or why
+        ...                    the source could not be read)
+
+``key``: the first 16 hex digits of the SHA-256 of the canonical JSON of :func:`key_fields`: the
+format version :data:`PREPARE_VERSION`, the size, the resize rule, the resolved image root, the
+hash of the unique source locators in manifest order (``path`` and the crop columns; labels and
+sample_ids do not change pixels), their number and Pillow's version. Bump
+:data:`PREPARE_VERSION` when :func:`read_image` or :func:`prepare_image` changes what it returns.
+One image is stored once however many manifest rows (occluded variants, paired subsets) use it.
+
+Shards are written whole and atomically (temp file, fsync, rename) with byte-deterministic
+parquet settings; ``meta.json`` holds no timestamps. A run killed at any point leaves only
+complete shards; the next run writes just the missing ones, and the result is byte-identical to
+an uninterrupted run. Writers hold ``<S>px/<key>.lock`` (a second process waits, then finds the
+store complete); a complete store is read without lock or write access.
+
+Unreadable sources (``on_bad_image``): ``"error"`` stops at the first with a one-line
+:class:`PreparedImageError` naming the file, manifest row and sample_id; ``"skip"`` stores the row
+with empty image bytes and the error, so the extraction's reader fails on it with that error and
+skips it like any unreadable image. An ``"error"`` run on a store holding failed rows re-reads
+them: it raises if one still fails, else rewrites their shards.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import math
+import multiprocessing
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image
+
+from ..core.atomic import write_atomic
+from ..core.errors import UserError
+from ..core.locking import FileLock, LockTimeout
+from .images import CROP_COLUMNS, read_image
+
+log = logging.getLogger("robustbench_fm.data")
+
+#: ``resolution=native``: the images as the dataset ships them (no prepared store).
+NATIVE = "native"
+#: Bump when the layout, :func:`read_image` or :func:`prepare_image` changes what a store holds.
+PREPARE_VERSION = 1
+#: The resize rule, in words (a key field: another rule is another store).
+RESIZE_RULE = "PIL bicubic (antialiased) to size x size, aspect ratio not kept, mode L/RGB kept, PNG"
+#: Smallest side accepted (a typo such as resolution=2 is refused).
+MIN_SIZE = 8
+DEFAULT_SHARD_SIZE = 1024
+#: Images per parquet row group: a random read decodes one group (~64 PNGs), not a whole shard.
+ROW_GROUP_SIZE = 64
+META_NAME = "meta.json"
+SHARD_NAME = "shard-{:05d}.parquet"
+PARQUET_META_KEY = b"robustbench_fm.prepared"
+_WRITE_OPTIONS = dict(compression={"source": "zstd", "image": "none", "error": "zstd"}, use_dictionary=False,
+                      write_statistics=False, version="2.6", data_page_version="1.0", store_schema=True)
+_SCHEMA_FIELDS = [pa.field("source", pa.string(), nullable=False), pa.field("image", pa.binary(), nullable=False),
+                  pa.field("error", pa.string(), nullable=False)]
+
+
+class PreparedImageError(UserError, RuntimeError):
+    """A source image could not be read for the prepared store, or the store is damaged (one line)."""
+
+
+def parse_resolution(value, key: str = "resolution") -> int | None:
+    """``native`` / None -> None (no store); a side in pixels (int or digit string) -> that int.
+    Anything else is a one-line error naming ``key`` and the accepted values."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == NATIVE):
+        return None
+    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit())):
+        raise ValueError(f"{key}={value!r}: use {NATIVE} (the images as shipped) or a side in pixels, "
+                         f"e.g. {key}=224 (candor.md: every image stored at 224 x 224)")
+    size = int(value)
+    if size < MIN_SIZE:
+        raise ValueError(f"{key}={size}: too small; use {NATIVE}, 224 (the paper) or 512 (the resolution ablation)")
+    return size
+
+
+def prepare_image(image: Image.Image, size: int) -> Image.Image:
+    """``image`` resized to exactly ``size`` x ``size`` by the module's rule (bicubic, antialiased
+    when shrinking, aspect ratio not kept, mode kept)."""
+    return image.resize((int(size), int(size)), Image.Resampling.BICUBIC)
+
+
+def encode_png(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _crop_part(row: dict) -> str:
+    vals = []
+    for c in CROP_COLUMNS:
+        v = row.get(c)
+        vals.append(0 if v is None or (isinstance(v, float) and math.isnan(v)) else int(v))
+    return "" if not any(vals) else "|crop=" + ",".join(map(str, vals))
+
+
+def source_locators(manifest: pd.DataFrame) -> tuple[list[dict], np.ndarray]:
+    """(unique sources in order of first use, each ``{"source", "path", crop columns, "first_row"}``;
+    for every manifest row the index of its source). A source is ``path`` plus the row's crop."""
+    if "path" not in manifest.columns:
+        raise ValueError("manifest has no 'path' column; prepared images need each row's image locator")
+    crops = [c for c in CROP_COLUMNS if c in manifest.columns]
+    records = manifest[["path", *crops]].to_dict("records")
+    seen: dict[str, int] = {}
+    sources, index = [], np.empty(len(records), dtype=np.int64)
+    for i, rec in enumerate(records):
+        name = f"{rec['path']}{_crop_part(rec)}"
+        j = seen.get(name)
+        if j is None:
+            j = seen[name] = len(sources)
+            sources.append({"source": name, **{k: rec[k] for k in ("path", *crops)}, "first_row": i})
+        index[i] = j
+    return sources, index
+
+
+def pillow_version() -> str:
+    return Image.__version__
+
+
+def key_fields(sources: list[dict], image_root, size: int) -> dict:
+    """What determines the stored pixels (module docstring, "key")."""
+    blob = "\x1f".join(s["source"] for s in sources).encode()
+    return {"format": PREPARE_VERSION, "size": int(size), "resize": RESIZE_RULE,
+            "image_root": str(Path(image_root).resolve()),
+            "sources_hash": hashlib.sha256(blob).hexdigest()[:16], "n_images": len(sources),
+            "pillow": pillow_version()}
+
+
+def store_key(fields: dict) -> str:
+    blob = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _json_bytes(obj) -> bytes:
+    return (json.dumps(obj, sort_keys=True, indent=1) + "\n").encode()
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _one_line(text) -> str:
+    return " ".join(str(text).split())
+
+
+class PreparedStore:
+    """One store entry ``<root>/<size>px/<key>/`` (module docstring). An existing entry keeps the
+    ``shard_size`` it was started with."""
+
+    def __init__(self, root: str | Path, fields: dict, shard_size: int = DEFAULT_SHARD_SIZE):
+        self.fields = json.loads(json.dumps(fields, sort_keys=True))
+        self.key = store_key(self.fields)
+        self.path = Path(root) / f"{int(self.fields['size'])}px" / self.key
+        self.meta_path = self.path / META_NAME
+        self.n_images = int(self.fields["n_images"])
+        self._records: dict[int, dict] = {}
+        self.shard_size = int(shard_size)
+        if self.meta_path.exists():
+            try:
+                meta = json.loads(self.meta_path.read_text())
+                if meta.get("key") != self.key or meta.get("fields") != self.fields:
+                    raise ValueError("records other key fields")
+                self.shard_size = int(meta["shard_size"])
+                self._records = {int(r["index"]): r for r in meta["shards"]}
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise PreparedImageError(f"{self.meta_path}: unreadable or foreign ({_one_line(exc)}); delete the "
+                                         f"folder {self.path} to prepare the images again") from None
+        if self.shard_size < 1:
+            raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
+
+    @property
+    def n_shards(self) -> int:
+        return -(-self.n_images // self.shard_size)
+
+    def shard_bounds(self, i: int) -> tuple[int, int]:
+        return i * self.shard_size, min((i + 1) * self.shard_size, self.n_images)
+
+    def shard_path(self, i: int) -> Path:
+        return self.path / SHARD_NAME.format(i)
+
+    def locator(self, j: int) -> str:
+        """The manifest ``path`` of source ``j``, relative to :attr:`path`."""
+        return f"{SHARD_NAME.format(j // self.shard_size)}#{j % self.shard_size}"
+
+    def complete_shards(self) -> list[int]:
+        return [i for i in range(self.n_shards) if self.shard_path(i).is_file()]
+
+    def missing_shards(self) -> list[int]:
+        return [i for i in range(self.n_shards) if not self.shard_path(i).is_file()]
+
+    def _record(self, i: int) -> dict:
+        """The meta record of complete shard ``i`` (hashed now when a killed run did not record it)."""
+        rec = self._records.get(i)
+        if rec is None:
+            path = self.shard_path(i)
+            try:
+                errors = pq.read_table(path, columns=["error"]).column("error").to_pylist()
+            except Exception as exc:  # noqa: BLE001  (any pyarrow failure means a bad file)
+                raise PreparedImageError(f"{path}: unreadable shard ({_one_line(exc) or type(exc).__name__}); "
+                                         "delete this file and run again to rewrite it") from None
+            rec = self._records[i] = {"index": i, "file": path.name, "rows": len(errors), "sha256": _sha256(path),
+                                      "failed": sum(bool(e) for e in errors)}
+        return rec
+
+    def meta(self) -> dict:
+        complete = self.complete_shards()
+        return {"format": PREPARE_VERSION, "key": self.key, "fields": self.fields, "shard_size": self.shard_size,
+                "n_images": self.n_images, "n_shards": self.n_shards,
+                "status": "complete" if len(complete) == self.n_shards else "partial",
+                "shards": [self._record(i) for i in complete]}
+
+    def write_meta(self) -> None:
+        data = _json_bytes(self.meta())
+        if self.meta_path.exists() and self.meta_path.read_bytes() == data:
+            return
+        write_atomic(self.meta_path, lambda f: f.write(data))
+
+    def failed(self) -> dict[int, str]:
+        """{source index: error} of the failed rows of the complete shards."""
+        out = {}
+        for i in self.complete_shards():
+            if not self._record(i)["failed"]:
+                continue
+            lo, _ = self.shard_bounds(i)
+            errors = pq.read_table(self.shard_path(i), columns=["error"]).column("error").to_pylist()
+            out.update({lo + r: e for r, e in enumerate(errors) if e})
+        return out
+
+    def write_shard(self, i: int, sources: list[str], images: list[bytes], errors: list[str]) -> Path:
+        lo, hi = self.shard_bounds(i)
+        if not len(sources) == len(images) == len(errors) == hi - lo:
+            raise ValueError(f"shard {i} holds sources [{lo}, {hi}): got {len(sources)} rows")
+        schema = pa.schema(_SCHEMA_FIELDS, metadata={PARQUET_META_KEY: json.dumps(
+            {"key": self.key, "fields": self.fields, "shard_size": self.shard_size}, sort_keys=True).encode()})
+        table = pa.Table.from_arrays([pa.array(sources, pa.string()), pa.array(images, pa.binary()),
+                                      pa.array(errors, pa.string())], schema=schema)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, row_group_size=ROW_GROUP_SIZE, **_WRITE_OPTIONS)
+        data = sink.getvalue().to_pybytes()
+        path = self.shard_path(i)
+        write_atomic(path, lambda f: f.write(data))
+        self._records[i] = {"index": i, "file": path.name, "rows": len(sources),
+                            "sha256": hashlib.sha256(data).hexdigest(), "failed": sum(bool(e) for e in errors)}
+        self.write_meta()
+        return path
+
+    def drop_shards(self, shards) -> None:
+        for i in shards:
+            self.shard_path(i).unlink(missing_ok=True)
+            self._records.pop(i, None)
+        self.write_meta()
+
+
+@dataclass
+class Prepared:
+    """What :func:`prepare` returns: the manifest whose ``path`` points into the store (crop columns
+    dropped: already applied), the store folder (the new image root), and what this call did."""
+
+    manifest: pd.DataFrame
+    root: Path
+    key: str
+    size: int
+    n_images: int
+    n_decoded: int  # source images read and resized by this call (0 when the store was complete)
+    shards_written: list[int] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)  # source index -> error (on_bad_image="skip")
+
+
+def _decode(job: tuple) -> tuple[bytes, str]:
+    """(image_root, source record, size) -> (PNG bytes, '') or (b'', 'Type: message')."""
+    image_root, rec, size = job
+    try:
+        return encode_png(prepare_image(read_image(image_root, rec), size)), ""
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (reported by the caller, one line)
+        short = _one_line(exc) or type(exc).__name__
+        return b"", f"{type(exc).__name__}: {short.replace(f'{image_root}{os.sep}', '')}"
+
+
+def prepare_workers(num_workers, n_images: int) -> int:
+    """Decoding processes: ``"auto"`` = the cores this process may use (at most 16), else the
+    number given; never more than there are images."""
+    if num_workers == "auto":
+        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        num_workers = min(16, n)
+    return max(0, min(int(num_workers), n_images))
+
+
+def prepare(manifest: pd.DataFrame, image_root: str | Path, store_root: str | Path, size: int,
+            shard_size: int = DEFAULT_SHARD_SIZE, workers: int | str = 0, on_bad_image: str = "error",
+            progress: bool = True) -> Prepared:
+    """Store every image of ``manifest`` (under ``image_root``) at ``size`` x ``size`` in the
+    store under ``store_root`` (writing only what is missing) and return the manifest that reads
+    them (module docstring). ``workers`` > 1 decodes in that many forked processes."""
+    size = parse_resolution(size)
+    if size is None:
+        raise ValueError("prepare needs a side in pixels; resolution=native reads the images as shipped")
+    if on_bad_image not in ("error", "skip"):
+        raise ValueError(f"on_bad_image must be error or skip, got {on_bad_image!r}")
+    manifest = manifest.reset_index(drop=True)
+    sources, index = source_locators(manifest)
+    image_root = Path(image_root)
+    store = PreparedStore(store_root, key_fields(sources, image_root, size), shard_size=shard_size)
+    n_decoded, written = 0, []
+    # a complete store is only read (no lock, no write access); "error" mode re-reads failed rows
+    if store.missing_shards() or (on_bad_image == "error" and store.failed()):
+        lock_path = store.path.parent / f"{store.key}.lock"
+        try:
+            lock = FileLock(lock_path, timeout=0).acquire()
+        except LockTimeout as busy:
+            holder = busy.holder
+            who = f"pid {holder.pid} on {holder.host}" if holder is not None and holder.pid is not None \
+                else "another process"
+            log.info("waiting for %s to finish preparing %s ...", who, store.path)
+            lock = FileLock(lock_path, timeout=None).acquire()
+        try:
+            store = PreparedStore(store_root, store.fields, shard_size=shard_size)  # what the holder wrote
+            n_decoded, written = _fill(store, manifest, sources, image_root, size, workers, on_bad_image, progress,
+                                       lock.refresh)
+        finally:
+            lock.release()
+    failed = store.failed()
+    if failed:
+        first = min(failed)
+        log.warning("%s: %d of %d source images could not be read (on_bad_image=skip); first: %s: %s", store.path,
+                    len(failed), len(sources), sources[first]["source"], failed[first])
+    out = manifest.drop(columns=[c for c in CROP_COLUMNS if c in manifest.columns])
+    out["path"] = [store.locator(int(j)) for j in index]
+    return Prepared(manifest=out, root=store.path, key=store.key, size=size, n_images=len(sources),
+                    n_decoded=n_decoded, shards_written=written, failed=failed)
+
+
+def _describe(image_root: Path, manifest: pd.DataFrame, src: dict) -> str:
+    row = src["first_row"]
+    return (f"{image_root / str(src['path'])} (manifest row {row}, sample_id "
+            f"{str(manifest['sample_id'].iloc[row]) if 'sample_id' in manifest.columns else row!r})")
+
+
+def _fill(store: PreparedStore, manifest, sources, image_root: Path, size: int, workers, on_bad_image: str,
+          progress: bool, heartbeat) -> tuple[int, list[int]]:
+    """Write the missing shards (after re-reading failed rows in ``"error"`` mode); (images
+    decoded, shards written)."""
+    n_decoded = 0
+    failed = store.failed() if on_bad_image == "error" else {}
+    for j in sorted(failed):  # an earlier skip run's failures: readable now, or stop naming the first
+        _, error = _decode((image_root, sources[j], size))
+        n_decoded += 1
+        if error:
+            raise PreparedImageError(f"{_describe(image_root, manifest, sources[j])}: cannot read image: {error}")
+    if failed:
+        store.drop_shards(sorted({j // store.shard_size for j in failed}))
+    missing = store.missing_shards()
+    if not missing:
+        return n_decoded, []
+    store.path.mkdir(parents=True, exist_ok=True)
+    store.write_meta()
+    total = sum(hi - lo for lo, hi in map(store.shard_bounds, missing))
+    log.info("preparing %d of %d images at %d x %d px in %s", total, store.n_images, size, size, store.path)
+    n_workers = prepare_workers(workers, total)
+    pool = multiprocessing.get_context("fork").Pool(n_workers) if n_workers > 1 else None
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, unit="img", desc=f"prepare {size}px", dynamic_ncols=True)
+    written = []
+    try:
+        for i in missing:
+            lo, hi = store.shard_bounds(i)
+            jobs = [(image_root, sources[j], size) for j in range(lo, hi)]
+            results = pool.map(_decode, jobs, chunksize=8) if pool is not None else [_decode(job) for job in jobs]
+            n_decoded += len(jobs)
+            if on_bad_image == "error":
+                bad = next((k for k, (_, e) in enumerate(results) if e), None)
+                if bad is not None:
+                    raise PreparedImageError(f"{_describe(image_root, manifest, sources[lo + bad])}: cannot read "
+                                             f"image: {results[bad][1]}")
+            store.write_shard(i, [sources[j]["source"] for j in range(lo, hi)], [b for b, _ in results],
+                              [e for _, e in results])
+            written.append(i)
+            heartbeat()
+            if bar is not None:
+                bar.update(hi - lo)
+    finally:
+        if bar is not None:
+            bar.close()
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    return n_decoded, written
