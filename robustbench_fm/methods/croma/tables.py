@@ -455,7 +455,7 @@ def typed_rank_medians(results: SweepResults, key: str) -> pd.DataFrame:
             ranks = typed_ranks(_features(entry, manifest), manifest, params["findings"][0], params["confounder_col"],
                                 params["exclude_col"], device=params["device"])
             rows.append({"encoder": encoder, "rank_so": ranks["rank_so"].median(),
-                         "rank_os": ranks["rank_os"].median()})
+                         "rank_os": ranks["rank_os"].median(), "rank_typed": ranks["rank_typed"].median()})
         frame = pd.DataFrame(rows)
         write_atomic(path, lambda f: frame.to_parquet(f, index=False))
     return pd.read_parquet(path)
@@ -463,7 +463,8 @@ def typed_rank_medians(results: SweepResults, key: str) -> pd.DataFrame:
 
 def croma_table12(results: SweepResults) -> list[PaperTable]:
     """Table 12: typed-neighbour ranks on Camelyon: pooled CRoMa and the median (over anchors) rank
-    of each anchor's nearest SO match and OS distractor among all cross-slide candidates."""
+    of each anchor's nearest SO match and OS distractor among all other samples, same-slide ones
+    included (the reference's definition, :func:`robustbench_fm.methods.croma.panel.typed_ranks`)."""
     key = "pathorob_camelyon"
     rows = _benchmark_rows(results, key)
     finding, summary = next(iter(rows.items()))
