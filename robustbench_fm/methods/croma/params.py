@@ -15,6 +15,7 @@ from ..params import DEVICE, PYTHON_ONLY, StageParams
 DEFAULT_K_GRID = (1, 3, 5, 7, 9, 11, 21, 31, 41, 51, 61, 71, 81, 91)
 DESIGNS = ("all", "paired_2x2")
 ON_SHORT = ("error", "skip")
+ON_INCOMPLETE = ("error", "skip")
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class CromaParams(StageParams):
     """The column naming each row's 2×2 subset (``design=paired_2x2``)."""
     on_short: str = "error"
     """error | skip units without m SO and m OS candidates."""
+    on_incomplete: str = "error"
+    """error | skip (``design=paired_2x2``) subsets that are not a complete 2×2 (2 labels × 2
+    confounder values, every cell filled): croma 1.0.1 refuses such a manifest, naming them."""
     device: Any = field(default="auto", metadata=DEVICE)
     """auto | cpu | cuda (``${device}`` on the command line)."""
     block_size: int = 4096
@@ -71,6 +75,9 @@ class CromaParams(StageParams):
             raise ValueError(f"croma: design={self.design!r} is unknown; use one of {', '.join(DESIGNS)}")
         if self.on_short not in ON_SHORT:
             raise ValueError(f"croma: on_short={self.on_short!r} is unknown; use one of {', '.join(ON_SHORT)}")
+        if self.on_incomplete not in ON_INCOMPLETE:
+            raise ValueError(f"croma: on_incomplete={self.on_incomplete!r} is unknown; use one of "
+                             f"{', '.join(ON_INCOMPLETE)}")
         if self.block_size < 1:
             raise ValueError(f"croma: block_size={self.block_size} must be at least 1")
 

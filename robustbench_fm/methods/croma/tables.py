@@ -123,6 +123,7 @@ def _croma_params(cfg, stage: str) -> dict:
     else:
         params, findings = _default_params(), ["bio_label"]
     params["device"] = str(cfg.get("device", "auto"))
+    params.setdefault("on_incomplete", CromaParams.on_incomplete)  # a job config from before the option
     params.pop("k", None)
     return {"findings": findings, **params}
 
@@ -155,7 +156,7 @@ def _m_sweep(manifest: pd.DataFrame, params: dict, label_col: str) -> int:
     from . import stage as croma  # lazy: imports torch
 
     scopes = croma.build_scopes(manifest, label_col, params["confounder_col"], params["exclude_col"],
-                                params["design"], params["subset_col"])
+                                params["design"], params["subset_col"], params["on_incomplete"])
     smallest = min(int(min(so.min(), os_.min())) for so, os_ in map(croma.typed_pool_sizes, scopes))
     return max(int(params["m"]), min(max(M_SWEEP), smallest))
 
@@ -171,8 +172,8 @@ def _score_benchmark(results: SweepResults, key: str, group: dict, protocol: str
     params = _croma_params(cfg, group["stage"])
     findings = params.pop("findings")
     manifest = _manifest(results, cfg, entries)
-    prep_keys = ("confounder_col", "exclude_col", "k_grid", "design", "subset_col", "on_short", "device",
-                 "block_size")
+    prep_keys = ("confounder_col", "exclude_col", "k_grid", "design", "subset_col", "on_short", "on_incomplete",
+                 "device", "block_size")
     summaries, by_ms, by_alphas = [], [], []
     for finding in findings:
         m_max = _m_sweep(manifest, params, finding)
