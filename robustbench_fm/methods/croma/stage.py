@@ -17,6 +17,10 @@ sharing the anchor's ``exclude_col`` group (slide) and the anchor itself are nev
   SO / OS candidates over the whole scope (A.7); ``croma`` = median (paired: median of subset
   medians); ``f0`` = share ≤ 0; ``q_alpha`` = numpy linear percentile α; ``ltm`` = mean of the
   values ≤ q_alpha.
+* **Ties**: candidates at exactly the same cosine distance are taken in sample_id order
+  (:mod:`robustbench_fm.methods.croma.knn`, "Tie rule"), so RI, MaRI, τ, support and the kNN
+  accuracies never depend on the manifest's row order; the reference breaks such ties
+  arbitrarily (sklearn's argpartition), so on tied (quantised) features it may differ from us.
 * **bio_knn_bacc** / **conf_knn_bacc**: kNN balanced accuracy of the label / the confounder at
   the operating k (A.5, F.13).
 * ``design="paired_2x2"``: one manifest row per (sample, subset) occurrence; a subset that is not
@@ -54,7 +58,7 @@ from ...core.devices import resolve_device
 from ...core.neighbors import l2_normalize
 from ...core.results import Results
 from .. import missing_column
-from .knn import ScopeNeighbours, scope_neighbours
+from .knn import ScopeNeighbours, scope_neighbours, tie_keys
 from .params import DEFAULT_K_GRID, DESIGNS, ON_INCOMPLETE, ON_SHORT, CromaParams  # noqa: F401  (importable here)
 from .params import grid as _grid
 from .scores import (
@@ -234,9 +238,11 @@ def prepare(features, manifest: pd.DataFrame, label_col: str = "bio_label", conf
                              "on_short='skip' to score the others")
     grid = _operating_grid(scopes, _grid(k_grid), k)
     feats = torch.as_tensor(x).to(resolve_device(device))
+    sample_ids = manifest["sample_id"].astype(str).to_numpy()
     for s in scopes:
         rows = torch.as_tensor(s.rows, device=feats.device)
-        s.nb = scope_neighbours(feats[rows], s.labels, s.confs, s.groups, max(grid), int(m), block_size)
+        s.nb = scope_neighbours(feats[rows], s.labels, s.confs, s.groups, max(grid), int(m), block_size,
+                                tie_key=tie_keys(sample_ids[s.rows]))
     columns = dict(label_col=label_col, confounder_col=confounder_col, exclude_col=exclude_col)
     return Prepared(scopes, manifest["sample_id"].astype(str).to_numpy(), design, grid, int(m), columns,
                     x.dtype.type, int(x.shape[1]))
