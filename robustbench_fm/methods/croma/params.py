@@ -14,6 +14,15 @@ from ..params import DEVICE, PYTHON_ONLY, StageParams
 #: PathoROB's sparse grid [1,3,5,7,9] + range(11, 100, 10) used for the paper (conventions A.5).
 DEFAULT_K_GRID = (1, 3, 5, 7, 9, 11, 21, 31, 41, 51, 61, 71, 81, 91)
 DESIGNS = ("all", "paired_2x2")
+#: the collect step's operating-k policies (``report.croma_k``; an int fixes k)
+K_POLICIES = ("median", "published")
+#: The paper's operating k of each tile benchmark (croma.md: "k=11" on Camelyon, §3.1 and Table 12;
+#: "k=71 and 61" on TCGA-4x4 and Tolkach-ESCA, §3.4 and Tables 4/5; "k=61" on TCGA-2x2, Table 13).
+#: They are the lower median of the k* of croma's 26-model roster (its results/PROVENANCE.json),
+#: five of which the paper does not report, so a median over the paper's 21 encoders may differ.
+PUBLISHED_K = {"pathorob_camelyon": 11, "pathorob_tcga4x4": 71, "pathorob_tolkach": 61, "pathorob_tcga2x2": 61}
+#: the slide benchmarks' published per-encoder k* (Table 14, column k⋆) live in its section
+PUBLISHED_KSTAR_SECTION = {"pcabiop-binary": "(a) Cancer detection", "pcabiop-isup": "(b) ISUP grading"}
 ON_SHORT = ("error", "skip")
 ON_INCOMPLETE = ("error", "skip")
 
