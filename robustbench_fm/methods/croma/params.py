@@ -14,6 +14,9 @@ from ..params import DEVICE, PYTHON_ONLY, StageParams
 #: PathoROB's sparse grid [1,3,5,7,9] + range(11, 100, 10) used for the paper (conventions A.5).
 DEFAULT_K_GRID = (1, 3, 5, 7, 9, 11, 21, 31, 41, 51, 61, 71, 81, 91)
 DESIGNS = ("all", "paired_2x2")
+#: natural-image controls (croma.md Table 2: DINOv2-B): reported separately, left out of the
+#: 20-encoder Pareto planes, the mean ranks (Figure 5) and the Spearman tables
+CONTROLS = ("dinov2_b",)
 #: the collect step's operating-k policies (``report.croma_k``; an int fixes k)
 K_POLICIES = ("median", "published")
 #: The paper's operating k of each tile benchmark (croma.md: "k=11" on Camelyon, §3.1 and Table 12;

@@ -51,8 +51,10 @@ from ...core.atomic import write_atomic, write_text_atomic
 from ...core.errors import UserError
 from ...core.tables import PaperTable, SweepResults
 from ...report import published
-from .params import K_POLICIES, PUBLISHED_K, PUBLISHED_KSTAR_SECTION, CromaParams
+from .params import CONTROLS, K_POLICIES, PUBLISHED_K, PUBLISHED_KSTAR_SECTION, CromaParams
 
+#: the three tile benchmarks Figure 5 averages ranks over (croma.md §3.4)
+TILE_BENCHMARKS = ("pathorob_camelyon", "pathorob_tcga4x4", "pathorob_tolkach")
 TABLES = ["croma_table3", "croma_table4", "croma_table5", "croma_table7", "croma_table8", "croma_table9",
           "croma_table10", "croma_table11", "croma_table12", "croma_table13", "croma_table14", "croma_figures"]
 
@@ -66,8 +68,6 @@ TILE_LABELS = {"virchow2": "Virchow2", "virchow": "Virchow", "uni2_h": "UNI2-h",
                "genbio_pathfm": "GenBio-PathFM", "dinov2_b": "DINOv2-B"}
 #: registry name -> the row label of Table 14
 SLIDE_LABELS = {"prism": "PRISM", "titan": "TITAN", "gigapath_slide": "Prov-GigaPath", "moozy": "MOOZY"}
-#: natural-image controls: listed last, left out of the Spearman tables ("reported separately")
-CONTROLS = ("dinov2_b",)
 BENCHMARKS = {"pathorob_camelyon": "Camelyon", "pathorob_tcga4x4": "TCGA-4x4", "pathorob_tcga2x2": "TCGA-2x2",
               "pathorob_tolkach": "Tolkach-ESCA", "pcabiop-binary": "PCaBiop", "pcabiop-isup": "PCaBiop-ISUP"}
 #: published column -> panel summary column (Δ = MaRI − RI)
@@ -439,8 +439,12 @@ def _score_table(results: SweepResults, key: str, name: str, caption: str) -> li
     for finding, rows in per_finding.items():
         how = rows["k_policy"].iloc[0] if "k_policy" in rows else f"k = {int(rows['k'].iloc[0])}"
         tables.append(PaperTable(name if len(per_finding) == 1 else f"{name}_{finding}", _score_frame(rows),
-                                 f"{caption} Shared operating point: {how} (label: {finding}).", BEST))
+                                 f"{caption} Shared operating point: {how} (label: {finding}). {F0_NOTE}", BEST))
     return tables
+
+
+#: croma.md Eq. 12 writes F(0) = P[CRoMa_m(i) < 0]; the reference (croma 1.0.1) and this package count ≤ 0
+F0_NOTE = "F(0) = share of samples with CRoMa <= 0 (croma 1.0.1; the paper's Eq. 12 writes < 0)."
 
 
 def croma_table3(results: SweepResults) -> list[PaperTable]:
@@ -679,14 +683,40 @@ def croma_table11(results: SweepResults) -> list[PaperTable]:
 
 
 # ----------------------------------------------------------------------------- figures
+def figure5_ranks(panel: Panel) -> tuple[pd.DataFrame, list[str]]:
+    """Figure 5's mean ranks (:func:`robustbench_fm.methods.croma.panel.mean_ranks`): the pathology
+    encoders (controls left out) ranked by median CRoMa and by LTM10 within each tile benchmark of
+    the sweep (first finding), averaged over those benchmarks; and the benchmarks used. Paper
+    (§3.4, Figure 5): "Each of the 3 tile benchmarks ranks the 20 pathology encoders by median
+    CRoMa [...] and by worst-decile mean LTM10 [...] The axes show the mean rank across
+    benchmarks". A sweep holding fewer tile benchmarks averages over those it holds."""
+    from .panel import mean_ranks  # lazy: imports torch
+
+    present = [k for k in TILE_BENCHMARKS if k in set(panel.summary["benchmark"])]
+    benches = {}
+    for key in present:
+        rows = _pathology(panel.summary[panel.summary["benchmark"] == key])
+        benches[BENCHMARKS[key]] = rows[rows["finding"] == rows["finding"].iloc[0]]
+    return (mean_ranks(benches) if benches else pd.DataFrame()), [BENCHMARKS[k] for k in present]
+
+
 def croma_figures(results: SweepResults) -> list[PaperTable]:
     """Figures 3/4/9 (and 6 with shortcut results) per benchmark into ``<sweep>/figures/``:
-    ridgeline of per-sample CRoMa, median–tail Pareto plane, typed-distance plane with 75% outlines,
-    CRoMa against APD with the probe-accuracy top row. Returns no table."""
+    ridgeline of per-sample CRoMa, median–tail Pareto plane of the pathology encoders (the
+    natural-image control left out, as in the paper's Figures 3, 14, 15), typed-distance plane with
+    75% outlines, CRoMa against APD with the probe-accuracy top row; and Figure 5 (mean median-CRoMa
+    rank against mean LTM10 rank over the sweep's tile benchmarks, ``croma_figure5_mean_ranks``,
+    with its ranks as CSV). Returns no table."""
     from . import plots as cp  # lazy: imports matplotlib
 
     panel = croma_panel(results)
     out = results.root / "figures"
+    ranks, used = figure5_ranks(panel)
+    if len(ranks):
+        ranks = ranks.assign(Model=[label(e) for e in ranks["encoder"]])
+        out.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out / "croma_figure5_mean_ranks.csv", ranks.to_csv(index=False))
+        cp.plot_mean_ranks(ranks.assign(encoder=ranks["Model"]), out / "croma_figure5_mean_ranks", benchmarks=used)
     shortcut = results.summaries("shortcut")
     probes = results.per_sample("shortcut")
     for key, summary in panel.summary.groupby("benchmark", sort=True):
@@ -697,7 +727,7 @@ def croma_figures(results: SweepResults) -> list[PaperTable]:
         per_sample = panel.per_sample[(panel.per_sample["benchmark"] == key) & (panel.per_sample["finding"] == finding)]
         per_sample = per_sample.assign(encoder=[label(e, slide) for e in per_sample["encoder"]])
         cp.plot_ridgeline(per_sample.dropna(subset=["croma"]), out / f"{key}_ridgeline")
-        cp.plot_pareto(summary, out / f"{key}_pareto")
+        cp.plot_pareto(summary[~summary["encoder"].isin([label(c) for c in CONTROLS])], out / f"{key}_pareto")
         typed = per_sample[(per_sample["d_so"] > 0) & (per_sample["d_os"] > 0)]
         cp.plot_typed_distances(typed, out / f"{key}_typed_distances")
         if not shortcut.empty and key in set(shortcut["dataset"]):

@@ -168,3 +168,37 @@ def test_table14_keeps_each_slide_encoder_at_its_own_k(tmp_path):
     assert (panel["conf_knn_bacc_max"] >= panel["conf_knn_bacc"] - 1e-12).all()
     isup = panel[panel["benchmark"] == "pcabiop-isup"]
     assert (isup["n_subsets"] == 15).all()
+
+
+def test_figure5_and_pareto_planes_from_the_collect_step(camelyon, monkeypatch):
+    """Issue 19 item 4: croma_figures (listed by every croma_* experiment) writes Figure 5, the mean
+    median-CRoMa rank against the mean LTM10 rank of the pathology encoders, and the Pareto planes
+    leave the natural-image control out, as the paper's Figures 3, 5, 14 and 15 do."""
+    from scipy.stats import rankdata
+
+    from robustbench_fm.methods.croma import plots as cp
+
+    drawn = {}
+    real = cp.plot_pareto
+    monkeypatch.setattr(cp, "plot_pareto", lambda summary, stem, frontier=None: drawn.setdefault(
+        stem.name, summary) is not None and real(summary, stem, frontier))
+    results = camelyon["results"]
+    assert tc.croma_figures(results) == []
+    out = results.root / "figures"
+    for suffix in ("png", "pdf"):
+        assert (out / f"croma_figure5_mean_ranks.{suffix}").stat().st_size > 1000
+    ranks = pd.read_csv(out / "croma_figure5_mean_ranks.csv").set_index("encoder")
+    summary = tc.croma_panel(results).summary
+    pathology = summary[~summary["encoder"].isin(tc.CONTROLS)].set_index("encoder")
+    assert sorted(ranks.index) == sorted(pathology.index) and "dinov2_b" not in ranks.index
+    want_croma = dict(zip(pathology.index, rankdata(-pathology["croma"].to_numpy())))
+    want_ltm = dict(zip(pathology.index, rankdata(-pathology["ltm"].to_numpy())))
+    for name in pathology.index:  # one tile benchmark in this sweep: the mean rank is its rank
+        assert ranks.at[name, "mean_croma_rank"] == want_croma[name]
+        assert ranks.at[name, "mean_ltm_rank"] == want_ltm[name]
+        assert ranks.at[name, "Model"] == tc.label(name)
+    pts = ranks[["mean_croma_rank", "mean_ltm_rank"]].to_numpy()
+    dominated = [any((q <= p).all() and (q < p).any() for q in pts) for p in pts]
+    assert ranks["pareto"].tolist() == [not d for d in dominated]
+    plane = drawn["pathorob_camelyon_pareto"]
+    assert "DINOv2-B" not in set(plane["encoder"]) and len(plane) == 3
