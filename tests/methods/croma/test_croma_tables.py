@@ -102,6 +102,11 @@ def test_score_and_rank_tables_have_the_published_layout(camelyon):
     ranks = typed_ranks(camelyon["feats"]["uni"], camelyon["manifest"], device="cpu")
     row = t12.frame.set_index("Model").loc["UNI"]
     assert row["median rank SO"] == ranks["rank_so"].median() and row["median rank OS"] == ranks["rank_os"].median()
+    first = np.concatenate([typed_ranks(camelyon["feats"][e], camelyon["manifest"], device="cpu")[
+        ["rank_so", "rank_os"]].min(axis=1).to_numpy() for e in ("uni", "phikon", "virchow2")])  # no DINOv2-B
+    n = len(camelyon["manifest"])
+    assert f"Pooled across the 3 pathology encoders, the first SO or OS neighbour occurs at a median rank of " \
+           f"{np.median(first):g} among {n - 1:,} candidates" in t12.caption
     (t9,) = tc.croma_table9(results)
     assert t9.frame.at[0, "CRoMa vs RI"] == pytest.approx(spearmanr(summary["croma"], summary["ri"]).statistic)
     with pytest.raises(ValueError, match="no TCGA-4x4"):
