@@ -134,3 +134,28 @@ def test_published_and_fixed_k(data, tmp_path):
     assert set(kept["k"]) == {5}
     with pytest.raises(UserError, match="report.croma_k='mean' is unknown"):
         tc.croma_panel(sweep(data, tmp_path / "bad", ["report.croma_k=mean"]))
+
+
+def test_published_k_star_of_the_slide_panel(tmp_path):
+    """k-star protocol with report.croma_k=published: each slide encoder at its Table 14 k⋆."""
+    from croma_sweeps import panda_table
+
+    panda_table(tmp_path / "panda" / "train.csv", per_cell=4)
+    for n, view in enumerate(("binary", "isup")):
+        cfg = compose_cfg([f"paths.root={tmp_path}", "experiment=croma_pcabiop", f"dataset.root={tmp_path / 'panda'}",
+                           "device=cpu", f"dataset.options.view={view}", "dataset.options.per_cell=4",
+                           "stage.params.m=2", "stage.params.k_grid=[1,3]", "report.croma_k=published"])
+        manifest = build_manifest("pcabiop", tmp_path / "panda", verify_images=False, **dict(cfg.dataset.options))
+        rng = np.random.default_rng(n)
+        feats = {e: rng.standard_normal((manifest["sample_id"].nunique(), 8)).astype(np.float32)
+                 for e in ("prism", "moozy")}
+        fake_sweep(tmp_path / "sweep", cfg, manifest, feats, tmp_path / "cache", start=2 * n)
+    summary = tc.croma_panel(SweepResults(tmp_path / "sweep", load_manifest=job_manifest)).summary
+    got = {(b, e): int(k) for b, e, k in zip(summary["benchmark"], summary["encoder"], summary["k"])}
+    table = published.table("croma", 14, "")
+    table = table[table["column"] == "k⋆"]
+    want = {(b, e): int(table[(table["section"] == s) & (table["row"] == r)]["value"].iloc[0])
+            for b, s in (("pcabiop-binary", "(a) Cancer detection"), ("pcabiop-isup", "(b) ISUP grading"))
+            for e, r in (("prism", "PRISM"), ("moozy", "MOOZY"))}
+    assert got == want == {("pcabiop-binary", "prism"): 3, ("pcabiop-binary", "moozy"): 9,
+                           ("pcabiop-isup", "prism"): 3, ("pcabiop-isup", "moozy"): 11}
