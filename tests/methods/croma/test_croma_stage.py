@@ -176,3 +176,13 @@ def test_results_save(tmp_path):
     res.save(tmp_path)
     assert pd.read_parquet(tmp_path / "per_sample.parquet").shape == (80, 6)
     assert pd.read_parquet(tmp_path / "summary.parquet")["k"].dtype == np.int64
+
+
+def test_f0_counts_exact_zeros_as_the_reference_does():
+    """F(0) = share <= 0 (croma 1.0.1's closed boundary; the paper's Eq. 12 writes < 0)."""
+    from robustbench_fm.methods.croma.scores import tail
+
+    values = np.array([0.0, 0.0, 0.3, -0.2, 0.5])
+    f0, q, ltm = tail(values, 0.10)
+    assert f0 == 3 / 5 and (values < 0).mean() == 1 / 5
+    assert q == pytest.approx(np.percentile(values, 10)) and ltm == -0.2

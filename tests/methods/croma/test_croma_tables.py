@@ -89,6 +89,7 @@ def test_score_and_rank_tables_have_the_published_layout(camelyon):
     assert pathology["CRoMa"].is_monotonic_decreasing
     np.testing.assert_allclose(t3.frame["Δ"], t3.frame["MaRI"] - t3.frame["RI"])
     assert t3.best["F(0)"] == "min" and "conf bacc" not in t3.best and "Δ" not in t3.best
+    assert "F(0) = share of samples with CRoMa <= 0 (croma 1.0.1; the paper's Eq. 12 writes < 0)" in t3.caption
     summary = tc.croma_panel(results).summary
     summary = summary[~summary["encoder"].isin(tc.CONTROLS)]
     for number, builder in ((7, tc.croma_table7), (8, tc.croma_table8), (9, tc.croma_table9)):
