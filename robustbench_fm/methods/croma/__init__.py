@@ -2,7 +2,9 @@
 
 * :mod:`.params`: the two stages' parameters, one typed structure each with the paper's defaults;
 * :mod:`.stage`: RI, MaRI, CRoMa with its F(0) / Q_alpha / LTM tail (§2.3-2.7), :mod:`.scores`;
-* :mod:`.panel`: the panel median-k protocol and the m / alpha sweeps;
+* :mod:`.panel`: the panel median-k protocol and the m / alpha sweeps (the collect step's k policy
+  and roster refusal live in :mod:`.tables`);
+* :mod:`.pairs`: paired 2×2 quartets (every complete label pair × confounder pair) from a manifest;
 * :mod:`.shortcut`, :mod:`.shortcut_metrics`: the confounder-biased linear probe (APD, nIPD);
 * :mod:`.tables`, :mod:`.plots`: the paper's tables and figures.
 """

@@ -19,6 +19,14 @@ and, transposed, for its columns, into running lists of
 Rows are processed in (cell, group) order so that same-group candidates form a few rectangles
 per tile and every cell is a contiguous column range. Memory: one tile of ``block_size²``
 similarities plus the lists (scope size × (kmax + 2m) values).
+
+**Tie rule** (issue 19; the reference leaves it to sklearn's unstable argpartition, so RI / MaRI
+/ the kNN votes may differ from it where cosine similarities tie exactly, e.g. quantised
+features): candidates at the same similarity are ordered by ``tie_key`` (the scope's sample ids
+in sorted order, :func:`tie_keys`), smaller first, both inside the lists and at the kmax
+boundary. The pass keeps one slot more than kmax; a row whose extra slot ties with its kmax-th is
+re-ranked exhaustively under the rule (rare: exact ties only). Every list therefore depends on
+the features and the sample ids alone, never on the manifest's row order.
 """
 from __future__ import annotations
 
@@ -91,8 +99,39 @@ class _Farthest:
         self.i[r0:r1] = torch.where(better, i + c0, self.i[r0:r1])
 
 
+def tie_keys(sample_ids) -> np.ndarray:
+    """Each unit's position in the sorted sample ids of its scope: the order of candidates that tie."""
+    ids = np.asarray(sample_ids).astype(str)
+    key = np.empty(len(ids), dtype=np.int64)
+    key[np.argsort(ids, kind="stable")] = np.arange(len(ids))
+    return key
+
+
+def _canonical(sim: np.ndarray, idx: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's slots ordered by (similarity descending, tie key ascending); absent slots last."""
+    k = np.where(idx >= 0, key[np.maximum(idx, 0)], np.iinfo(np.int64).max)
+    order = np.lexsort((k, -sim), axis=1) if sim.size else np.zeros(sim.shape, dtype=np.int64)
+    return np.take_along_axis(sim, order, 1), np.take_along_axis(idx, order, 1)
+
+
+def _exhaustive_row(x: torch.Tensor, r: int, groups: np.ndarray, key: np.ndarray, width: int,
+                    farthest: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Row ``r``'s ``width`` nearest cross-group candidates (processing order) under the tie rule."""
+    sims = (x[r:r + 1] @ x.T)[0].double().cpu().numpy()
+    keep = groups != groups[r]
+    if farthest is not None:
+        keep[farthest] = False
+    cand = np.flatnonzero(keep)
+    order = np.lexsort((key[cand], -sims[cand]))[:width]
+    sim = np.full(width, -np.inf)
+    idx = np.full(width, -1, dtype=np.int64)
+    sim[:len(order)], idx[:len(order)] = sims[cand[order]], cand[order]
+    return sim, idx
+
+
 def scope_neighbours(feats: torch.Tensor, labels: np.ndarray, confs: np.ndarray, groups: np.ndarray,
-                     kmax: int, m: int, block_size: int = 4096) -> ScopeNeighbours:
+                     kmax: int, m: int, block_size: int = 4096, tie_key: np.ndarray | None = None
+                     ) -> ScopeNeighbours:
     """Cross-group top-``kmax`` lists and per-type ``m`` nearest distances of one scope.
 
     ``feats``: unit-norm rows of the scope (torch, on the compute device; float64 stays float64,
@@ -100,7 +139,8 @@ def scope_neighbours(feats: torch.Tensor, labels: np.ndarray, confs: np.ndarray,
     reference's neighbour fetch exactly, including its one quirk: when a unit's cross-group pool
     is no larger than ``kmax`` the reference fetches all but one row, so the unit never sees its
     single farthest other sample (conventions A.3, "tiny-N edge case"); the same sample is removed
-    here.
+    here. ``tie_key``: one integer per row ordering candidates that tie (module doc; default: the
+    row position).
     """
     n = len(labels)
     n_conf = int(confs.max()) + 1
@@ -111,7 +151,7 @@ def scope_neighbours(feats: torch.Tensor, labels: np.ndarray, confs: np.ndarray,
     x = feats[torch.as_tensor(order, device=feats.device)]
     group_size = np.bincount(groups)
     drop_farthest = bool((n - group_size[groups] <= kmax).any())
-    best = RunningTopK(n, min(kmax + int(drop_farthest), n), x, filled=True)
+    best = RunningTopK(n, min(kmax + 1 + int(drop_farthest), n), x, filled=True)  # +1: the tie check
     typed = _TypedLists(x, cell[order], n_conf, m)
     mask = SameGroupMask(groups[order])
     far = _Farthest(x) if drop_farthest else None
@@ -129,11 +169,18 @@ def scope_neighbours(feats: torch.Tensor, labels: np.ndarray, confs: np.ndarray,
     best_v, best_i = best.result()
     if far is not None:
         best_v = best_v.masked_fill(best_i == far.i[:, None], float("-inf"))
-        best_v, j = torch.topk(best_v, min(kmax, n), dim=1)
-        best_i = torch.gather(best_i, 1, j)
+    key = (np.arange(n) if tie_key is None else np.asarray(tie_key, dtype=np.int64))[order]  # processing order
     sim_out = best_v.double().cpu().numpy()
+    proc = np.where(np.isfinite(sim_out), best_i.cpu().numpy(), -1)
+    sim_out, proc = _canonical(sim_out, proc, key)
+    if sim_out.shape[1] > kmax:  # an extra slot tied with the kmax-th: the boundary cut was arbitrary
+        tied = np.flatnonzero(np.isfinite(sim_out[:, kmax]) & (sim_out[:, kmax] == sim_out[:, kmax - 1]))
+        for r in tied:
+            sim_out[r], proc[r] = _exhaustive_row(x, int(r), groups[order], key, sim_out.shape[1],
+                                                  None if far is None else int(far.i[r]))
+        sim_out, proc = sim_out[:, :kmax], proc[:, :kmax]
     valid = np.isfinite(sim_out)
-    idx = np.where(valid, order[np.where(valid, best_i.cpu().numpy(), 0)], -1)
+    idx = np.where(valid, order[np.maximum(proc, 0)], -1)
     if idx.shape[1] < kmax:
         pad = kmax - idx.shape[1]
         idx, sim_out = np.pad(idx, ((0, 0), (0, pad)), constant_values=-1), np.pad(

@@ -14,7 +14,20 @@ from ..params import DEVICE, PYTHON_ONLY, StageParams
 #: PathoROB's sparse grid [1,3,5,7,9] + range(11, 100, 10) used for the paper (conventions A.5).
 DEFAULT_K_GRID = (1, 3, 5, 7, 9, 11, 21, 31, 41, 51, 61, 71, 81, 91)
 DESIGNS = ("all", "paired_2x2")
+#: natural-image controls (croma.md Table 2: DINOv2-B): reported separately, left out of the
+#: 20-encoder Pareto planes, the mean ranks (Figure 5) and the Spearman tables
+CONTROLS = ("dinov2_b",)
+#: the collect step's operating-k policies (``report.croma_k``; an int fixes k)
+K_POLICIES = ("median", "published")
+#: The paper's operating k of each tile benchmark (croma.md: "k=11" on Camelyon, §3.1 and Table 12;
+#: "k=71 and 61" on TCGA-4x4 and Tolkach-ESCA, §3.4 and Tables 4/5; "k=61" on TCGA-2x2, Table 13).
+#: They are the lower median of the k* of croma's 26-model roster (its results/PROVENANCE.json),
+#: five of which the paper does not report, so a median over the paper's 21 encoders may differ.
+PUBLISHED_K = {"pathorob_camelyon": 11, "pathorob_tcga4x4": 71, "pathorob_tolkach": 61, "pathorob_tcga2x2": 61}
+#: the slide benchmarks' published per-encoder k* (Table 14, column k⋆) live in its section
+PUBLISHED_KSTAR_SECTION = {"pcabiop-binary": "(a) Cancer detection", "pcabiop-isup": "(b) ISUP grading"}
 ON_SHORT = ("error", "skip")
+ON_INCOMPLETE = ("error", "skip")
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,9 @@ class CromaParams(StageParams):
     """The column naming each row's 2×2 subset (``design=paired_2x2``)."""
     on_short: str = "error"
     """error | skip units without m SO and m OS candidates."""
+    on_incomplete: str = "error"
+    """error | skip (``design=paired_2x2``) subsets that are not a complete 2×2 (2 labels × 2
+    confounder values, every cell filled): croma 1.0.1 refuses such a manifest, naming them."""
     device: Any = field(default="auto", metadata=DEVICE)
     """auto | cpu | cuda (``${device}`` on the command line)."""
     block_size: int = 4096
@@ -71,6 +87,9 @@ class CromaParams(StageParams):
             raise ValueError(f"croma: design={self.design!r} is unknown; use one of {', '.join(DESIGNS)}")
         if self.on_short not in ON_SHORT:
             raise ValueError(f"croma: on_short={self.on_short!r} is unknown; use one of {', '.join(ON_SHORT)}")
+        if self.on_incomplete not in ON_INCOMPLETE:
+            raise ValueError(f"croma: on_incomplete={self.on_incomplete!r} is unknown; use one of "
+                             f"{', '.join(ON_INCOMPLETE)}")
         if self.block_size < 1:
             raise ValueError(f"croma: block_size={self.block_size} must be at least 1")
 

@@ -24,6 +24,7 @@ from matplotlib.path import Path as PolygonPath
 from scipy.stats import gaussian_kde, spearmanr, t
 
 from ...core.atomic import write_atomic
+from .params import CONTROLS
 
 APD_COLUMNS = {"apd": "APD", "apd_id": "APD (in-domain)", "apd_ood": "APD (out-of-domain)"}
 #: APD column -> the shortcut stage's test_set it summarises
@@ -88,8 +89,8 @@ def ridgeline_figure(per_sample: pd.DataFrame, value_col: str = "croma", overlap
 def pareto_figure(summary: pd.DataFrame, frontier: list[str] | None = None, x_col: str = "croma",
                   y_col: str = "ltm") -> Figure:
     """Median CRoMa against LTM₁₀, one labelled point per encoder; frontier points ringed,
-    dominated ones shaded (croma.md Figures 3/5). ``frontier`` names the frontier encoders;
-    ``None`` computes it with :func:`pareto_frontier`."""
+    dominated ones shaded (croma.md Figures 3, 14, 15; Figure 5 is :func:`mean_rank_figure`).
+    ``frontier`` names the frontier encoders; ``None`` computes it with :func:`pareto_frontier`."""
     _require(summary, ("encoder", x_col, y_col), "pareto")
     on = (summary["encoder"].isin(frontier).to_numpy() if frontier is not None
           else pareto_frontier(summary[x_col], summary[y_col]))
@@ -104,6 +105,31 @@ def pareto_figure(summary: pd.DataFrame, frontier: list[str] | None = None, x_co
     ax.set_xlabel("median CRoMa")
     ax.set_ylabel("LTM$_{10}$ (worst-decile mean)")
     ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def mean_rank_figure(ranks: pd.DataFrame, benchmarks: list[str] | None = None, x_col: str = "mean_croma_rank",
+                     y_col: str = "mean_ltm_rank") -> Figure:
+    """Figure 5 (croma.md §3.4): each encoder's mean rank by median CRoMa (x) against its mean
+    rank by LTM₁₀ (y) across the tile benchmarks, rank 1 = best; both axes inverted so that
+    better ranks lie toward the upper-right corner; frontier points (``pareto`` column, from
+    :func:`robustbench_fm.methods.croma.panel.mean_ranks`) ringed, dominated ones shaded."""
+    _require(ranks, ("encoder", x_col, y_col, "pareto"), "mean ranks")
+    on = ranks["pareto"].to_numpy(bool)
+    fig = Figure(figsize=(5.5, 4.5))
+    ax = fig.add_subplot()
+    ax.scatter(ranks[x_col][~on], ranks[y_col][~on], color="0.6", alpha=0.5, label="dominated")
+    ax.scatter(ranks[x_col][on], ranks[y_col][on], color="C0", label="Pareto frontier")
+    ax.scatter(ranks[x_col][on], ranks[y_col][on], s=220, facecolors="none", edgecolors="C0", lw=1.5)
+    for _, row in ranks.iterrows():
+        ax.annotate(str(row["encoder"]), (row[x_col], row[y_col]), fontsize=7, xytext=(4, 3),
+                    textcoords="offset points")
+    ax.invert_xaxis()
+    ax.invert_yaxis()
+    over = f" over {', '.join(benchmarks)}" if benchmarks else ""
+    ax.set_xlabel(f"mean median-CRoMa rank{over} (1 = highest)")
+    ax.set_ylabel("mean LTM$_{10}$ rank (1 = mildest tail)")
+    ax.legend(fontsize=8, loc="lower left")
     return fig
 
 
@@ -228,8 +254,13 @@ def plot_ridgeline(per_sample: pd.DataFrame, stem: str | Path) -> list[Path]:
 
 
 def plot_pareto(summary: pd.DataFrame, stem: str | Path, frontier: list[str] | None = None) -> list[Path]:
-    """Figures 3/5 to ``<stem>.png`` / ``.pdf``."""
+    """Figures 3, 14, 15 to ``<stem>.png`` / ``.pdf``."""
     return save_figure(pareto_figure(summary, frontier), stem)
+
+
+def plot_mean_ranks(ranks: pd.DataFrame, stem: str | Path, benchmarks: list[str] | None = None) -> list[Path]:
+    """Figure 5 to ``<stem>.png`` / ``.pdf``."""
+    return save_figure(mean_rank_figure(ranks, benchmarks), stem)
 
 
 def plot_typed_distances(per_sample: pd.DataFrame, stem: str | Path) -> list[Path]:
@@ -255,8 +286,10 @@ def report_figures(results, long, stages: set, add, metrics, notes: list) -> Non
         summary = summary.merge(apd.pivot_table(index="encoder", columns="col", values="value").reset_index(),
                                 on="encoder", how="left")
     for dataset, rows in summary.groupby("dataset", sort=False):
-        add(f"croma_pareto_{dataset}: median CRoMa against LTM10 on {dataset} (CRoMa Figures 3/5)",
-            plot_pareto, rows)
+        pathology = rows[~rows["encoder"].isin(CONTROLS)]  # the paper's planes leave the control out
+        if len(pathology):
+            add(f"croma_pareto_{dataset}: median CRoMa against LTM10 of the pathology encoders on {dataset} "
+                "(CRoMa Figures 3, 14, 15)", plot_pareto, pathology)
         if any(c in rows for c in APD_COLUMNS):
             add(f"croma_apd_{dataset}: CRoMa against APD on {dataset} (CRoMa Figure 6)",
                 plot_croma_vs_apd, rows)

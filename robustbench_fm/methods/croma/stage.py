@@ -17,11 +17,23 @@ sharing the anchor's ``exclude_col`` group (slide) and the anchor itself are nev
   SO / OS candidates over the whole scope (A.7); ``croma`` = median (paired: median of subset
   medians); ``f0`` = share ≤ 0; ``q_alpha`` = numpy linear percentile α; ``ltm`` = mean of the
   values ≤ q_alpha.
+* **Ties**: candidates at exactly the same cosine distance are taken in sample_id order
+  (:mod:`robustbench_fm.methods.croma.knn`, "Tie rule"), so RI, MaRI, τ, support and the kNN
+  accuracies never depend on the manifest's row order; the reference breaks such ties
+  arbitrarily (sklearn's argpartition), so on tied (quantised) features it may differ from us.
 * **bio_knn_bacc** / **conf_knn_bacc**: kNN balanced accuracy of the label / the confounder at
   the operating k (A.5, F.13).
-* ``design="paired_2x2"``: one manifest row per (sample, subset) occurrence; only complete 2×2
-  (label × confounder) subsets are scored (incomplete ones are skipped with a warning); every
-  neighbourhood stays inside its subset; RI/MaRI/support/F(0)/Q/LTM pool the occurrences (A.8).
+* ``design="paired_2x2"``: one manifest row per (sample, subset) occurrence; a subset that is not
+  a complete 2×2 (label × confounder) stops the stage with one line naming every such subset, as
+  croma 1.0.1's ``validate_subset_manifest`` does (``on_incomplete="skip"``: they are skipped
+  with a warning and the complete ones scored); every neighbourhood stays inside its subset;
+  RI/MaRI/support/F(0)/Q/LTM pool the occurrences (A.8).
+* **Collapsed embeddings**: a unit whose margin denominator d_SO + d_OS is zero up to the
+  features' rounding (:func:`zero_margin_tolerance`) stops the stage, as the reference's "zero
+  margin denominator" error does (it tests ``== 0`` on sklearn's clipped float distances; here
+  the tolerance fits the dtype, so identical rows are refused whatever their rounding).
+* **F(0)** = share of units with CRoMa_i ≤ 0 (the reference's closed boundary); the paper's
+  Eq. 12 writes F(0) = P[CRoMa_m(i) < 0]. The two differ only by units at exactly 0.
 
 A unit with fewer than m SO or m OS candidates stops the stage with one line naming the short
 label × confounder cells (as the reference does), unless ``on_short="skip"``: those units get
@@ -46,8 +58,8 @@ from ...core.devices import resolve_device
 from ...core.neighbors import l2_normalize
 from ...core.results import Results
 from .. import missing_column
-from .knn import ScopeNeighbours, scope_neighbours
-from .params import DEFAULT_K_GRID, DESIGNS, ON_SHORT, CromaParams  # noqa: F401  (DESIGNS, ON_SHORT: importable here)
+from .knn import ScopeNeighbours, scope_neighbours, tie_keys
+from .params import DEFAULT_K_GRID, DESIGNS, ON_INCOMPLETE, ON_SHORT, CromaParams  # noqa: F401  (importable here)
 from .params import grid as _grid
 from .scores import (
     count_share,
@@ -94,6 +106,8 @@ class Prepared:
     k_grid: tuple[int, ...]
     m_max: int
     columns: dict = field(default_factory=dict)
+    dtype: type = np.float32
+    dim: int = 1
 
 
 def check_params(**params) -> CromaParams:
@@ -125,8 +139,9 @@ def _scope(name: str, rows: np.ndarray, labels: np.ndarray, confs: np.ndarray, g
 
 
 def build_scopes(manifest: pd.DataFrame, label_col: str, confounder_col: str, exclude_col: str,
-                 design: str, subset_col: str) -> list[Scope]:
-    """One scope of all rows, or the complete 2×2 subsets in sorted subset order (A.8)."""
+                 design: str, subset_col: str, on_incomplete: str = "error") -> list[Scope]:
+    """One scope of all rows, or the complete 2×2 subsets in sorted subset order (A.8); an
+    incomplete subset is refused (``on_incomplete="error"``, croma 1.0.1) or skipped with a warning."""
     labels = _strings(manifest, label_col, "finding")  # the label column is the finding (stage.findings)
     confs = _strings(manifest, confounder_col, "confounder_col")
     groups = _strings(manifest, exclude_col, "exclude_col")
@@ -141,6 +156,13 @@ def build_scopes(manifest: pd.DataFrame, label_col: str, confounder_col: str, ex
             scopes.append(_scope(name, rows, labels, confs, groups))
         else:
             incomplete.append(name)
+    if incomplete and on_incomplete == "error":
+        shown = ", ".join(map(repr, incomplete[:10])) + (f" and {len(incomplete) - 10} more" if len(incomplete) > 10
+                                                         else "")
+        raise ValueError(f"croma: {len(incomplete)} of {len(incomplete) + len(scopes)} subsets in column "
+                         f"'{subset_col}' are not a complete 2x2 ({label_col} x {confounder_col}: 2 values each, "
+                         f"every cell filled): {shown}; fix the manifest, or pass on_incomplete='skip' to score "
+                         "the complete ones")
     if not scopes:
         raise ValueError(f"croma: no complete 2x2 ({label_col} x {confounder_col}) subset in column "
                          f"'{subset_col}'; each subset needs 2 labels x 2 confounder values, every cell filled")
@@ -198,15 +220,16 @@ def _operating_grid(scopes: list[Scope], k_grid: tuple[int, ...], k: int | None)
 def prepare(features, manifest: pd.DataFrame, label_col: str = "bio_label", confounder_col: str = "site",
             exclude_col: str = "slide_id", m: int = 5, k_grid=DEFAULT_K_GRID, k: int | None = None,
             design: str = "all", subset_col: str = "subset", on_short: str = "error", device="auto",
-            block_size: int = 4096) -> Prepared:
+            block_size: int = 4096, on_incomplete: str = "error") -> Prepared:
     """Scopes and their single neighbour pass (cross-group top-kmax + typed top-m)."""
-    check_params(m=m, k_grid=k_grid, k=k, design=design, on_short=on_short, block_size=block_size)
+    check_params(m=m, k_grid=k_grid, k=k, design=design, on_short=on_short, block_size=block_size,
+                 on_incomplete=on_incomplete)
     x = l2_normalize(features.cpu().numpy() if isinstance(features, torch.Tensor) else features, "croma: features",
                      dtype=None)
     if len(x) != len(manifest):
         raise ValueError(f"croma: features have {len(x)} rows but the manifest has {len(manifest)}; "
                          "align them row for row")
-    scopes = build_scopes(manifest, label_col, confounder_col, exclude_col, design, subset_col)
+    scopes = build_scopes(manifest, label_col, confounder_col, exclude_col, design, subset_col, on_incomplete)
     if on_short == "error":
         n_short, cells = _short_units(scopes, int(m), label_col, confounder_col)
         if n_short:
@@ -215,11 +238,33 @@ def prepare(features, manifest: pd.DataFrame, label_col: str = "bio_label", conf
                              "on_short='skip' to score the others")
     grid = _operating_grid(scopes, _grid(k_grid), k)
     feats = torch.as_tensor(x).to(resolve_device(device))
+    sample_ids = manifest["sample_id"].astype(str).to_numpy()
     for s in scopes:
         rows = torch.as_tensor(s.rows, device=feats.device)
-        s.nb = scope_neighbours(feats[rows], s.labels, s.confs, s.groups, max(grid), int(m), block_size)
+        s.nb = scope_neighbours(feats[rows], s.labels, s.confs, s.groups, max(grid), int(m), block_size,
+                                tie_key=tie_keys(sample_ids[s.rows]))
     columns = dict(label_col=label_col, confounder_col=confounder_col, exclude_col=exclude_col)
-    return Prepared(scopes, manifest["sample_id"].astype(str).to_numpy(), design, grid, int(m), columns)
+    return Prepared(scopes, manifest["sample_id"].astype(str).to_numpy(), design, grid, int(m), columns,
+                    x.dtype.type, int(x.shape[1]))
+
+
+def zero_margin_tolerance(dtype, dim: int) -> float:
+    """The largest d_SO + d_OS that is still zero up to rounding: cosine distances of unit rows
+    computed in ``dtype`` carry an error of about eps·sqrt(D) (a dot product of D terms), so a
+    margin denominator at or below 4·eps·sqrt(D) (float32, D = 1,536: 1.9e-5; float64: 3.5e-14)
+    means the m nearest typed candidates coincide with the unit (a collapsed embedding or
+    duplicated rows; croma 1.0.1 raises "zero margin denominator")."""
+    return float(4 * np.finfo(dtype).eps * np.sqrt(max(int(dim), 1)))
+
+
+def refuse_collapsed(d_so: np.ndarray, d_os: np.ndarray, dtype, dim: int) -> None:
+    """One line naming how many units have a zero margin denominator (see :func:`zero_margin_tolerance`)."""
+    tol = zero_margin_tolerance(dtype, dim)
+    zero = np.isfinite(d_so) & np.isfinite(d_os) & (d_so + d_os <= tol)
+    if zero.any():
+        raise ValueError(f"croma: {int(zero.sum())}/{len(d_so)} units have a zero margin denominator "
+                         f"(d_OS + d_SO <= {tol:.2g}, zero at {np.dtype(dtype).name} rounding) although m typed "
+                         "candidates exist: a collapsed embedding or duplicated rows; check the features")
 
 
 def _mean_over_scopes(prep: Prepared, codes_of, ks) -> dict[int, float]:
@@ -298,10 +343,7 @@ def score(prep: Prepared, k: int, m: int = 5, alpha: float = 0.10, tau: float | 
     parts = []
     for s, (so, os_, _), (mso, mos) in zip(prep.scopes, slots, mari_ev):
         d_so, d_os, c = croma_values(s.nb.so_dist, s.nb.os_dist, m)
-        zero = np.isfinite(d_so) & (d_so + d_os == 0)
-        if zero.any():
-            raise ValueError(f"croma: {int(zero.sum())} units have d_SO + d_OS = 0 (their nearest typed "
-                             "candidates coincide with them: a collapsed embedding or duplicated rows)")
+        refuse_collapsed(d_so, d_os, prep.dtype, prep.dim)
         part = pd.DataFrame({"sample_id": prep.sample_ids[s.rows], "croma": c, "d_so": d_so, "d_os": d_os,
                              "ri": count_share(so, os_)[0], "mari": so_share(mso, mos), "_row": s.rows})
         if prep.design == "paired_2x2":
@@ -334,10 +376,11 @@ def run(features, manifest: pd.DataFrame, finding: str | None = None, **params) 
     confounder_col, exclude_col, m, alpha, k_grid, k = p.confounder_col, p.exclude_col, p.m, p.alpha, p.k_grid, p.k
     tau, design, subset_col, on_short, device, block_size = p.tau, p.design, p.subset_col, p.on_short, p.device, \
         p.block_size
+    on_incomplete = p.on_incomplete
     label_col = p.label_col if finding is None else finding
     prep = prepare(features, manifest, label_col=label_col, confounder_col=confounder_col,
                    exclude_col=exclude_col, m=m, k_grid=k_grid, k=k, design=design, subset_col=subset_col,
-                   on_short=on_short, device=device, block_size=block_size)
+                   on_short=on_short, device=device, block_size=block_size, on_incomplete=on_incomplete)
     k_source, bacc_by_k = "fixed", {}
     if k is None:
         (k, bacc_by_k), k_source = select_k(prep), "selected"
@@ -347,6 +390,7 @@ def run(features, manifest: pd.DataFrame, finding: str | None = None, **params) 
     params = dict(label_col=label_col, confounder_col=confounder_col, exclude_col=exclude_col, m=m,
                   alpha=alpha, k_grid=list(_grid(k_grid)), k=int(k), k_source=k_source,
                   bio_knn_bacc_by_k={str(kk): v for kk, v in bacc_by_k.items()}, tau=tau,
-                  design=design, subset_col=subset_col, on_short=on_short, finding=finding,
+                  design=design, subset_col=subset_col, on_short=on_short, on_incomplete=on_incomplete,
+                  finding=finding,
                   device=str(device), block_size=block_size, tau_source=tau_source)
     return Results(summary=pd.DataFrame([row]), per_sample=per_sample, params=params)

@@ -10,6 +10,20 @@ whole panel of each benchmark from the jobs' feature-cache entries (``SweepResul
 * ``k-star`` (the slide-level PCaBiop panel, ``report.croma_protocol: k-star``): each encoder at
   its own k*; Table 14's confounder accuracy is the maximum over the k grid.
 
+**Operating k** (``report.croma_k``; issue 19): ``median`` (default) is the protocol above, the
+lower median taken over a **roster** of encoders: ``report.croma_roster`` null (default) = every
+encoder the sweep launched on the benchmark (its ``jobs.json`` and job folders), which for the
+``croma_*`` experiments is the paper's panel (``configs/panel/croma_tiles.yaml``), ``paper`` =
+the paper's 21 tile (4 slide) encoders, or a list of names. The collect step refuses, in one line
+naming them and their job states, to take that median when a roster encoder has no result (its
+job failed, was interrupted or never ran), unless ``report.croma_partial_roster: true``; the
+encoders outside the roster are scored at the shared k without voting. ``published`` = the
+paper's k per benchmark (Camelyon 11, TCGA-4x4 71, Tolkach-ESCA 61, TCGA-2x2 61; under
+``k-star``, Table 14's k⋆ per slide encoder). Those published k were the median over croma's
+26-model roster (results/PROVENANCE.json), five of whose encoders the paper does not report, so
+``median`` over the paper's 21 may pick another grid value. An integer fixes k; so does a
+``stage.params.k`` the jobs ran with (the panel keeps it). The summaries record ``k_policy``.
+
 The same pass gives CRoMa at m = 1..20 and LTM_α at α ∈ {0.05, 0.10, 0.20} (Tables 7 and 8).
 Everything is persisted in ``<sweep>/collect/median_k/`` as a run folder (``config.yaml``,
 ``results/<encoder>/<benchmark>/croma/<finding>/``, ``by_m.parquet``, ``by_alpha.parquet``,
@@ -34,9 +48,13 @@ from omegaconf import OmegaConf
 from scipy.stats import spearmanr
 
 from ...core.atomic import write_atomic, write_text_atomic
+from ...core.errors import UserError
 from ...core.tables import PaperTable, SweepResults
-from .params import CromaParams
+from ...report import published
+from .params import CONTROLS, K_POLICIES, PUBLISHED_K, PUBLISHED_KSTAR_SECTION, CromaParams
 
+#: the three tile benchmarks Figure 5 averages ranks over (croma.md §3.4)
+TILE_BENCHMARKS = ("pathorob_camelyon", "pathorob_tcga4x4", "pathorob_tolkach")
 TABLES = ["croma_table3", "croma_table4", "croma_table5", "croma_table7", "croma_table8", "croma_table9",
           "croma_table10", "croma_table11", "croma_table12", "croma_table13", "croma_table14", "croma_figures"]
 
@@ -50,8 +68,6 @@ TILE_LABELS = {"virchow2": "Virchow2", "virchow": "Virchow", "uni2_h": "UNI2-h",
                "genbio_pathfm": "GenBio-PathFM", "dinov2_b": "DINOv2-B"}
 #: registry name -> the row label of Table 14
 SLIDE_LABELS = {"prism": "PRISM", "titan": "TITAN", "gigapath_slide": "Prov-GigaPath", "moozy": "MOOZY"}
-#: natural-image controls: listed last, left out of the Spearman tables ("reported separately")
-CONTROLS = ("dinov2_b",)
 BENCHMARKS = {"pathorob_camelyon": "Camelyon", "pathorob_tcga4x4": "TCGA-4x4", "pathorob_tcga2x2": "TCGA-2x2",
               "pathorob_tolkach": "Tolkach-ESCA", "pcabiop-binary": "PCaBiop", "pcabiop-isup": "PCaBiop-ISUP"}
 #: published column -> panel summary column (Δ = MaRI − RI)
@@ -123,7 +139,8 @@ def _croma_params(cfg, stage: str) -> dict:
     else:
         params, findings = _default_params(), ["bio_label"]
     params["device"] = str(cfg.get("device", "auto"))
-    params.pop("k", None)
+    params.setdefault("on_incomplete", CromaParams.on_incomplete)  # a job config from before the option
+    params["stage_k"] = params.pop("k", None)  # a k the user fixed for the jobs: the panel's k policy
     return {"findings": findings, **params}
 
 
@@ -155,24 +172,174 @@ def _m_sweep(manifest: pd.DataFrame, params: dict, label_col: str) -> int:
     from . import stage as croma  # lazy: imports torch
 
     scopes = croma.build_scopes(manifest, label_col, params["confounder_col"], params["exclude_col"],
-                                params["design"], params["subset_col"])
+                                params["design"], params["subset_col"], params["on_incomplete"])
     smallest = min(int(min(so.min(), os_.min())) for so, os_ in map(croma.typed_pool_sizes, scopes))
     return max(int(params["m"]), min(max(M_SWEEP), smallest))
 
 
-def _score_benchmark(results: SweepResults, key: str, group: dict, protocol: str, out: Path
-                     ) -> list[pd.DataFrame]:
+@dataclass
+class KPolicy:
+    """The collect step's operating k (``report.croma_k``, ``report.croma_roster``,
+    ``report.croma_partial_roster``; module doc, "Operating k")."""
+
+    k: str | int = "median"          # median | published | a fixed k
+    roster: list[str] | str | None = None   # None: the sweep's jobs of the benchmark; "paper"; or names
+    partial: bool = False
+
+    @classmethod
+    def from_config(cls, config) -> KPolicy:
+        report = (config.get("report") if config is not None else None) or {}
+        k = report.get("croma_k", "median")
+        if isinstance(k, str) and k.strip().isdigit():
+            k = int(k)
+        if isinstance(k, bool) or not (k in K_POLICIES or (isinstance(k, int) and k >= 1)):
+            raise UserError(f"report.croma_k={k!r} is unknown; use median (over the roster's k*), published "
+                            "(the paper's k per benchmark) or a positive integer k")
+        roster = report.get("croma_roster")
+        if roster is not None and not isinstance(roster, str):
+            roster = [str(e) for e in roster]
+        if isinstance(roster, str) and roster != "paper":
+            raise UserError(f"report.croma_roster={roster!r} is unknown; use null (the sweep's encoders), paper "
+                            "(the paper's panel) or a list of encoder names")
+        partial = report.get("croma_partial_roster", False)
+        if not isinstance(partial, bool):
+            raise UserError(f"report.croma_partial_roster={partial!r} must be true or false")
+        return cls(k, roster, partial)
+
+    def stamp(self) -> dict:
+        return {"k": self.k, "roster": self.roster, "partial": self.partial}
+
+
+def _job_status(job: Path) -> tuple[str, str]:
+    """(status, error) from a job folder's status.json; ``never started`` without one."""
+    f = job / "status.json"
+    if not f.exists():
+        return "never started", ""
+    record = json.loads(f.read_text())
+    return str(record.get("status", "unknown")), str(record.get("error", "") or "")
+
+
+def sweep_jobs(results: SweepResults) -> list[dict]:
+    """Every croma / shortcut job of the sweep, finished or not: {encoder, benchmark (None when the
+    job never started and its benchmark is unknown), status, detail, entry (recorded or not)}.
+    Planned jobs come from the sweep's ``jobs.json``, the others from its job folders."""
+    rows, dirs = [], set()
+    for d in sorted(p for p in results.root.iterdir() if p.is_dir() and p.name not in ("collect", ".submitit")):
+        if not (d / "config.yaml").exists():
+            continue
+        dirs.add(d.name)
+        cfg = OmegaConf.load(d / "config.yaml")
+        stage = str(OmegaConf.select(cfg, "stage.name", default=""))
+        if stage not in ("croma", "shortcut"):
+            continue
+        view = _view(cfg)
+        key = benchmark_key(str(cfg.dataset.name), "ri" if stage == "shortcut" and view is not None else view)
+        status, detail = _job_status(d)
+        if (d / "entries.json").exists():
+            names = [e["encoder"] for e in json.loads((d / "entries.json").read_text())["entries"]]
+            entry = True
+        else:
+            name = str(OmegaConf.select(cfg, "encoder.name", default=""))
+            names = [name] if f"_{name}-" in d.name or not cfg.get("encoders") else [str(e) for e in cfg.encoders]
+            entry = False
+        rows += [dict(encoder=n, benchmark=key, status=status, detail=detail, entry=entry) for n in names]
+    planned = results.root / "jobs.json"
+    if planned.is_file():
+        for job in json.loads(planned.read_text()).get("jobs", []):
+            if Path(job["dir"]).name in dirs:
+                continue
+            names = [o.split("=", 1)[1] for o in job.get("overrides", []) if o.startswith("encoder=")]
+            rows += [dict(encoder=n, benchmark=None, status="never started", detail="", entry=False) for n in names]
+    return rows
+
+
+def _roster(key: str, policy: KPolicy, jobs: list[dict], present: list[str]) -> list[str]:
+    if policy.roster == "paper":
+        return list(SLIDE_LABELS if key.startswith("pcabiop") else TILE_LABELS)
+    if policy.roster is not None:
+        return list(policy.roster)
+    names = [j["encoder"] for j in jobs if j["benchmark"] in (key, None)] + present
+    return list(dict.fromkeys(names))
+
+
+def _why_missing(name: str, key: str, jobs: list[dict]) -> str:
+    mine = [j for j in jobs if j["encoder"] == name and j["benchmark"] in (key, None)]
+    if not mine:
+        return f"{name} (no job in this sweep)"
+    j = mine[0]
+    detail = f": {j['detail'][:80]}" if j["detail"] else ""
+    return f"{name} ({j['status']}{detail})" if j["status"] != "done" else f"{name} (done, no cache entry recorded)"
+
+
+def operating_ks(key: str, protocol: str, policy: KPolicy, k_star: dict[str, int], jobs: list[dict]
+                 ) -> tuple[dict[str, int], str]:
+    """Each encoder's operating k on benchmark ``key`` and how it was set (module doc, "Operating
+    k"). ``median`` under median-k takes the lower median of the k* of the roster's encoders and
+    refuses (one line naming them) when roster encoders have no result, unless
+    ``policy.partial``; under k-star each encoder keeps its k*. ``published``: the paper's k
+    (:data:`~robustbench_fm.methods.croma.params.PUBLISHED_K`; k-star: Table 14's k⋆ per encoder).
+    An int: every encoder at that k."""
+    from .panel import median_k  # lazy: imports torch
+
+    name = f"{BENCHMARKS.get(key, key)} ({key})"
+    if isinstance(policy.k, int):
+        return {e: policy.k for e in k_star}, f"k = {policy.k} (fixed)"
+    if policy.k == "published":
+        if protocol == "k-star":
+            section = PUBLISHED_KSTAR_SECTION.get(key)
+            table = published.table("croma", 14, "") if section else None
+            ks = {} if table is None else {
+                r["row"]: int(r["value"]) for _, r in table[(table["column"] == "k⋆")
+                                                            & (table["section"] == section)].iterrows()}
+            lacking = [e for e in k_star if label(e, slide=True) not in ks]
+            if lacking:
+                raise UserError(f"croma collect: {name}: the paper publishes no k* for {', '.join(lacking)}; "
+                                "use report.croma_k=median (each encoder's own k*) or a fixed k")
+            return {e: ks[label(e, slide=True)] for e in k_star}, "the published k* of each encoder (Table 14)"
+        if key not in PUBLISHED_K:
+            raise UserError(f"croma collect: {name}: the paper publishes no operating k for this benchmark "
+                            f"(published: {', '.join(f'{b}={k}' for b, k in PUBLISHED_K.items())}); use "
+                            "report.croma_k=median or a fixed k")
+        return {e: PUBLISHED_K[key] for e in k_star}, f"k = {PUBLISHED_K[key]} (the paper's published k)"
+    if protocol == "k-star":
+        return dict(k_star), "each encoder at its own k*"
+    roster = _roster(key, policy, jobs, list(k_star))
+    members = [e for e in roster if e in k_star]
+    missing = [e for e in roster if e not in k_star]
+    if missing and not policy.partial:
+        why = "; ".join(_why_missing(e, key, jobs) for e in missing)
+        raise UserError(f"croma collect: {name}: cannot take the panel median k: {len(missing)} of the "
+                        f"{len(roster)} roster encoders have no result: {why}; "
+                        "rerun them, or set report.croma_partial_roster=true to take the median over the "
+                        f"{len(members)} present (or report.croma_k=published / a fixed k)")
+    if not members:
+        raise UserError(f"croma collect: {name}: no encoder of the roster ({', '.join(roster)}) has a result; "
+                        "name the sweep's encoders in report.croma_roster")
+    shared = median_k(k_star[e] for e in members)
+    partial = f", partial roster: {', '.join(missing)} missing" if missing else ""
+    return {e: shared for e in k_star}, f"k = {shared} (lower median of the k* of {len(members)} encoders{partial})"
+
+
+def _score_benchmark(results: SweepResults, key: str, group: dict, protocol: str, out: Path,
+                     policy: KPolicy | None = None, jobs: list[dict] | None = None) -> list[pd.DataFrame]:
     """Re-score one benchmark's panel (module doc); saves results under ``out`` and returns
     [summary, by_m, by_alpha] frames."""
     from . import stage as croma  # lazy: imports torch
-    from .panel import median_k, sweeps  # lazy: imports torch
+    from .panel import sweeps  # lazy: imports torch
 
     cfg, entries = group["cfg"], group["entries"]
     params = _croma_params(cfg, group["stage"])
     findings = params.pop("findings")
+    policy = policy or KPolicy()
+    stage_k = params.pop("stage_k")
+    if stage_k is not None:  # the user fixed k for the jobs (stage.params.k): the panel keeps it
+        if policy.k != "median" and policy.k != stage_k:
+            raise UserError(f"croma collect: stage.params.k={stage_k} and report.croma_k={policy.k} disagree; "
+                            "set one of them")
+        policy = KPolicy(int(stage_k), policy.roster, policy.partial)
     manifest = _manifest(results, cfg, entries)
-    prep_keys = ("confounder_col", "exclude_col", "k_grid", "design", "subset_col", "on_short", "device",
-                 "block_size")
+    prep_keys = ("confounder_col", "exclude_col", "k_grid", "design", "subset_col", "on_short", "on_incomplete",
+                 "device", "block_size")
     summaries, by_ms, by_alphas = [], [], []
     for finding in findings:
         m_max = _m_sweep(manifest, params, finding)
@@ -185,17 +352,18 @@ def _score_benchmark(results: SweepResults, key: str, group: dict, protocol: str
             grid_pass[encoder] = (k_star, max(croma.confounder_curve(prep).values()), by_m, by_alpha)
             by_ms.append(by_m.assign(benchmark=key, finding=finding))
             by_alphas.append(by_alpha.assign(benchmark=key, finding=finding))
-        shared = median_k(v[0] for v in grid_pass.values()) if protocol == "median-k" else None
-        for encoder, entry in entries.items():  # pass 2: every encoder at the protocol's k
+        ks, how = operating_ks(key, protocol, policy, {e: v[0] for e, v in grid_pass.items()}, jobs or [])
+        for encoder, entry in entries.items():  # pass 2: every encoder at the policy's k
             k_star, conf_max = grid_pass[encoder][:2]
-            res = croma.run(_features(entry, manifest), manifest, finding=finding, k=shared or k_star,
+            res = croma.run(_features(entry, manifest), manifest, finding=finding, k=ks[encoder],
                             m=params["m"], alpha=params["alpha"], tau=params["tau"],
                             **{k: params[k] for k in prep_keys})
             res.summary.insert(0, "encoder", encoder)
             res.summary.insert(1, "dataset", cfg.dataset.name)
             res.summary.insert(2, "benchmark", key)
-            res.summary = res.summary.assign(k_star=k_star, conf_knn_bacc_max=conf_max, protocol=protocol)
-            res.params.update(protocol=protocol, k_star=k_star)
+            res.summary = res.summary.assign(k_star=k_star, conf_knn_bacc_max=conf_max, protocol=protocol,
+                                             k_policy=how)
+            res.params.update(protocol=protocol, k_star=k_star, k_policy=how)
             res.save(out / "results" / encoder / key / "croma" / finding)
             summaries.append(res.summary)
     return [pd.concat(summaries, ignore_index=True), pd.concat(by_ms, ignore_index=True),
@@ -213,14 +381,17 @@ def croma_panel(results: SweepResults) -> Panel:
     protocol = str((results.config.get("report") or {}).get("croma_protocol", "median-k"))
     if protocol not in PROTOCOLS:
         raise ValueError(f"report.croma_protocol={protocol!r} is unknown; use one of {', '.join(PROTOCOLS)}")
-    stamp = json.dumps({"protocol": protocol, "benchmarks": {k: {e: str(p) for e, p in sorted(g["entries"].items())}
-                                                             for k, g in sorted(groups.items())},
+    policy = KPolicy.from_config(results.config)
+    jobs = sweep_jobs(results)
+    stamp = json.dumps({"protocol": protocol, "k_policy": policy.stamp(),
+                        "benchmarks": {k: {e: str(p) for e, p in sorted(g["entries"].items())}
+                                       for k, g in sorted(groups.items())},
                         "params": {k: _croma_params(g["cfg"], g["stage"]) for k, g in sorted(groups.items())}},
                        indent=1, default=str)
     if not ((out / "panel.json").exists() and (out / "panel.json").read_text() == stamp):
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
-        parts = [_score_benchmark(results, k, g, protocol, out) for k, g in sorted(groups.items())]
+        parts = [_score_benchmark(results, k, g, protocol, out, policy, jobs) for k, g in sorted(groups.items())]
         first = next(iter(groups.values()))["cfg"]
         write_text_atomic(out / "config.yaml", OmegaConf.to_yaml(first))
         for i, name in ((1, "by_m"), (2, "by_alpha")):
@@ -266,10 +437,14 @@ def _score_table(results: SweepResults, key: str, name: str, caption: str) -> li
     tables = []
     per_finding = _benchmark_rows(results, key)
     for finding, rows in per_finding.items():
-        k = int(rows["k"].iloc[0])
+        how = rows["k_policy"].iloc[0] if "k_policy" in rows else f"k = {int(rows['k'].iloc[0])}"
         tables.append(PaperTable(name if len(per_finding) == 1 else f"{name}_{finding}", _score_frame(rows),
-                                 f"{caption} Median-k protocol: k = {k} (label: {finding}).", BEST))
+                                 f"{caption} Shared operating point: {how} (label: {finding}). {F0_NOTE}", BEST))
     return tables
+
+
+#: croma.md Eq. 12 writes F(0) = P[CRoMa_m(i) < 0]; the reference (croma 1.0.1) and this package count ≤ 0
+F0_NOTE = "F(0) = share of samples with CRoMa <= 0 (croma 1.0.1; the paper's Eq. 12 writes < 0)."
 
 
 def croma_table3(results: SweepResults) -> list[PaperTable]:
@@ -437,41 +612,53 @@ def croma_table10(results: SweepResults) -> list[PaperTable]:
 
 
 def typed_rank_medians(results: SweepResults, key: str) -> pd.DataFrame:
-    """encoder, median rank_so, median rank_os of benchmark ``key``
-    (:func:`robustbench_fm.methods.croma.panel.typed_ranks` on each job's entry; saved beside the panel)."""
+    """encoder, median rank_so, median rank_os, median rank_typed of benchmark ``key``
+    (:func:`robustbench_fm.methods.croma.panel.typed_ranks` on each job's entry; saved beside the
+    panel, with every anchor's rank_typed in ``typed_first_<key>.parquet``)."""
     from .panel import typed_ranks  # lazy: imports torch
 
     croma_panel(results)  # (re)builds the panel folder, which the saved ranks belong to
     path = results.root / PANEL_DIR / f"typed_ranks_{key}.parquet"
-    if not path.exists():
+    if not (path.exists() and path.with_name(f"typed_first_{key}.parquet").exists()):
         group = _groups(results).get(key)
         if group is None:
             raise ValueError(f"croma_table12: the sweep {results.root} has no {BENCHMARKS.get(key, key)} "
                              f"({key}) results")
         params = _croma_params(group["cfg"], group["stage"])
         manifest = _manifest(results, group["cfg"], group["entries"])
-        rows = []
+        rows, first = [], []
         for encoder, entry in group["entries"].items():
             ranks = typed_ranks(_features(entry, manifest), manifest, params["findings"][0], params["confounder_col"],
                                 params["exclude_col"], device=params["device"])
             rows.append({"encoder": encoder, "rank_so": ranks["rank_so"].median(),
-                         "rank_os": ranks["rank_os"].median()})
-        frame = pd.DataFrame(rows)
+                         "rank_os": ranks["rank_os"].median(), "rank_typed": ranks["rank_typed"].median()})
+            first.append(pd.DataFrame({"encoder": encoder, "rank_typed": ranks["rank_typed"],
+                                       "candidates": len(manifest) - 1}))
+        frame, first = pd.DataFrame(rows), pd.concat(first, ignore_index=True)
+        write_atomic(path.with_name(f"typed_first_{key}.parquet"), lambda f: first.to_parquet(f, index=False))
         write_atomic(path, lambda f: frame.to_parquet(f, index=False))
     return pd.read_parquet(path)
 
 
 def croma_table12(results: SweepResults) -> list[PaperTable]:
     """Table 12: typed-neighbour ranks on Camelyon: pooled CRoMa and the median (over anchors) rank
-    of each anchor's nearest SO match and OS distractor among all cross-slide candidates."""
+    of each anchor's nearest SO match and OS distractor among all other samples, same-slide ones
+    included (the reference's definition, :func:`robustbench_fm.methods.croma.panel.typed_ranks`).
+    The caption gives the paper's "Pooled across the 20 encoders, the first SO or OS neighbour
+    occurs at a median rank of ≈149 among 20,400 candidates", read as the median over every anchor
+    of every pathology encoder of min(rank SO, rank OS)."""
     key = "pathorob_camelyon"
     rows = _benchmark_rows(results, key)
     finding, summary = next(iter(rows.items()))
     ranks = typed_rank_medians(results, key).set_index("encoder").loc[summary["encoder"]]
     frame = pd.DataFrame({"Model": [label(e) for e in summary["encoder"]], "CRoMa": summary["croma"].to_numpy(),
                           "median rank SO": ranks["rank_so"].to_numpy(), "median rank OS": ranks["rank_os"].to_numpy()})
-    return [PaperTable("croma_table12", frame, f"Table 12: typed-neighbour ranks on Camelyon (label: {finding}).",
-                       decimals=2)]
+    first = _pathology(pd.read_parquet(results.root / PANEL_DIR / f"typed_first_{key}.parquet"))
+    pooled = (f" Pooled across the {first['encoder'].nunique()} pathology encoders, the first SO or OS neighbour "
+              f"occurs at a median rank of {first['rank_typed'].median():g} among {int(first['candidates'].iloc[0]):,} "
+              "candidates (paper: about 149 among 20,400).") if len(first) else ""
+    return [PaperTable("croma_table12", frame,
+                       f"Table 12: typed-neighbour ranks on Camelyon (label: {finding}).{pooled}", decimals=2)]
 
 
 def _apd(results: SweepResults) -> pd.DataFrame:
@@ -507,14 +694,40 @@ def croma_table11(results: SweepResults) -> list[PaperTable]:
 
 
 # ----------------------------------------------------------------------------- figures
+def figure5_ranks(panel: Panel) -> tuple[pd.DataFrame, list[str]]:
+    """Figure 5's mean ranks (:func:`robustbench_fm.methods.croma.panel.mean_ranks`): the pathology
+    encoders (controls left out) ranked by median CRoMa and by LTM10 within each tile benchmark of
+    the sweep (first finding), averaged over those benchmarks; and the benchmarks used. Paper
+    (§3.4, Figure 5): "Each of the 3 tile benchmarks ranks the 20 pathology encoders by median
+    CRoMa [...] and by worst-decile mean LTM10 [...] The axes show the mean rank across
+    benchmarks". A sweep holding fewer tile benchmarks averages over those it holds."""
+    from .panel import mean_ranks  # lazy: imports torch
+
+    present = [k for k in TILE_BENCHMARKS if k in set(panel.summary["benchmark"])]
+    benches = {}
+    for key in present:
+        rows = _pathology(panel.summary[panel.summary["benchmark"] == key])
+        benches[BENCHMARKS[key]] = rows[rows["finding"] == rows["finding"].iloc[0]]
+    return (mean_ranks(benches) if benches else pd.DataFrame()), [BENCHMARKS[k] for k in present]
+
+
 def croma_figures(results: SweepResults) -> list[PaperTable]:
     """Figures 3/4/9 (and 6 with shortcut results) per benchmark into ``<sweep>/figures/``:
-    ridgeline of per-sample CRoMa, median–tail Pareto plane, typed-distance plane with 75% outlines,
-    CRoMa against APD with the probe-accuracy top row. Returns no table."""
+    ridgeline of per-sample CRoMa, median–tail Pareto plane of the pathology encoders (the
+    natural-image control left out, as in the paper's Figures 3, 14, 15), typed-distance plane with
+    75% outlines, CRoMa against APD with the probe-accuracy top row; and Figure 5 (mean median-CRoMa
+    rank against mean LTM10 rank over the sweep's tile benchmarks, ``croma_figure5_mean_ranks``,
+    with its ranks as CSV). Returns no table."""
     from . import plots as cp  # lazy: imports matplotlib
 
     panel = croma_panel(results)
     out = results.root / "figures"
+    ranks, used = figure5_ranks(panel)
+    if len(ranks):
+        ranks = ranks.assign(Model=[label(e) for e in ranks["encoder"]])
+        out.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out / "croma_figure5_mean_ranks.csv", ranks.to_csv(index=False))
+        cp.plot_mean_ranks(ranks.assign(encoder=ranks["Model"]), out / "croma_figure5_mean_ranks", benchmarks=used)
     shortcut = results.summaries("shortcut")
     probes = results.per_sample("shortcut")
     for key, summary in panel.summary.groupby("benchmark", sort=True):
@@ -525,7 +738,7 @@ def croma_figures(results: SweepResults) -> list[PaperTable]:
         per_sample = panel.per_sample[(panel.per_sample["benchmark"] == key) & (panel.per_sample["finding"] == finding)]
         per_sample = per_sample.assign(encoder=[label(e, slide) for e in per_sample["encoder"]])
         cp.plot_ridgeline(per_sample.dropna(subset=["croma"]), out / f"{key}_ridgeline")
-        cp.plot_pareto(summary, out / f"{key}_pareto")
+        cp.plot_pareto(summary[~summary["encoder"].isin([label(c) for c in CONTROLS])], out / f"{key}_pareto")
         typed = per_sample[(per_sample["d_so"] > 0) & (per_sample["d_os"] > 0)]
         cp.plot_typed_distances(typed, out / f"{key}_typed_distances")
         if not shortcut.empty and key in set(shortcut["dataset"]):

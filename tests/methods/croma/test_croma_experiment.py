@@ -43,4 +43,8 @@ def test_croma_camelyon_multirun_writes_table3(tmp_path):
     assert panel["protocol"] == "median-k" and len(panel["benchmarks"]["pathorob_camelyon"]) == 2
     for fig in ("ridgeline", "pareto", "typed_distances"):
         assert (sweep / "figures" / f"pathorob_camelyon_{fig}.png").stat().st_size > 1000
+    assert (sweep / "figures" / "croma_figure5_mean_ranks.png").stat().st_size > 1000  # Figure 5 (issue 19)
+    ranks = pd.read_csv(sweep / "figures" / "croma_figure5_mean_ranks.csv")
+    assert sorted(ranks["encoder"]) == ["planted_blur", "planted_sharp"] and sorted(ranks["mean_croma_rank"]) == [1, 2]
+    assert rescored["k_policy"].iloc[0] == f"k = {min(k_star)} (lower median of the k* of 2 encoders)"
     assert (sweep / "tables" / "croma_table8.md").is_file()

@@ -109,17 +109,56 @@ def test_rank_agreement_within_and_across_benchmarks():
     assert out.to_dict("records") == [{"a": "one", "b": "two", "n": 3, "rho": pytest.approx(1.0)}]
 
 
-def test_typed_ranks_equal_a_brute_force_count():
+def reference_typed_ranks(x, manifest):
+    """Brute force of the reference's Table 12 definition (croma's typed_neighbor_rank_experiment.py):
+    sort each row's cosine distances (stable), drop self, and read the 1-indexed position of the
+    first cross-slide SO / OS sample; same-slide samples before it count."""
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    dist = 1.0 - unit @ unit.T
+    lab, con, grp = (pd.factorize(manifest[c])[0] for c in ("bio_label", "site", "slide_id"))
+    out = np.full((len(x), 2), np.nan)
+    for i in range(len(x)):
+        order = [j for j in np.argsort(dist[i], kind="stable") if j != i]
+        for t, typed in enumerate(((lab == lab[i]) & (con != con[i]), (lab != lab[i]) & (con == con[i]))):
+            hits = [pos for pos, j in enumerate(order, start=1) if typed[j] and grp[j] != grp[i]]
+            out[i, t] = hits[0] if hits else np.nan
+    return out
+
+
+def test_typed_ranks_equal_the_reference_positions_among_all_other_samples():
+    """Table 12 (issue 19 item 1): same-slide tiles ahead of the nearest typed candidate count, so on
+    60 tiles per slide the ranks are far above a cross-slide-only count."""
     from robustbench_fm.methods.croma.panel import typed_ranks
 
-    x, manifest = cohort(slides_per_cell=3, tiles_per_slide=6, seed=1)
-    got = typed_ranks(x, manifest, block_size=17, device="cpu")
+    x, manifest = cohort(slides_per_cell=3, tiles_per_slide=60, slide_shift=1.0, seed=1, dtype=np.float64)
+    got = typed_ranks(x, manifest, block_size=97, device="cpu")
+    ref = reference_typed_ranks(x, manifest)
+    np.testing.assert_array_equal(got[["rank_so", "rank_os"]].to_numpy(), ref)
+    np.testing.assert_array_equal(got["rank_typed"], ref.min(axis=1))
     unit = x / np.linalg.norm(x, axis=1, keepdims=True)
     sim = unit @ unit.T
+    grp, lab, con = (manifest[c].to_numpy() for c in ("slide_id", "bio_label", "site"))
+    cross_only = [(sim[i][grp != grp[i]] > sim[i][(grp != grp[i]) & (lab == lab[i]) & (con != con[i])].max()).sum() + 1
+                  for i in range(len(x))]
+    assert np.median(got["rank_so"]) > np.median(cross_only) + 20  # the same-slide shell counts
+
+
+def test_typed_ranks_do_not_depend_on_row_order_and_ties_take_the_min_rank():
+    from robustbench_fm.methods.croma.panel import typed_ranks
+
+    _, manifest = cohort(slides_per_cell=2, tiles_per_slide=8, seed=3, dtype=np.float64)
+    rng = np.random.default_rng(3)  # unit rows of four ±0.5 entries: every cosine is an exact multiple of 1/4
+    x = np.zeros((len(manifest), 8))
+    for row in x:
+        row[rng.choice(8, 4, replace=False)] = rng.choice([-0.5, 0.5], 4)
+    got = typed_ranks(x, manifest, device="cpu")
+    perm = np.random.default_rng(0).permutation(len(x))
+    again = typed_ranks(x[perm], manifest.iloc[perm].reset_index(drop=True), device="cpu").set_index("sample_id")
+    pd.testing.assert_frame_equal(again.loc[got["sample_id"]].reset_index(), got)
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    dist = 1.0 - unit @ unit.T
     lab, con, grp = (manifest[c].to_numpy() for c in ("bio_label", "site", "slide_id"))
-    for i in range(len(x)):
-        other = grp != grp[i]
-        for col, typed in (("rank_so", (lab == lab[i]) & (con != con[i])),
-                           ("rank_os", (lab != lab[i]) & (con == con[i]))):
-            nearest = sim[i][other & typed].max()
-            assert got.at[i, col] == (sim[i][other] > nearest).sum() + 1
+    for i in range(len(x)):  # competition (min) rank: 1 + other samples strictly closer, whatever their row
+        typed = (lab == lab[i]) & (con != con[i]) & (grp != grp[i])
+        others = np.arange(len(x)) != i
+        assert got.at[i, "rank_so"] == (dist[i][others] < dist[i][typed].min()).sum() + 1

@@ -104,3 +104,17 @@ def test_croma_vs_apd_top_row_shows_probe_accuracy_against_cramers_v(summary):
     curve = top_id.lines[0]
     np.testing.assert_allclose(curve.get_xdata(), [0.0, 0.5, 1.0])
     np.testing.assert_allclose(curve.get_ydata(), [0.91, 0.91, 0.91])  # enc_a: mean over 3 replicates
+
+
+def test_mean_rank_figure_puts_better_ranks_upper_right(tmp_path):
+    """Figure 5: lower (better) ranks toward the upper-right, the frontier ringed."""
+    ranks = pd.DataFrame({"encoder": ENCODERS, "mean_croma_rank": [1.0, 2.0, 3.5, 3.5],
+                          "mean_ltm_rank": [3.0, 1.0, 2.0, 4.0], "pareto": [True, True, False, False]})
+    fig = cp.mean_rank_figure(ranks, ["Camelyon", "TCGA-4x4"])
+    ax = fig.axes[0]
+    assert ax.xaxis_inverted() and ax.yaxis_inverted()
+    assert "Camelyon, TCGA-4x4" in ax.get_xlabel()
+    ringed = [c for c in ax.collections if len(c.get_facecolors()) == 0]
+    assert len(ringed) == 1 and len(ringed[0].get_offsets()) == 2
+    for path in cp.plot_mean_ranks(ranks, tmp_path / "fig5"):
+        assert path.is_file() and path.stat().st_size > 1000

@@ -86,13 +86,70 @@ def test_empty_group_and_bad_features_are_refused():
         stage.run(x, manifest)
 
 
-def test_incomplete_subsets_are_skipped_with_a_warning():
+def incomplete_quartets():
+    """Three quartets; q01 loses its cell (class2, centre3), q02 gains a third centre."""
     x, manifest = quartets(n_subsets=3, tiles_per_cell=12, reuse=False)
-    drop = (manifest["subset"] == "q01") & (manifest["bio_label"] == "class2") & (manifest["site"] == "centre3")
-    with pytest.warns(RuntimeWarning, match="1 incomplete 2x2 subsets skipped"):
-        res = stage.run(x[~drop.to_numpy()], manifest[~drop].reset_index(drop=True), design="paired_2x2")
-    assert res.summary["n_subsets"][0] == 2 and set(res.per_sample["subset"]) == {"q00", "q02"}
-    assert res.summary["n"][0] == 96
+    drop = ((manifest["subset"] == "q01") & (manifest["bio_label"] == "class2") & (manifest["site"] == "centre3"))
+    x, manifest = x[~drop.to_numpy()], manifest[~drop].reset_index(drop=True)
+    extra = manifest[manifest["subset"] == "q00"].head(3).assign(subset="q02", site="centre0")
+    return np.concatenate([x, x[extra.index]]), pd.concat([manifest, extra], ignore_index=True)
+
+
+def test_incomplete_subsets_stop_the_stage_naming_them():
+    """croma 1.0.1 refuses a paired manifest with an incomplete 2x2 subset (issue 19 item 3)."""
+    from croma import RI
+    from croma_cohorts import reference_manifest
+
+    x, manifest = incomplete_quartets()
+    with pytest.raises(ValueError) as err:
+        stage.run(x, manifest, design="paired_2x2")
+    message = str(err.value)
+    assert "\n" not in message and "2 of 3 subsets in column 'subset'" in message
+    assert "'q01', 'q02'" in message and "on_incomplete='skip'" in message
+    with pytest.raises(ValueError, match="invalid subsets .*: q01, q02"):  # the reference refuses the same two
+        RI.compute(x, reference_manifest(manifest), confounder_column="site", k_candidates=[3],
+                   evaluation_design="paired_2x2")
+
+
+def test_incomplete_subsets_are_skipped_with_a_warning_on_request():
+    x, manifest = incomplete_quartets()
+    with pytest.warns(RuntimeWarning, match="2 incomplete 2x2 subsets skipped"):
+        res = stage.run(x, manifest, design="paired_2x2", on_incomplete="skip")
+    assert res.summary["n_subsets"][0] == 1 and set(res.per_sample["subset"]) == {"q00"}
+    assert res.summary["n"][0] == 48
+    alone = stage.run(x[(manifest["subset"] == "q00").to_numpy()], manifest[manifest["subset"] == "q00"],
+                      design="paired_2x2")
+    assert res.summary["croma"][0] == alone.summary["croma"][0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("jitter", [0.0, 1e-3])
+def test_collapsed_embeddings_are_refused_in_one_line(dtype, jitter):
+    """All rows (nearly) identical: d_SO + d_OS is zero at the dtype's rounding; croma 1.0.1 raises
+    "zero margin denominator" and so does the stage (issue 19 item 3), instead of CRoMa 0 and F(0) 1."""
+    _, manifest = cohort(slides_per_cell=2, tiles_per_slide=10)
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal(24)
+    eps = np.finfo(dtype).eps
+    x = (base + jitter * eps * rng.standard_normal((len(manifest), 24))).astype(dtype)  # rounding-level spread
+    with pytest.raises(ValueError) as err:
+        stage.run(x, manifest, device="cpu")
+    message = str(err.value)
+    assert "\n" not in message and "80/80 units have a zero margin denominator" in message
+    tol = stage.zero_margin_tolerance(dtype, 24)
+    assert tol == pytest.approx(4 * eps * np.sqrt(24)) and f"<= {tol:.2g}" in message
+    from croma import CRoMa
+    from croma_cohorts import reference_manifest
+
+    with pytest.raises(RuntimeError, match="80/80 sample.* zero margin denominator"):  # the reference's refusal
+        CRoMa.compute(x, reference_manifest(manifest), confounder_column="site")
+
+
+def test_collapse_guard_leaves_ordinary_features_alone():
+    x, manifest = cohort(slides_per_cell=2, tiles_per_slide=10, dtype=np.float32)
+    res = stage.run(x, manifest, device="cpu")
+    d = res.per_sample["d_so"] + res.per_sample["d_os"]
+    assert d.min() > 1e3 * stage.zero_margin_tolerance(np.float32, x.shape[1])
 
 
 def test_finding_names_the_label_and_leads_the_summary():
@@ -119,3 +176,13 @@ def test_results_save(tmp_path):
     res.save(tmp_path)
     assert pd.read_parquet(tmp_path / "per_sample.parquet").shape == (80, 6)
     assert pd.read_parquet(tmp_path / "summary.parquet")["k"].dtype == np.int64
+
+
+def test_f0_counts_exact_zeros_as_the_reference_does():
+    """F(0) = share <= 0 (croma 1.0.1's closed boundary; the paper's Eq. 12 writes < 0)."""
+    from robustbench_fm.methods.croma.scores import tail
+
+    values = np.array([0.0, 0.0, 0.3, -0.2, 0.5])
+    f0, q, ltm = tail(values, 0.10)
+    assert f0 == 3 / 5 and (values < 0).mean() == 1 / 5
+    assert q == pytest.approx(np.percentile(values, 10)) and ltm == -0.2

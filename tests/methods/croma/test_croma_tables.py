@@ -89,6 +89,7 @@ def test_score_and_rank_tables_have_the_published_layout(camelyon):
     assert pathology["CRoMa"].is_monotonic_decreasing
     np.testing.assert_allclose(t3.frame["Δ"], t3.frame["MaRI"] - t3.frame["RI"])
     assert t3.best["F(0)"] == "min" and "conf bacc" not in t3.best and "Δ" not in t3.best
+    assert "F(0) = share of samples with CRoMa <= 0 (croma 1.0.1; the paper's Eq. 12 writes < 0)" in t3.caption
     summary = tc.croma_panel(results).summary
     summary = summary[~summary["encoder"].isin(tc.CONTROLS)]
     for number, builder in ((7, tc.croma_table7), (8, tc.croma_table8), (9, tc.croma_table9)):
@@ -102,6 +103,11 @@ def test_score_and_rank_tables_have_the_published_layout(camelyon):
     ranks = typed_ranks(camelyon["feats"]["uni"], camelyon["manifest"], device="cpu")
     row = t12.frame.set_index("Model").loc["UNI"]
     assert row["median rank SO"] == ranks["rank_so"].median() and row["median rank OS"] == ranks["rank_os"].median()
+    first = np.concatenate([typed_ranks(camelyon["feats"][e], camelyon["manifest"], device="cpu")[
+        ["rank_so", "rank_os"]].min(axis=1).to_numpy() for e in ("uni", "phikon", "virchow2")])  # no DINOv2-B
+    n = len(camelyon["manifest"])
+    assert f"Pooled across the 3 pathology encoders, the first SO or OS neighbour occurs at a median rank of " \
+           f"{np.median(first):g} among {n - 1:,} candidates" in t12.caption
     (t9,) = tc.croma_table9(results)
     assert t9.frame.at[0, "CRoMa vs RI"] == pytest.approx(spearmanr(summary["croma"], summary["ri"]).statistic)
     with pytest.raises(ValueError, match="no TCGA-4x4"):
@@ -168,3 +174,37 @@ def test_table14_keeps_each_slide_encoder_at_its_own_k(tmp_path):
     assert (panel["conf_knn_bacc_max"] >= panel["conf_knn_bacc"] - 1e-12).all()
     isup = panel[panel["benchmark"] == "pcabiop-isup"]
     assert (isup["n_subsets"] == 15).all()
+
+
+def test_figure5_and_pareto_planes_from_the_collect_step(camelyon, monkeypatch):
+    """Issue 19 item 4: croma_figures (listed by every croma_* experiment) writes Figure 5, the mean
+    median-CRoMa rank against the mean LTM10 rank of the pathology encoders, and the Pareto planes
+    leave the natural-image control out, as the paper's Figures 3, 5, 14 and 15 do."""
+    from scipy.stats import rankdata
+
+    from robustbench_fm.methods.croma import plots as cp
+
+    drawn = {}
+    real = cp.plot_pareto
+    monkeypatch.setattr(cp, "plot_pareto", lambda summary, stem, frontier=None: drawn.setdefault(
+        stem.name, summary) is not None and real(summary, stem, frontier))
+    results = camelyon["results"]
+    assert tc.croma_figures(results) == []
+    out = results.root / "figures"
+    for suffix in ("png", "pdf"):
+        assert (out / f"croma_figure5_mean_ranks.{suffix}").stat().st_size > 1000
+    ranks = pd.read_csv(out / "croma_figure5_mean_ranks.csv").set_index("encoder")
+    summary = tc.croma_panel(results).summary
+    pathology = summary[~summary["encoder"].isin(tc.CONTROLS)].set_index("encoder")
+    assert sorted(ranks.index) == sorted(pathology.index) and "dinov2_b" not in ranks.index
+    want_croma = dict(zip(pathology.index, rankdata(-pathology["croma"].to_numpy())))
+    want_ltm = dict(zip(pathology.index, rankdata(-pathology["ltm"].to_numpy())))
+    for name in pathology.index:  # one tile benchmark in this sweep: the mean rank is its rank
+        assert ranks.at[name, "mean_croma_rank"] == want_croma[name]
+        assert ranks.at[name, "mean_ltm_rank"] == want_ltm[name]
+        assert ranks.at[name, "Model"] == tc.label(name)
+    pts = ranks[["mean_croma_rank", "mean_ltm_rank"]].to_numpy()
+    dominated = [any((q <= p).all() and (q < p).any() for q in pts) for p in pts]
+    assert ranks["pareto"].tolist() == [not d for d in dominated]
+    plane = drawn["pathorob_camelyon_pareto"]
+    assert "DINOv2-B" not in set(plane["encoder"]) and len(plane) == 3
