@@ -431,7 +431,9 @@ def candor_failure_detection(results: SweepResults) -> list[PaperTable]:
     gap = summ.set_index(keys).loc[wide.index, "confidence_max_diff"] if "confidence_max_diff" in summ else []
     rows.append({"Quantity": _CONFIDENCE_AGREEMENT[0], "Ours": float(np.nanmax(gap)) if len(gap) else np.nan,
                  "Published": published_text("v4", _CONFIDENCE_AGREEMENT[1])})
-    return [PaperTable("candor_failure_detection", pd.DataFrame(rows),
+    frame = pd.DataFrame(rows)
+    frame["Ours"] = pd.Series([row["Ours"] for row in rows], dtype=object)  # counts print as integers
+    return [PaperTable("candor_failure_detection", frame,
                        "Detecting the errors of heads trained on MIMIC-CXR on the 5 chest sites (candor.md "
                        "'Discordance and Head Errors'): mean AUROCs over the encoder x finding x test-site "
                        "combinations, significant differences of r from confidence after BH-FDR at 0.05 (paired "
