@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ... import data
-from ..params import DEVICE, PYTHON_ONLY, SEED, StageParams
+from ..params import DEVICE, PYTHON_ONLY, SEED, StageParams, shared
 from .tasks import TASKS
 
 #: the query role a task's discordance is measured for (``queries``; ablation 7 exchanges them)
@@ -146,3 +146,48 @@ class RetentionParams(StageParams):
                 raise ValueError(f"stage retention: sources[{i}] has unknown keys {sorted(unknown)}; "
                                  "use dataset, root, options")
             data.get(src["dataset"])
+
+
+#: candor_box_verified's arms (candor_v1.md "Ablation Studies" (3)): the pool member whose boxed
+#: positives of ``finding`` are the queries (MS-CXR's pneumothorax boxes, RSNA's pneumonia boxes)
+BOX_ARMS = ({"dataset": "ms_cxr", "finding": "pneumothorax"}, {"dataset": "rsna_pneumonia", "finding": "pneumonia"})
+
+
+@dataclass(frozen=True)
+class BoxVerifiedParams(StageParams):
+    """Ablation (1), box-verified positives (candor.md "Ablation Studies" (1); candor_v1.md
+    "Ablation Studies" (3)): the queries are the positives that carry an expert box (MS-CXR's
+    pneumothorax boxes on MIMIC-CXR images, RSNA's pneumonia boxes), the candidate sets R± are the
+    reference site's (MIMIC-CXR) matched group of the query's view, drawn as in the main analysis.
+    The reference's own positives against the same sets give "all its pneumothorax positives"."""
+
+    STAGE = "candor_box_verified"
+
+    k: int = shared(CandorParams, "k")
+    bank_size: int = shared(CandorParams, "bank_size")
+    max_group_sample: int = shared(CandorParams, "max_group_sample")
+    seed: int = shared(CandorParams, "seed")
+    n_boot: int = shared(CandorParams, "n_boot")
+    cluster_col: str = shared(CandorParams, "cluster_col")
+    device: Any = shared(CandorParams, "device")
+    reference: str = "mimic_cxr"
+    """The pool member (``dataset`` column) whose matched groups supply R+ and R− (v1: "the
+    reference pool"; MS-CXR's images are MIMIC-CXR's, RSNA's come "from outside the pool")."""
+    arms: list = field(default_factory=lambda: [dict(a) for a in BOX_ARMS])
+    """[{dataset, finding}]: the pool member whose boxed positives of ``finding`` are queries."""
+    match_col: str = "view"
+    """The column a query shares with its reference matched group (chest: the view)."""
+    block_size: int = field(default=4096, metadata=PYTHON_ONLY)
+    """Similarity rows held at once; Python API only."""
+
+    def check(self) -> None:
+        """Refuse inconsistent options (one line each)."""
+        CandorParams(k=self.k, bank_size=self.bank_size, max_group_sample=self.max_group_sample,
+                     n_boot=self.n_boot).check()
+        for i, arm in enumerate(self.arms or ()):
+            if not isinstance(arm, dict) or set(arm) != {"dataset", "finding"}:
+                raise ValueError(f"candor_box_verified: stage.params.arms[{i}] is {arm!r}; write "
+                                 "{dataset: <pool member>, finding: <finding>}")
+            if arm["dataset"] == self.reference:
+                raise ValueError(f"candor_box_verified: stage.params.arms[{i}] names the reference "
+                                 f"{self.reference}; an arm's queries come from another pool member")

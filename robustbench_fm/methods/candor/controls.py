@@ -1,0 +1,242 @@
+"""CANDOR's ablation and control tables, each with the paper's number beside ours (candor.md v4,
+"Chest Encoders and the Choice of Candidate Sets", "Ablation Studies"; the published values from
+:func:`robustbench_fm.report.published.text_numbers`).
+
+* :func:`candor_box_verified` (``experiment=candor_ablation_box_verified``, stage
+  ``candor_box_verified``): ablation (1), D of the box-verified positives and of all positives;
+* :func:`candor_unmatched` (``experiment=candor_ablation_unmatched``): ablation (2), matched vs
+  pooled candidate sets for every (encoder, finding) combination of atelectasis and cardiomegaly;
+* :func:`candor_shuffle` (``experiment=candor_control_shuffle``): medians of D and D_all over the
+  combinations with labels shuffled within each matched group (0.498 and 0.996);
+* :func:`candor_equal_size` (``experiment=candor_control_equal_size``): ablation (4), removing one
+  random negative with each query removed from R+ (an encoder's D changes by at most 0.0004);
+* :func:`candor_ties` (``experiment=candor_control_ties``): ablation (4), the share of chest
+  queries whose c+ and c− tie (0.002%).
+
+Every table has a ``..._published`` companion (Quantity, Ours, Published, Where): the number the
+paper states and the same quantity computed from the sweep. A combination is one encoder and
+one finding, its D pooled over the sweep's datasets (sites) by queries as in Table 2; an
+encoder's D is the severity-weighted chest D (:func:`.tables.chest_rate`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from omegaconf import OmegaConf
+
+from ...core.tables import PaperTable, SweepResults
+from ...data.manifest import CHEST_FINDINGS
+from ...report.published import text_numbers
+from .params import CandorParams
+from .tables import POOLED, _candor_rows, chest_rate, paper_name, pool_sites, with_target
+
+TABLES = ["candor_box_verified", "candor_unmatched", "candor_shuffle", "candor_equal_size", "candor_ties"]
+#: the paper's name of the encoder its box-verified sentence names
+RAD_DINO = "rad_dino"
+
+
+def published(where: str, quantity: str, version: str = "v4") -> float:
+    """One number of the paper's text (``report/published/candor_text_numbers.csv``)."""
+    rows = text_numbers()
+    hit = rows[(rows["paper"] == "candor") & (rows["version"] == version) & (rows["where"] == where)
+               & (rows["quantity"] == quantity)]
+    if len(hit) != 1:
+        raise KeyError(f"published CANDOR {version} number '{where}' / '{quantity}' not found once "
+                       f"({len(hit)} matches) in candor_text_numbers.csv")
+    return float(hit["value"].iloc[0])
+
+
+def _comparison(name: str, rows: list[tuple[str, float, float, str]], caption: str) -> PaperTable:
+    """A ``<name>_published`` table: (quantity, ours, published, where) rows."""
+    frame = pd.DataFrame(rows, columns=["Quantity", "Ours", "Published", "Where"])
+    return PaperTable(f"{name}_published", frame, caption=caption, decimals=4)
+
+
+def job_setting(results: SweepResults, job: str, name: str, default=None):
+    """A job's value of ``stage.params.<name>``; when its config omits it, ``default`` or else the
+    paper's value (:class:`CandorParams`)."""
+    cfg = results.job_config(job)
+    value = None if cfg is None else OmegaConf.select(cfg, f"stage.params.{name}", default=None)
+    if value is None:
+        return getattr(CandorParams, name) if default is None else default
+    return value
+
+
+def _by_setting(results: SweepResults, name: str) -> pd.DataFrame:
+    """CANDOR's pooled rows of single tasks, with the job's ``setting`` of ``stage.params.<name>``
+    as text (true/false for flags)."""
+    rows = _candor_rows(results)
+    if rows.empty:
+        return rows.assign(setting=pd.Series(dtype=str))
+    values = {job: job_setting(results, job, name) for job in rows["job"].unique()}
+    text = {job: str(v).lower() if isinstance(v, bool) else str(v) for job, v in values.items()}
+    return rows.assign(setting=rows["job"].map(text))
+
+
+def _combinations(rows: pd.DataFrame, metrics=("d", "d_all")) -> pd.DataFrame:
+    """(setting, encoder, finding) combinations of binary findings, pooled over datasets."""
+    rows = rows[rows["target"] == rows["finding"]]
+    return pool_sites(rows, ["setting", "encoder"], list(metrics))
+
+
+def candor_box_verified(results: SweepResults) -> list[PaperTable]:
+    """Ablation (1): per encoder, D of the boxed positives of each arm (MS-CXR pneumothorax, RSNA
+    pneumonia) and D of all the reference's positives of that finding, against the same sets."""
+    rows = results.summaries("candor_box_verified")
+    if rows.empty:
+        return []
+    rows = rows[rows["acq_group"].astype(str) == POOLED]
+    reference = {job: str(job_setting(results, job, "reference", "mimic_cxr")) for job in rows["job"].unique()}
+    rows = rows.assign(role=["all" if arm == reference[job] else "boxed" for arm, job in zip(rows["arm"], rows["job"])])
+    columns, out = [], {}
+    # the paper's arm first (pneumothorax, boxed, then all its positives), then the other arms
+    rows = rows.assign(order=[(f != "pneumothorax", role == "all") for f, role in zip(rows["finding"], rows["role"])])
+    rows = rows.sort_values("order", kind="stable")
+    for (finding, arm, role), part in rows.groupby(["finding", "arm", "role"], sort=False):
+        label = f"{finding} {'all positives' if role == 'all' else 'boxed'} ({arm})"
+        columns += [f"{label}: queries", f"{label}: D"]
+        for _, r in part.iterrows():
+            out.setdefault(r["encoder"], {})[f"{label}: queries"] = r["n_queries"]
+            out[r["encoder"]][f"{label}: D"] = r["d"]
+    names = list(dict.fromkeys(columns))
+    frame = pd.DataFrame([{"Encoder": paper_name(e), **v} for e, v in out.items()], columns=["Encoder", *names])
+    tables = [PaperTable("candor_box_verified", frame, caption="Ablation (1): D of the box-verified positives (queries "
+                         "of each arm) and of all the reference site's positives, against the reference site's "
+                         "candidate sets of the query's view")]
+    ms = rows[(rows["arm"] == "ms_cxr") & (rows["finding"] == "pneumothorax")]
+    ref = rows[(rows["role"] == "all") & (rows["finding"] == "pneumothorax")]
+    where = "Ablation (1) Box-Verified Positives"
+    rad = ms[ms["encoder"] == RAD_DINO]
+    rad_all = ref[ref["encoder"] == RAD_DINO]
+    tables.append(_comparison("candor_box_verified", [
+        ("pneumothorax positives with MS-CXR boxes (queries)",
+         float(ms["n_queries"].max()) if len(ms) else np.nan,
+         published(where, "pneumothorax positives with MS-CXR boxes"), where),
+        ("largest D of an encoder on them (paper: every encoder at or below 0.500)",
+         float(ms["d"].max()) if len(ms) else np.nan, 0.5, where),
+        ("RAD-DINO D on box-verified pneumothorax positives", float(rad["d"].iloc[0]) if len(rad) else np.nan,
+         published(where, "RAD-DINO D on box-verified pneumothorax positives"), where),
+        ("RAD-DINO D on all pneumothorax positives", float(rad_all["d"].iloc[0]) if len(rad_all) else np.nan,
+         published(where, "RAD-DINO D on all pneumothorax positives"), where)],
+        caption="Ablation (1): our numbers beside the paper's (Ours: NaN where the sweep lacks the encoder)"))
+    return tables
+
+
+def candor_unmatched(results: SweepResults) -> list[PaperTable]:
+    """Ablation (2), removing the matching: per (encoder, finding) combination D with matched
+    candidate sets and with sets pooled across sites and views (``unmatched=true``), over the
+    sweep's pool of sites; the published summary is over the 22 combinations of the 11 encoders
+    with atelectasis and cardiomegaly (mean |ΔD| 0.046, largest 0.123, matched lower in 9)."""
+    rows = _by_setting(results, "unmatched")
+    if rows.empty or not {"false", "true"} <= set(rows["setting"]):
+        return []
+    combos = _combinations(rows, ("d",))
+    wide = combos.pivot_table(index=["encoder", "finding"], columns="setting", values="d").dropna()
+    if wide.empty:
+        return []
+    diff = wide["true"] - wide["false"]
+    frame = pd.DataFrame({"Encoder": [paper_name(e) for e, _ in wide.index], "Finding": [f for _, f in wide.index],
+                          "D matched": wide["false"].to_numpy(), "D pooled": wide["true"].to_numpy(),
+                          "Pooled − matched": diff.to_numpy()})
+    where = "Ablation (2) Removing the Matching"
+    n = len(wide)
+    return [PaperTable("candor_unmatched", frame, caption="Ablation (2): D with candidate sets matched (site × view) "
+                       "and pooled across sites and views, per encoder and finding"),
+            _comparison("candor_unmatched", [
+                ("combinations", float(n), 22.0, where),
+                ("mean |change| in D when pooling", float(diff.abs().mean()),
+                 published(where, "mean |change| in D when pooling across sites/views (22 combinations)"), where),
+                ("largest |change| in D when pooling", float(diff.abs().max()),
+                 published(where, "max change in D when pooling"), where),
+                ("combinations where the matched rate is lower", float((diff > 0).sum()),
+                 published(where, "combinations (of 22) where matched rate < pooled rate"), where)],
+                caption="Ablation (2): our numbers beside the paper's (22 combinations: 11 encoders × atelectasis, "
+                        "cardiomegaly)")]
+
+
+def candor_shuffle(results: SweepResults) -> list[PaperTable]:
+    """Label-shuffle control ("Chest Encoders and the Choice of Candidate Sets"): the median over
+    the (encoder, finding) combinations of D (equal sets) and D_all (unequal sets), with the labels
+    as given and shuffled within each matched group."""
+    rows = _by_setting(results, "shuffle_labels")
+    if rows.empty:
+        return []
+    combos = _combinations(rows)
+    out = []
+    for setting, part in combos.groupby("setting", sort=True):
+        out.append({"Labels": "shuffled" if setting == "true" else "as given", "Combinations": len(part),
+                    "Median D (equal sets)": float(part["d"].median()),
+                    "Median D_all (unequal sets)": float(part["d_all"].median())})
+    where = "Chest Encoders and the Choice of Candidate Sets"
+    medians = {r["Labels"]: r for r in out}
+    shuffled, given = medians.get("shuffled", {}), medians.get("as given", {})
+    return [PaperTable("candor_shuffle", pd.DataFrame(out), caption="Label-shuffle control: medians over the "
+                       "combinations of D (chance 0.500) and D_all, labels as given and shuffled within each "
+                       "matched group"),
+            _comparison("candor_shuffle", [
+                ("median D, labels shuffled (equal sets)", shuffled.get("Median D (equal sets)", np.nan),
+                 published(where, "label-shuffle median rate, equal sets (D)"), where),
+                ("median D_all, labels shuffled (unequal sets)", shuffled.get("Median D_all (unequal sets)", np.nan),
+                 published(where, "label-shuffle median rate, unequal sets (D_all)"), where),
+                ("median D, labels as given", given.get("Median D (equal sets)", np.nan),
+                 published(where, "median D over 132 encoder x finding combinations"), where),
+                ("median D_all, labels as given", given.get("Median D_all (unequal sets)", np.nan),
+                 published(where, "median D_all over 132 encoder x finding combinations"), where)],
+                caption="Label-shuffle control: our medians beside the paper's (132 combinations)")]
+
+
+def _encoder_d(rows: pd.DataFrame) -> pd.DataFrame:
+    """(setting, encoder) -> the severity-weighted chest D (or the mean over findings outside chest)."""
+    combos = _combinations(rows, ("d",))
+    enc = chest_rate(combos, ["setting", "encoder"], ["d"], [])
+    if enc.empty:
+        enc = combos.groupby(["setting", "encoder"])["d"].mean().reset_index()
+    return enc
+
+
+def candor_equal_size(results: SweepResults) -> list[PaperTable]:
+    """Ablation (4), equal-size variant: an encoder's D as run and with one random negative removed
+    whenever a query is removed from R+ (``equal_size=true``), and the change."""
+    rows = _by_setting(results, "equal_size")
+    if rows.empty or not {"false", "true"} <= set(rows["setting"]):
+        return []
+    enc = _encoder_d(rows).pivot(index="encoder", columns="setting", values="d").dropna()
+    combos = _combinations(rows, ("d",)).pivot_table(index=["encoder", "finding"], columns="setting",
+                                                      values="d").dropna()
+    diff = enc["true"] - enc["false"]
+    frame = pd.DataFrame({"Encoder": enc.index.map(paper_name), "D": enc["false"].to_numpy(),
+                          "D equal sizes": enc["true"].to_numpy(), "Change": diff.to_numpy()})
+    where = "Ablation (4) Varying the Candidate Sets"
+    return [PaperTable("candor_equal_size", frame, caption="Ablation (4): an encoder's chest D with a query removed "
+                       "from R+ only, and with one random negative removed as well (equal sizes)", decimals=4),
+            _comparison("candor_equal_size", [
+                ("largest |change| of an encoder's D", float(diff.abs().max()),
+                 published(where, "max change in D when also removing one random negative"), where),
+                ("largest |change| of a combination's D (encoder × finding)",
+                 float((combos["true"] - combos["false"]).abs().max()), np.nan, where)],
+                caption="Ablation (4), equal sizes: our change beside the paper's bound")]
+
+
+def candor_ties(results: SweepResults) -> list[PaperTable]:
+    """Ablation (4), ties: the queries whose c+ and c− are equal (DM = 0, counted as concordant),
+    per encoder and over all chest queries of the sweep."""
+    per = results.per_sample("candor")
+    if per.empty:
+        return []
+    per = with_target(per)
+    per = per[per["finding"].isin(CHEST_FINDINGS) & (per["target"] == per["finding"])]
+    if per.empty:
+        return []
+    tie = (per["c_pos"].to_numpy(float) == per["c_neg"].to_numpy(float))
+    per = per.assign(tie=tie)
+    out = [{"Encoder": paper_name(e), "Queries": len(p), "Ties": int(p["tie"].sum()),
+            "Ties (%)": 100 * float(p["tie"].mean())} for e, p in per.groupby("encoder", sort=True)]
+    out.append({"Encoder": "All encoders", "Queries": len(per), "Ties": int(tie.sum()),
+                "Ties (%)": 100 * float(tie.mean())})
+    where = "Ablation (4) Varying the Candidate Sets"
+    return [PaperTable("candor_ties", pd.DataFrame(out), caption="Ablation (4): chest queries with c+ = c− (a tie is "
+                       "concordant: D counts DM > 0 only)", decimals=4),
+            _comparison("candor_ties", [
+                ("share of chest queries with c+ = c− (%)", 100 * float(tie.mean()),
+                 100 * published(where, "share of chest queries with ties c+ = c-"), where)],
+                caption="Ablation (4), ties: our share beside the paper's 0.002%")]
