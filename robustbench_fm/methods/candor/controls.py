@@ -11,7 +11,9 @@
 * :func:`candor_equal_size` (``experiment=candor_control_equal_size``): ablation (4), removing one
   random negative with each query removed from R+ (an encoder's D changes by at most 0.0004);
 * :func:`candor_ties` (``experiment=candor_control_ties``): ablation (4), the share of chest
-  queries whose c+ and c− tie (0.002%).
+  queries whose c+ and c− tie (0.002%);
+* :func:`candor_v1_lipschitz` (``experiment=candor_v1_lipschitz``, stage ``candor_lipschitz``):
+  candor_v1.md's synthetic sweep of class overlap (Proposition 1).
 
 Every table has a ``..._published`` companion (Quantity, Ours, Published, Where): the number the
 paper states and the same quantity computed from the sweep. A combination is one encoder and
@@ -30,7 +32,8 @@ from ...report.published import text_numbers
 from .params import CandorParams
 from .tables import POOLED, _candor_rows, chest_rate, paper_name, pool_sites, with_target
 
-TABLES = ["candor_box_verified", "candor_unmatched", "candor_shuffle", "candor_equal_size", "candor_ties"]
+TABLES = ["candor_box_verified", "candor_unmatched", "candor_shuffle", "candor_equal_size", "candor_ties",
+          "candor_v1_lipschitz"]
 #: the paper's name of the encoder its box-verified sentence names
 RAD_DINO = "rad_dino"
 
@@ -240,3 +243,45 @@ def candor_ties(results: SweepResults) -> list[PaperTable]:
                 ("share of chest queries with c+ = c− (%)", 100 * float(tie.mean()),
                  100 * published(where, "share of chest queries with ties c+ = c-"), where)],
                 caption="Ablation (4), ties: our share beside the paper's 0.002%")]
+
+
+def candor_v1_lipschitz(results: SweepResults) -> list[PaperTable]:
+    """candor_v1.md's synthetic sweep of class overlap (:mod:`.synthetic`): per level the D of the
+    synthetic features, each head's test error, Lipschitz constant, mean bound L‖z+ − z−‖/2 and
+    mean achieved joint margin over the test pairs, and the pairs whose margin exceeds the bound."""
+    rows = results.summaries("candor_lipschitz")
+    if rows.empty:
+        return []
+    wide = rows.pivot_table(index=["level", "separation", "d"], columns="head",
+                            values=["error", "lipschitz", "mean_bound", "mean_margin", "violations", "n_pairs"])
+    wide = wide.reset_index().sort_values("level")
+    frame = pd.DataFrame({"Separation": wide["separation"].to_numpy(), "D": wide["d"].to_numpy()})
+    for head in ("linear", "shallow"):
+        for col, label in (("error", "error"), ("lipschitz", "L"), ("mean_bound", "mean bound"),
+                           ("mean_margin", "mean margin"), ("violations", "pairs above bound")):
+            frame[f"{head.capitalize()} {label}"] = wide[(col, head)].to_numpy()
+    where = "Irreducible per encoder but recoverable across the panel"
+    errors = rows.pivot_table(index="level", columns="head", values="error")
+    bounds = rows["mean_bound"].astype(float)
+    pairs = rows.groupby("head")["n_pairs"].sum()
+    return [PaperTable("candor_v1_lipschitz", frame, caption="candor_v1 synthetic sweep of class overlap: D of the "
+                       "features, test error, Lipschitz constant L, mean bound L‖z+ − z−‖/2 and mean achieved "
+                       "joint margin over the test pairs (a positive and its nearest negative) per head"),
+            _comparison("candor_v1_lipschitz", [
+                ("test pairs per head", float(pairs.max()), published(where, "synthetic sweep test pairs", "v1"),
+                 where),
+                ("pairs whose achieved margin exceeds the bound", float(rows["violations"].sum()), 0.0, where),
+                ("mean bound, lowest level", float(bounds.min()),
+                 published(where, "margin bound, lower (unit not stated)", "v1"), where),
+                ("mean bound, highest level", float(bounds.max()),
+                 published(where, "margin bound, upper (unit not stated)", "v1"), where),
+                ("linear head error, lowest level", float(errors["linear"].min()), 0.0, where),
+                ("linear head error, highest level", float(errors["linear"].max()),
+                 published(where, "synthetic sweep linear-head error, max (assumed percent)", "v1"), where),
+                ("shallow network error, lowest level", float(errors["shallow"].min()), 0.0, where),
+                ("shallow network error, highest level", float(errors["shallow"].max()),
+                 published(where, "synthetic sweep shallow-network error, max (assumed percent)", "v1"), where),
+                ("levels where the shallow network's error is below the linear head's",
+                 float((errors["shallow"] < errors["linear"]).sum()), 0.0, where)],
+                caption="candor_v1 synthetic sweep: our numbers beside the paper's (the paper states neither the "
+                        "data nor the unit of the bound; module robustbench_fm/methods/candor/synthetic.py)")]

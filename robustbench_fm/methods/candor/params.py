@@ -191,3 +191,47 @@ class BoxVerifiedParams(StageParams):
             if arm["dataset"] == self.reference:
                 raise ValueError(f"candor_box_verified: stage.params.arms[{i}] names the reference "
                                  f"{self.reference}; an arm's queries come from another pool member")
+
+
+@dataclass(frozen=True)
+class LipschitzParams(StageParams):
+    """candor_v1.md's synthetic sweep of class overlap (Proposition 1, Corollary 1; "Irreducible
+    per encoder but recoverable across the panel"): the data are synthetic unit vectors, no image
+    is read. The heads train as candor_v1.md "Implementation" trains its heads."""
+
+    STAGE = "candor_lipschitz"
+
+    separations: list = field(default_factory=lambda: [2.0, 1.5, 1.0, 0.75, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05])
+    """Distance of the two class means before normalisation, one level each (more overlap as it falls)."""
+    dim: int = 16
+    """Dimension of the synthetic features (points on S^{dim-1})."""
+    n_train: int = 2000
+    """Training points per level (balanced classes)."""
+    n_test: int = 1000
+    """Test points per level; the pairs and the errors are measured on them."""
+    pairs_per_level: int = 500
+    """Test pairs (a positive and its nearest negative) per level: 10 x 500 = the paper's 5,000."""
+    hidden: int = 256
+    """Hidden units of the shallow network (candor_v1.md "Implementation": a 256-unit hidden layer)."""
+    epochs: int = 30
+    """Adam epochs of both heads (candor_v1.md "Implementation": 30 epochs)."""
+    lr: float = 0.001
+    """Adam's learning rate (candor_v1.md "Implementation": 0.001)."""
+    weight_decay: float = 0.0001
+    """Adam's weight decay (candor_v1.md "Implementation": 10^-4)."""
+    batch_size: int = 256
+    """Batch size (candor_v1.md "Implementation": 256)."""
+    k: int = shared(CandorParams, "k")
+    seed: int = shared(CandorParams, "seed")
+
+    def check(self) -> None:
+        """Refuse values the sweep cannot use (one line each)."""
+        if not self.separations or any(float(s) <= 0 for s in self.separations):
+            raise ValueError(f"candor_lipschitz: stage.params.separations={list(self.separations)} must be a "
+                             "non-empty list of positive numbers")
+        for name in ("dim", "n_train", "n_test", "pairs_per_level", "epochs", "batch_size", "k"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"candor_lipschitz: stage.params.{name}={getattr(self, name)} must be at least 1")
+        if self.n_test < 2 * (self.k + 1):
+            raise ValueError(f"candor_lipschitz: stage.params.n_test={self.n_test} must exceed "
+                             f"2(k+1)={2 * (self.k + 1)}")
