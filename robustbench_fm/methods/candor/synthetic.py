@@ -109,12 +109,15 @@ def discordance(z: np.ndarray, y: np.ndarray, k: int) -> float:
     return float(((c_neg - c_pos) > 0).mean())
 
 
-def lipschitz_sweep(separations, dim: int = 16, n_train: int = 2000, n_test: int = 1000, pairs_per_level: int = 500,
-                    hidden: int = 256, epochs: int = 30, lr: float = 1e-3, weight_decay: float = 1e-4,
-                    batch_size: int = 256, k: int = 5, seed: int = 42) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The sweep (module doc): one row per (level, head) with the test error, L, the mean bound
-    and margin over the level's pairs and the pairs whose achieved margin exceeds the bound; and
-    one row per (level, head, pair). Every level draws from its own child generator."""
+def lipschitz_sweep(**params) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The sweep (module doc) with ``params`` (:class:`LipschitzParams`, the paper's defaults):
+    one row per (level, head) with the test error, L, the mean bound and margin over the level's
+    pairs and the pairs whose achieved margin exceeds the bound; and one row per (level, head,
+    pair). Every level draws from its own child generator."""
+    p = LipschitzParams.parse(params)
+    separations, dim, n_train, n_test, pairs_per_level, hidden, epochs, lr, weight_decay, batch_size, k, seed = (
+        p.separations, p.dim, p.n_train, p.n_test, p.pairs_per_level, p.hidden, p.epochs, p.lr, p.weight_decay,
+        p.batch_size, p.k, p.seed)
     levels, pairs = [], []
     children = np.random.SeedSequence(seed).spawn(len(separations))
     for level, (s, child) in enumerate(zip(separations, children)):
@@ -155,10 +158,7 @@ def run_job(job) -> list[pd.DataFrame]:
     are synthetic). Saves ``results/synthetic/<dataset>/candor_lipschitz/class_overlap/``:
     ``summary`` one row per (level, head), ``per_sample`` one row per (level, head, pair)."""
     p = PARAMS.parse(job.params)
-    levels, pairs = lipschitz_sweep(
-        [float(s) for s in p.separations], dim=p.dim, n_train=p.n_train, n_test=p.n_test,
-        pairs_per_level=p.pairs_per_level, hidden=p.hidden, epochs=p.epochs, lr=p.lr,
-        weight_decay=p.weight_decay, batch_size=p.batch_size, k=p.k, seed=p.seed)
+    levels, pairs = lipschitz_sweep(**p.to_dict())
     summary = levels.assign(finding=FINDING, reason="")
     res = Results(summary=summary, per_sample=pairs.assign(finding=FINDING), params=p.to_dict())
     summary = summary.copy()

@@ -45,8 +45,8 @@ def test_the_network_constant_bounds_every_difference_quotient():
 
 
 def test_sweep_never_exceeds_the_bound_and_errors_rise_as_the_classes_overlap():
-    levels, pairs = syn.lipschitz_sweep([2.0, 0.8, 0.1], dim=8, n_train=600, n_test=400, pairs_per_level=100,
-                                        hidden=32, epochs=20, lr=0.05, seed=3)
+    levels, pairs = syn.lipschitz_sweep(separations=[2.0, 0.8, 0.1], dim=8, n_train=600, n_test=400,
+                                        pairs_per_level=100, hidden=32, epochs=20, lr=0.05, seed=3)
     assert (levels["violations"] == 0).all() and (pairs["margin"] <= pairs["bound"] + 1e-9).all()
     assert len(pairs) == 3 * 2 * 100
     for head, part in levels.groupby("head"):
