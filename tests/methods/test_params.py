@@ -31,7 +31,7 @@ def old_yaml(name: str) -> dict:
     return OmegaConf.to_container(OmegaConf.load(OLD_YAMLS / f"{name}.yaml"))
 
 
-@pytest.mark.parametrize("name", STAGES)
+@pytest.mark.parametrize("name", [n for n in STAGES if (OLD_YAMLS / f"{n}.yaml").exists()])  # stages older than 5fcc8da
 def test_the_generated_stage_config_equals_the_yaml_it_replaced(name):
     old = old_yaml(name)
     new = OmegaConf.to_container(OmegaConf.create(configstore.nodes("stage")[name]))
