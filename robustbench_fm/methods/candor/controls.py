@@ -13,7 +13,9 @@
 * :func:`candor_ties` (``experiment=candor_control_ties``): ablation (4), the share of chest
   queries whose c+ and c− tie (0.002%);
 * :func:`candor_v1_lipschitz` (``experiment=candor_v1_lipschitz``, stage ``candor_lipschitz``):
-  candor_v1.md's synthetic sweep of class overlap (Proposition 1).
+  candor_v1.md's synthetic sweep of class overlap (Proposition 1);
+* :func:`candor_objective` (``experiment=candor_v1_objective``): the objective experiment, mean D
+  per pretraining objective over its (encoder, finding) cells with a 95% interval.
 
 Every table has a ``..._published`` companion (Quantity, Ours, Published, Where): the number the
 paper states and the same quantity computed from the sweep. A combination is one encoder and
@@ -26,6 +28,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
+from ... import encoders
 from ...core.tables import PaperTable, SweepResults
 from ...data.manifest import CHEST_FINDINGS
 from ...report.published import text_numbers
@@ -33,7 +36,7 @@ from .params import CandorParams
 from .tables import POOLED, _candor_rows, chest_rate, paper_name, pool_sites, with_target
 
 TABLES = ["candor_box_verified", "candor_unmatched", "candor_shuffle", "candor_equal_size", "candor_ties",
-          "candor_v1_lipschitz"]
+          "candor_v1_lipschitz", "candor_objective"]
 #: the paper's name of the encoder its box-verified sentence names
 RAD_DINO = "rad_dino"
 
@@ -285,3 +288,64 @@ def candor_v1_lipschitz(results: SweepResults) -> list[PaperTable]:
                  float((errors["shallow"] < errors["linear"]).sum()), 0.0, where)],
                 caption="candor_v1 synthetic sweep: our numbers beside the paper's (the paper states neither the "
                         "data nor the unit of the bound; module robustbench_fm/methods/candor/synthetic.py)")]
+
+
+#: the objective experiment's arms in the paper's order, and the paper's words for each
+OBJECTIVE_ARMS = {"image-text": "image-text", "ssl": "self-supervised contrastive", "supervised": "supervised"}
+
+
+def objective_contrast(cells: pd.DataFrame, n_boot: int = 1000, seed: int = 42) -> pd.DataFrame:
+    """Per objective arm (``objective`` column): its cells (one D per encoder and finding), the
+    mean D and the 95% percentile interval of the mean over ``n_boot`` resamples of the arm's
+    cells (candor_v1.md: "44.6 [95% CI: 32.5, 65.2] [...] at six cells per arm"; the paper does
+    not name the resampled unit: we resample the cells, the arm's only replicates)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for arm in [a for a in OBJECTIVE_ARMS if a in set(cells["objective"])]:
+        d = cells.loc[cells["objective"] == arm, "d"].to_numpy(float)
+        boot = d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(axis=1)
+        lo, hi = np.percentile(boot, [2.5, 97.5]) if len(d) > 1 else (np.nan, np.nan)
+        out.append(dict(objective=arm, encoders=int(cells.loc[cells["objective"] == arm, "encoder"].nunique()),
+                        cells=len(d), mean_d=float(d.mean()), ci_low=float(lo), ci_high=float(hi)))
+    return pd.DataFrame(out, columns=["objective", "encoders", "cells", "mean_d", "ci_low", "ci_high"])
+
+
+def _objective(encoder: str) -> str | None:
+    try:
+        return encoders.get(encoder).objective
+    except KeyError:
+        return None
+
+
+def candor_objective(results: SweepResults) -> list[PaperTable]:
+    """The objective experiment (candor.md "Chest Encoders and the Choice of Candidate Sets";
+    candor_v1.md "Erasure retention is associated with collapse"): encoders of one architecture
+    trained on the same images with 3 objectives; per objective (the encoder's registry
+    ``objective``) the mean D over its (encoder, finding) cells, each cell's D pooled over the
+    sweep's datasets, with :func:`objective_contrast`'s interval. Encoders of other objectives
+    (untrained, synthetic) are left out."""
+    rows = _candor_rows(results)
+    rows = rows[rows["target"] == rows["finding"]]
+    if rows.empty:
+        return []
+    cells = pool_sites(rows, ["encoder"], ["d"])
+    cells["objective"] = cells["encoder"].map(_objective)
+    arms = objective_contrast(cells[cells["objective"].isin(list(OBJECTIVE_ARMS))])
+    if arms.empty:
+        return []
+    frame = pd.DataFrame({"Objective": arms["objective"].map(OBJECTIVE_ARMS), "Encoders": arms["encoders"],
+                          "Cells": arms["cells"], "Mean D": arms["mean_d"], "95% low": arms["ci_low"],
+                          "95% high": arms["ci_high"]})
+    v4, v1 = "Chest Encoders and the Choice of Candidate Sets", "Erasure retention is associated with collapse"
+    compare = []
+    for r in arms.itertuples():
+        words = OBJECTIVE_ARMS[r.objective]
+        compare += [(f"mean D, {words}", r.mean_d, published(v4, f"objective experiment mean D: {words}"), v4),
+                    (f"95% low, {words}", r.ci_low,
+                     published(v1, f"objective experiment collapse: {words}, 95% CI lower", "v1"), v1),
+                    (f"95% high, {words}", r.ci_high,
+                     published(v1, f"objective experiment collapse: {words}, 95% CI upper", "v1"), v1)]
+    return [PaperTable("candor_objective", frame, caption="The objective experiment: mean D per pretraining "
+                       "objective over its (encoder, finding) cells, 95% percentile interval over resampled cells"),
+            _comparison("candor_objective", compare, caption="The objective experiment: our numbers beside the "
+                        "paper's (2 backbones x 3 findings = 6 cells per objective)")]

@@ -2,6 +2,7 @@
 sites written in their real layouts (tests/fixtures/chest_fixtures.py: planted images, the marker
 on the positives of one finding) with the two planted encoders: each sweep runs, and its collect
 step writes the table in the paper's layout with the published value beside ours."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +163,35 @@ def test_tie_share_counts_the_queries_of_the_repeated_image(main_sites):
     assert table.loc["All encoders", "Ties (%)"] == pytest.approx(25.0)
     pub = pd.read_csv(out / "tables" / "candor_ties_published.csv")
     assert pub["Ours"].iloc[0] == pytest.approx(25.0) and pub["Published"].iloc[0] == pytest.approx(0.002)
+
+
+def test_objective_experiment_groups_the_encoders_by_their_objective(tmp_path):
+    """Six plugin encoders (tests/fixtures/objective_encoders.py: 2 "backbones" x 3 objectives) on
+    MIMIC-CXR, 3 findings: per objective the mean D of its 6 cells."""
+    rng = np.random.default_rng(3)
+    write_mimic_cxr_planted(tmp_path / "data" / "mimic-cxr-jpg" / "2.1.0", rng, marker="Edema")
+    fixtures = Path(__file__).resolve().parents[2] / "fixtures"
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "robustbench_fm", "-m", "experiment=candor_v1_objective", f"paths.root={tmp_path}",
+           "plugins=[objective_encoders]",
+           "encoders=[toy_s_it,toy_b_it,toy_s_ssl,toy_b_ssl,toy_s_sup,toy_b_sup]",
+           "stage.findings=[edema,pneumothorax,atelectasis]", "stage.params.n_boot=0", "device=cpu",
+           "extract.num_workers=0", f"hydra.sweep.dir={out}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fixtures), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = job_rows(out)
+    rows = rows[rows["acq_group"] == "__pooled__"].set_index(["encoder", "finding"])["d"]
+    table = pd.read_csv(out / "tables" / "candor_objective.csv").set_index("Objective")
+    arms = {"image-text": ["toy_s_it", "toy_b_it"], "self-supervised contrastive": ["toy_s_ssl", "toy_b_ssl"],
+            "supervised": ["toy_s_sup", "toy_b_sup"]}
+    assert list(table.index) == list(arms)
+    for arm, names in arms.items():
+        cells = [rows[(e, f)] for e in names for f in ("edema", "pneumothorax", "atelectasis")]
+        assert table.loc[arm, "Cells"] == 6 and table.loc[arm, "Mean D"] == pytest.approx(np.mean(cells))
+        assert table.loc[arm, "95% low"] <= table.loc[arm, "Mean D"] <= table.loc[arm, "95% high"]
+    assert rows[("toy_s_sup", "edema")] == 0.0  # the marker-sensitive stand-in separates the marked finding
+    pub = pd.read_csv(out / "tables" / "candor_objective_published.csv").set_index("Quantity")
+    assert pub.loc["mean D, image-text", "Published"] == 0.446
+    assert pub.loc["95% high, image-text", "Published"] == 0.652
+    assert pub.loc["mean D, supervised", "Published"] == 0.329

@@ -147,3 +147,20 @@ def test_box_verified_table_puts_the_papers_sentence_beside_ours(tmp_path):
     assert p.loc["RAD-DINO D on box-verified pneumothorax positives", ["Ours", "Published"]].tolist() == [0.2, 0.167]
     assert p.loc["RAD-DINO D on all pneumothorax positives", ["Ours", "Published"]].tolist() == [0.25, 0.184]
     assert p.iloc[1]["Ours"] == 0.45 and p.iloc[1]["Published"] == 0.5
+
+
+def test_objective_contrast_is_the_mean_of_the_cells_with_a_percentile_interval():
+    from robustbench_fm.methods.candor.controls import objective_contrast
+
+    cells = pd.DataFrame({"objective": ["image-text"] * 6 + ["supervised"] * 6,
+                          "encoder": ["a", "a", "a", "b", "b", "b"] * 2,
+                          "d": [0.3, 0.4, 0.5, 0.6, 0.2, 0.7] + [0.33] * 6})
+    arms = objective_contrast(cells, n_boot=2000, seed=0).set_index("objective")
+    assert arms.loc["image-text", "mean_d"] == pytest.approx(0.45) and arms.loc["image-text", "cells"] == 6
+    assert arms.loc["image-text", "encoders"] == 2
+    # the bootstrap mean of 6 cells: inside the cells' range, around the mean, sd ~ s/sqrt(6)
+    lo, hi = arms.loc["image-text", ["ci_low", "ci_high"]]
+    sd = np.std([0.3, 0.4, 0.5, 0.6, 0.2, 0.7]) / np.sqrt(6)
+    assert 0.2 <= lo < 0.45 < hi <= 0.7 and (hi - lo) == pytest.approx(2 * 1.96 * sd, rel=0.25)
+    assert arms.loc["supervised", ["mean_d", "ci_low", "ci_high"]].tolist() == pytest.approx([0.33] * 3)
+    assert list(arms.index) == ["image-text", "supervised"]  # the paper's order
