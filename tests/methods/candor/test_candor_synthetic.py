@@ -58,6 +58,7 @@ def test_sweep_never_exceeds_the_bound_and_errors_rise_as_the_classes_overlap():
     assert (pairs["normalized_margin"] <= pairs["distance"] / 2 + 1e-9).all()
 
 
+@pytest.mark.slow  # a command-line subprocess: the full suite runs it
 def test_lipschitz_experiment_runs_and_writes_its_table(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "robustbench_fm", "experiment=candor_v1_lipschitz", f"paths.root={tmp_path}",
