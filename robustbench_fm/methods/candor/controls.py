@@ -274,10 +274,10 @@ def candor_v1_lipschitz(results: SweepResults) -> list[PaperTable]:
                 ("test pairs per head", float(pairs.max()), published(where, "synthetic sweep test pairs", "v1"),
                  where),
                 ("pairs whose achieved margin exceeds the bound", float(rows["violations"].sum()), 0.0, where),
-                ("mean bound, lowest level", float(bounds.min()),
-                 published(where, "margin bound, lower (unit not stated)", "v1"), where),
-                ("mean bound, highest level", float(bounds.max()),
-                 published(where, "margin bound, upper (unit not stated)", "v1"), where),
+                *[(f"mean bound of the {head} head, {end} level", float(agg(bounds[rows["head"] == head])),
+                   published(where, f"margin bound, {bound} (unit not stated)", "v1"), where)
+                  for head in ("linear", "shallow")
+                  for end, agg, bound in (("lowest", np.min, "lower"), ("highest", np.max, "upper"))],
                 ("linear head error, lowest level", float(errors["linear"].min()), 0.0, where),
                 ("linear head error, highest level", float(errors["linear"].max()),
                  published(where, "synthetic sweep linear-head error, max (assumed percent)", "v1"), where),

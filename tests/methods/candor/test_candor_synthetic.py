@@ -76,5 +76,6 @@ def test_lipschitz_experiment_runs_and_writes_its_table(tmp_path):
     pub = pd.read_csv(out / "tables" / "candor_v1_lipschitz_published.csv").set_index("Quantity")
     assert pub.loc["test pairs per head", ["Ours", "Published"]].tolist() == [100, 5000]
     assert pub.loc["pairs whose achieved margin exceeds the bound", "Ours"] == 0
-    assert pub.loc["mean bound, lowest level", "Published"] == 4.9
+    assert pub.loc["mean bound of the shallow head, lowest level", "Published"] == 4.9
+    assert pub.loc["mean bound of the linear head, highest level", "Ours"] == pytest.approx(lin["mean_bound"].max())
     assert pub.loc["linear head error, highest level", "Published"] == 0.261
