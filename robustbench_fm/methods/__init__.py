@@ -124,8 +124,8 @@ def descriptions() -> dict[str, str]:
 
 
 def table_modules() -> list[str]:
-    """The modules that declare paper tables (``TABLES``), one per paper: the package's in
-    alphabetical order, then the plugins'."""
+    """The modules that declare paper tables (``TABLES``; CANDOR's ablation and control tables
+    have their own, ``candor.controls``): the package's in alphabetical order, then the plugins'."""
     _discover()
     return sorted({m.tables for m in METHODS.values() if m.tables}, key=_shipped_first)
 

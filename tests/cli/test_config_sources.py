@@ -1,7 +1,8 @@
 """One home for each kind of config (issue 17): the ``encoder`` options are generated from the
 encoder registry (robustbench_fm/cli/configstore.py), a dataset's access/licence/citation live in
-its card (configs/dataset/<name>.yaml) and the adapters read them from there, the ten CANDOR
-ablations share configs/candor_ablation_base.yaml, and experiments choose their encoders only
+its card (configs/dataset/<name>.yaml) and the adapters read them from there, the eight CANDOR
+ablations on MIMIC-CXR + CheXpert share configs/candor_ablation_base.yaml (the box-verified and
+unmatched ones are one job over a pool of sites), and experiments choose their encoders only
 through the ``panel`` group."""
 import pytest
 import yaml
@@ -101,7 +102,6 @@ def test_list_datasets_shows_the_card_and_an_explicit_value_still_wins():
 #: each ablation's sweep (besides the panel's encoders): what it varied before the base existed
 ABLATIONS = {
     "bank_size": {"dataset": "mimic_cxr,chexpert", "++stage.params.bank_size": "250,500,1000,2000,4000"},
-    "box_verified": {"dataset": "mimic_cxr", "++stage.params.box_verified": "false,true"},
     "isolated": {"dataset": "mimic_cxr,chexpert", "++stage.params.isolated": "false,true"},
     "k": {"dataset": "mimic_cxr,chexpert", "++stage.params.k": "1,3,5,10,20"},
     "negative": {"dataset": "mimic_cxr,chexpert", "++stage.params.queries": "positive,negative"},
@@ -109,13 +109,35 @@ ABLATIONS = {
     "pooling": {"dataset": "mimic_cxr,chexpert", "++encoder.embedding": "cls,patch_mean"},
     "resolution": {"dataset": "mimic_cxr,chexpert", "++ablation.image_size": "224,512"},
     "seed": {"dataset": "mimic_cxr,chexpert", "++stage.params.seed": "range(42,52)"},
-    "unmatched": {"dataset": "mimic_cxr,chexpert", "++stage.params.unmatched": "false,true"},
+}
+#: the ablations whose one job spans several datasets (a pool, robustbench_fm/data/pool.py; issue 18):
+#: (dataset, stage, findings, sweep besides the encoders, table)
+POOL_ABLATIONS = {
+    "box_verified": ("pool", "candor_box_verified", ["pneumothorax", "pneumonia"], {}, "candor_box_verified"),
+    "unmatched": ("chest_pool", "candor", ["atelectasis", "cardiomegaly"], {"++stage.params.unmatched": "false,true"},
+                  "candor_unmatched"),
 }
 
 
 def test_the_ablations_are_the_shipped_ones():
     assert sorted(e.removeprefix("candor_ablation_") for e in EXPERIMENTS if e.startswith("candor_ablation_")) \
-        == sorted(ABLATIONS)
+        == sorted([*ABLATIONS, *POOL_ABLATIONS])
+
+
+@pytest.mark.parametrize("setting", sorted(POOL_ABLATIONS))
+def test_the_pool_ablations_span_their_sites_in_one_job(setting, tmp_path):
+    dataset, stage, findings, sweep, table = POOL_ABLATIONS[setting]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"paths.root={tmp_path}", f"experiment=candor_ablation_{setting}"],
+                      return_hydra_config=True)
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params, resolve=False)
+    assert params.pop("encoder") == "${sweep_values:${encoders},${encoder.name}}"
+    assert params == sweep
+    assert (cfg.dataset.name, cfg.stage.name, list(cfg.stage.findings)) == ("pool", stage, findings)
+    assert list(cfg.report.tables) == [table] and list(cfg.encoders) == panel_file("candor_chest")
+    members = [m["dataset"] for m in cfg.dataset.options.members]
+    assert members == (["mimic_cxr", "ms_cxr", "rsna_pneumonia"] if setting == "box_verified" else
+                       ["mimic_cxr", "chexpert", "padchest", "vindr_cxr", "vindr_pcxr"])
 
 
 @pytest.mark.parametrize("setting", sorted(ABLATIONS))
@@ -125,7 +147,7 @@ def test_each_ablation_is_the_base_plus_its_sweep(setting, tmp_path):
     swept = raw["hydra"]["sweeper"].pop("params")
     assert {k: str(v).lower() if isinstance(v, bool) else v for k, v in swept.items()}.items() \
         <= ABLATIONS[setting].items()
-    if setting not in ("box_verified", "resolution"):  # the eight that differ only in their sweep line
+    if setting != "resolution":  # the seven that differ only in their sweep line
         assert raw == {"defaults": ["/candor_ablation_base"], "hydra": {"sweeper": {}}}
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"paths.root={tmp_path}", f"experiment=candor_ablation_{setting}"],
@@ -137,7 +159,7 @@ def test_each_ablation_is_the_base_plus_its_sweep(setting, tmp_path):
     assert (cfg.dataset.name, cfg.stage.name) == ("mimic_cxr", "candor")
     assert list(cfg.dataset.options.views) == ["PA", "AP", "LATERAL"]
     assert list(cfg.report.tables) == ["candor_ablation"]
-    assert list(cfg.stage.findings) == (["pneumothorax"] if setting == "box_verified" else list(cfg.dataset.findings))
+    assert list(cfg.stage.findings) == list(cfg.dataset.findings)
 
 
 # ----------------------------------------------------------------------------- panels

@@ -37,7 +37,7 @@ ADDED = {"croma": {"on_incomplete": "error"},  # issue 19: refuse incomplete 2x2
          "error_detection": {"train_on": None, "site_col": "dataset", "view_col": "view"}}
 
 
-@pytest.mark.parametrize("name", STAGES)
+@pytest.mark.parametrize("name", [n for n in STAGES if (OLD_YAMLS / f"{n}.yaml").exists()])  # stages older than 5fcc8da
 def test_the_generated_stage_config_equals_the_yaml_it_replaced(name):
     old = old_yaml(name)
     new = OmegaConf.to_container(OmegaConf.create(configstore.nodes("stage")[name]))

@@ -10,11 +10,12 @@ from robustbench_fm import methods
 
 
 def test_the_shipped_stages_are_discovered_from_their_packages():
-    assert methods.names() == ["candor", "candor_heads", "croma", "error_detection", "linear_head", "logme",
-                               "mlp_head", "retention", "shortcut", "spar"]
+    assert methods.names() == ["candor", "candor_box_verified", "candor_heads", "candor_lipschitz", "croma",
+                               "error_detection", "linear_head", "logme", "mlp_head", "retention", "shortcut", "spar"]
     assert methods.method("candor").module == "robustbench_fm.methods.candor.stage"
     assert methods.method("retention").tables == "robustbench_fm.methods.candor.tables"
-    assert [m.split(".")[2] for m in methods.table_modules()] == ["candor", "croma", "heads", "spar"]
+    assert [".".join(m.split(".")[2:]) for m in methods.table_modules()] == [
+        "candor.controls", "candor.tables", "croma.tables", "heads.tables", "spar.tables"]
 
 
 def test_an_unknown_stage_names_the_close_ones():

@@ -11,7 +11,7 @@
 The head-based analyses (Table 4, failure detection) live with the heads: :mod:`..heads`.
 """
 from .. import Method, register
-from .params import CandorParams, RetentionParams
+from .params import BoxVerifiedParams, CandorParams, LipschitzParams, RetentionParams
 
 register(Method(
     "candor", "CANDOR discordance D, D_all and margin AUROC per matched group (chance = 0.5)",
@@ -27,3 +27,15 @@ register(Method(
     tables=f"{__name__}.tables", params=RetentionParams,
     # the paper's chest retention: most datasets' findings have no boxes (RetentionParams)
     findings=("pneumothorax", "pneumonia")))
+register(Method(
+    "candor_box_verified", "CANDOR ablation (1): D of box-verified positives against a reference site's candidate sets",
+    f"{__name__}.box_verified",
+    console_columns=("encoder", "finding", "arm", "acq_group", "n_queries", "bank_size", "d", "d_ci_low", "d_ci_high"),
+    # the ablation and control tables (box-verified, unmatched, label shuffle, equal size, ties)
+    tables=f"{__name__}.controls", params=BoxVerifiedParams, findings=("pneumothorax", "pneumonia")))
+register(Method(
+    "candor_lipschitz", "candor_v1 synthetic class-overlap sweep: head margins against the Lipschitz bound (Prop. 1)",
+    f"{__name__}.synthetic",
+    console_columns=("separation", "head", "d", "error", "lipschitz", "mean_bound", "mean_margin", "n_pairs",
+                     "violations"),
+    tables=f"{__name__}.controls", tables_after_run=True, params=LipschitzParams, findings=("class_overlap",)))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ... import data
-from ..params import DEVICE, PYTHON_ONLY, SEED, StageParams
+from ..params import DEVICE, PYTHON_ONLY, SEED, StageParams, shared
 from .tasks import TASKS
 
 #: the query role a task's discordance is measured for (``queries``; ablation 7 exchanges them)
@@ -146,3 +146,94 @@ class RetentionParams(StageParams):
                 raise ValueError(f"stage retention: sources[{i}] has unknown keys {sorted(unknown)}; "
                                  "use dataset, root, options")
             data.get(src["dataset"])
+
+
+#: candor_box_verified's arms (candor_v1.md "Ablation Studies" (3)): the pool member whose boxed
+#: positives of ``finding`` are the queries (MS-CXR's pneumothorax boxes, RSNA's pneumonia boxes)
+BOX_ARMS = ({"dataset": "ms_cxr", "finding": "pneumothorax"}, {"dataset": "rsna_pneumonia", "finding": "pneumonia"})
+
+
+@dataclass(frozen=True)
+class BoxVerifiedParams(StageParams):
+    """Ablation (1), box-verified positives (candor.md "Ablation Studies" (1); candor_v1.md
+    "Ablation Studies" (3)): the queries are the positives that carry an expert box (MS-CXR's
+    pneumothorax boxes on MIMIC-CXR images, RSNA's pneumonia boxes), the candidate sets R± are the
+    reference site's (MIMIC-CXR) matched group of the query's view, drawn as in the main analysis.
+    The reference's own positives against the same sets give "all its pneumothorax positives"."""
+
+    STAGE = "candor_box_verified"
+
+    k: int = shared(CandorParams, "k")
+    bank_size: int = shared(CandorParams, "bank_size")
+    max_group_sample: int = shared(CandorParams, "max_group_sample")
+    seed: int = shared(CandorParams, "seed")
+    n_boot: int = shared(CandorParams, "n_boot")
+    cluster_col: str = shared(CandorParams, "cluster_col")
+    device: Any = shared(CandorParams, "device")
+    reference: str = "mimic_cxr"
+    """The pool member (``dataset`` column) whose matched groups supply R+ and R− (v1: "the
+    reference pool"; MS-CXR's images are MIMIC-CXR's, RSNA's come "from outside the pool")."""
+    arms: list = field(default_factory=lambda: [dict(a) for a in BOX_ARMS])
+    """[{dataset, finding}]: the pool member whose boxed positives of ``finding`` are queries."""
+    match_col: str = "view"
+    """The column a query shares with its reference matched group (chest: the view)."""
+    block_size: int = field(default=4096, metadata=PYTHON_ONLY)
+    """Similarity rows held at once; Python API only."""
+
+    def check(self) -> None:
+        """Refuse inconsistent options (one line each)."""
+        CandorParams(k=self.k, bank_size=self.bank_size, max_group_sample=self.max_group_sample,
+                     n_boot=self.n_boot).check()
+        for i, arm in enumerate(self.arms or ()):
+            if not isinstance(arm, dict) or set(arm) != {"dataset", "finding"}:
+                raise ValueError(f"candor_box_verified: stage.params.arms[{i}] is {arm!r}; write "
+                                 "{dataset: <pool member>, finding: <finding>}")
+            if arm["dataset"] == self.reference:
+                raise ValueError(f"candor_box_verified: stage.params.arms[{i}] names the reference "
+                                 f"{self.reference}; an arm's queries come from another pool member")
+
+
+@dataclass(frozen=True)
+class LipschitzParams(StageParams):
+    """candor_v1.md's synthetic sweep of class overlap (Proposition 1, Corollary 1; "Irreducible
+    per encoder but recoverable across the panel"): the data are synthetic unit vectors, no image
+    is read. The heads train as candor_v1.md "Implementation" trains its heads."""
+
+    STAGE = "candor_lipschitz"
+
+    separations: list = field(default_factory=lambda: [2.0, 1.5, 1.2, 1.0, 0.8, 0.6, 0.5, 0.4, 0.35, 0.3])
+    """Distance of the two class means before normalisation, one level each (more overlap as it
+    falls); the paper does not give its grid: ours ends where the linear head's error reaches the
+    paper's 26.1% (0.262 at 0.3 with the defaults)."""
+    dim: int = 16
+    """Dimension of the synthetic features (points on S^{dim-1})."""
+    n_train: int = 25000
+    """Training points per level, balanced (candor_v1.md "Implementation": at most 25,000 train rows)."""
+    n_test: int = 1000
+    """Test points per level; the pairs and the errors are measured on them."""
+    pairs_per_level: int = 500
+    """Test pairs (a positive and its nearest negative) per level: 10 x 500 = the paper's 5,000."""
+    hidden: int = 256
+    """Hidden units of the shallow network (candor_v1.md "Implementation": a 256-unit hidden layer)."""
+    epochs: int = 30
+    """Adam epochs of both heads (candor_v1.md "Implementation": 30 epochs)."""
+    lr: float = 0.001
+    """Adam's learning rate (candor_v1.md "Implementation": 0.001)."""
+    weight_decay: float = 0.0001
+    """Adam's weight decay (candor_v1.md "Implementation": 10^-4)."""
+    batch_size: int = 256
+    """Batch size (candor_v1.md "Implementation": 256)."""
+    k: int = shared(CandorParams, "k")
+    seed: int = shared(CandorParams, "seed")
+
+    def check(self) -> None:
+        """Refuse values the sweep cannot use (one line each)."""
+        if not self.separations or any(float(s) <= 0 for s in self.separations):
+            raise ValueError(f"candor_lipschitz: stage.params.separations={list(self.separations)} must be a "
+                             "non-empty list of positive numbers")
+        for name in ("dim", "n_train", "n_test", "pairs_per_level", "epochs", "batch_size", "k"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"candor_lipschitz: stage.params.{name}={getattr(self, name)} must be at least 1")
+        if self.n_test < 2 * (self.k + 1):
+            raise ValueError(f"candor_lipschitz: stage.params.n_test={self.n_test} must exceed "
+                             f"2(k+1)={2 * (self.k + 1)}")
