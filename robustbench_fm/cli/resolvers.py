@@ -18,7 +18,6 @@ have them before anything is resolved.
 from __future__ import annotations
 
 import os
-
 from pathlib import Path
 
 from omegaconf import OmegaConf
