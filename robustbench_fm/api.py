@@ -46,8 +46,8 @@ def embed(manifest: pd.DataFrame | str | Path, encoder: str, root: str | Path | 
     encoder, images and root reads this entry, and the other way round.
 
     Returns a :class:`~robustbench_fm.features.extract.FeatureSet`: ``embeddings`` (N, D) float32 in
-    the manifest's row order (one row per ``sample_id``), ``sample_ids``, ``path`` (the cache entry), ``key``, ``n_forward``
-    (0 on a warm cache) and ``skipped`` (rows whose image could not be read, NaN rows).
+    the manifest's row order (one row per ``sample_id``), ``sample_ids``, ``path`` (the cache
+    entry), ``key``, ``n_forward`` (0 on a warm cache) and ``skipped`` (rows whose image could not be read, NaN rows).
     """
     from .features.embed import Embedder, EncoderOptions  # lazy: the feature engine imports torch
     from .features.load import load_features  # lazy: as above
@@ -63,8 +63,8 @@ def embed(manifest: pd.DataFrame | str | Path, encoder: str, root: str | Path | 
         name, options = spec.name, EncoderOptions(weights=local)
     else:
         if model is not None or pretrained is not None:
-            raise ValueError(f"embed: model= and pretrained= are for the generic encoders ({', '.join(generic.GENERIC)}); "
-                             f"'{encoder}' is a registry entry")
+            raise ValueError(f"embed: model= and pretrained= are for the generic encoders "
+                             f"({', '.join(generic.GENERIC)}); '{encoder}' is a registry entry")
         name = encoder
         options = EncoderOptions(weights=str(weights) if weights is not None else None, embedding=embedding)
     service = Embedder(Path(cache_dir), device=device, batch_size=batch_size, num_workers=num_workers,
