@@ -16,15 +16,13 @@ from pathlib import Path
 
 import pandas as pd
 
-import robustbench_fm
-
 
 def config_dir() -> Path:
     """The shipped ``configs/`` folder: the source tree's in a checkout (an editable install, or the
     package imported from the repository root), else the package data of an installed wheel,
     ``robustbench_fm/_configs`` (``setup.py`` maps the package ``robustbench_fm._configs`` to
     ``configs/`` without moving it), located with :mod:`importlib.resources`."""
-    package = Path(robustbench_fm.__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # robustbench_fm/
     source = package.parent / "configs"
     if (package.parent / "pyproject.toml").is_file() and (source / "config.yaml").is_file():
         return source

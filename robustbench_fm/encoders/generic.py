@@ -107,7 +107,7 @@ def _hub_json(repo: str, filename: str, label: str) -> dict:
     """A JSON file of a hub repo, from the local cache offline (one line when it is not there)."""
     from huggingface_hub import hf_hub_download
 
-    from .loaders.hub import hub_errors, offline
+    from .loaders.hub import hub_errors, offline  # lazy: the loaders import torch
     try:
         return json.loads(Path(hf_hub_download(repo, filename, local_files_only=offline())).read_text())
     except hub_errors() as err:
@@ -121,7 +121,7 @@ def _timm(model: str, random: bool, path: Path | None, embedding, name: str) -> 
     import timm  # lazy: the model library is imported only when a generic entry is resolved
     import torch  # lazy: as above
 
-    from .loaders.timm_loader import _timm_forward, timm_kwargs
+    from .loaders.timm_loader import _timm_forward, timm_kwargs  # lazy: the loaders import torch
     hub_id = model
     if "/" in model and not model.startswith(("hf-hub:", "hf_hub:")):
         hub_id = f"hf-hub:{model}"  # an HF repo id names a timm hub model
@@ -200,8 +200,8 @@ def _hf(model: str, random: bool, path: Path | None, embedding, name: str) -> tu
     import torch  # lazy: the registry and the CLI's listing import no torch
     from transformers import AutoConfig, AutoImageProcessor, AutoModel  # lazy: the model library
 
-    from .loaders.hub import hub_call, offline
-    from .loaders.transformers_loader import _transformers_forward
+    from .loaders.hub import hub_call, offline  # lazy: the loaders import torch
+    from .loaders.transformers_loader import _transformers_forward  # lazy: the loaders import torch
     label = f"encoder=hf encoder.model={model}"
     local = Path(model).expanduser().is_dir()
     if path is None and local and not random:
@@ -211,7 +211,7 @@ def _hf(model: str, random: bool, path: Path | None, embedding, name: str) -> tu
     probe = EncoderSpec(name=name, library="transformers", hub_id=model, input_size=1, mean=(0,), std=(1,),
                         embedding="cls", embed_dim=1, params_m=0)
     if not local and folder is None and offline():
-        from .loaders.hub import require_cached
+        from .loaders.hub import require_cached  # lazy: the loaders import torch
         require_cached(probe, model)
     with hub_call(probe, None if local else model):
         config = AutoConfig.from_pretrained(source, local_files_only=local or folder is not None or offline())
@@ -249,7 +249,7 @@ def _open_clip(model: str, pretrained: str | None, random: bool, path: Path | No
     import open_clip  # lazy: the model library is imported only when a generic entry is resolved
     import torch  # lazy: as above
 
-    from .loaders.open_clip_loader import _open_clip_preprocess, open_clip_image_tower
+    from .loaders.open_clip_loader import _open_clip_preprocess, open_clip_image_tower  # lazy: the loaders import torch
     label = f"encoder=open_clip encoder.model={model}"
     choice = _embedding("open_clip", embedding, "pooled")
     if choice != "pooled":

@@ -33,7 +33,8 @@ def tiny_vit_folder(tmp_path_factory):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(1)
         ViTModel(config).save_pretrained(folder)
-    ViTImageProcessor(size={"height": 64, "width": 64}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(folder)
+    ViTImageProcessor(size={"height": 64, "width": 64}, image_mean=[0.5] * 3,
+                      image_std=[0.5] * 3).save_pretrained(folder)
     return folder
 
 
@@ -103,7 +104,8 @@ def test_csv_dataset_refuses_a_bad_csv_in_one_line(tmp_path, own_data):
     with pytest.raises(ManifestError) as err:
         _run(tmp_path, "bad", ["dataset=csv", f"dataset.manifest={bad}", f"dataset.root={own_data}",
                                "dataset.findings=[marker]", "encoder=planted_sharp"])
-    assert str(err.value).startswith(f"{bad}: column 'path' missing; add a 'path' column") and "\n" not in str(err.value)
+    text = str(err.value)
+    assert text.startswith(f"{bad}: column 'path' missing; add a 'path' column") and "\n" not in text
     with pytest.raises(ManifestError, match=r"column 'effusion' missing for finding 'effusion'"):
         _run(tmp_path, "unknown", ["dataset=csv", f"dataset.manifest={own_data / 'labels.csv'}",
                                    "dataset.findings=[effusion]", "encoder=planted_sharp"])
