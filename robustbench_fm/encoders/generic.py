@@ -112,7 +112,7 @@ def _hub_json(repo: str, filename: str, label: str) -> dict:
         return json.loads(Path(hf_hub_download(repo, filename, local_files_only=offline())).read_text())
     except hub_errors() as err:
         raise FileNotFoundError(f"{label}: cannot read {filename} of '{repo}' ({type(err).__name__}); download the "
-                                "repo and pass encoder.model=<folder> or encoder.weights=<folder>") from err
+                                "repo and pass its folder as encoder.weights=<folder>") from err
 
 
 # ------------------------------------------------------------------------------------------ timm

@@ -145,3 +145,28 @@ def test_doctor_diagnoses_generic_entries(tiny_vit_folder, monkeypatch, tmp_path
     assert "1 of 4 encoders can run offline now" in text
     with pytest.raises(KeyError, match="doctor timm:<model>"):
         report(["timm"])
+
+
+def test_timm_hub_model_from_a_downloaded_folder(tmp_path):
+    """``encoder.model=hf-hub:<repo> encoder.weights=<folder>``: the folder's timm config.json (architecture,
+    model_args, pretrained_cfg) sets the model and preprocessing offline; its weights load strictly."""
+    import json
+
+    import timm
+    from safetensors.torch import save_file
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, img_size=64).eval()
+    save_file(ref.state_dict(), tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architecture": "vit_tiny_patch16_224", "model_args": {"img_size": 64},
+        "pretrained_cfg": {"input_size": [3, 64, 64], "mean": [0.3, 0.3, 0.3], "std": [0.2, 0.2, 0.2],
+                           "crop_pct": 1.0, "interpolation": "bilinear"}}))
+    encoder = generic.load("timm", "hf-hub:someone/tiny-vit", weights=tmp_path, embedding="cls", device="cpu")
+    spec = encoder.spec
+    assert (spec.input_size, spec.resize_size, spec.mean, spec.interpolation) == (64, 64, (0.3,) * 3, "bilinear")
+    assert spec.name == "timm-someone_tiny-vit" and encoder.weights_id.startswith("file:sha256:")
+    x = _batch(spec)
+    with torch.inference_mode():
+        torch.testing.assert_close(encoder.embed(x), ref.forward_features(x)[:, 0])
