@@ -1,11 +1,75 @@
-"""The stable Python API (docs/architecture.md, "Contracts"): run one stage on features you
-already have, the same function the command line runs after extraction.
+"""The stable Python API (docs/architecture.md, "Contracts"): the two steps of a run without Hydra.
 
-``robustbench_fm.evaluate(stage, features, manifest, **params)``; the manifest builders are
-``robustbench_fm.data.build_manifest``; the encoders ``robustbench_fm.encoders.names/get/load``
-and ``load_slide``."""
+* :func:`embed`: a manifest's images embedded by an encoder through the content-keyed feature
+  cache, exactly as the command line's extraction does it (the same cache entry);
+* ``robustbench_fm.evaluate(stage, features, manifest, **params)``: one stage on features you
+  already have, the same function the command line runs after extraction.
+
+The manifest builders are ``robustbench_fm.data.build_manifest``; the encoders
+``robustbench_fm.encoders.names/get/load`` and ``load_slide``."""
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from . import data
+from .encoders import generic
 from .methods.run import evaluate
 
-__all__ = ["evaluate"]
+if TYPE_CHECKING:  # the feature engine imports torch; importing the package does not
+    from .features.extract import FeatureSet
+
+__all__ = ["embed", "evaluate"]
+
+DEFAULT_CACHE = Path("outputs") / "cache" / "features"  # the command line's paths.cache_dir
+
+
+def embed(manifest: pd.DataFrame | str | Path, encoder: str, root: str | Path | None = None, *,
+          model: str | None = None, pretrained: str | None = None, weights: str | Path | None = None,
+          embedding: str | None = None, cache_dir: str | Path = DEFAULT_CACHE, device: str = "auto",
+          batch_size: int = 32, num_workers: int | str = 0, on_bad_image: str = "error",
+          allow_remote_code: bool = True) -> FeatureSet:
+    """Embed every image of ``manifest`` with ``encoder`` through the feature cache.
+
+    ``manifest``: a canonical manifest (``data.build_manifest``) or a CSV/parquet path read as
+    ``dataset=csv`` reads it (``path`` plus optional ``sample_id``/``patient_id``/``acq_group``,
+    robustbench_fm/data/csv_manifest.py). ``root``: the folder the ``path`` column is relative to
+    (default for a CSV: its folder). ``encoder``: a registry name (``python -m robustbench_fm list
+    encoders``) or a generic kind, ``timm``/``hf``/``open_clip`` with ``model=`` (and
+    ``pretrained=`` for an open_clip tag). ``weights``: a local checkpoint file or folder, or
+    ``"random"`` for a generic kind. ``embedding``: ``cls``/``patch_mean``/``pooled`` (a generic
+    kind's pooling, or a registry entry's override). ``cache_dir`` defaults to the command line's
+    ``outputs/cache/features`` (relative to the current folder), so a later CLI run with the same
+    encoder, images and root reads this entry, and the other way round.
+
+    Returns a :class:`~robustbench_fm.features.extract.FeatureSet`: ``embeddings`` (N, D) float32 in
+    the manifest's row order (one row per ``sample_id``), ``sample_ids``, ``path`` (the cache
+    entry), ``key``, ``n_forward`` (0 on a warm cache) and ``skipped`` (rows whose image could not be read, NaN rows).
+    """
+    from .features.embed import Embedder, EncoderOptions  # lazy: the feature engine imports torch
+    from .features.load import load_features  # lazy: as above
+
+    if not isinstance(manifest, pd.DataFrame):
+        path = Path(manifest)
+        root = Path(root) if root is not None else path.parent
+        manifest = data.build_manifest("csv", root, verify_images=False, manifest=path)
+    elif root is None:
+        raise ValueError("embed: pass root=<folder the manifest's paths are relative to>")
+    if generic.is_generic(encoder):
+        spec, local = generic.resolve(encoder, model, pretrained, weights, embedding)
+        name, options = spec.name, EncoderOptions(weights=local)
+    else:
+        if model is not None or pretrained is not None:
+            raise ValueError(f"embed: model= and pretrained= are for the generic encoders "
+                             f"({', '.join(generic.GENERIC)}); '{encoder}' is a registry entry")
+        name = encoder
+        options = EncoderOptions(weights=str(weights) if weights is not None else None, embedding=embedding)
+    service = Embedder(Path(cache_dir), device=device, batch_size=batch_size, num_workers=num_workers,
+                       on_bad_image=on_bad_image, allow_remote_code=allow_remote_code, options={name: options})
+    images = manifest.drop_duplicates("sample_id")  # as the command line: paired designs list an image once
+    feats = service.embed(images, root, name)
+    ids, matrix = load_features(feats.path, images)
+    return dataclasses.replace(feats, sample_ids=ids, embeddings=matrix)

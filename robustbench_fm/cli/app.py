@@ -30,6 +30,7 @@ from ..core.tables import SweepResults
 from ..data import cards, prepared
 from ..data import manifest as mf
 from ..data.sample import fixed_sample
+from ..encoders import generic
 from ..methods.run import score_and_save
 from ..report.html import run_report, write_report
 from ..report.long_format import to_long
@@ -75,10 +76,34 @@ class Plan:
 
 
 def panel(cfg: DictConfig, cli_overrides: list[str] | None = None) -> list[str]:
-    """The encoders of this job: an explicit ``encoder=`` override wins over a panel."""
+    """The encoders of this job: an explicit ``encoder=`` override wins over a panel. A generic
+    entry (``encoder=timm|hf|open_clip encoder.model=...``) is named by its resolved spec
+    (:func:`generic_entry`)."""
     if cli_overrides and any(o.split("=")[0].lstrip("+~") == "encoder" for o in cli_overrides):
-        return [cfg.encoder.name]
-    return list(cfg.encoders) if cfg.get("encoders") else [cfg.encoder.name]
+        names = [str(cfg.encoder.name)]
+    else:
+        names = [str(n) for n in cfg.encoders] if cfg.get("encoders") else [str(cfg.encoder.name)]
+    return [_resolved_name(cfg, n) for n in names]
+
+
+def generic_entry(cfg: DictConfig) -> tuple[encoders.EncoderSpec, str | None] | None:
+    """The resolved spec and local weights of ``encoder=timm|hf|open_clip`` (None for a registry
+    entry): ``encoder.model``, ``encoder.pretrained``, ``encoder.weights`` (``random``, a file or a
+    folder), ``encoder.embedding`` (robustbench_fm/encoders/generic.py)."""
+    enc = cfg.encoder
+    if not generic.is_generic(str(enc.name)):
+        return None
+    return generic.resolve(str(enc.name), enc.get("model"), enc.get("pretrained"), enc.get("weights"),
+                           enc.get("embedding"))
+
+
+def _resolved_name(cfg: DictConfig, name: str) -> str:
+    if not generic.is_generic(name):
+        return name
+    if str(cfg.encoder.name) != name:
+        raise UserError(f"the generic encoder '{name}' needs its model: run it as encoder={name} "
+                        f"encoder.model=<id>, or put a card for it in your config folder (README)")
+    return generic_entry(cfg)[0].name
 
 
 def _require_settings(cfg: DictConfig) -> None:
@@ -187,14 +212,18 @@ def embedder(cfg: DictConfig) -> Embedder:
     ``resolution`` every image is stored at first (``paths.prepared_dir``)."""
     from ..features.embed import Embedder, EncoderOptions  # lazy: imports torch
 
-    enc = cfg.encoder
+    enc, name = cfg.encoder, str(cfg.encoder.name)
     options = EncoderOptions(weights=enc.get("weights"), tile_weights=enc.get("tile_weights"),
                              embedding=enc.get("embedding"), batch_size=enc.get("batch_size"))
+    resolved = generic_entry(cfg)
+    if resolved is not None:  # the spec holds the model, preprocessing and pooling; weights: a path or None
+        name = resolved[0].name
+        options = EncoderOptions(weights=resolved[1], batch_size=enc.get("batch_size"))
     x = cfg.extract
     return Embedder(Path(cfg.paths.cache_dir), device=str(cfg.device), batch_size=int(x.batch_size),
                     num_workers=x.num_workers, shard_size=int(x.shard_size), on_bad_image=str(x.on_bad_image),
                     num_shards=int(x.get("num_shards", 1)), shard=int(x.get("shard", 0)),
-                    allow_remote_code=bool(cfg.security.allow_remote_code), options={str(enc.name): options},
+                    allow_remote_code=bool(cfg.security.allow_remote_code), options={name: options},
                     resolution=resolution(cfg), prepared_dir=resolved_prepared_dir(cfg))
 
 

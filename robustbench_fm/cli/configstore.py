@@ -13,7 +13,11 @@ The ``encoder`` group has one option per entry of the encoder registry
 encoder needs (preprocessing, pooling, weights, a slide aggregator's tile encoder) is bound to its
 registry entry, so the option holds only what a user may set on the command line
 (``encoder.weights=<file or folder>``, ``encoder.batch_size=<n>``). There is no
-``configs/encoder/<name>.yaml``: adding an ``EncoderSpec`` to the registry adds the option.
+``configs/encoder/<name>.yaml``: adding an ``EncoderSpec`` to the registry adds the option. Three more
+options, ``timm``, ``hf`` and ``open_clip``, are the generic entries (:func:`generic_node`): a model
+id instead of a registry entry; a user makes one permanent with a YAML card in their own config
+folder (``encoder/<name>.yaml`` holding ``name: timm``, ``model: ...`` and the other keys of
+:func:`generic_node`; README, "Your own data and encoder").
 
 :func:`register` runs when the package is imported (``robustbench_fm/__init__.py``, next to the
 resolvers) and again in :func:`.main.main` before Hydra composes, so the Hydra app, the compose API
@@ -25,6 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import encoders, methods
+from ..encoders import generic
 from ..methods.params import config_node
 
 #: the config groups whose options are generated here (no YAML folder under configs/)
@@ -40,6 +45,14 @@ def encoder_node(name: str) -> dict:
     return {"name": name, "weights": None, "batch_size": None}
 
 
+def generic_node(kind: str) -> dict:
+    """The ``encoder`` option of a generic entry (``encoder=timm|hf|open_clip``,
+    robustbench_fm/encoders/generic.py): ``model`` (a model id or folder; required),
+    ``pretrained`` (open_clip's pretrained tag), ``weights`` (``random``, a file or a folder; null: the
+    hub's), ``embedding`` (cls | patch_mean | pooled; null: the kind's default) and ``batch_size``."""
+    return {"name": kind, "model": None, "pretrained": None, "weights": None, "embedding": None, "batch_size": None}
+
+
 def stage_node(name: str) -> dict | None:
     """The ``stage`` option ``name`` (None for a stage without a parameter class)."""
     method = methods.method(name)
@@ -52,7 +65,8 @@ def stage_node(name: str) -> dict | None:
 def nodes(group: str) -> dict[str, dict]:
     """Every generated option of ``group``, by option name."""
     if group == "encoder":
-        return {name: encoder_node(name) for name in encoders.names()}
+        return {**{name: encoder_node(name) for name in encoders.names()},
+                **{kind: generic_node(kind) for kind in generic.GENERIC}}
     if group == "stage":
         return {name: node for name in methods.names() if (node := stage_node(name)) is not None}
     raise KeyError(f"config group '{group}' is not generated; generated groups: {', '.join(GROUPS)}")
@@ -69,11 +83,12 @@ def register() -> None:
             store.store(group=group, name=name, node=node, provider="robustbench_fm")
 
 
-def group_options(config_dir: Path, group: str) -> list[str] | None:
-    """The options ``group=<option>`` accepts: the YAML files of ``config_dir/<group>/`` and the
-    generated ones; None when ``group`` is no config group."""
-    folder = config_dir / group
-    if not folder.is_dir() and group not in GROUPS:
+def group_options(config_dir: Path, group: str, extra_dirs: list[Path] = ()) -> list[str] | None:
+    """The options ``group=<option>`` accepts: the YAML files of ``config_dir/<group>/`` and of the
+    user's config folders (``--config-dir``, ``hydra.searchpath``) and the generated ones; None when
+    ``group`` is no config group."""
+    folders = [d / group for d in (config_dir, *extra_dirs) if (d / group).is_dir()]
+    if not folders and group not in GROUPS:
         return None
-    files = [p.stem for p in folder.glob("*.yaml")] if folder.is_dir() else []
+    files = [p.stem for folder in folders for p in folder.glob("*.yaml")]
     return sorted({*files, *(nodes(group) if group in GROUPS else ())})

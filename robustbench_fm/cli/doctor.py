@@ -7,13 +7,16 @@ outside the hub so ``encoder.weights=PATH`` is needed), whether it is gated and 
 token is configured, and whether it needs ``trust_remote_code``. Nothing touches the network.
 After the table, one install line per missing package (its robustbench_fm extra, or the authors'
 repository for packages that are not on PyPI); packages one command installs share its line.
+A generic entry is named ``<kind>:<model>`` (``doctor timm:vit_small_patch16_224``,
+``doctor hf:/models/my-vit``, ``doctor open_clip:ViT-B-32@openai``): :func:`diagnose_generic`.
 """
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 
-from ..encoders import get, names
+from ..encoders import generic, get, names
 from ..encoders.spec import EncoderSpec
 
 #: import name of each library's loader dependency (None: built into robustbench_fm)
@@ -109,6 +112,43 @@ def diagnose(name: str) -> Diagnosis:
                      offline_ok=not missing and found)
 
 
+def diagnose_generic(name: str) -> Diagnosis:
+    """The readiness of a generic entry named ``<kind>:<model>[@<open_clip tag>]`` (``timm:vit_small_patch16_224``,
+    ``hf:/models/my-vit``, ``open_clip:ViT-B-32@openai``): its library, and where the weights the
+    kind loads without ``encoder.weights`` are (a local folder, or the Hugging Face cache). Imports
+    no model library except open_clip's tag table, opens no connection."""
+    kind, _, model = name.partition(":")
+    module = generic.GENERIC[kind]
+    missing = () if _module_found(module) else (module,)
+    model, _, tag = model.partition("@") if kind == "open_clip" else (model, "", "")
+    if Path(model).expanduser().is_dir():
+        folder = Path(model).expanduser()
+        marker = "open_clip_config.json" if kind == "open_clip" else "config.json"
+        found = (folder / marker).is_file()
+        where = f"local folder {folder.name}" if found else f"local folder without {marker}"
+    else:
+        repo = None
+        if model.startswith(("hf-hub:", "hf_hub:")) or (kind == "hf") or ("/" in model):
+            repo = model.split(":", 1)[1] if model.startswith(("hf-hub:", "hf_hub:")) else model
+        elif kind == "timm" and not missing:
+            from ..encoders.loaders.timm_loader import _timm_repo  # lazy: imports torch and timm
+            repo = _timm_repo(model)
+        elif kind == "open_clip" and not missing:
+            import open_clip  # lazy: the tag table (imports torch)
+            cfg = open_clip.get_pretrained_cfg(model, tag) if tag else {}
+            repo = (cfg.get("hf_hub") or "").strip("/") or None
+        if repo is None:
+            where, found = ("encoder.pretrained=<tag> or encoder.weights=PATH needed" if kind == "open_clip"
+                            else "encoder.weights=PATH needed (not on HF)"), False
+        else:
+            from ..encoders.loaders.hub import cached_commit  # lazy: imports torch
+            commit = cached_commit(repo)
+            found = commit is not None
+            where = f"HF cache {repo}@{commit[:8]}" if found else f"not in HF cache ({repo})"
+    return Diagnosis(name=name, packages_missing=missing, weights=where, weights_found=found, gated=False,
+                     token=False, remote_code=False, offline_ok=not missing and found)
+
+
 def _install_line():
     from ..encoders.loaders.extras import install_line  # lazy: the loaders package imports torch
 
@@ -121,6 +161,8 @@ def install_lines(rows: list[Diagnosis]) -> list[str]:
     fairscale, is listed under each entry's own command)."""
     commands: dict[str, tuple[dict, dict]] = {}
     for row in rows:
+        if ":" in row.name:  # a generic entry's library is a core dependency of robustbench_fm
+            continue
         for module in row.packages_missing:
             packages, encoders = commands.setdefault(_install_line()(get(row.name), module), ({}, {}))
             packages[module] = encoders[row.name] = None
@@ -138,8 +180,12 @@ def report(selected: list[str] | None = None) -> str:
     the registry's closest names) before any output."""
     chosen = selected or names()
     for name in chosen:
+        if name.partition(":")[0] in generic.GENERIC and name.partition(":")[2]:
+            continue
+        if name in generic.GENERIC:
+            raise KeyError(f"'{name}' is a generic encoder: name its model, doctor {name}:<model>")
         get(name)  # unknown names fail with the registry's suggestion before any output
-    rows = [diagnose(n) for n in chosen]
+    rows = [diagnose_generic(n) if n.partition(":")[0] in generic.GENERIC else diagnose(n) for n in chosen]
     ready = sum(r.offline_ok for r in rows)
     table = [("encoder", "offline", "packages", "weights", "access"), *(r.cells() for r in rows)]
     widths = [max(len(row[i]) for row in table) for i in range(4)]

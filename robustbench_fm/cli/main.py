@@ -17,13 +17,16 @@ from .. import data, encoders, methods
 from .. import methods as stages
 from ..core.redact import install_log_redaction, redacted_yaml
 from ..core.tables import SweepResults
+from ..data import cards
+from ..encoders import generic
 from ..report.compare import to_markdown, write_compare
 from ..report.tables import get
 from . import configstore
 from .configstore import GROUPS, group_options
 from .sweeps import collect_and_report, register_resolvers
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+#: the shipped configs: the source tree's ``configs/`` or the installed package data (data.cards.config_dir)
+CONFIG_DIR = cards.CONFIG_DIR
 
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:
@@ -63,6 +66,8 @@ def listing(what: str | None = None) -> str:
         for n in encoders.names():
             spec = encoders.get(n)
             yield n, spec.library, f"{spec.params_m:g}M" if spec.params_m else "", spec.hub_id
+        for kind, library in generic.GENERIC.items():  # a model id instead of an entry (encoders/generic.py)
+            yield kind, library, "", f"generic: encoder.model={generic.MODEL_HINT[kind]}"
 
     makers = {
         "encoders": lambda: [("name", "library", "params", "weights (hub id)"), *encoder_rows()],
@@ -199,13 +204,36 @@ def _settings() -> tuple[set[str], list[str]]:
     return roots, sorted({p for p in paths if not p.startswith("hydra.") and not set(p) & set("+~@/")})
 
 
-def _unknown_group_option(key: str, override) -> str | None:
+def user_config_dirs(argv: list[str]) -> list[Path]:
+    """The user's own config folders on the command line: ``--config-dir``/``-cd <dir>`` and the
+    ``file://`` entries of ``hydra.searchpath=[...]`` (Hydra's standard mechanisms)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    dirs: list[Path] = []
+    for i, text in enumerate(argv):
+        if text in ("--config-dir", "-cd") and i + 1 < len(argv):
+            dirs.append(Path(argv[i + 1]))
+        elif text.startswith(("--config-dir=", "-cd=")):
+            dirs.append(Path(text.split("=", 1)[1]))
+        elif text.lstrip("+").startswith("hydra.searchpath="):
+            try:
+                value = OverridesParser.create().parse_override(text).value()
+            except HydraException:
+                continue
+            for entry in value if isinstance(value, list) else [value]:
+                if str(entry).startswith("file://"):
+                    dirs.append(Path(str(entry)[len("file://"):]))
+    return dirs
+
+
+def _unknown_group_option(key: str, override, extra_dirs: list[Path] = ()) -> str | None:
     """``encoder=planted_sharpp`` (an option of a config group that has no file): one line with the
     closest options, instead of Hydra's 60-line list of every option."""
     import difflib
 
 
-    options = None if "." in key or "/" in key else group_options(CONFIG_DIR, key)
+    options = None if "." in key or "/" in key else group_options(CONFIG_DIR, key, extra_dirs)
     if options is None:
         return None
     values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
@@ -264,8 +292,10 @@ def check_overrides(argv: list[str]) -> str | None:
     except SystemExit:  # a malformed flag: Hydra reports it itself
         return None
     parser, roots, paths = OverridesParser.create(), None, None
+    extra_dirs = user_config_dirs(argv)
 
     groups = {"hydra", *GROUPS, *(p.name for p in CONFIG_DIR.iterdir() if p.is_dir()),
+              *(p.name for d in extra_dirs if d.is_dir() for p in d.iterdir() if p.is_dir()),
               *yaml.safe_load((CONFIG_DIR / "config.yaml").read_text())}
     for i, text in enumerate(overrides):
         try:
@@ -285,7 +315,7 @@ def check_overrides(argv: list[str]) -> str | None:
         if override.type != OverrideType.CHANGE:  # +key / ++key / ~key: Hydra's own checks
             continue
         key = override.key_or_group
-        unknown = _unknown_group_option(key, override)
+        unknown = _unknown_group_option(key, override, extra_dirs)
         if unknown is not None:
             return f"{unknown} (in override '{text}')"
         top = key.split("@")[0].split("/")[0].split(".")[0]

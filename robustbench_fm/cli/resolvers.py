@@ -10,12 +10,19 @@ have them before anything is resolved.
   sweep's resolver cache) see the value of the sweep's own process.
 * ``${sweep_values:${encoders},${encoder.name}}``: the sweeper's ``encoder`` list, the panel as
   ``a,b,c`` or else the one encoder.
+* ``${csv_root:${dataset.manifest}}`` and ``${csv_findings:${dataset.manifest}}`` (``dataset=csv``):
+  the CSV's folder (the current directory while no CSV is set) and its 0/1 finding columns
+  (:func:`robustbench_fm.data.csv_manifest.finding_columns`); neither raises: a missing CSV is
+  reported in one line when the manifest is built.
 """
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from omegaconf import OmegaConf
+
+from ..data.csv_manifest import finding_columns
 
 
 def launch_dir() -> str:
@@ -34,7 +41,19 @@ def sweep_values(encoders, name) -> str:
     return ",".join(str(e) for e in encoders) if encoders else str(name)
 
 
+def csv_root(manifest) -> str:
+    """The folder of ``dataset.manifest`` (the current directory while it is unset)."""
+    return str(Path(str(manifest)).parent) if manifest else "."
+
+
+def csv_findings(manifest) -> list[str]:
+    """The finding columns of ``dataset.manifest`` ([] while it is unset or missing)."""
+    return finding_columns(manifest)
+
+
 def register() -> None:
     """Register the resolvers (idempotent)."""
     OmegaConf.register_new_resolver("launch_dir", launch_dir, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("sweep_values", sweep_values, replace=True)
+    OmegaConf.register_new_resolver("csv_root", csv_root, replace=True)
+    OmegaConf.register_new_resolver("csv_findings", csv_findings, replace=True)

@@ -1,5 +1,17 @@
 """Dataset adapters: one module per source family; ``build_manifest(name, root, **options)``."""
-from . import chest, ct, derm, fundus, mammo, natural, pathology, pathorob, pool, synthetic  # noqa: F401  (register)
+from . import (  # noqa: F401  (register the adapters)
+    chest,
+    csv_manifest,
+    ct,
+    derm,
+    fundus,
+    mammo,
+    natural,
+    pathology,
+    pathorob,
+    pool,
+    synthetic,
+)
 from .registry import Adapter, build_manifest, get, names, register
 
 __all__ = ["Adapter", "build_manifest", "get", "names", "register"]

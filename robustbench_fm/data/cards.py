@@ -11,13 +11,29 @@ The card is the one home of a dataset's access, licence and citation: the regist
 from __future__ import annotations
 
 import functools
+import importlib.resources
 from pathlib import Path
 
 import pandas as pd
 
-import robustbench_fm
 
-CONFIG_DIR = Path(robustbench_fm.__file__).resolve().parent.parent / "configs"
+def config_dir() -> Path:
+    """The shipped ``configs/`` folder: the source tree's in a checkout (an editable install, or the
+    package imported from the repository root), else the package data of an installed wheel,
+    ``robustbench_fm/_configs`` (``setup.py`` maps the package ``robustbench_fm._configs`` to
+    ``configs/`` without moving it), located with :mod:`importlib.resources`."""
+    package = Path(__file__).resolve().parents[1]  # robustbench_fm/
+    source = package.parent / "configs"
+    if (package.parent / "pyproject.toml").is_file() and (source / "config.yaml").is_file():
+        return source
+    shipped = Path(str(importlib.resources.files("robustbench_fm") / "_configs"))
+    if not (shipped / "config.yaml").is_file():
+        raise FileNotFoundError(f"robustbench_fm's configs are missing (looked in '{source}' and '{shipped}'); "
+                                "reinstall the package: pip install robustbench_fm")
+    return shipped
+
+
+CONFIG_DIR = config_dir()
 #: the card's text fields that the registry adapters show (``Adapter.access`` etc., ``list datasets``)
 CARD_FIELDS = ("access", "licence", "citation")
 

@@ -106,7 +106,7 @@ def validate(df: pd.DataFrame, source: str = "<manifest>", findings: tuple[str, 
             bad = values.notna() & ~values.isin([0.0, 1.0])
             fix = "use 1 positive, 0 negative, NaN unlabelled"
         if bad.any():
-            _fail(source, col, _first_bad(bad), f"value {values[_first_bad(bad)]!r} out of range", fix)
+            _fail(source, col, _first_bad(bad), f"value {float(values[_first_bad(bad)])!r} out of range", fix)
     return out
 
 

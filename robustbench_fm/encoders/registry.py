@@ -23,7 +23,16 @@ def register_loader(library: str):
     return deco
 
 
-names, get = SPECS.names, SPECS.get
+#: specs of the generic entries resolved in this process (``encoder=timm encoder.model=...``,
+#: :mod:`.generic`), by their derived name: found by :func:`get`, not listed by :func:`names`
+RESOLVED: dict[str, EncoderSpec] = {}
+
+names = SPECS.names
+
+
+def get(name: str) -> EncoderSpec:
+    """The registry entry ``name``, or a generic entry resolved in this process (:mod:`.generic`)."""
+    return RESOLVED[name] if name in RESOLVED else SPECS.get(name)
 
 
 #: Modules whose import registers the loaders (``@register_loader``); imported on the first

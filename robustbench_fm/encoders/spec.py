@@ -29,8 +29,9 @@ EMBEDDINGS = ("cls", "patch_mean", "cls_patch_mean", "projected", "pooled", "nat
 #: none: the tensor is taken as is (slide entries aggregate cached tile embeddings).
 RESIZES = ("shorter_center_crop", "squash", "longest_pad", "none")
 #: Pretraining objective, as CANDOR groups encoders (SSL / I-T / Sup. / untrained), plus
-#: ``synthetic``: a fixed hand-built calibration encoder (the planted references), not trained.
-OBJECTIVES = ("ssl", "image-text", "supervised", "none", "synthetic")
+#: ``synthetic``: a fixed hand-built calibration encoder (the planted references), not trained;
+#: ``unknown``: a generic entry's pretrained weights (``encoder=timm|hf|open_clip``, encoders/generic.py).
+OBJECTIVES = ("ssl", "image-text", "supervised", "none", "synthetic", "unknown")
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class EncoderSpec:
     trust_remote_code: bool = False
     amp_dtype: str | None = "bfloat16"  # autocast dtype on CUDA; None = always fp32
     model_kwargs: dict = field(default_factory=dict)  # passed on every build (hub, local, random)
+    pretrained_tag: str | None = None  # open_clip's pretrained tag of a model name (generic open_clip entries)
     description: str = ""
     # --- provenance (CANDOR association analyses, the doctor) -----------------------------------
     licence: str = "unknown"

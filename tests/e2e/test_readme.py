@@ -136,10 +136,24 @@ def test_readme_shows_exactly_two_setup_commands_and_ci_runs_the_test_one():
     setup = [c for lang, body in blocks() if lang == "bash" for c in commands(body) if SETUP.match(c)]
     assert len(setup) == 2, setup
     demo, tests = (SETUP.match(c) for c in setup)
-    assert demo["what"] == "-e ." and demo["cmd"] == "HF_HUB_OFFLINE=1 python -m robustbench_fm"
-    assert tests["what"] == "-e '.[dev]'" and tests["cmd"] == "HF_HUB_OFFLINE=1 python -m pytest -q"
+    # the exact torch pair comes from constraints.txt; pyproject.toml declares only the range (issue 22)
+    assert demo["what"] == "-e . -c constraints.txt" and demo["cmd"] == "HF_HUB_OFFLINE=1 python -m robustbench_fm"
+    assert tests["what"] == "-e '.[dev]' -c constraints.txt" and tests["cmd"] == "HF_HUB_OFFLINE=1 python -m pytest -q"
     ci = (REPO / ".ci" / "run").read_text()
-    assert "pip install -q -e '.[dev]'" in ci and "export HF_HUB_OFFLINE=1" in ci and "python -m pytest -q" in ci
+    assert "pip install -q -e '.[dev]' -c constraints.txt" in ci and "export HF_HUB_OFFLINE=1" in ci
+    assert "python -m pytest -q" in ci
+
+
+def test_torch_is_a_range_in_pyproject_and_an_exact_pair_in_the_constraints():
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch_deps = [d for d in deps if d.split(">")[0].split("=")[0].split("<")[0] in ("torch", "torchvision")]
+    assert torch_deps == ["torch>=2.14,<3", "torchvision>=0.29,<1"] and not any("==" in d for d in deps)
+    pins = [ln for ln in (REPO / "constraints.txt").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert pins == ["torch==2.14.1", "torchvision==0.29.1"]
+    from importlib.metadata import version
+    assert version("torch").split("+")[0] == "2.14.1" and version("torchvision").split("+")[0] == "0.29.1"
 
 
 def test_substitutes_name_commands_the_readme_shows():

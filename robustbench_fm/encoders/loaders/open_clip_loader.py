@@ -21,6 +21,7 @@ from .hub import (
     hub_call,
     hub_errors,
     hub_weights_id,
+    missing_offline_error,
     offline,
     require_cached,
     trust_remote_code,
@@ -151,6 +152,21 @@ def open_clip_image_tower(spec: EncoderSpec):
                                quick_gelu=model_cfg.get("quick_gelu", False), cast_dtype=None)
 
 
+def _open_clip_tagged(spec: EncoderSpec):
+    """(model, image function, weights id) of an open_clip model name with a pretrained tag: the
+    tag's hub repo from the local cache when offline (one line naming it when absent)."""
+    import open_clip
+    cfg = open_clip.get_pretrained_cfg(spec.hub_id, spec.pretrained_tag) or {}
+    repo = (cfg.get("hf_hub") or "").strip("/") or None
+    if repo is not None:
+        require_cached(spec, repo)
+    elif offline():
+        raise missing_offline_error(spec, None)
+    with hub_call(spec, repo):
+        model = open_clip.create_model(spec.hub_id, pretrained=spec.pretrained_tag, **spec.model_kwargs)
+    return model, model.encode_image, hub_weights_id(f"{spec.hub_id}:{spec.pretrained_tag}", repo, None)
+
+
 @register_loader("open_clip")
 def load_open_clip(spec: EncoderSpec, weights, device, allow_remote_code: bool = True) -> Encoder:
     import open_clip
@@ -177,6 +193,8 @@ def load_open_clip(spec: EncoderSpec, weights, device, allow_remote_code: bool =
             model = open_clip_image_tower(spec)
         image_fn = model
         weights_id = f"random:seed={spec.seed}"
+    elif spec.pretrained_tag is not None:  # a generic entry: an open_clip model name and its pretrained tag
+        model, image_fn, weights_id = _open_clip_tagged(spec)
     else:
         if not spec.hub_id.startswith("hf-hub:"):
             raise ValueError(f"encoder '{spec.name}': open_clip hub entries use 'hf-hub:<repo>' ids, "

@@ -1,0 +1,57 @@
+"""``dataset=csv`` (issue 22, item 4): a CSV of labels and an image folder become the canonical
+manifest; a CSV without a needed column is refused in one line naming the file, the column and the fix."""
+import pandas as pd
+import pytest
+
+from robustbench_fm import data
+from robustbench_fm.data import csv_manifest
+from robustbench_fm.data.manifest import ManifestError
+
+
+def _csv(tmp_path, frame: pd.DataFrame, name="labels.csv"):
+    path = tmp_path / name
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_defaults_and_finding_columns(tmp_path):
+    path = _csv(tmp_path, pd.DataFrame({"path": ["a.png", "b.png", "c.png"], "marker": [1, 0, None],
+                                        "age": [30, 41, 52], "site": ["x", "y", "x"], "other": [0, 2, 1]}))
+    assert csv_manifest.finding_columns(path) == ["marker"]  # binary only: age and other are not findings
+    m = data.build_manifest("csv", tmp_path, verify_images=False, manifest=path, finding_columns=["marker"])
+    assert m["sample_id"].tolist() == m["path"].tolist() == ["a.png", "b.png", "c.png"]
+    assert m["patient_id"].tolist() == m["sample_id"].tolist()  # each image its own bootstrap cluster
+    assert set(m["acq_group"]) == {"all"}
+    assert m["marker"].tolist()[:2] == [1.0, 0.0] and pd.isna(m["marker"].iloc[2])
+
+
+def test_own_ids_and_groups_are_kept(tmp_path):
+    path = _csv(tmp_path, pd.DataFrame({"sample_id": ["s1", "s2"], "path": ["a.png", "b.png"],
+                                        "patient_id": ["p", "p"], "acq_group": ["ct", "mr"], "f": [1, 0]}))
+    m = data.build_manifest("csv", tmp_path, verify_images=False, manifest=path, finding_columns=["f"])
+    assert m[["sample_id", "patient_id", "acq_group"]].values.tolist() == [["s1", "p", "ct"], ["s2", "p", "mr"]]
+
+
+@pytest.mark.parametrize("frame, findings, expected", [
+    (pd.DataFrame({"file": ["a.png"], "marker": [1]}), ["marker"],
+     "labels.csv: column 'path' missing; add a 'path' column with each image's file relative to dataset.root"),
+    (pd.DataFrame({"path": ["a.png"], "marker": [1]}), ["effusion"],
+     "labels.csv: column 'effusion' missing for finding 'effusion'; add it (1 positive, 0 negative, empty "
+     "unlabelled) or set dataset.findings=[...] to columns of the CSV (marker)"),
+    (pd.DataFrame({"path": ["a.png", "b.png"], "marker": [1, 2]}), ["marker"],
+     "column 'marker', row 1: value 2.0 out of range; use 1 positive, 0 negative, NaN unlabelled"),
+])
+def test_bad_csv_is_refused_in_one_line(tmp_path, frame, findings, expected):
+    path = _csv(tmp_path, frame)
+    with pytest.raises(ManifestError) as err:
+        data.build_manifest("csv", tmp_path, verify_images=False, manifest=path, finding_columns=findings)
+    text = str(err.value)
+    assert expected in text and str(path) in text and "\n" not in text
+
+
+def test_missing_manifest_option_and_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"dataset=csv needs dataset.manifest=<labels.csv>"):
+        data.build_manifest("csv", tmp_path, verify_images=False)
+    with pytest.raises(FileNotFoundError, match=r"nope.csv: file not found; set dataset.manifest"):
+        data.build_manifest("csv", tmp_path, verify_images=False, manifest=tmp_path / "nope.csv")
+    assert csv_manifest.finding_columns(None) == [] == csv_manifest.finding_columns(tmp_path / "nope.csv")
