@@ -27,7 +27,7 @@ def brute_force_dm(feats, manifest, k, bank_size, max_group_sample, seed):
     for group in sorted(manifest["acq_group"].unique()):
         g = manifest["acq_group"].to_numpy() == group
         pos, neg = np.flatnonzero(g & (labels == 1)), np.flatnonzero(g & (labels == 0))
-        queries, bank_pos, bank_neg = candor.draw_group(pos, neg, bank_size, max_group_sample,
+        queries, bank_pos, bank_neg = candor.draw_group(np.flatnonzero(g), pos, neg, bank_size, max_group_sample,
                                                         candor.group_rng(seed, group))
         for q in queries:
             cp = [x[q] @ x[j] for j in bank_pos if j != q]
