@@ -2,6 +2,7 @@
 
 * :func:`candor_table2`: Table 2, the chest encoders on MIMIC-CXR + CheXpert: Params (M), head
   AUROC, margin AUROC, D, D_all, retention (``experiment=chest_candor``);
+* :func:`candor_chest_queries`: the positive queries of that analysis beside the paper's 22,133;
 * :func:`candor_table3`: Table 3, D of every encoder on the 7 tasks outside chest radiography and
   the task-level rows (positive queries, ΔJ, Sig. (%), r, Conf.) (``experiment=candor_domains``);
 * :func:`candor_calibration`: Figure 2a's numbers, D and D_all of the planted references against
@@ -33,14 +34,14 @@ import pandas as pd
 from ... import encoders
 from ...core.tables import PaperTable, SweepResults
 from ...data.manifest import CHEST_FINDINGS
-from ...report.published import aliases
+from ...report.published import aliases, text_numbers
 from .params import CandorParams
 from .ranks import MIN_TEST_N, association_family, spearman
 from .sets import overlap_summary, pairwise_overlaps
 from .tasks import SEVERITY_WEIGHTS
 
-TABLES = ["candor_table2", "candor_table3", "candor_calibration", "candor_ablation", "candor_associations",
-          "candor_chest_overlap"]
+TABLES = ["candor_table2", "candor_chest_queries", "candor_table3", "candor_calibration", "candor_ablation",
+          "candor_associations", "candor_chest_overlap"]
 
 POOLED = "__pooled__"  # stages/candor.py: the row pooling a task's matched groups
 #: stages/candor.py rows pooled across tasks (candor_tasks.CHEST_POOL, CLASS_MEAN) start with this
@@ -226,9 +227,7 @@ def candor_table2(results: SweepResults) -> list[PaperTable]:
     _, enc = _chest_panel(results)
     if enc.empty:
         return []
-    rows = _candor_rows(results)
-    datasets = sorted(set(rows.loc[rows["finding"].isin(CHEST_FINDINGS), "dataset"].astype(str)),
-                      key=lambda d: (list(DATASET_NAMES).index(d) if d in DATASET_NAMES else len(DATASET_NAMES), d))
+    datasets = _chest_datasets(_candor_rows(results))
     enc["section"] = enc["encoder"].map(_section)
     enc = enc.sort_values(["section", "d", "encoder"], kind="stable")
     specs = {e: _spec(e) for e in enc["encoder"]}
@@ -242,6 +241,42 @@ def candor_table2(results: SweepResults) -> list[PaperTable]:
     return [PaperTable("candor_table2", frame, caption=f"Chest encoders on {_dataset_list(datasets)} "
                        "(D_all with unequal candidate sets; D and D_all severity-weighted over the 12 findings)",
                        best={"AUROC Head": "max", "AUROC Margin": "max", "D": "min", "Retention": "min"})]
+
+
+def _chest_datasets(rows: pd.DataFrame) -> list[str]:
+    """The chest datasets of CANDOR's rows, in the paper's order."""
+    return sorted(set(rows.loc[rows["finding"].isin(CHEST_FINDINGS), "dataset"].astype(str)),
+                  key=lambda d: (list(DATASET_NAMES).index(d) if d in DATASET_NAMES else len(DATASET_NAMES), d))
+
+
+#: candor_text_numbers.csv: the positive queries of the main chest analysis (candor.md "Scope": 22,133)
+MAIN_CHEST_QUERIES = "positive queries in the main chest analysis"
+
+
+def candor_chest_queries(results: SweepResults) -> list[PaperTable]:
+    """The positive queries of the chest analysis per finding (summed over the sweep's sites) and
+    over all findings, beside the paper's count (candor.md "Scope": "This analysis has 22,133
+    positive queries", MIMIC-CXR and CheXpert; a query is a positive in the random sample of at most
+    4,000 images of its matched group, "Implementation"). The queries are the same for every encoder
+    (one draw per matched group); an encoder that lost a query (fewer than k candidates) does not
+    set the count, so each count is the largest over the encoders."""
+    rows = _candor_rows(results)
+    datasets = _chest_datasets(rows)
+    chest = rows[rows["finding"].isin(CHEST_FINDINGS) & (rows["target"] == rows["finding"])]
+    if chest.empty:
+        return []
+    per = (chest.groupby(["finding", "encoder"])["n_queries"].sum().groupby("finding").max()
+           .reindex([f for f in CHEST_FINDINGS if f in set(chest["finding"])]))
+    texts = text_numbers()
+    paper = texts.loc[(texts["paper"] == "candor") & (texts["version"] == "v4")
+                      & texts["quantity"].str.startswith(MAIN_CHEST_QUERIES), "value"]
+    frame = pd.DataFrame({"Finding": [*per.index, "All findings"],
+                          "Positive queries": [*per.to_numpy(float), float(per.sum())],
+                          "Paper": [*[np.nan] * len(per), float(paper.iloc[0]) if len(paper) else np.nan]})
+    return [PaperTable("candor_chest_queries", frame, decimals=0, na_rep="—",
+                       caption=f"Positive queries of the chest analysis on {_dataset_list(datasets)} (the positives "
+                               "in a random sample of at most 4,000 images of each matched group), beside the "
+                               "paper's count for MIMIC-CXR and CheXpert")]
 
 
 def _task_rows(rows: pd.DataFrame) -> pd.DataFrame:
