@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 import robustbench_fm.report
+from robustbench_fm.core.stats import bh_adjust
 from robustbench_fm.core.tables import SweepResults
 from robustbench_fm.methods.candor.sets import overlap_test
 from robustbench_fm.methods.candor.tables import (
@@ -183,10 +184,45 @@ def test_table3_natural_task_is_the_mean_over_classes_and_overlaps_align_on_clas
     assert frame["Aircraft"].isna().all()
     tasks = task_table.frame.set_index("Task-level")
     assert tasks.loc["Positive queries", "Birds"] == 100  # pooled class rows only, no family or __mean__ rows
-    # one test for the pair over all (class, sample) queries of the task
+    # one test for the pair per class (the same sample ids in every class stay apart), BH over the classes
+    tests = [overlap_test(disc["dinov3_s"][queries["target"] == cls], disc["random_vit_l"][queries["target"] == cls])
+             for cls in classes]
+    _, significant = bh_adjust([t["p_value"] for t in tests])
+    assert tasks.loc["ΔJ", "Birds"] == pytest.approx(np.mean([t["delta_j"] for t in tests]))
+    assert tasks.loc["Sig. (%)", "Birds"] == pytest.approx(significant.mean())
+    # the pooled form, an option: one test for the pair over all (class, sample) queries of the task
+    _, pooled_tasks = candor_table3(SweepResults(tmp_path), overlap="pooled")
     expected = overlap_test(disc["dinov3_s"], disc["random_vit_l"])
-    assert tasks.loc["ΔJ", "Birds"] == pytest.approx(expected["delta_j"])
-    assert tasks.loc["Sig. (%)", "Birds"] == float(expected["p_value"] <= 0.05)
+    assert pooled_tasks.frame.set_index("Task-level").loc["ΔJ", "Birds"] == pytest.approx(expected["delta_j"])
+
+
+def test_table3_per_class_overlap_is_near_chance_when_encoders_share_only_class_difficulty(tmp_path):
+    """Issue 18 item 1 (candor.md Table 3, "Sig." for birds and aircraft): 8 encoders whose
+    discordance depends only on the class (hard classes: P = 0.8, easy: 0.05), independently
+    across encoders within a class. Per class each test is null: Sig. ≈ 0 and ΔJ ≈ 0 (E[ΔJ] = 0
+    under the null); pooling the classes makes every pair overlap "above chance" (Sig. 1.0,
+    ΔJ > 0.1) although no query is shared beyond its class's difficulty."""
+    rng = np.random.default_rng(31)
+    encoders = ["dinov3_s", "dinov3_b", "dinov3_l", "dinov3_h", "dinov2_l", "clip_l14", "siglip2_l", "random_vit_l"]
+    n_classes, per_class = 24, 40
+    classes = {f"c{c:02d}": (f"fam{c // 4}", 0.8 if c % 2 else 0.05) for c in range(n_classes)}
+    queries = pd.DataFrame([(cls, fam, f"img{cls}_{i}") for cls, (fam, _) in classes.items() for i in range(per_class)],
+                           columns=["target", "acq_group", "sample_id"])
+    p_disc = queries["target"].map({cls: p for cls, (_, p) in classes.items()}).to_numpy()
+    for enc in encoders:
+        disc = rng.random(len(queries)) < p_disc
+        rows = [{**candor_row(float(disc[queries["target"] == cls].mean()), 0.6, 0.8, per_class, n_neg=3 * per_class),
+                 "target": cls} for cls in classes]
+        write_result(tmp_path, f"{enc}-cub", "candor", enc, "cub", "bio_label", rows, queries.assign(discordant=disc))
+    _, per_class_table = candor_table3(SweepResults(tmp_path))
+    _, pooled_table = candor_table3(SweepResults(tmp_path), overlap="pooled")
+    per_class_row = per_class_table.frame.set_index("Task-level")["Birds"]
+    pooled_row = pooled_table.frame.set_index("Task-level")["Birds"]
+    # 28 pairs x 24 classes = 672 null tests under BH at 0.05
+    assert per_class_row["Sig. (%)"] <= 0.02 and abs(per_class_row["ΔJ"]) < 0.02
+    assert pooled_row["Sig. (%)"] == 1.0 and pooled_row["ΔJ"] > 0.1
+    with pytest.raises(ValueError, match="overlap='both'"):
+        candor_table3(SweepResults(tmp_path), overlap="both")
 
 
 def test_ablation_reads_the_swept_setting_from_each_job(tmp_path):
