@@ -197,14 +197,49 @@ def _chest_panel(results: SweepResults) -> tuple[pd.DataFrame, pd.DataFrame]:
                         on=["encoder", "finding"], how="left")
     combos = combos.merge(logme[["encoder", "finding", "logme"]], on=["encoder", "finding"], how="left")
     encoders = chest_rate(combos, ["encoder"], ["d", "d_all"], ["margin_auroc", "head_auroc"])
-    retention = _stage_rows(results, "retention", ["retention", "retention_std", "n"])
+    retention = chest_retention(results).set_index("encoder")
     for col in ("retention", "retention_std"):  # raw and standardised (rho - c) / (1 - c)
-        encoders[col] = encoders["encoder"].map(
-            {e: _weighted(p[col].astype(float), p["n"].astype(float).fillna(1.0))
-             for e, p in retention.groupby("encoder")})
+        encoders[col] = encoders["encoder"].map(retention[col])
     logme_mean = combos.groupby("encoder")["logme"].mean()
     encoders["logme"] = encoders["encoder"].map(logme_mean)
     return combos, encoders
+
+
+#: retention's row of all its findings' boxed positives (methods/candor/retention.py POOLED)
+RETENTION_POOL = "pooled"
+#: 1 − c at or below this leaves the standardised retention undefined (retention.MIN_SPREAD)
+RETENTION_MIN_SPREAD = 1e-6
+
+
+def chest_retention(results: SweepResults) -> pd.DataFrame:
+    """Per encoder: ``retention``, ``c`` and ``retention_std`` = (retention − c)/(1 − c) with one c per
+    encoder and domain (candor.md "Occlusion Retention and Discordance": "Chest retention is the
+    mean over the boxed pneumothorax and pneumonia positives", standardised with "c ... the mean
+    cosine similarity of random pairs of the boxed images").
+
+    A job's retention is its row over all its findings' boxed positives (``pooled``; a job of one
+    finding: that row); never a mix of its findings' rows. The jobs of an encoder (the sweep runs
+    the same sources once per dataset) are averaged by their number of positives, ``c`` alike, and
+    the standardised retention is computed from those two means; rows without ``c`` (older results)
+    keep their own ``retention_std``."""
+    rows = _stage_rows(results, "retention", ["retention", "retention_std", "c", "n"])
+    out = []
+    for (encoder, _), part in rows.groupby(["encoder", "job"], sort=True):
+        pool = part[part["finding"].astype(str) == RETENTION_POOL]
+        out.append((pool if len(pool) else part).assign(encoder=encoder))
+    if not out:
+        return pd.DataFrame(columns=["encoder", "retention", "c", "retention_std"])
+    rows = pd.concat(out, ignore_index=True)
+    records = []
+    for encoder, part in rows.groupby("encoder", sort=True):
+        n = part["n"].astype(float).fillna(1.0)
+        retention, c = _weighted(part["retention"].astype(float), n), _weighted(part["c"].astype(float), n)
+        if np.isfinite(c):
+            std = (retention - c) / (1 - c) if 1 - c > RETENTION_MIN_SPREAD else np.nan
+        else:
+            std = _weighted(part["retention_std"].astype(float), n)
+        records.append(dict(encoder=encoder, retention=retention, c=c, retention_std=std))
+    return pd.DataFrame(records)
 
 
 def _section(encoder: str) -> int:
