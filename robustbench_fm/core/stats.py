@@ -40,6 +40,8 @@ def cluster_totals(codes, values) -> tuple[np.ndarray, np.ndarray]:
 
 #: cluster draws per chunk of :func:`resampled_sums`' multiplicities (counted in cache; 64 resamples at least)
 RESAMPLE_CHUNK = 262_144
+#: the most columns of totals :func:`resampled_sums` looks for repeated rows in (the multinomial path)
+MULTINOMIAL_COLUMNS = 6
 
 
 def resampled_sums(totals: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
@@ -51,8 +53,9 @@ def resampled_sums(totals: np.ndarray, n_boot: int, rng: np.random.Generator) ->
     row of totals ("type"), and those numbers are multinomial: n_clusters draws over the types with
     probabilities (clusters of the type) / n_clusters. When there are few types (at most a quarter
     of the clusters, e.g. a discordance count, its D_all count and the number of queries of each
-    patient) the sums are drawn that way (``rng.multinomial``: one draw per type and resample, the
-    same distribution as drawing every cluster). Otherwise the clusters are drawn
+    patient; looked for in up to :data:`MULTINOMIAL_COLUMNS` columns) the sums are drawn that way
+    (``rng.multinomial``: one draw per type and resample, the same distribution as drawing every
+    cluster). Otherwise the clusters are drawn
     (``rng.integers``), counted per resample (``bincount``, chunks of about :data:`RESAMPLE_CHUNK`
     draws) and the multiplicities multiply the totals. Both sum in float64, exactly for integer
     totals."""
@@ -60,9 +63,10 @@ def resampled_sums(totals: np.ndarray, n_boot: int, rng: np.random.Generator) ->
     n_clusters, n_cols = totals.shape
     if n_clusters == 0 or n_boot == 0:
         return np.full((n_boot, n_cols), np.nan)
-    types, sizes = np.unique(totals, axis=0, return_counts=True)
-    if 4 * len(types) <= n_clusters:
-        return rng.multinomial(n_clusters, sizes / n_clusters, size=n_boot).astype(np.float64) @ types
+    if n_cols <= MULTINOMIAL_COLUMNS:  # wider totals rarely repeat: not worth sorting them into types
+        types, sizes = np.unique(totals, axis=0, return_counts=True)
+        if 4 * len(types) <= n_clusters:
+            return rng.multinomial(n_clusters, sizes / n_clusters, size=n_boot).astype(np.float64) @ types
     out = np.empty((n_boot, n_cols))
     chunk = max(64, RESAMPLE_CHUNK // n_clusters)  # no skinny matrix products
     for start in range(0, n_boot, chunk):

@@ -504,6 +504,7 @@ class _Resampler:
         self.auroc_sets: dict[bytes, tuple[np.ndarray, set]] = {}  # set -> (patients, parts)
         self.sums: dict[tuple, np.ndarray] = {}    # (set, parts) -> (resamples × [Σ disc, Σ disc_all, queries])
         self.aurocs: dict[tuple, np.ndarray] = {}  # (set, part) -> (resamples,)
+        self.keys: dict[tuple, tuple] = {}  # row -> its two patient sets
 
     def _set(self, js, kind) -> tuple[bytes, np.ndarray]:
         patients = np.unique(np.concatenate([self.patients[(j, kind)] for j in js])) if js else np.zeros(0, np.int64)
@@ -514,8 +515,11 @@ class _Resampler:
         return [j for j, w in zip(js, _auroc_weights([self.parts[j] for j in js])) if w]
 
     def _keys(self, tasks_parts) -> tuple[tuple, tuple]:
-        js = [j for group in tasks_parts.values() for j in group]
-        return self._set(js, "queries"), self._set(self._scored(js), "images")
+        row = tuple((i, tuple(group)) for i, group in tasks_parts.items())
+        if row not in self.keys:
+            js = [j for group in tasks_parts.values() for j in group]
+            self.keys[row] = self._set(js, "queries"), self._set(self._scored(js), "images")
+        return self.keys[row]
 
     def need(self, tasks_parts: dict[int, list[int]]) -> None:
         (rate_key, rate_patients), (auroc_key, auroc_patients) = self._keys(tasks_parts)
