@@ -3,8 +3,11 @@ bootstrap with 1,000 resamples, 95% percentile intervals, BH FDR control at 0.05
 
 * resamples: :func:`cluster_codes` (the clusters' order), :func:`cluster_count_chunks` (the cluster
   multiplicities of every resample, drawn once and shared by every statistic of a stage);
-* resampled statistics: :class:`ResampledRatio` (a rate), :class:`ResampledAUROC` (the AUROC, exact),
-  :class:`LinearizedAUROC` (its placement-value expansion), :func:`cluster_bootstrap_ratio`;
+* resampled sums: :func:`cluster_totals` (per-cluster totals) and :func:`resampled_sums` (their sums
+  over cluster resamples; multinomial over the distinct totals when they are few);
+* resampled statistics: :func:`cluster_bootstrap_ratio` and :class:`ResampledRatio` (a rate, from its
+  own draws or from shared multiplicities), :class:`ResampledAUROC` (the AUROC, exact),
+  :class:`LinearizedAUROC` (its placement-value expansion);
 * the AUROC with its interval: :func:`bootstrap_aurocs` (several scores on shared resamples, so
   their differences are paired) and :func:`auroc_with_ci`;
 * intervals and tests on the replicates: :func:`percentile_ci`, :func:`summarize_bootstrap`,
@@ -27,29 +30,71 @@ def cluster_codes(clusters) -> np.ndarray:
     return pd.factorize(pd.Series(np.asarray(clusters).astype(str)), sort=True)[0]
 
 
+def cluster_totals(codes, values) -> tuple[np.ndarray, np.ndarray]:
+    """(the sorted distinct cluster codes, their totals): the per-cluster sums of every column of
+    ``values`` (units × columns, or one value per unit)."""
+    clusters, inv = np.unique(np.asarray(codes), return_inverse=True)
+    values = np.asarray(values, np.float64).reshape(len(inv), -1)
+    return clusters, np.stack([np.bincount(inv, weights=c, minlength=len(clusters)) for c in values.T], 1)
+
+
+#: cluster draws per chunk of :func:`resampled_sums`' multiplicities (counted in cache; 64 resamples at least)
+RESAMPLE_CHUNK = 262_144
+#: the most columns of totals :func:`resampled_sums` looks for repeated rows in (the multinomial path)
+MULTINOMIAL_COLUMNS = 6
+
+
+def resampled_sums(totals: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """(n_boot × columns) sums of the rows of ``totals`` (clusters × columns: each cluster's totals)
+    over ``n_boot`` cluster-bootstrap resamples, each drawing as many clusters as there are,
+    uniformly with replacement.
+
+    A resampled sum depends on the draws only through how many land on clusters of each distinct
+    row of totals ("type"), and those numbers are multinomial: n_clusters draws over the types with
+    probabilities (clusters of the type) / n_clusters. When there are few types (at most a quarter
+    of the clusters, e.g. a discordance count, its D_all count and the number of queries of each
+    patient; looked for in up to :data:`MULTINOMIAL_COLUMNS` columns) the sums are drawn that way
+    (``rng.multinomial``: one draw per type and resample, the same distribution as drawing every
+    cluster). Otherwise the clusters are drawn
+    (``rng.integers``), counted per resample (``bincount``, chunks of about :data:`RESAMPLE_CHUNK`
+    draws) and the multiplicities multiply the totals. Both sum in float64, exactly for integer
+    totals."""
+    totals = np.asarray(totals, np.float64)
+    n_clusters, n_cols = totals.shape
+    if n_clusters == 0 or n_boot == 0:
+        return np.full((n_boot, n_cols), np.nan)
+    if n_cols <= MULTINOMIAL_COLUMNS:  # wider totals rarely repeat: not worth sorting them into types
+        types, sizes = np.unique(totals, axis=0, return_counts=True)
+        if 4 * len(types) <= n_clusters:
+            return rng.multinomial(n_clusters, sizes / n_clusters, size=n_boot).astype(np.float64) @ types
+    out = np.empty((n_boot, n_cols))
+    chunk = max(64, RESAMPLE_CHUNK // n_clusters)  # no skinny matrix products
+    for start in range(0, n_boot, chunk):
+        size = min(chunk, n_boot - start)
+        draws = rng.integers(0, n_clusters, size=(size, n_clusters))
+        flat = (draws + np.arange(size)[:, None] * n_clusters).ravel()
+        counts = np.bincount(flat, minlength=size * n_clusters).reshape(size, n_clusters)
+        out[start:start + size] = counts.astype(np.float64) @ totals
+    return out
+
+
 def cluster_bootstrap_ratio(numer: np.ndarray, denom: np.ndarray, clusters, n_boot: int,
-                            rng: np.random.Generator, max_draws: int = 2_000_000) -> np.ndarray:
+                            rng: np.random.Generator) -> np.ndarray:
     """Bootstrap distribution of Σnumer / Σdenom resampling whole clusters with replacement.
 
     With ``denom`` = 1 per unit this is the clustered bootstrap of a mean (e.g. the discordance
     rate over queries, clustered by patient, candor.md "Reporting"). Each resample draws as many
-    clusters as there are, uniformly with replacement (``rng.integers``), and sums their
-    per-cluster totals; resamples are drawn in chunks of at most ``max_draws`` cluster draws.
-    Returns ``n_boot`` values.
+    clusters as there are, uniformly with replacement, and sums their per-cluster totals
+    (:func:`cluster_totals`, :func:`resampled_sums`; clusters in sorted order). Returns ``n_boot``
+    values (NaN without clusters).
     """
     codes, _ = pd.factorize(pd.Series(clusters), sort=True)
-    n_clusters = int(codes.max()) + 1 if len(codes) else 0
-    if n_clusters == 0:
+    if len(codes) == 0:
         return np.full(n_boot, np.nan)
-    num = np.bincount(codes, weights=np.asarray(numer, float), minlength=n_clusters)
-    den = np.bincount(codes, weights=np.asarray(denom, float), minlength=n_clusters)
-    out = np.empty(n_boot)
-    chunk = max(1, max_draws // n_clusters)
-    for start in range(0, n_boot, chunk):
-        draws = rng.integers(0, n_clusters, size=(min(chunk, n_boot - start), n_clusters), dtype=np.int32)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out[start:start + len(draws)] = num[draws].sum(axis=1) / den[draws].sum(axis=1)
-    return out
+    _, totals = cluster_totals(codes, np.c_[np.asarray(numer, float), np.asarray(denom, float)])
+    sums = resampled_sums(totals, n_boot, rng)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return sums[:, 0] / sums[:, 1]
 
 
 def percentile_ci(values, level: float = 0.95) -> tuple[float, float]:
@@ -100,14 +145,14 @@ def cluster_count_chunks(n_clusters: int, n_boot: int, rng: np.random.Generator,
 
 class ResampledRatio:
     """Σ numer / Σ denom over units under cluster multiplicities (the clustered bootstrap of a
-    rate when ``denom`` is 1 per unit). ``numer`` may hold several columns sharing the units."""
+    rate when ``denom`` is 1 per unit). ``numer`` may hold several columns sharing the units. The
+    same per-cluster totals (:func:`cluster_totals`) as :func:`cluster_bootstrap_ratio`, for
+    statistics that share one matrix of multiplicities (:func:`cluster_count_chunks`) with others."""
 
     def __init__(self, codes: np.ndarray, numer: np.ndarray, denom: np.ndarray | None = None):
-        self.clusters, inv = np.unique(np.asarray(codes), return_inverse=True)
-        numer = np.asarray(numer, float).reshape(len(inv), -1)
-        denom = np.ones(len(inv)) if denom is None else np.asarray(denom, float)
-        self.totals = np.stack([np.bincount(inv, weights=c, minlength=len(self.clusters))
-                                for c in (*numer.T, denom)], 1)
+        numer = np.asarray(numer, float).reshape(len(np.asarray(codes)), -1)
+        denom = np.ones(len(numer)) if denom is None else np.asarray(denom, float)
+        self.clusters, self.totals = cluster_totals(codes, np.c_[numer, denom])
 
     def sums(self, counts: np.ndarray) -> np.ndarray:
         """(resamples × (columns + 1)): the resampled Σ numer of each column, then Σ denom."""

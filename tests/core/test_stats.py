@@ -149,3 +149,40 @@ def test_mantel_haenszel_hand_computed_with_an_uninformative_stratum():
     assert res["se"] == pytest.approx(np.sqrt(21 / 512), abs=1e-15) and res["n_strata"] == 2
     none = stats.mantel_haenszel_rd([1], [3], [0], [0])
     assert np.isnan(none["rd"]) and none["n_strata"] == 0
+
+
+@pytest.mark.parametrize("n_types", [3, 400])
+def test_resampled_sums_have_the_moments_of_drawing_every_cluster(n_types):
+    """Σ of n clusters drawn with replacement: mean n·mean(t), variance n·var(t) (population
+    variance) per column, covariance likewise. Few distinct totals take the multinomial path,
+    many take the drawn-cluster path; both give these moments, integer sums exactly."""
+    rng = np.random.default_rng(21)
+    n = 500
+    first = rng.integers(0, n_types, size=n).astype(float)
+    totals = np.c_[first, (first > n_types / 2) * 1.0, np.ones(n)]
+    assert (4 * len(np.unique(totals, axis=0)) <= n) == (n_types == 3)  # the multinomial path, or the draws
+    sums = stats.resampled_sums(totals, 20000, np.random.default_rng(22))
+    assert sums.shape == (20000, 3) and np.array_equal(sums, np.round(sums))
+    assert (sums[:, 2] == n).all()  # every resample draws exactly n clusters
+    cov = np.cov(totals.T, bias=True) * n
+    assert sums.mean(axis=0) == pytest.approx(n * totals.mean(axis=0), rel=0.01)
+    np.testing.assert_allclose(np.cov(sums.T)[:2, :2], cov[:2, :2], rtol=0.05)
+
+
+def test_cluster_bootstrap_ratio_and_resampled_ratio_share_the_cluster_totals():
+    """The two clustered-ratio bootstraps sum the same per-cluster totals: with the multiplicities
+    of every resample they agree exactly, whichever way the clusters were drawn."""
+    rng = np.random.default_rng(23)
+    codes = rng.integers(0, 40, 300)
+    numer = rng.random(300)
+    clusters, totals = stats.cluster_totals(codes, np.c_[numer, np.ones(300)])
+    counts = next(stats.cluster_count_chunks(len(clusters), 50, np.random.default_rng(0)))
+    via_counts = stats.ResampledRatio(codes, numer)(counts)[:, 0]
+    weights = counts[:, np.searchsorted(clusters, codes)]
+    np.testing.assert_allclose(via_counts, weights @ numer / weights.sum(axis=1), rtol=1e-12)
+    np.testing.assert_allclose(counts @ totals[:, 0] / (counts @ totals[:, 1]), via_counts, rtol=1e-12)
+    boot = stats.cluster_bootstrap_ratio(numer, np.ones(300), codes, 4000, np.random.default_rng(1))
+    shared = np.concatenate([stats.ResampledRatio(codes, numer)(c)[:, 0]
+                             for c in stats.cluster_count_chunks(len(clusters), 4000, np.random.default_rng(2))])
+    assert boot.mean() == pytest.approx(shared.mean(), abs=0.002)
+    assert boot.std() == pytest.approx(shared.std(), rel=0.05)

@@ -16,7 +16,7 @@ from .tasks import TASKS
 
 #: the query role a task's discordance is measured for (``queries``; ablation 7 exchanges them)
 QUERY_ROLES = ("positive", "negative")
-#: margin-AUROC intervals: the bootstrap of its placement-value expansion, or re-ranked resamples
+#: margin-AUROC intervals: the bootstrap of its placement-value expansion, or re-ranked resamples (the default)
 #: (the estimators: :data:`robustbench_fm.methods.candor.stage.AUROC_ESTIMATORS`)
 AUROC_BOOTSTRAPS = ("linear", "exact")
 
@@ -35,7 +35,8 @@ class CandorParams(StageParams):
     bank_size: int = 4000
     """Images per bank R+_s and R−_s, at most (candor.md "Implementation": banks ≤ 4,000)."""
     max_group_sample: int = 4000
-    """Labelled images sampled per matched group; the queries are its positives ("Implementation")."""
+    """Images sampled per matched group, labelled for the finding or not; the queries are the positives
+    in the sample ("Implementation": "a random sample of at most 4,000 images of each matched group")."""
     seed: int = field(default=42, metadata=SEED)
     """Seed of the query sample, the banks and the bootstrap (``${seed}`` on the command line)."""
     group_col: str = "acq_group"
@@ -50,8 +51,9 @@ class CandorParams(StageParams):
     """auto | binary (each finding a 0/1 column) | family_one_vs_rest (finding = a class column such
     as bio_label; each class against the other classes of its acq_group; birds and aircraft); auto:
     binary for a 0/1 column, family_one_vs_rest for a column of class names."""
-    auroc_bootstrap: str = "linear"
-    """Margin-AUROC intervals: placement-value expansion (linear) or re-ranked resamples (exact)."""
+    auroc_bootstrap: str = "exact"
+    """Margin-AUROC intervals: the percentile interval of the re-ranked patient resamples (exact; "Reporting":
+    "the 95% interval of the same resamples"), or their placement-value approximation (linear, faster)."""
     queries: str = "positive"
     """positive | negative: the roles of the two sets exchanged (ablation 7)."""
     shuffle_labels: bool = False

@@ -7,9 +7,10 @@ means the representation barely moves when the evidence leaves the image. Report
 
 * ``retention``: the mean ρ over the boxed positives, with a 95 % interval of ``n_boot``
   bootstrap resamples clustered by patient (``cluster_col``; candor.md "Reporting");
-* ``c``: the mean cosine of random pairs of the boxed (unoccluded) images — ``n_pairs`` pairs of
-  distinct images drawn with replacement (seed), or every pair when there are at most
-  ``n_pairs`` of them — and the standardised ``retention_std = (retention − c) / (1 − c)``, which
+* ``c``: the mean cosine of random pairs of the boxed (unoccluded) images of every finding of the
+  job — one c per encoder and domain, the same on every row (:func:`domain_c`) — ``n_pairs`` pairs
+  of distinct images drawn with replacement (seed), or every pair when there are at most
+  ``n_pairs`` of them; and the standardised ``retention_std = (retention − c) / (1 − c)``, which
   removes the encoder's baseline similarity of unrelated images (NaN when c is within 1e-6 of 1);
 * ``retention_control`` (and ``_std``): the same with the control box, the box's size at its
   horizontally mirrored position, or a seeded random non-overlapping position when the mirror
@@ -21,7 +22,7 @@ means the representation barely moves when the evidence leaves the image. Report
 
 With several findings a ``"pooled"`` row pools every boxed positive of them (with the default
 ``findings: [pneumothorax, pneumonia]`` this is the paper's chest retention, "the mean over the
-boxed pneumothorax and pneumonia positives"); its ``c`` uses all their boxed images.
+boxed pneumothorax and pneumonia positives"); its ``c`` is every row's: all their boxed images.
 
 Two entry points:
 
@@ -219,14 +220,23 @@ def _per_sample(unit: np.ndarray, manifest: pd.DataFrame, finding: str) -> pd.Da
     return out[np.isfinite(out["rho_box"])].reset_index(drop=True)
 
 
-def _summary_row(finding: str, ps: pd.DataFrame, unit: np.ndarray, n_pairs: int, n_boot: int,
-                 seed: int) -> dict:
+def domain_c(unit: np.ndarray, parts: list[pd.DataFrame], n_pairs: int, seed: int) -> float:
+    """The one reference c of the job (an encoder on one domain's boxed images): the mean cosine of
+    random pairs of all boxed images of every finding scored (candor.md "Occlusion Retention and
+    Discordance": "c is the mean cosine similarity of random pairs of the boxed images"; our reading:
+    one c per encoder and domain, so that every finding's and the pooled standardised retention
+    share one reference and the chest pool is not a mix of the sources' references).
+    Its pairs are drawn from a generator of their own (``seed``, "c")."""
+    rows = np.unique(np.concatenate([p["_row"].to_numpy() for p in parts])) if parts else np.zeros(0, int)
+    return pair_cosine(unit[rows], n_pairs, np.random.default_rng([int(seed), zlib.crc32(b"c")]))
+
+
+def _summary_row(finding: str, ps: pd.DataFrame, c: float, n_boot: int, seed: int) -> dict:
     rng = np.random.default_rng([int(seed), zlib.crc32(finding.encode())])
     rho = ps["rho_box"].to_numpy(float)
     boot = cluster_bootstrap_ratio(rho, np.ones(len(rho)), ps["patient_id"], n_boot, rng) if n_boot and len(rho) \
         else np.array([])
     ci = summarize_bootstrap(boot)
-    c = pair_cosine(unit[np.unique(ps["_row"].to_numpy())], n_pairs, rng)
     ctrl = ps["rho_control"].dropna()
     paired = (ps["rho_control"] - ps["rho_box"]).dropna()
     retention = float(rho.mean()) if len(rho) else float("nan")
@@ -259,10 +269,11 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding, **params) -> Resu
         manifest = manifest.assign(patient_id=manifest[cluster_col])
     unit = l2_normalize(features, "retention: features", dtype=np.float64)
     parts = {f: _per_sample(unit, manifest, f) for f in findings}
-    rows = [_summary_row(f, parts[f], unit, int(n_pairs), int(n_boot), seed) for f in findings]
+    c = domain_c(unit, list(parts.values()), int(n_pairs), seed)
+    rows = [_summary_row(f, parts[f], c, int(n_boot), seed) for f in findings]
     per_sample = pd.concat(parts.values(), ignore_index=True)
     if len(findings) > 1:
-        rows.append(_summary_row(POOLED, per_sample, unit, int(n_pairs), int(n_boot), seed))
+        rows.append(_summary_row(POOLED, per_sample, c, int(n_boot), seed))
     params = {"finding": findings, "n_pairs": int(n_pairs), "seed": seed, "n_boot": int(n_boot),
               "cluster_col": cluster_col, "fill": p.fill}
     return Results(summary=pd.DataFrame(rows, columns=SUMMARY_COLUMNS),

@@ -4,8 +4,9 @@
 For one task (a binary finding, or one class against the other classes of its family; see
 :mod:`robustbench_fm.methods.candor.tasks`) and each matched group s (``group_col``):
 
-* queries: the positives inside a seeded random sample of at most ``max_group_sample`` labelled
-  images of s;
+* queries: the positives inside a seeded random sample of at most ``max_group_sample`` images of
+  s, drawn from all its images before any label is read (an image unlabelled for the finding takes
+  a place in the sample; "a random sample of at most 4,000 images of each matched group");
 * banks R+_s and R−_s: n = min(bank_size, #positives, #negatives) images drawn once (seed) from
   all positives / negatives of s; a query that is in R+_s is removed from it (it then meets n−1
   positives, chance level ≤ 1/2 + k/n, candor.md "The Discordance Rate and Its Chance Level");
@@ -16,11 +17,13 @@ For one task (a binary finding, or one class against the other classes of its fa
 * margin AUROC: every labelled image of s scored by c+ − c− against the banks, each image
   excluded from the bank holding it ("Baselines");
 * ± and 95% interval of D, D_all and the margin AUROC: ``n_boot`` resamples of patients
-  (``cluster_col``) with the banks fixed ("Reporting"). One matrix of patient multiplicities serves
-  every group, task and pool, so pooled rows are resampled jointly. The margin AUROC is resampled
-  through its placement-value expansion (``auroc_bootstrap="linear"``, the clustered DeLong variance;
-  one pass over the patients) or re-ranked in every resample (``"exact"``, a pass over every image
-  with a cumulative sum: about 3 times the stage's other bootstrap work at chest scale).
+  (``cluster_col``) with the banks fixed ("Reporting"). A row resamples the patients of its own
+  queries (the margin AUROC: of the images it scores), never every patient of the manifest; a pooled
+  row resamples those of all its groups (and tasks) jointly. The margin AUROC is re-ranked in every
+  resample and its interval is the percentile interval of those resamples (``auroc_bootstrap="exact"``,
+  the default: a pass over every scored image with a cumulative sum), or, as a fast approximation,
+  resampled through its placement-value expansion (``"linear"``, the clustered DeLong variance; one
+  pass over the patients).
 
 Groups are pooled weighted by their number of queries (D and D_all as ratios of sums, the margin
 AUROC as the query-weighted mean of group AUROCs). A group that cannot be scored (fewer than
@@ -51,6 +54,7 @@ c_pos_all, c_neg_all, dm_all, discordant_all.
 from __future__ import annotations
 
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -61,7 +65,14 @@ from sklearn.metrics import roc_auc_score
 from ...core.devices import resolve_device
 from ...core.neighbors import Shortlist, l2_normalize, topk_similarity
 from ...core.results import Results
-from ...core.stats import LinearizedAUROC, ResampledAUROC, ResampledRatio, cluster_count_chunks, summarize_bootstrap
+from ...core.stats import (
+    LinearizedAUROC,
+    ResampledAUROC,
+    ResampledRatio,
+    cluster_count_chunks,
+    resampled_sums,
+    summarize_bootstrap,
+)
 from .. import missing_column
 from . import tasks as ct
 from .params import AUROC_BOOTSTRAPS, QUERY_ROLES, CandorParams  # noqa: F401  (QUERY_ROLES: importable here)
@@ -73,6 +84,9 @@ RECORDED_PARAMS = ("k", "bank_size", "max_group_sample", "seed", "group_col", "c
                    "box_verified", "auroc_bootstrap")
 
 POOLED = "__pooled__"
+#: cluster draws per chunk of the margin AUROC's bootstrap multiplicities (small enough for the counting to
+#: stay in cache; at least 64 resamples a chunk)
+BOOT_CHUNK = 262_144
 #: Matched group of every query under ``unmatched=True`` for the pooled banks' draw.
 UNMATCHED = "__unmatched__"
 #: ``run`` takes a list of findings and scores them from one similarity pass per matched group.
@@ -95,17 +109,35 @@ def group_rng(seed: int, group: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(str(group).encode())])
 
 
-def draw_group(pos: np.ndarray, neg: np.ndarray, bank_size: int, max_group_sample: int,
-               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Queries (positives of the ≤ max_group_sample sample) and the equal-size banks R+, R−."""
-    labelled = np.sort(np.concatenate([pos, neg]))
-    sample = labelled if len(labelled) <= max_group_sample else np.sort(
-        rng.choice(labelled, size=max_group_sample, replace=False))
-    queries = sample[np.isin(sample, pos)]
+def draw_sample(images: np.ndarray, max_group_sample: int, rng: np.random.Generator) -> np.ndarray:
+    """The matched group's random sample of at most ``max_group_sample`` of its ``images`` (every
+    image of the group, labelled for the task or not), sorted (candor.md "Implementation": "The
+    queries are the positives in a random sample of at most 4,000 images of each matched group")."""
+    images = np.sort(np.asarray(images, np.int64))
+    return images if len(images) <= max_group_sample else np.sort(
+        rng.choice(images, size=max_group_sample, replace=False))
+
+
+def draw_banks(pos: np.ndarray, neg: np.ndarray, bank_size: int,
+               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The equal-size banks R+ and R−: n = min(bank_size, #pos, #neg) of each, sorted."""
     n = min(bank_size, len(pos), len(neg))
-    bank_pos = np.sort(rng.choice(pos, size=n, replace=False))
-    bank_neg = np.sort(rng.choice(neg, size=n, replace=False))
-    return queries, bank_pos, bank_neg
+    return np.sort(rng.choice(pos, size=n, replace=False)), np.sort(rng.choice(neg, size=n, replace=False))
+
+
+def draw_group(images: np.ndarray, pos: np.ndarray, neg: np.ndarray, bank_size: int, max_group_sample: int,
+               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Queries and the equal-size banks R+, R− of one task in one matched group.
+
+    The sample of at most ``max_group_sample`` images is drawn from ``images``, all images of the
+    group, before any label is looked at (:func:`draw_sample`); the queries are the task's positives
+    ``pos`` inside it, so an image unlabelled for the finding takes a place in the sample but is
+    never a query. With the group's generator (:func:`group_rng`) the sample is the same for every
+    task of the group ("The sets are drawn once, with seed 42"); the banks are then drawn from all
+    positives and negatives of the group (:func:`draw_banks`)."""
+    sample = draw_sample(images, max_group_sample, rng)
+    bank_pos, bank_neg = draw_banks(pos, neg, bank_size, rng)
+    return sample[np.isin(sample, pos)], bank_pos, bank_neg
 
 
 def equal_size_drops(queries: np.ndarray, bank_pos: np.ndarray, bank_neg: np.ndarray,
@@ -252,12 +284,13 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     clusters = pd.factorize(manifest[cluster_col].astype(str), sort=True)[0]
     setting = _Setting(torch.as_tensor(l2_normalize(features), device=resolve_device(p.device)), k, clusters,
                        p.exclude_patient, p.exclude_patient or unmatched, p.block_size, p.backend)
-    pools = {i: _pooled_sets(t.labels, bank_size, max_group_sample, seed) for i, t in enumerate(tasks)} \
+    pools = {i: _pooled_sets(t.labels, bank_size, seed) for i, t in enumerate(tasks)} \
         if unmatched else {}
     sample_ids = manifest["sample_id"].to_numpy()
     rows, parts, per_sample = {i: [] for i in range(len(tasks))}, [], []
     for group in sorted(pd.unique(groups)):
         in_group = groups == group
+        images = np.flatnonzero(in_group)  # the query sample is drawn from all of them (draw_group)
         labelled = np.flatnonzero(in_group & np.any([~np.isnan(t.labels) for t in tasks], axis=0))
         group_shortlist = None
         for i, t in enumerate(tasks):
@@ -273,7 +306,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
                 row["reason"] = (f"fewer than k+1={k + 1} positives or negatives "
                                  f"({len(cand_pos)} positives, {len(cand_neg)} negatives)")
                 continue
-            q, bank_pos, bank_neg = draw_group(pos, neg, bank_size, max_group_sample, group_rng(seed, group))
+            q, bank_pos, bank_neg = draw_group(images, pos, neg, bank_size, max_group_sample, group_rng(seed, group))
             if unmatched:
                 bank_pos, bank_neg = pools[i][2:]
             if len(q) == 0:
@@ -329,12 +362,12 @@ def _prepared_tasks(manifest, findings, task, group_col, groups, seed, queries, 
     return tasks
 
 
-def _pooled_sets(labels, bank_size, max_group_sample, seed):
+def _pooled_sets(labels, bank_size, seed):
     """``unmatched``: all positives, all negatives and the two banks drawn from them."""
     pos, neg = np.flatnonzero(labels == 1), np.flatnonzero(labels == 0)
     if min(len(pos), len(neg)) == 0:
         return pos, neg, pos[:0], neg[:0]
-    _, bank_pos, bank_neg = draw_group(pos, neg, bank_size, max_group_sample, group_rng(seed, UNMATCHED))
+    bank_pos, bank_neg = draw_banks(pos, neg, bank_size, group_rng(seed, UNMATCHED))
     return pos, neg, bank_pos, bank_neg
 
 
@@ -410,41 +443,130 @@ def _combined_rows(tasks, pooled, k) -> list[tuple[dict, list[int], np.ndarray]]
 
 
 def _bootstrap(tasks, parts, pooled, combos, clusters, n_boot, seed, auroc_boot) -> None:
-    """± and 95% intervals of every row: patients resampled with the banks fixed, one matrix of
-    patient multiplicities for all groups, tasks and pools (so pools are resampled jointly)."""
+    """± and 95% intervals of every row, the banks fixed (candor.md "Reporting": "A ± value is the
+    standard deviation over 1,000 bootstrap resamples clustered by patient. An interval is the 95%
+    interval of the same resamples").
+
+    Each row resamples the patients of its own units, never every patient of the manifest: D and
+    D_all the patients of its queries, the margin AUROC the patients of the images it scores (its
+    "queries": every positive and negative of the group, "Baselines"). A group row draws from its
+    group's patients; a task's pooled row from those of all its groups, jointly; a pool across
+    tasks (``__chest__``, ``__mean__``) from those of all its tasks' groups, jointly. A resample
+    draws as many patients as the set holds, uniformly with replacement, from a generator seeded by
+    ``seed`` and the set itself (:func:`_patient_set_rng`): rows over the same patients (e.g. the
+    findings of a group labelled on the same images) share their resamples, which pairs them."""
     if n_boot == 0 or not parts:
         return
-    rates = [ResampledRatio(clusters[p["queries"]], p["disc"]) for p in parts]
-    aurocs = [auroc_boot(p["margin"], p["labels"], clusters[p["images"]]) for p in parts]
     by_task = {i: [j for j, p in enumerate(parts) if p["task"] == i] for i in range(len(tasks))}
-    part_reps = np.empty((len(parts), n_boot, 3))
-    task_reps = np.full((len(tasks), n_boot, 3), np.nan)
-    start = 0
-    for counts in cluster_count_chunks(int(clusters.max()) + 1, n_boot, np.random.default_rng(seed)):
-        at = slice(start, start + len(counts))
-        sums = [rate.sums(counts) for rate in rates]  # a task's pooled rate sums its groups' sums
-        for j in range(len(parts)):
-            part_reps[j, at, :2] = ResampledRatio.ratio(sums[j])
-            part_reps[j, at, 2] = aurocs[j](counts)
-        for i, js in by_task.items():
-            if js:
-                task_reps[i, at, :2] = ResampledRatio.ratio(sum(sums[j] for j in js))
-        start += len(counts)
-    for i, js in by_task.items():
-        weights = _auroc_weights([parts[j] for j in js])
-        if js and weights.sum():
-            used = [j for j, w in zip(js, weights) if w]
-            task_reps[i, :, 2] = np.tensordot(weights[weights > 0], part_reps[used, :, 2], 1) / weights.sum()
-    for j, p in enumerate(parts):
-        _fill_intervals(p["row"], part_reps[j])
-    for i, row in pooled.items():
-        _fill_intervals(row, task_reps[i])
-    for row, members, weights in combos:
-        if members:
-            reps = task_reps[members]
-            _fill_intervals(row, np.stack([np.tensordot(weights, reps[:, :, 0], 1) / weights.sum(),
-                                           np.tensordot(weights, reps[:, :, 1], 1) / weights.sum(),
-                                           reps[:, :, 2].mean(axis=0)], axis=1))
+    # every row as {task: its parts}; a row's replicates are (resamples x [D, D_all, AUROC]) per task
+    rows = [({p["task"]: [j]}, p["row"], None) for j, p in enumerate(parts)]
+    rows += [({i: by_task[i]}, row, None) for i, row in pooled.items() if by_task[i]]
+    rows += [({i: by_task[i] for i in members}, row, (members, weights)) for row, members, weights in combos if members]
+    resampler = _Resampler(parts, clusters, n_boot, seed, auroc_boot)
+    for tasks_parts, _, _ in rows:
+        resampler.need(tasks_parts)
+    resampler.run()
+    for tasks_parts, row, pool in rows:
+        reps = resampler.replicates(tasks_parts)
+        if pool is None:
+            [task_reps] = reps.values()
+            _fill_intervals(row, task_reps)
+            continue
+        members, weights = pool
+        stack = np.stack([reps[i] for i in members])  # (tasks, resamples, metrics)
+        _fill_intervals(row, np.stack([np.tensordot(weights, stack[:, :, 0], 1) / weights.sum(),
+                                       np.tensordot(weights, stack[:, :, 1], 1) / weights.sum(),
+                                       stack[:, :, 2].mean(axis=0)], axis=1))
+
+
+def _patient_set_rng(seed: int, patients: np.ndarray) -> np.random.Generator:
+    """The bootstrap generator of one set of patients (sorted cluster codes): seeded by ``seed`` and
+    the set, so the resamples of a row do not depend on the other rows."""
+    return np.random.default_rng([seed, zlib.crc32(np.ascontiguousarray(patients, np.int64).tobytes())])
+
+
+class _Resampler:
+    """The bootstrap of :func:`_bootstrap`, one draw of resamples per distinct patient set.
+
+    :meth:`need` registers a row ({task: its parts}); :meth:`run` resamples every patient set a row
+    needs (its queries' patients for D and D_all, its scored images' patients for the AUROC) and
+    evaluates what the rows over that set need: each task's summed discordance counts
+    (:func:`~robustbench_fm.core.stats.resampled_sums` of the patients' totals) and each part's
+    resampled AUROC (once per part and set, shared by the rows); :meth:`replicates` combines them
+    into a row's (resamples × [D, D_all, AUROC]) per task."""
+
+    def __init__(self, parts, clusters, n_boot, seed, auroc_boot):
+        self.parts, self.n_boot, self.seed, self.auroc_boot = parts, n_boot, seed, auroc_boot
+        self.patients = {(j, kind): np.unique(clusters[p[kind]]) for j, p in enumerate(parts)
+                         for kind in ("queries", "images")}
+        self.clusters = clusters
+        self.rate_sets: dict[bytes, tuple[np.ndarray, set]] = {}   # set -> (patients, task groups of parts)
+        self.auroc_sets: dict[bytes, tuple[np.ndarray, set]] = {}  # set -> (patients, parts)
+        self.sums: dict[tuple, np.ndarray] = {}    # (set, parts) -> (resamples × [Σ disc, Σ disc_all, queries])
+        self.aurocs: dict[tuple, np.ndarray] = {}  # (set, part) -> (resamples,)
+        self.keys: dict[tuple, tuple] = {}  # row -> its two patient sets
+
+    def _set(self, js, kind) -> tuple[bytes, np.ndarray]:
+        patients = np.unique(np.concatenate([self.patients[(j, kind)] for j in js])) if js else np.zeros(0, np.int64)
+        return patients.astype(np.int64).tobytes(), patients
+
+    def _scored(self, js) -> list[int]:
+        """The parts of ``js`` that carry an AUROC (weight > 0 in the pooled AUROC)."""
+        return [j for j, w in zip(js, _auroc_weights([self.parts[j] for j in js])) if w]
+
+    def _keys(self, tasks_parts) -> tuple[tuple, tuple]:
+        row = tuple((i, tuple(group)) for i, group in tasks_parts.items())
+        if row not in self.keys:
+            js = [j for group in tasks_parts.values() for j in group]
+            self.keys[row] = self._set(js, "queries"), self._set(self._scored(js), "images")
+        return self.keys[row]
+
+    def need(self, tasks_parts: dict[int, list[int]]) -> None:
+        (rate_key, rate_patients), (auroc_key, auroc_patients) = self._keys(tasks_parts)
+        self.rate_sets.setdefault(rate_key, (rate_patients, set()))[1].update(map(tuple, tasks_parts.values()))
+        js = [j for group in tasks_parts.values() for j in group]
+        self.auroc_sets.setdefault(auroc_key, (auroc_patients, set()))[1].update(self._scored(js))
+
+    def run(self) -> None:
+        for key, (patients, groups) in self.rate_sets.items():
+            groups = sorted(groups)
+            totals = np.zeros((len(patients), 3 * len(groups)))  # per patient: Σ disc, Σ disc_all, queries
+            for g, group in enumerate(groups):
+                for j in group:
+                    part = self.parts[j]
+                    local = np.searchsorted(patients, self.clusters[part["queries"]])
+                    for c, values in enumerate((*part["disc"].T, np.ones(len(local)))):
+                        totals[:, 3 * g + c] += np.bincount(local, weights=values, minlength=len(patients))
+            out = resampled_sums(totals, self.n_boot, _patient_set_rng(self.seed, patients))
+            for g, group in enumerate(groups):
+                self.sums[(key, group)] = out[:, 3 * g:3 * g + 3]
+        for key, (patients, js) in self.auroc_sets.items():
+            js = sorted(js)
+            if not js:
+                continue
+            estimators = [self.auroc_boot(self.parts[j]["margin"], self.parts[j]["labels"],
+                                          np.searchsorted(patients, self.clusters[self.parts[j]["images"]]))
+                          for j in js]
+            out, start = np.empty((self.n_boot, len(js))), 0
+            with ThreadPoolExecutor(max(1, min(len(js), torch.get_num_threads()))) as pool:  # numpy frees the GIL
+                for counts in cluster_count_chunks(len(patients), self.n_boot, _patient_set_rng(self.seed, patients),
+                                                   max_draws=max(BOOT_CHUNK, 64 * len(patients))):
+                    out[start:start + len(counts)] = np.stack(list(pool.map(lambda e: e(counts), estimators)), 1)
+                    start += len(counts)
+            for c, j in enumerate(js):
+                self.aurocs[(key, j)] = out[:, c]
+
+    def replicates(self, tasks_parts: dict[int, list[int]]) -> dict[int, np.ndarray]:
+        (rate_key, _), (auroc_key, _) = self._keys(tasks_parts)
+        out = {}
+        for i, group in tasks_parts.items():
+            reps = np.full((self.n_boot, 3), np.nan)
+            reps[:, :2] = ResampledRatio.ratio(self.sums[(rate_key, tuple(group))])
+            weights = _auroc_weights([self.parts[j] for j in group])
+            if weights.sum():
+                reps[:, 2] = sum(w * self.aurocs[(auroc_key, j)] for j, w in zip(group, weights) if w) / weights.sum()
+            out[i] = reps
+        return out
 
 
 def _fill_intervals(row: dict, reps: np.ndarray) -> None:

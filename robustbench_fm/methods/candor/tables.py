@@ -2,8 +2,10 @@
 
 * :func:`candor_table2`: Table 2, the chest encoders on MIMIC-CXR + CheXpert: Params (M), head
   AUROC, margin AUROC, D, D_all, retention (``experiment=chest_candor``);
+* :func:`candor_chest_queries`: the positive queries of that analysis beside the paper's 22,133;
 * :func:`candor_table3`: Table 3, D of every encoder on the 7 tasks outside chest radiography and
   the task-level rows (positive queries, ΔJ, Sig. (%), r, Conf.) (``experiment=candor_domains``);
+  ΔJ and Sig. from one overlap test per encoder pair and class (:func:`table3_overlaps`);
 * :func:`candor_calibration`: Figure 2a's numbers, D and D_all of the planted references against
   the prevalence and the number of positives (``experiment=candor_calibration``);
 * :func:`candor_ablation`: one ablation of "Ablation Studies", whichever setting the sweep varied
@@ -33,14 +35,14 @@ import pandas as pd
 from ... import encoders
 from ...core.tables import PaperTable, SweepResults
 from ...data.manifest import CHEST_FINDINGS
-from ...report.published import aliases
+from ...report.published import aliases, text_numbers
 from .params import CandorParams
 from .ranks import MIN_TEST_N, association_family, spearman
 from .sets import overlap_summary, pairwise_overlaps
 from .tasks import SEVERITY_WEIGHTS
 
-TABLES = ["candor_table2", "candor_table3", "candor_calibration", "candor_ablation", "candor_associations",
-          "candor_chest_overlap"]
+TABLES = ["candor_table2", "candor_chest_queries", "candor_table3", "candor_calibration", "candor_ablation",
+          "candor_associations", "candor_chest_overlap"]
 
 POOLED = "__pooled__"  # stages/candor.py: the row pooling a task's matched groups
 #: stages/candor.py rows pooled across tasks (candor_tasks.CHEST_POOL, CLASS_MEAN) start with this
@@ -195,14 +197,49 @@ def _chest_panel(results: SweepResults) -> tuple[pd.DataFrame, pd.DataFrame]:
                         on=["encoder", "finding"], how="left")
     combos = combos.merge(logme[["encoder", "finding", "logme"]], on=["encoder", "finding"], how="left")
     encoders = chest_rate(combos, ["encoder"], ["d", "d_all"], ["margin_auroc", "head_auroc"])
-    retention = _stage_rows(results, "retention", ["retention", "retention_std", "n"])
+    retention = chest_retention(results).set_index("encoder")
     for col in ("retention", "retention_std"):  # raw and standardised (rho - c) / (1 - c)
-        encoders[col] = encoders["encoder"].map(
-            {e: _weighted(p[col].astype(float), p["n"].astype(float).fillna(1.0))
-             for e, p in retention.groupby("encoder")})
+        encoders[col] = encoders["encoder"].map(retention[col])
     logme_mean = combos.groupby("encoder")["logme"].mean()
     encoders["logme"] = encoders["encoder"].map(logme_mean)
     return combos, encoders
+
+
+#: retention's row of all its findings' boxed positives (methods/candor/retention.py POOLED)
+RETENTION_POOL = "pooled"
+#: 1 − c at or below this leaves the standardised retention undefined (retention.MIN_SPREAD)
+RETENTION_MIN_SPREAD = 1e-6
+
+
+def chest_retention(results: SweepResults) -> pd.DataFrame:
+    """Per encoder: ``retention``, ``c`` and ``retention_std`` = (retention − c)/(1 − c) with one c per
+    encoder and domain (candor.md "Occlusion Retention and Discordance": "Chest retention is the
+    mean over the boxed pneumothorax and pneumonia positives", standardised with "c ... the mean
+    cosine similarity of random pairs of the boxed images").
+
+    A job's retention is its row over all its findings' boxed positives (``pooled``; a job of one
+    finding: that row); never a mix of its findings' rows. The jobs of an encoder (the sweep runs
+    the same sources once per dataset) are averaged by their number of positives, ``c`` alike, and
+    the standardised retention is computed from those two means; rows without ``c`` (older results)
+    keep their own ``retention_std``."""
+    rows = _stage_rows(results, "retention", ["retention", "retention_std", "c", "n"])
+    out = []
+    for (encoder, _), part in rows.groupby(["encoder", "job"], sort=True):
+        pool = part[part["finding"].astype(str) == RETENTION_POOL]
+        out.append((pool if len(pool) else part).assign(encoder=encoder))
+    if not out:
+        return pd.DataFrame(columns=["encoder", "retention", "c", "retention_std"])
+    rows = pd.concat(out, ignore_index=True)
+    records = []
+    for encoder, part in rows.groupby("encoder", sort=True):
+        n = part["n"].astype(float).fillna(1.0)
+        retention, c = _weighted(part["retention"].astype(float), n), _weighted(part["c"].astype(float), n)
+        if np.isfinite(c):
+            std = (retention - c) / (1 - c) if 1 - c > RETENTION_MIN_SPREAD else np.nan
+        else:
+            std = _weighted(part["retention_std"].astype(float), n)
+        records.append(dict(encoder=encoder, retention=retention, c=c, retention_std=std))
+    return pd.DataFrame(records)
 
 
 def _section(encoder: str) -> int:
@@ -226,9 +263,7 @@ def candor_table2(results: SweepResults) -> list[PaperTable]:
     _, enc = _chest_panel(results)
     if enc.empty:
         return []
-    rows = _candor_rows(results)
-    datasets = sorted(set(rows.loc[rows["finding"].isin(CHEST_FINDINGS), "dataset"].astype(str)),
-                      key=lambda d: (list(DATASET_NAMES).index(d) if d in DATASET_NAMES else len(DATASET_NAMES), d))
+    datasets = _chest_datasets(_candor_rows(results))
     enc["section"] = enc["encoder"].map(_section)
     enc = enc.sort_values(["section", "d", "encoder"], kind="stable")
     specs = {e: _spec(e) for e in enc["encoder"]}
@@ -242,6 +277,42 @@ def candor_table2(results: SweepResults) -> list[PaperTable]:
     return [PaperTable("candor_table2", frame, caption=f"Chest encoders on {_dataset_list(datasets)} "
                        "(D_all with unequal candidate sets; D and D_all severity-weighted over the 12 findings)",
                        best={"AUROC Head": "max", "AUROC Margin": "max", "D": "min", "Retention": "min"})]
+
+
+def _chest_datasets(rows: pd.DataFrame) -> list[str]:
+    """The chest datasets of CANDOR's rows, in the paper's order."""
+    return sorted(set(rows.loc[rows["finding"].isin(CHEST_FINDINGS), "dataset"].astype(str)),
+                  key=lambda d: (list(DATASET_NAMES).index(d) if d in DATASET_NAMES else len(DATASET_NAMES), d))
+
+
+#: candor_text_numbers.csv: the positive queries of the main chest analysis (candor.md "Scope": 22,133)
+MAIN_CHEST_QUERIES = "positive queries in the main chest analysis"
+
+
+def candor_chest_queries(results: SweepResults) -> list[PaperTable]:
+    """The positive queries of the chest analysis per finding (summed over the sweep's sites) and
+    over all findings, beside the paper's count (candor.md "Scope": "This analysis has 22,133
+    positive queries", MIMIC-CXR and CheXpert; a query is a positive in the random sample of at most
+    4,000 images of its matched group, "Implementation"). The queries are the same for every encoder
+    (one draw per matched group); an encoder that lost a query (fewer than k candidates) does not
+    set the count, so each count is the largest over the encoders."""
+    rows = _candor_rows(results)
+    datasets = _chest_datasets(rows)
+    chest = rows[rows["finding"].isin(CHEST_FINDINGS) & (rows["target"] == rows["finding"])]
+    if chest.empty:
+        return []
+    per = (chest.groupby(["finding", "encoder"])["n_queries"].sum().groupby("finding").max()
+           .reindex([f for f in CHEST_FINDINGS if f in set(chest["finding"])]))
+    texts = text_numbers()
+    paper = texts.loc[(texts["paper"] == "candor") & (texts["version"] == "v4")
+                      & texts["quantity"].str.startswith(MAIN_CHEST_QUERIES), "value"]
+    frame = pd.DataFrame({"Finding": [*per.index, "All findings"],
+                          "Positive queries": [*per.to_numpy(float), float(per.sum())],
+                          "Paper": [*[np.nan] * len(per), float(paper.iloc[0]) if len(paper) else np.nan]})
+    return [PaperTable("candor_chest_queries", frame, decimals=0, na_rep="—",
+                       caption=f"Positive queries of the chest analysis on {_dataset_list(datasets)} (the positives "
+                               "in a random sample of at most 4,000 images of each matched group), beside the "
+                               "paper's count for MIMIC-CXR and CheXpert")]
 
 
 def _task_rows(rows: pd.DataFrame) -> pd.DataFrame:
@@ -265,9 +336,49 @@ def _shown(encoder: str, task: str) -> bool:
     return task in SPECIALIST_TASKS.get(encoder, tuple(TASKS))
 
 
-def candor_table3(results: SweepResults) -> list[PaperTable]:
+#: Table 3's overlap tests (ΔJ, Sig.): one hypergeometric test per encoder pair and class, BH over
+#: every test of the task (the paper's), or one per pair with the classes pooled (an option)
+OVERLAP_FAMILIES = ("per_class", "pooled")
+
+
+def table3_overlaps(results: SweepResults, overlap: str = "per_class") -> tuple[dict, dict]:
+    """ΔJ and Sig. of Table 3 per task, from the sweep's CANDOR per-sample rows.
+
+    ``per_class`` (default): one hypergeometric overlap test per encoder pair *and class*, on the
+    queries of that class over the task's sites, and BH over all the tests of the task. candor.md
+    "Discordance Across Domains": "Sig. is the share of encoder pairs with a significant overlap of
+    discordant sets after FDR correction"; "Birds and aircraft are tested one class at a time"
+    ("Scope"), and the printed 24.3% and 13.5% are not multiples of 1/28 (28 pairs) but fit the 28 ×
+    167 = 4,676 bird and 28 × 87 = 2,436 aircraft tests. Our reading: for a one-vs-rest task the unit
+    of a test is the (pair, class), the family is every test of the task, Sig. the share of its tests
+    significant and ΔJ their mean; a binary task has one class, so one test per pair pooled over its
+    sites (268 pairs in dermatology, fundus, histopathology and mammography, as the text counts).
+    Pooling the classes would make a pair overlap above chance whenever the encoders merely agree
+    on which classes are hard. ``pooled``: one test per pair on the queries of all classes, a query
+    being (dataset, class, sample)."""
+    if overlap not in OVERLAP_FAMILIES:
+        raise ValueError(f"candor_table3: overlap={overlap!r} is not one of {', '.join(OVERLAP_FAMILIES)}")
+    per_sample = results.per_sample("candor")
+    if per_sample.empty:
+        return {}, {}
+    ps = _task_rows(per_sample)
+    ps = ps[[_shown(e, t) for e, t in zip(ps["encoder"], ps["task"])]]
+    if overlap == "per_class":
+        pairs = pairwise_overlaps(ps, task_cols=("task", "finding", "target"), id_cols=("dataset", "sample_id"),
+                                  family_cols=("task",))
+    else:  # a one-vs-rest query is scored once, for its own class
+        pairs = pairwise_overlaps(ps, task_cols=("task", "finding"), id_cols=("dataset", "target", "sample_id"),
+                                  family_cols=("task",))
+    if pairs.empty:
+        return {}, {}
+    summary = overlap_summary(pairs, by=("task",)).set_index("task")
+    return summary["delta_j"].to_dict(), summary["sig"].to_dict()
+
+
+def candor_table3(results: SweepResults, overlap: str = "per_class") -> list[PaperTable]:
     """Table 3: D of every encoder on the tasks outside chest radiography (bold: lowest per task)
-    and the task-level rows (``candor_table3_task_level``)."""
+    and the task-level rows (``candor_table3_task_level``); ``overlap`` chooses the family of the
+    ΔJ and Sig. rows (:func:`table3_overlaps`: per class, the paper's, or pooled)."""
     rows = _task_rows(_candor_rows(results))
     if rows.empty:
         return []
@@ -283,18 +394,7 @@ def candor_table3(results: SweepResults) -> list[PaperTable]:
     encoder_frame.columns.name = None
 
     queries = rows.groupby(["task", "encoder"])["n_queries"].sum().groupby("task").max()
-    per_sample = results.per_sample("candor")
-    delta_j, sig = {}, {}
-    if not per_sample.empty:
-        ps = _task_rows(per_sample)
-        ps = ps[[_shown(e, t) for e, t in zip(ps["encoder"], ps["task"])]]
-        # one test per encoder pair and task, on the queries of all its sites and classes: a query
-        # is (dataset, class, sample) (a one-vs-rest query is scored once, for its own class)
-        pairs = pairwise_overlaps(ps, task_cols=("task", "finding"), id_cols=("dataset", "target", "sample_id"),
-                                  family_cols=("task",))
-        if not pairs.empty:
-            summary = overlap_summary(pairs, by=("task",)).set_index("task")
-            delta_j, sig = summary["delta_j"].to_dict(), summary["sig"].to_dict()
+    delta_j, sig = table3_overlaps(results, overlap)
     errors = _task_rows(_stage_rows(results, "error_detection", ["method", "stratum", "auroc"]))
     errors = errors[errors["stratum"].fillna(ALL_STRATA).astype(str) == ALL_STRATA]
     task_rows = {"Positive queries": queries.to_dict(), "ΔJ": delta_j, "Sig. (%)": sig}
@@ -306,7 +406,8 @@ def candor_table3(results: SweepResults) -> list[PaperTable]:
                        "chest radiography (bold: lowest D)", best={t: "min" for t in TASKS}),
             PaperTable("candor_table3_task_level", tasks, caption="Task-level results: positive queries, "
                        "ΔJ (mean Jaccard overlap of discordant sets in excess of chance), Sig. (share of "
-                       "encoder pairs significant after FDR, as a fraction), AUROCs of r and confidence")]
+                       "encoder pairs significant after FDR, as a fraction; birds and aircraft: one test per "
+                       f"pair and class, {overlap.replace('_', ' ')}), AUROCs of r and confidence")]
 
 
 def candor_calibration(results: SweepResults) -> list[PaperTable]:

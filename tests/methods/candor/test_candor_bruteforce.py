@@ -70,8 +70,8 @@ def reference(feats, man, finding, bank_size, max_group_sample, seed=42, shuffle
         y = 1 - y
     all_pos, all_neg = np.flatnonzero(y == 1), np.flatnonzero(y == 0)
     if unmatched:
-        _, pool_bank_pos, pool_bank_neg = candor.draw_group(all_pos, all_neg, bank_size, max_group_sample,
-                                                            candor.group_rng(seed, candor.UNMATCHED))
+        pool_bank_pos, pool_bank_neg = candor.draw_banks(all_pos, all_neg, bank_size,
+                                                         candor.group_rng(seed, candor.UNMATCHED))
 
     def allowed(q, cands, drop=-1):
         return [j for j in cands if j != q and j != drop and not (exclude_patient and patients[j] == patients[q])]
@@ -80,8 +80,8 @@ def reference(feats, man, finding, bank_size, max_group_sample, seed=42, shuffle
     for group in sorted(set(groups)):
         pos = np.flatnonzero((groups == group) & (y == 1))
         neg = np.flatnonzero((groups == group) & (y == 0))
-        qs, bank_pos, bank_neg = candor.draw_group(pos, neg, bank_size, max_group_sample,
-                                                   candor.group_rng(seed, group))
+        qs, bank_pos, bank_neg = candor.draw_group(np.flatnonzero(groups == group), pos, neg, bank_size,
+                                                   max_group_sample, candor.group_rng(seed, group))
         cand_pos, cand_neg = (all_pos, all_neg) if unmatched else (pos, neg)
         if unmatched:
             bank_pos, bank_neg = pool_bank_pos, pool_bank_neg
@@ -148,5 +148,6 @@ def test_the_cohort_exercises_ties_and_bank_members():
     group = "siteB|PA"
     pos = np.flatnonzero((man["acq_group"] == group).to_numpy() & (y == 1))
     neg = np.flatnonzero((man["acq_group"] == group).to_numpy() & (y == 0))
-    qs, bank_pos, _ = candor.draw_group(pos, neg, 30, 120, candor.group_rng(42, group))
+    images = np.flatnonzero((man["acq_group"] == group).to_numpy())
+    qs, bank_pos, _ = candor.draw_group(images, pos, neg, 30, 120, candor.group_rng(42, group))
     assert 0 < np.isin(qs, bank_pos).sum() < len(qs)

@@ -36,8 +36,8 @@ def in_positive_bank(man, per, finding, seed=42):
     ids = man["sample_id"].to_numpy()
     for group in man["acq_group"].unique():
         g = (man["acq_group"] == group).to_numpy()
-        _, bank_pos, _ = candor.draw_group(np.flatnonzero(g & (y == 1)), np.flatnonzero(g & (y == 0)), BANK,
-                                           4000, candor.group_rng(seed, group))
+        _, bank_pos, _ = candor.draw_group(np.flatnonzero(g), np.flatnonzero(g & (y == 1)),
+                                           np.flatnonzero(g & (y == 0)), BANK, 4000, candor.group_rng(seed, group))
         inside |= per["sample_id"].isin(ids[bank_pos]).to_numpy()
     return inside
 

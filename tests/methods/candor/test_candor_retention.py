@@ -84,13 +84,50 @@ def test_brought_features_score_in_closed_form():
     assert s.loc["f1", "retention_control"] == pytest.approx(r)
     assert s.loc["f1", "control_minus_box"] == pytest.approx(((r - r) + (r - 1)) / 2)
     assert s.loc["pooled", "control_minus_box"] == pytest.approx((0 + r - 1 + 2) / 3)
-    assert s.loc["f1", "c"] == 0.0 and np.isnan(s.loc["f2", "c"])  # orthogonal originals; one image, no pair
+    # one c for the job, over the boxed images of every finding (orthogonal originals): f2's single
+    # image has no pair of its own but is standardised with the job's c
+    assert (s["c"] == 0.0).all() and s.loc["f2", "retention_std"] == pytest.approx(s.loc["f2", "retention"])
     assert s.loc["pooled", "n"] == 3 and s.loc["pooled", "retention"] == pytest.approx((r + 1 - 1) / 3)
     assert s.loc["pooled", "retention_std"] == pytest.approx(s.loc["pooled", "retention"])  # c = 0
     assert s.loc["f1", "retention_ci_low"] >= r - 1e-12 and s.loc["f1", "retention_ci_high"] <= 1 + 1e-12
     assert res.per_sample["rho_control"].tolist() == pytest.approx([r, r, 1.0])
     with pytest.raises(ValueError, match="occlusion_of"):
         retention.run(feats[:3], m.iloc[:3].drop(columns="occlusion_of"), finding="f1")
+
+
+def test_one_reference_c_per_encoder_and_domain():
+    """Issue 18 item 8 (candor.md "Occlusion Retention and Discordance": (ρ − c)/(1 − c), c the mean
+    cosine of random pairs of the boxed images): every row of a job, each finding's and the pooled
+    one, is standardised with the same c, the mean cosine of all pairs of all the job's boxed images
+    (brute force). Findings from different sources have different within-source similarity (here
+    0.8 and 0), so a c per finding would put them on different references."""
+    rng = np.random.default_rng(3)
+    boxed = pd.DataFrame({"sample_id": [f"s{i}" for i in range(6)], "path": "x",
+                          "patient_id": [f"p{i}" for i in range(6)],
+                          "box_x0": 0.1, "box_y0": 0.1, "box_x1": 0.3, "box_y1": 0.3})
+    m = retention.derived_manifest({"ptx": boxed.iloc[:3], "pna": boxed.iloc[3:]}, seed=0)
+    d = 8
+    common = np.eye(d)[0]
+    originals = np.vstack([common + 0.5 * np.eye(d)[1 + i] for i in range(3)] + [np.eye(d)[4 + i] for i in range(3)])
+    variants = m["occlusion"].astype(object).fillna("")
+    feats = np.empty((len(m), d))
+    ids = m["sample_id"].tolist()
+    for row, (sid, kind, of) in enumerate(zip(ids, variants, m["occlusion_of"])):
+        base = originals[int((of if kind else sid)[1:])]
+        feats[row] = base if not kind else base + rng.normal(scale=0.3, size=d)
+    res = retention.run(feats, m, finding=["ptx", "pna"], n_boot=0, n_pairs=1000)
+    s = res.summary.set_index("finding")
+    unit = originals / np.linalg.norm(originals, axis=1, keepdims=True)
+    i, j = np.triu_indices(6, k=1)
+    c = float(np.mean([unit[a] @ unit[b] for a, b in zip(i, j)]))
+    within = [float(np.mean([unit[a] @ unit[b] for a, b in zip(*np.triu_indices(3, k=1))])) for unit in
+              (unit[:3], unit[3:])]
+    assert within == pytest.approx([0.8, 0.0]) and c == pytest.approx(0.8 * 3 / 15)
+    assert s["c"].tolist() == pytest.approx([c, c, c])
+    for f in ("ptx", "pna", "pooled"):
+        assert s.loc[f, "retention_std"] == pytest.approx((s.loc[f, "retention"] - c) / (1 - c))
+    # linear in ρ with one c: the pooled standardised retention is the n-weighted mean of the findings'
+    assert s.loc["pooled", "retention_std"] == pytest.approx(s.loc[["ptx", "pna"], "retention_std"].mean())
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ def brute_force_dm(feats, manifest, k, bank_size, max_group_sample, seed):
     for group in sorted(manifest["acq_group"].unique()):
         g = manifest["acq_group"].to_numpy() == group
         pos, neg = np.flatnonzero(g & (labels == 1)), np.flatnonzero(g & (labels == 0))
-        queries, bank_pos, bank_neg = candor.draw_group(pos, neg, bank_size, max_group_sample,
+        queries, bank_pos, bank_neg = candor.draw_group(np.flatnonzero(g), pos, neg, bank_size, max_group_sample,
                                                         candor.group_rng(seed, group))
         for q in queries:
             cp = [x[q] @ x[j] for j in bank_pos if j != q]
@@ -164,3 +164,101 @@ def test_findings_scored_together_equal_findings_scored_alone():
                                       check_exact=False, atol=1e-9)
         pd.testing.assert_frame_equal(both.per_sample, pd.concat([a.per_sample for a in alone], ignore_index=True),
                                       check_exact=False, atol=1e-6)
+
+
+def test_queries_are_the_positives_of_a_sample_of_all_images_of_the_group():
+    """candor.md "Implementation": "The queries are the positives in a random sample of at most 4,000
+    images of each matched group". The sample is drawn from every image of the group, labelled for
+    the finding or not, once for all findings: finding ``a`` is labelled on 290 of 1,000 images
+    (its positives are ``b``'s), ``b`` on all of them. Drawing from a's labelled images alone (the
+    old rule) gives a ~70 queries (200 of its 290 labelled images) and b ~20."""
+    rng = np.random.default_rng(12)
+    n = 1000
+    b = (rng.random(n) < 0.1).astype(float)
+    a = np.where((b == 1) | (np.arange(n) >= n - 190), b, np.nan)  # unlabelled for a: NaN
+    man = make_manifest(b).assign(a=a, b=b)
+    feats = rng.normal(size=(n, 8))
+    res = robustbench_fm.evaluate("candor", feats, man, finding=["a", "b"], k=3, bank_size=50, max_group_sample=200,
+                                  n_boot=0)
+    per = res.per_sample
+    queries = {f: set(per.loc[per["finding"] == f, "sample_id"]) for f in ("a", "b")}
+    assert queries["a"] == queries["b"]  # one sample per group, drawn before any label is read
+    sample = man["sample_id"].to_numpy()[candor.draw_sample(np.arange(n), 200, candor.group_rng(42, "g"))]
+    assert queries["a"] == set(sample[b[np.isin(man["sample_id"], sample)] == 1])
+    # hypergeometric: 200 of 1,000 images, ~100 positives -> 20 ± 3.8 queries; the old rule: ~69
+    assert 5 <= len(queries["a"]) <= 40
+    pooled = res.summary.set_index(["finding", "acq_group"])
+    assert pooled.loc[("a", candor.POOLED), "n_queries"] == len(queries["a"])
+    assert pooled.loc[("a", candor.POOLED), "n_pos"] == b.sum()  # the banks still use all positives
+
+
+def test_default_margin_auroc_interval_is_the_percentile_of_reranked_resamples():
+    """candor.md "Reporting": "An interval is the 95% interval of the same resamples". The default
+    interval is the percentile interval of the AUROC re-ranked in each resample of the group's
+    patients (not the linear approximation): an independent brute force (margin scores by plain
+    loops, sklearn's weighted AUROC for every resample's patient multiplicities) gives the same
+    numbers. Another matched group (its patients outside the row) changes nothing: the row resamples
+    only the patients of the images it scores."""
+    from sklearn.metrics import roc_auc_score
+
+    assert candor.PARAMS().auroc_bootstrap == "exact"
+    rng = np.random.default_rng(13)
+    n = 120
+    labels = (rng.random(n) < 0.35).astype(float)
+    feats = rng.normal(size=(n, 6)) + 0.7 * labels[:, None]
+    man = make_manifest(labels, patients=[f"p{i // 3:03d}" for i in range(n)])
+    other = make_manifest((rng.random(400) < 0.5).astype(float), ["h"] * 400, [f"q{i:03d}" for i in range(400)])
+    other["sample_id"] = "o" + other["sample_id"]
+    both = pd.concat([man, other], ignore_index=True)
+    feats_both = np.vstack([feats, rng.normal(size=(400, 6))])
+    k, n_boot = 3, 300
+    res = robustbench_fm.evaluate("candor", feats_both, both, finding="finding", k=k, bank_size=30, n_boot=n_boot)
+    row = res.summary.set_index("acq_group").loc["g"]
+    # brute force: margin of every labelled image of g against the group's banks, self excluded
+    x = feats / np.linalg.norm(feats, axis=1, keepdims=True)
+    pos, neg = np.flatnonzero(labels == 1), np.flatnonzero(labels == 0)
+    _, bank_pos, bank_neg = candor.draw_group(np.arange(n), pos, neg, 30, 4000, candor.group_rng(42, "g"))
+
+    def c(i, bank):
+        return np.mean(sorted((x[i] @ x[j] for j in bank if j != i), reverse=True)[:k])
+
+    images = np.r_[pos, neg]
+    margin = np.array([c(i, bank_pos) - c(i, bank_neg) for i in images])
+    y = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
+    assert row["margin_auroc"] == pytest.approx(roc_auc_score(y, margin), abs=1e-9)
+    codes = stats.cluster_codes(man["patient_id"].to_numpy()[images])
+    patients = np.arange(codes.max() + 1)  # the stage's global codes of g's patients are the first ones
+    counts = np.concatenate(list(stats.cluster_count_chunks(
+        len(patients), n_boot, candor._patient_set_rng(42, patients), max_draws=max(candor.BOOT_CHUNK,
+                                                                                       64 * len(patients)))))
+    reps = [roc_auc_score(y, margin, sample_weight=w[codes]) if w[codes][y == 1].sum() and w[codes][y == 0].sum()
+            else np.nan for w in counts]
+    lo, hi = stats.percentile_ci(reps)
+    assert row["margin_auroc_ci_low"] == pytest.approx(lo, abs=1e-9)
+    assert row["margin_auroc_ci_high"] == pytest.approx(hi, abs=1e-9)
+    assert row["margin_auroc_sd"] == pytest.approx(np.nanstd(reps, ddof=1), abs=1e-9)
+    linear = robustbench_fm.evaluate("candor", feats_both, both, finding="finding", k=k, bank_size=30,
+                                     n_boot=n_boot, auroc_bootstrap="linear").summary.set_index("acq_group").loc["g"]
+    assert linear["margin_auroc_ci_low"] != pytest.approx(lo, abs=1e-6)  # the approximation is an option
+
+
+def test_a_group_row_resamples_exactly_the_patients_of_its_queries():
+    """The bootstrap draws as many patients as the group's queries have, from those patients only
+    (issue 18 item 9), not every patient of the manifest: 3 query patients, one discordant, give
+    D-replicates Binomial(3, 1/3)/3, SD √(2/27) = 0.272. Resampling all 2,003 patients of the
+    manifest would draw a Poisson(3) number of them (SD ≈ 0.31, and no D at all in 5% of the
+    resamples; 0.308 measured before the change)."""
+    e = np.eye(4)
+    pos = np.array([e[0], e[0] + 0.1 * e[1], e[2] + 0.01 * e[3]])  # two close positives, one beside a negative
+    neg = np.array([e[2], e[2] + 0.02 * e[1], e[3], e[3] + 0.01 * e[1]])
+    rng = np.random.default_rng(14)
+    big = rng.normal(size=(2000, 4))
+    feats = np.vstack([pos, neg, big])
+    labels = np.r_[np.ones(3), np.zeros(4), (rng.random(2000) < 0.5)]
+    groups = ["g"] * 7 + ["h"] * 2000
+    man = make_manifest(labels, groups)
+    res = robustbench_fm.evaluate("candor", feats, man, finding="finding", k=1, bank_size=3, n_boot=4000)
+    row = res.summary.set_index("acq_group").loc["g"]
+    assert row["n_queries"] == 3 and row["d"] == pytest.approx(1 / 3)
+    assert row["d_sd"] == pytest.approx(np.sqrt(2 / 27), abs=0.012)
+    assert (row["d_ci_low"], row["d_ci_high"]) == (0.0, 1.0)  # P(D = 0) = 8/27, P(D = 1) = 1/27: both > 2.5%

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 import robustbench_fm.report
+from robustbench_fm.core.stats import bh_adjust
 from robustbench_fm.core.tables import SweepResults
 from robustbench_fm.methods.candor.sets import overlap_test
 from robustbench_fm.methods.candor.tables import (
@@ -18,6 +19,7 @@ from robustbench_fm.methods.candor.tables import (
     candor_chest_overlap,
     candor_table2,
     candor_table3,
+    chest_retention,
 )
 
 PUBLISHED = Path(robustbench_fm.report.__file__).parent / "published"
@@ -183,10 +185,45 @@ def test_table3_natural_task_is_the_mean_over_classes_and_overlaps_align_on_clas
     assert frame["Aircraft"].isna().all()
     tasks = task_table.frame.set_index("Task-level")
     assert tasks.loc["Positive queries", "Birds"] == 100  # pooled class rows only, no family or __mean__ rows
-    # one test for the pair over all (class, sample) queries of the task
+    # one test for the pair per class (the same sample ids in every class stay apart), BH over the classes
+    tests = [overlap_test(disc["dinov3_s"][queries["target"] == cls], disc["random_vit_l"][queries["target"] == cls])
+             for cls in classes]
+    _, significant = bh_adjust([t["p_value"] for t in tests])
+    assert tasks.loc["ΔJ", "Birds"] == pytest.approx(np.mean([t["delta_j"] for t in tests]))
+    assert tasks.loc["Sig. (%)", "Birds"] == pytest.approx(significant.mean())
+    # the pooled form, an option: one test for the pair over all (class, sample) queries of the task
+    _, pooled_tasks = candor_table3(SweepResults(tmp_path), overlap="pooled")
     expected = overlap_test(disc["dinov3_s"], disc["random_vit_l"])
-    assert tasks.loc["ΔJ", "Birds"] == pytest.approx(expected["delta_j"])
-    assert tasks.loc["Sig. (%)", "Birds"] == float(expected["p_value"] <= 0.05)
+    assert pooled_tasks.frame.set_index("Task-level").loc["ΔJ", "Birds"] == pytest.approx(expected["delta_j"])
+
+
+def test_table3_per_class_overlap_is_near_chance_when_encoders_share_only_class_difficulty(tmp_path):
+    """Issue 18 item 1 (candor.md Table 3, "Sig." for birds and aircraft): 8 encoders whose
+    discordance depends only on the class (hard classes: P = 0.8, easy: 0.05), independently
+    across encoders within a class. Per class each test is null: Sig. ≈ 0 and ΔJ ≈ 0 (E[ΔJ] = 0
+    under the null); pooling the classes makes every pair overlap "above chance" (Sig. 1.0,
+    ΔJ > 0.1) although no query is shared beyond its class's difficulty."""
+    rng = np.random.default_rng(31)
+    encoders = ["dinov3_s", "dinov3_b", "dinov3_l", "dinov3_h", "dinov2_l", "clip_l14", "siglip2_l", "random_vit_l"]
+    n_classes, per_class = 24, 40
+    classes = {f"c{c:02d}": (f"fam{c // 4}", 0.8 if c % 2 else 0.05) for c in range(n_classes)}
+    queries = pd.DataFrame([(cls, fam, f"img{cls}_{i}") for cls, (fam, _) in classes.items() for i in range(per_class)],
+                           columns=["target", "acq_group", "sample_id"])
+    p_disc = queries["target"].map({cls: p for cls, (_, p) in classes.items()}).to_numpy()
+    for enc in encoders:
+        disc = rng.random(len(queries)) < p_disc
+        rows = [{**candor_row(float(disc[queries["target"] == cls].mean()), 0.6, 0.8, per_class, n_neg=3 * per_class),
+                 "target": cls} for cls in classes]
+        write_result(tmp_path, f"{enc}-cub", "candor", enc, "cub", "bio_label", rows, queries.assign(discordant=disc))
+    _, per_class_table = candor_table3(SweepResults(tmp_path))
+    _, pooled_table = candor_table3(SweepResults(tmp_path), overlap="pooled")
+    per_class_row = per_class_table.frame.set_index("Task-level")["Birds"]
+    pooled_row = pooled_table.frame.set_index("Task-level")["Birds"]
+    # 28 pairs x 24 classes = 672 null tests under BH at 0.05
+    assert per_class_row["Sig. (%)"] <= 0.02 and abs(per_class_row["ΔJ"]) < 0.02
+    assert pooled_row["Sig. (%)"] == 1.0 and pooled_row["ΔJ"] > 0.1
+    with pytest.raises(ValueError, match="overlap='both'"):
+        candor_table3(SweepResults(tmp_path), overlap="both")
 
 
 def test_ablation_reads_the_swept_setting_from_each_job(tmp_path):
@@ -275,3 +312,58 @@ def test_associations_refuse_a_rank_test_over_three_encoders(tmp_path):
     flagged = assoc.frame["Note"] != ""
     assert flagged.sum() >= 2 and assoc.frame.loc[flagged, "Significant"].isna().all()
     assert (assoc.frame.loc[assoc.frame["Significant"].fillna(False).astype(bool), "n"] >= 5).all()
+
+
+def test_standardised_retention_association_uses_one_c_per_encoder(tmp_path):
+    """Issue 18 item 8: the retention stage standardises every row of an encoder's job with one c
+    (all boxed images of the domain), and the association test "standardised retention vs D"
+    ranks that pooled value. Brute force: ρ̄ over the boxed positives of both findings, c over all
+    pairs of their images, (ρ̄ − c)/(1 − c), Spearman with the chest D. The findings' images differ
+    in their within-finding similarity from encoder to encoder, so the old per-finding c (mixed in
+    the chest pool) ranks the encoders differently."""
+    from scipy.stats import spearmanr
+
+    from robustbench_fm.methods.candor import retention
+
+    rng = np.random.default_rng(41)
+    encoders = ["rad_dino", "densenet121_xrv", "biomedclip", "dinov3_s", "dinov3_b", "dinov3_l", "dinov2_l"]
+    boxed = pd.DataFrame({"sample_id": [f"s{i}" for i in range(8)], "path": "x",
+                          "patient_id": [f"p{i}" for i in range(8)],
+                          "box_x0": 0.1, "box_y0": 0.1, "box_x1": 0.3, "box_y1": 0.3})
+    m = retention.derived_manifest({"pneumothorax": boxed.iloc[:3], "pneumonia": boxed.iloc[3:]}, seed=0)
+    kind = m["occlusion"].astype(object).fillna("").to_numpy()
+    of = np.where(kind == "", m["sample_id"], m["occlusion_of"])
+    index = np.array([int(x[1:]) for x in of])
+    expected, mixed, d_chest = {}, {}, {}
+    for enc_i, enc in enumerate(encoders):
+        d = 6
+        tight, loose = rng.uniform(0.1, 0.3), rng.uniform(1.5, 2.5)  # one source's images alike, the other's not
+        first, second = (tight, loose) if enc_i % 2 else (loose, tight)
+        spread = np.r_[np.full(3, first), np.full(5, second)]
+        originals = np.eye(d)[0] + spread[:, None] * rng.normal(size=(8, d))
+        feats = originals[index] + np.where(kind == "", 0, 1)[:, None] * rng.normal(scale=rng.uniform(0.2, 1.0),
+                                                                                      size=(len(m), d))
+        res = retention.run(feats, m, finding=["pneumothorax", "pneumonia"], n_boot=0, n_pairs=10_000)
+        for _, row in res.summary.iterrows():
+            write_result(tmp_path, f"ret-{enc}", "retention", enc, "rsna_pneumonia", row["finding"], row.to_dict())
+        unit = originals / np.linalg.norm(originals, axis=1, keepdims=True)
+        rho = res.per_sample["rho_box"].to_numpy()
+        c = float(np.mean([unit[a] @ unit[b] for a, b in zip(*np.triu_indices(8, k=1))]))
+        expected[enc] = (rho.mean() - c) / (1 - c)
+        # the old stage: a c per finding, its rows n-weighted with the pooled row in the chest pool
+        c_f = [float(np.mean([u[a] @ u[b] for a, b in zip(*np.triu_indices(len(u), k=1))]))
+               for u in (unit[:3], unit[3:])]
+        stds = [(rho[:3].mean() - c_f[0]) / (1 - c_f[0]), (rho[3:].mean() - c_f[1]) / (1 - c_f[1]), expected[enc]]
+        mixed[enc] = np.average(stds, weights=[3, 5, 8])
+        d_chest[enc] = 0.2 + 0.05 * enc_i + rng.uniform(0, 0.04)
+        for finding in ("pneumothorax", "atelectasis"):
+            write_result(tmp_path, f"candor-{enc}", "candor", enc, "mimic_cxr", finding,
+                         {**candor_row(d_chest[enc], 0.8, 0.7, 30), "target": finding})
+    [assoc] = candor_associations(SweepResults(tmp_path))
+    row = assoc.frame.set_index("Quantity").loc["standardised retention vs D (trained encoders)"]
+    rho_new = spearmanr([expected[e] for e in encoders], [d_chest[e] for e in encoders]).statistic
+    assert row["Statistic"] == pytest.approx(rho_new) and row["n"] == len(encoders)
+    table = chest_retention(SweepResults(tmp_path)).set_index("encoder")
+    assert table.loc[encoders, "retention_std"].to_numpy() == pytest.approx([expected[e] for e in encoders])
+    # what the per-finding references gave (the old stage's rows in the old pool)
+    assert all(abs(expected[e] - mixed[e]) > 0.01 for e in encoders)

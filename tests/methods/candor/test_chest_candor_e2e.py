@@ -115,6 +115,12 @@ def test_chest_candor_multirun_writes_table2(tmp_path):
     assert (sweep / "tables" / "candor_associations.md").exists()
     overlap = pd.read_csv(sweep / "tables" / "candor_chest_overlap.csv").set_index("Finding")
     assert overlap.loc["All findings", "Pairs"] == 12 and set(SEVERITY_WEIGHTS) <= set(overlap.index)
+    # the positive queries beside the paper's 22,133: per finding summed over the two sites
+    queries = pd.read_csv(sweep / "tables" / "candor_chest_queries.csv").set_index("Finding")
+    chest = rows[rows["finding"].isin(list(SEVERITY_WEIGHTS))]
+    ours = chest.groupby(["finding", "encoder"])["n_queries"].sum().groupby("finding").max()
+    assert queries.loc["All findings", "Positive queries"] == ours.sum() > 0
+    assert queries.loc["All findings", "Paper"] == 22133 and queries["Paper"].drop("All findings").isna().all()
     # the planted marker: edema positives are concordant under the marker-sensitive encoder only
     edema = rows[rows["finding"] == "edema"].groupby("encoder")
     d_edema = (edema.apply(lambda f: (f["d"] * f["n_queries"]).sum() / f["n_queries"].sum()))
