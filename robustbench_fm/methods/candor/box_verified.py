@@ -98,7 +98,8 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
                     rows.append(_row(f, arm, group, p.k, reason=f"fewer than k+1={p.k + 1} positives or negatives "
                                      f"in the reference group ({len(pos)} positives, {len(neg)} negatives)"))
                 continue
-            own, bank_pos, bank_neg = draw_group(pos, neg, p.bank_size, p.max_group_sample, group_rng(p.seed, group))
+            own, bank_pos, bank_neg = draw_group(np.flatnonzero(in_group), pos, neg, p.bank_size, p.max_group_sample,
+                                                 group_rng(p.seed, group))
             for arm in arms:
                 queries = own if arm == p.reference else np.flatnonzero(
                     (member == arm) & (match == view) & (labels == 1) & has_box)

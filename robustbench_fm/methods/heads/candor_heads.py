@@ -68,7 +68,7 @@ def bank_similarities(feats: torch.Tensor, manifest: pd.DataFrame, finding: str,
         pos, neg = np.flatnonzero(in_group & (labels == 1)), np.flatnonzero(in_group & (labels == 0))
         if min(len(pos), len(neg)) < k + 1:
             continue
-        _, bank_pos, bank_neg = candor.draw_group(pos, neg, bank_size, max_group_sample,
+        _, bank_pos, bank_neg = candor.draw_group(np.flatnonzero(in_group), pos, neg, bank_size, max_group_sample,
                                                   candor.group_rng(seed, group))
         at = groups[rows] == group
         c_pos[at] = mean_topk_similarity(feats, rows[at], bank_pos, k)

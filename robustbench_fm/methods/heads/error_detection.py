@@ -84,7 +84,7 @@ def _dm_proxy_scores(features, manifest, finding, fit, test, pred, groups, bank_
         pos, neg = train[y[train] == 1], train[y[train] == 0]
         if min(len(pos), len(neg)) < k:
             continue
-        _, bank_pos, bank_neg = draw_group(pos, neg, bank_size, len(train), group_rng(seed, group))
+        _, bank_pos, bank_neg = draw_group(train, pos, neg, bank_size, len(train), group_rng(seed, group))
         at = groups[test] == group
         out[at] = dm_proxy(feats, pred[at], test[at], bank_pos, bank_neg, k)
     return out

@@ -63,8 +63,9 @@ def test_boxed_queries_match_a_brute_force_and_all_positives_match_the_main_anal
     checked = 0
     for view in ("PA", "AP"):
         g = ((man["dataset"] == "ref") & (man["view"] == view)).to_numpy()
-        _, bank_pos, bank_neg = candor.draw_group(np.flatnonzero(g & (y == 1)), np.flatnonzero(g & (y == 0)), BANK,
-                                                  4000, candor.group_rng(42, f"ref_{view}"))
+        _, bank_pos, bank_neg = candor.draw_group(np.flatnonzero(g), np.flatnonzero(g & (y == 1)),
+                                                  np.flatnonzero(g & (y == 0)), BANK, 4000,
+                                                  candor.group_rng(42, f"ref_{view}"))
         for arm in ("dup", "ext"):
             boxed = np.flatnonzero(((man["dataset"] == arm) & (man["view"] == view) & man["box_x0"].notna()).to_numpy())
             for q in boxed:
