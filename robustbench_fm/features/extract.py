@@ -357,12 +357,38 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
     from it and writes the same bytes (:mod:`.cache`, "Partial shards").
     """
     t0 = time.perf_counter()
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    manifest, ids, image_root, reader, num_workers = _check_inputs(manifest, image_root, reader, [batch_size],
+                                                                   on_bad_image, num_workers, encoder.device)
+
+    fields = cache_key_fields(encoder, manifest, image_root)
+    cache = FeatureCache(cache_root, fields, shard_size=shard_size, n_rows=len(manifest))
+    mine = set(cache.part_shards(num_shards, shard))
+    skipped = _settled_hit(cache, manifest, on_bad_image)
+    n_forward = n_images = 0
+    if skipped is None:
+        try:
+            n_forward, n_images, skipped = _fill(encoder, manifest, image_root, cache, mine, ids, num_shards,
+                                                 shard, batch_size, num_workers, progress, reader, on_bad_image,
+                                                 flush_seconds)
+        except OSError as exc:
+            err = _unwritable_error(exc, cache, encoder.spec.name)
+            if err is exc:
+                raise
+            raise err from None
+    return _result(encoder, manifest, cache, fields, ids, skipped, n_forward, n_images, t0, read, num_shards, shard)
+
+
+def _check_inputs(manifest: pd.DataFrame, image_root, reader, batch_sizes, on_bad_image: str, num_workers,
+                  device) -> tuple[pd.DataFrame, np.ndarray, Path | None, Reader, int]:
+    """The arguments every extraction checks first; (manifest with a fresh index, its sample_ids,
+    image root, reader, number of decode workers)."""
+    for b in batch_sizes:
+        if int(b) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {b}")
     if on_bad_image not in BAD_IMAGE_POLICIES:
         raise ValueError(f"on_bad_image must be one of {', '.join(BAD_IMAGE_POLICIES)}, got {on_bad_image!r}")
     if num_workers == "auto":
-        num_workers = default_num_workers(encoder.device)
+        num_workers = default_num_workers(device)
     num_workers = int(num_workers)
     manifest = manifest.reset_index(drop=True)
     if "sample_id" not in manifest.columns:
@@ -379,29 +405,31 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
             raise ValueError("image_root is required with the default reader (paths are relative to it)")
         reader = default_reader
     image_root = Path(image_root) if image_root is not None else None
+    return manifest, ids, image_root, reader, num_workers
 
-    fields = cache_key_fields(encoder, manifest, image_root)
-    cache = FeatureCache(cache_root, fields, shard_size=shard_size, n_rows=len(manifest))
-    mine = set(cache.part_shards(num_shards, shard))
-    # A settled entry is read without the lock: no write access needed (a read-only cache). Only
-    # on_bad_image="error" over skipped rows must write (it recomputes their shards).
+
+def _settled_hit(cache: FeatureCache, manifest: pd.DataFrame, on_bad_image: str) -> dict | None:
+    """A settled entry is read without the lock: no write access needed (a read-only cache). Only
+    on_bad_image="error" over skipped rows must write (it recomputes their shards). -> the entry's
+    skipped rows on a hit, else None."""
     if cache.settled() and not (on_bad_image == "error" and cache.read_skipped()):
         cache.done_ids(manifest)  # checks every shard's sample_ids against the manifest
-        log.info("cache hit: %d rows, 0 forward passes (%s)", len(ids), cache.path)
-        n_forward = n_images = 0
-        skipped = cache.read_skipped()
-    else:
-        try:
-            n_forward, n_images, skipped = _fill(encoder, manifest, image_root, cache, mine, ids, num_shards,
-                                                 shard, batch_size, num_workers, progress, reader, on_bad_image,
-                                                 flush_seconds)
-        except OSError as exc:
-            if not _unwritable(exc, cache.root):
-                raise
-            raise FeatureCacheError(
-                f"feature cache '{cache.root}' is not writable ({_one_line(exc)}) and the entry of "
-                f"'{encoder.spec.name}' for this manifest needs writing ({len(cache.missing_shards())} of "
-                f"{cache.n_shards} shards missing); set paths.cache_dir=<a writable folder>") from None
+        log.info("cache hit: %d rows, 0 forward passes (%s)", len(manifest), cache.path)
+        return cache.read_skipped()
+    return None
+
+
+def _unwritable_error(exc: OSError, cache: FeatureCache, name: str) -> Exception:
+    if not _unwritable(exc, cache.root):
+        return exc
+    return FeatureCacheError(
+        f"feature cache '{cache.root}' is not writable ({_one_line(exc)}) and the entry of "
+        f"'{name}' for this manifest needs writing ({len(cache.missing_shards())} of "
+        f"{cache.n_shards} shards missing); set paths.cache_dir=<a writable folder>")
+
+
+def _result(encoder, manifest, cache: FeatureCache, fields: dict, ids, skipped: dict, n_forward: int,
+            n_images: int, t0: float, read: bool, num_shards: int, shard: int) -> FeatureSet:
     still_missing = cache.missing_shards()
     embeddings = cache.read(manifest) if read and not still_missing else None
     if still_missing:
@@ -418,7 +446,6 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
                       n_forward=n_forward, n_images_embedded=n_images, seconds=seconds,
                       images_per_s=n_images / seconds if n_images else 0.0, fields=fields,
                       skipped=skipped_ids, missing_shards=still_missing)
-
 
 def _prepare(encoder, manifest, image_root, cache: FeatureCache, mine: set[int], ids, reader,
              on_bad_image: str) -> tuple[list[int], list[dict] | None]:
@@ -517,13 +544,18 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
+def lock_path(cache: FeatureCache, num_shards: int = 1, shard: int = 0) -> Path:
+    """``<encoder folder>/<key>.lock``, or ``<key>.part-<i>-of-<N>.lock`` for a part."""
+    name = f"{cache.key}.lock" if num_shards == 1 else f"{cache.key}.part-{shard}-of-{num_shards}.lock"
+    return cache.path.parent / name
+
+
 @contextlib.contextmanager
 def _entry_lock(cache: FeatureCache, num_shards: int = 1, shard: int = 0):
     """Hold ``<encoder folder>/<key>.lock`` (``<key>.part-<i>-of-<N>.lock`` for a part) while
     filling an entry, so a second run on the same entry or part waits and then finds it complete
     (zero forward passes) instead of computing it twice."""
-    name = f"{cache.key}.lock" if num_shards == 1 else f"{cache.key}.part-{shard}-of-{num_shards}.lock"
-    path = cache.path.parent / name
+    path = lock_path(cache, num_shards, shard)
     try:
         lock = FileLock(path, timeout=0).acquire()
     except LockTimeout as busy:
