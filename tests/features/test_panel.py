@@ -246,3 +246,36 @@ def test_device_transform_within_cosine_of_the_host_transform(tmp_path):
     assert cos.min() >= 0.9999
     assert not np.array_equal(a.embeddings, b.embeddings)  # a different path, not the same code
     assert split_transform(lambda im: im) is None
+
+
+def test_embedder_panel_decodes_once_and_fills_the_entries_embed_fills(data, tmp_path, monkeypatch):
+    """The app's panel extraction (``cli.app._extract_panel`` -> ``Embedder.embed_panel``): one
+    decode per image for the encoders that fit together, the same entries as ``Embedder.embed``;
+    an encoder larger than the budget gets a pass of its own."""
+    import importlib
+
+    from robustbench_fm.features.embed import Embedder, EncoderOptions
+
+    extract_mod = importlib.import_module("robustbench_fm.features.extract")  # the module, not the function
+    root, manifests = data
+    manifest = manifests["error"]
+    calls = []
+    real = extract_mod.default_reader
+    monkeypatch.setattr(extract_mod, "default_reader", lambda r, row: calls.append(row["sample_id"]) or real(r, row))
+    names = ["planted_blur", "planted_sharp"]
+    opts = {"planted_sharp": EncoderOptions(batch_size=7)}
+    service = Embedder(tmp_path / "panel", device="cpu", batch_size=5, shard_size=SHARD, options=opts)
+    got = service.embed_panel(manifest, root, names)
+    assert sorted(calls) == sorted(manifest["sample_id"])  # 40 decodes for two encoders
+    single = Embedder(tmp_path / "single", device="cpu", batch_size=5, shard_size=SHARD, options=opts)
+    for name, fs in zip(names, got):
+        ref = single.embed(manifest, root, name)
+        assert fs.path.parent.name == name and fs.key == ref.key
+        assert _entry_files(fs.path) == _entry_files(ref.path)
+    assert len(calls) == 3 * N  # + one decode per encoder for the single runs
+    # passes by fp32 weight bytes (params_m x 4 MB) within 100 MiB (104.9 MB): random_vit_s 86.8 +
+    # planted_blur 0.28 fit; dinov3_s (86.4) would exceed it; so would densenet121_xrv (27.9) after it
+    tight = Embedder(tmp_path, device="cpu", panel_memory=100 << 20)
+    assert tight.panel_groups(["random_vit_s", "planted_blur", "dinov3_s", "densenet121_xrv"]) == \
+        [["random_vit_s", "planted_blur"], ["dinov3_s"], ["densenet121_xrv"]]
+    assert Embedder(tmp_path, device="cpu", panel_memory=1).panel_groups(names) == [[n] for n in names]
