@@ -29,6 +29,11 @@ resize/normalise runs on the encoder's device (:func:`split_transform`). Its fea
 from the host transform's by interpolation rounding (float resize on the device vs torchvision's
 uint8 kernel; within cosine 0.9999, tested), so such an entry is keyed apart
 (``"transform": "device"`` in its key fields).
+
+On the host, a panel shares what its encoders' transforms have in common (:class:`_HostPlan`): the
+resize of a full-size film is computed once per geometry (size, rule, interpolation) and colour
+mode, and a grey film bound for an RGB encoder is resized before its channel is repeated; the
+tensors are those of each encoder's own transform, byte for byte.
 """
 from __future__ import annotations
 
@@ -89,9 +94,9 @@ class DeviceTransform(torch.nn.Module):
     to the uint8 range as torchvision does for uint8 input on CUDA, scaled to [0, 1]
     (``ToDtype(scale=True)``) and normalised."""
 
-    def __init__(self, steps: Sequence[torch.nn.Module]):
+    def __init__(self, steps: Sequence[torch.nn.Module], channels: int = 3):
         super().__init__()
-        self.steps = list(steps)
+        self.steps, self.channels = list(steps), int(channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(torch.float32)
@@ -99,6 +104,8 @@ class DeviceTransform(torch.nn.Module):
         for step in self.steps:
             if isinstance(step, T.ToDtype):
                 x = x.clamp_(0, 255).round_().div_(255.0)
+                if x.shape[-3] == 1 and self.channels == 3:  # a grey film for an RGB encoder
+                    x = x.expand(*x.shape[:-3], 3, *x.shape[-2:]).contiguous()
                 scaled = True
             else:
                 x = step(x)
@@ -107,23 +114,64 @@ class DeviceTransform(torch.nn.Module):
         return x
 
 
-def split_transform(transform) -> tuple[str, DeviceTransform] | None:
-    """``(mode, device part)`` when ``transform`` is a :func:`build_transform` pipeline
-    (``_ToMode(mode)``, ``PILToTensor``, then only resize / crop / pad / scale / normalise); None
-    for any other transform (open_clip's, a custom one), which then runs on the host."""
+def _standard_steps(transform) -> tuple[str, list, list] | None:
+    """``(mode, geometry steps, tail steps)`` of a :func:`build_transform` pipeline
+    (``_ToMode(mode)``, ``PILToTensor``, resize / crop / pad, then ``ToDtype`` and ``Normalize``);
+    None for any other transform (open_clip's, a custom one)."""
     steps = getattr(transform, "transforms", None)
     if not isinstance(transform, T.Compose) or not steps or len(steps) < 3:
         return None
     if not isinstance(steps[0], _ToMode) or not isinstance(steps[1], T.PILToTensor):
         return None
-    rest = steps[2:]
+    rest = list(steps[2:])
     if not all(isinstance(s, _DEVICE_SAFE) for s in rest) or sum(isinstance(s, T.ToDtype) for s in rest) != 1:
         return None
-    return steps[0].mode, DeviceTransform(rest)
+    cut = next(k for k, s in enumerate(rest) if isinstance(s, T.ToDtype))
+    if not all(isinstance(s, (T.ToDtype, T.Normalize)) for s in rest[cut:]):
+        return None
+    return steps[0].mode, rest[:cut], rest[cut:]
+
+
+def split_transform(transform) -> tuple[str, DeviceTransform] | None:
+    """``(mode, device part)`` when ``transform`` is a :func:`build_transform` pipeline; None for
+    any other transform, which then runs on the host."""
+    plan = _standard_steps(transform)
+    return None if plan is None else (plan[0], DeviceTransform(plan[1] + plan[2], 3 if plan[0] == "RGB" else 1))
+
+
+def _geometry_key(steps: list) -> tuple:
+    """Equal for two geometry pipelines that compute the same thing (the modules' settings)."""
+    return tuple((type(s).__name__, repr(s), str(getattr(s, "size", None)), str(getattr(s, "interp", None)))
+                 for s in steps)
+
+
+class _HostPlan:
+    """A :func:`build_transform` pipeline run so that encoders of a panel share work: the
+    geometry (the costly resize of a full-size film) is computed once per (source mode, geometry)
+    and reused by every encoder with the same settings; an 'L' image bound for an 'RGB' encoder
+    is resized in 'L' and its channel repeated after (PIL's L -> RGB conversion repeats the
+    channel and the resize works per channel, so the tensor is the same, byte for byte: tested
+    against the encoder's own transform through the panel's entries)."""
+
+    def __init__(self, mode: str, geometry: list, tail: list):
+        self.mode, self.key = mode, _geometry_key(geometry)
+        self.geometry, self.tail = T.Compose(geometry), T.Compose(tail)
+
+    def __call__(self, im, shared: dict) -> torch.Tensor:
+        repeat = im.mode == "L" and self.mode == "RGB"
+        src = "L" if repeat else self.mode
+        if ("image", src) not in shared:
+            shared[("image", src)] = _host_tensor(im, src)
+        if (src, self.key) not in shared:
+            shared[(src, self.key)] = self.geometry(shared[("image", src)])
+        x = shared[(src, self.key)]
+        if repeat:
+            x = x.expand(3, -1, -1).contiguous()
+        return self.tail(x)
 
 
 def _host_tensor(im, mode: str) -> torch.Tensor:
-    return T.functional.pil_to_tensor(im.convert(mode))
+    return T.functional.pil_to_tensor(im if im.mode == mode else im.convert(mode))
 
 
 def _as_list(items):
@@ -139,6 +187,10 @@ class _PanelDataset(Dataset):
     def __init__(self, records: list[dict], image_root, transforms: list, modes: list[str | None], reader: Reader):
         self.rows = _RowsDataset(records, image_root, None, reader)
         self.transforms, self.modes = transforms, modes
+        self.plans = []
+        for tf in transforms:
+            steps = _standard_steps(tf)
+            self.plans.append(None if steps is None else _HostPlan(*steps))
 
     def __len__(self):
         return len(self.rows)
@@ -159,10 +211,13 @@ class _PanelDataset(Dataset):
         for j in jobs:
             try:
                 mode = self.modes[j]
-                if mode is not None:
-                    if mode not in shared:
-                        shared[mode] = _host_tensor(im, mode)
-                    x = shared[mode]
+                if mode is not None:  # device transform: a grey film travels as one channel
+                    src = "L" if im.mode == "L" and mode == "RGB" else mode
+                    if ("image", src) not in shared:
+                        shared[("image", src)] = _host_tensor(im, src)
+                    x = shared[("image", src)]
+                elif self.plans[j] is not None:
+                    x = self.plans[j](im, shared)
                 else:
                     x = self.transforms[j](im)
                 if not isinstance(x, torch.Tensor):

@@ -279,3 +279,38 @@ def test_embedder_panel_decodes_once_and_fills_the_entries_embed_fills(data, tmp
     assert tight.panel_groups(["random_vit_s", "planted_blur", "dinov3_s", "densenet121_xrv"]) == \
         [["random_vit_s", "planted_blur"], ["dinov3_s"], ["densenet121_xrv"]]
     assert Embedder(tmp_path, device="cpu", panel_memory=1).panel_groups(names) == [[n] for n in names]
+
+
+def test_grey_films_share_the_resize_and_stay_byte_identical(tmp_path):
+    """The panel resizes a film once per geometry and colour mode and repeats a grey film's
+    channel after the resize (_HostPlan): the entries are still those of each encoder alone.
+    Grey and RGB films of two sizes; RGB and grey encoders, two of them with the same geometry."""
+    import pandas as pd
+
+    rng = np.random.default_rng(5)
+    (tmp_path / "img").mkdir()
+    rows = []
+    for i in range(18):
+        h, w = (70, 90) if i % 3 else (64, 64)
+        arr = rng.integers(0, 256, (h, w) if i % 4 else (h, w, 3), dtype=np.uint8)
+        Image.fromarray(arr).save(tmp_path / "img" / f"{i}.png")
+        rows.append({"sample_id": f"s{i:03d}", "path": f"img/{i}.png"})
+    manifest = pd.DataFrame(rows)
+
+    def grey(m, x):
+        return m(x.expand(-1, 3, -1, -1)) + x.mean()
+
+    panel = [tiny_encoder(weights_id="rgb1", name="rgb1", input_size=40, interpolation="bicubic",
+                          forward=lambda m, x: m(x) + x.mean()),
+             tiny_encoder(weights_id="rgb2", name="rgb2", input_size=40, interpolation="bicubic",
+                          forward=lambda m, x: 2 * m(x) - x.mean()),
+             tiny_encoder(weights_id="g1", name="grey1", input_size=40, interpolation="bicubic", channels=1,
+                          mean=(0.4,), std=(0.3,), forward=grey),
+             tiny_encoder(weights_id="g2", name="grey2", input_size=36, resize="squash", interpolation="bilinear",
+                          channels=1, mean=(0.5,), std=(0.2,), forward=grey)]
+    got = extract_panel(panel, manifest, tmp_path, tmp_path / "panel", batch_size=[4, 5, 3, 6], shard_size=8,
+                        progress=False)
+    for enc, bs, fs in zip(panel, [4, 5, 3, 6], got):
+        ref = extract(enc, manifest, tmp_path, tmp_path / "single", batch_size=bs, shard_size=8, progress=False)
+        assert _entry_files(fs.path) == _entry_files(ref.path)
+        assert np.isfinite(ref.embeddings).all() and len(ref.embeddings) == 18
