@@ -86,7 +86,7 @@ def conv_encoder(name: str, device):
         model = torch.nn.Sequential(torch.nn.Conv2d(channels, 16, 7, stride=4), torch.nn.ReLU(),
                                     torch.nn.Conv2d(16, 32, 3, stride=2), torch.nn.ReLU(),
                                     torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 64))
-    return Encoder(spec=spec, model=model, forward=model, weights_id=f"bench-{name}-seed0", device=device)
+    return Encoder(spec=spec, model=model, forward=model, weights_id=f"bench-{name}-seed0", device=torch.device(device))
 
 
 def load_encoder(name: str, device):

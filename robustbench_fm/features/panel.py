@@ -174,8 +174,27 @@ def _host_tensor(im, mode: str) -> torch.Tensor:
     return T.functional.pil_to_tensor(im if im.mode == mode else im.convert(mode))
 
 
-def _as_list(items):
-    return items
+def _pack(items):
+    """Collate a decode chunk in the worker: every tensor of the chunk (each job's rows; a tensor
+    several jobs share once) stacked into one tensor per (shape, dtype), so a chunk crosses to
+    the main process as a few shared-memory blocks, not one per row and encoder. -> (stores,
+    rows): ``rows`` is ``[(row, {job: ((store, index) or None, error)})]``."""
+    groups: dict[tuple, list] = {}
+    where: dict[int, tuple] = {}
+    rows = []
+    for row, per_job in items:
+        refs = {}
+        for j, (x, err) in per_job.items():
+            if x is None:
+                refs[j] = (None, err)
+                continue
+            if id(x) not in where:
+                key = (tuple(x.shape), str(x.dtype))
+                groups.setdefault(key, []).append(x)
+                where[id(x)] = (key, len(groups[key]) - 1)
+            refs[j] = (where[id(x)], None)
+        rows.append((row, refs))
+    return {key: torch.stack(xs) for key, xs in groups.items()}, rows
 
 
 class _PanelDataset(Dataset):
@@ -270,6 +289,7 @@ class _Job:
     n_forward: int = 0
     n_images: int = 0
     skipped: dict | None = None
+    waiting: bool = False  # another process holds the entry's lock
 
 
 def _panel_prefetch(jobs: list[_Job], chunk: int, num_workers: int) -> int | None:
@@ -285,13 +305,15 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
                   cache_root: str | Path, batch_size: int | Sequence[int] = 32, num_workers: int | str = 0,
                   shard_size: int = 1024, progress: bool = True, reader: Reader | None = None,
                   on_bad_image: str = "error", num_shards: int = 1, shard: int = 0, read: bool = True,
-                  flush_seconds: float | None = FLUSH_SECONDS, device_transform: bool = False) -> list[FeatureSet]:
+                  flush_seconds: float | None = FLUSH_SECONDS, device_transform: bool = False,
+                  _wait: bool = False) -> list[FeatureSet]:
     """Embed every manifest row with every encoder of ``encoders`` in one decode pass; one
     :class:`FeatureSet` per encoder, in order (see the module docstring).
 
     The arguments are :func:`extract`'s; ``batch_size`` is one per encoder or one for all.
     ``device_transform``: resize/normalise on the encoder's device where its transform allows
-    (:func:`split_transform`; the entry is keyed apart).
+    (:func:`split_transform`; the entry is keyed apart). ``_wait``: wait for busy entry locks
+    (the call that finishes an encoder left out of a pass).
     """
     t0 = time.perf_counter()
     encoders = list(encoders)
@@ -318,16 +340,22 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
         job.skipped = _settled_hit(cache, manifest, on_bad_image)
         jobs.append(job)
 
-    waiting = []  # entries another process is filling: extract() waits for it after the pass
+    # an entry another process is filling is left out of the pass; extract() waits for it after
     with contextlib.ExitStack() as stack:
         active = []
         for job in jobs:
             if job.skipped is not None:
                 continue
             try:
-                job.lock = stack.enter_context(FileLock(lock_path(job.cache, num_shards, shard), timeout=0))
-            except LockTimeout:
-                waiting.append(job)
+                job.lock = stack.enter_context(FileLock(lock_path(job.cache, num_shards, shard),
+                                                        timeout=None if _wait else 0))
+            except LockTimeout as busy:
+                holder = busy.holder
+                who = f"pid {holder.pid} on {holder.host}" if holder is not None and holder.pid is not None \
+                    else "another process"
+                log.info("%s: %s is filling %s; waiting for it after this pass", job.encoder.spec.name, who,
+                         job.cache.path)
+                job.waiting = True
                 continue
             try:
                 job.missing, records = _prepare(job.encoder, manifest, image_root, job.cache, job.mine, ids,
@@ -360,7 +388,7 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
                 job.skipped = _settle(job.cache)
     out = []
     for job in jobs:
-        if job in waiting:
+        if job.waiting:
             out.append(extract(job.encoder, manifest, image_root, cache_root, batch_size=job.batch_size,
                                num_workers=num_workers, shard_size=shard_size, progress=progress, reader=reader,
                                on_bad_image=on_bad_image, num_shards=num_shards, shard=shard, read=read,
@@ -368,7 +396,7 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
                        if job.device_tf is None else
                        extract_panel([job.encoder], manifest, image_root, cache_root, job.batch_size, num_workers,
                                      shard_size, progress, reader, on_bad_image, num_shards, shard, read,
-                                     flush_seconds, device_transform)[0])
+                                     flush_seconds, device_transform, _wait=True)[0])
             continue
         out.append(_result(job.encoder, manifest, job.cache, job.fields, ids, job.skipped, job.n_forward,
                            job.n_images, t0, read, num_shards, shard))
@@ -395,7 +423,7 @@ def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root,
     chunk = max(job.batch_size for job in jobs)
     dataset = _PanelDataset(records, image_root, [j.encoder.transform for j in jobs], [j.mode for j in jobs], reader)
     chunks = _Chunks(need, chunk)
-    loader = DataLoader(dataset, batch_sampler=chunks, num_workers=num_workers, collate_fn=_as_list,
+    loader = DataLoader(dataset, batch_sampler=chunks, num_workers=num_workers, collate_fn=_pack,
                         prefetch_factor=_panel_prefetch(jobs, chunk, num_workers), persistent_workers=False)
     bar = None
     if progress:
@@ -412,20 +440,26 @@ def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root,
                 items = next(it, None)
             if items is None:
                 break
+            stores, items = items
             n_rows = len(items)
-            on_device: dict[tuple[int, str], torch.Tensor] = {}
+            on_device: dict[tuple, torch.Tensor] = {}
             for row, per_job in items:
-                for j, (x, err) in per_job.items():
+                for j, (ref, err) in per_job.items():
                     job = jobs[j]
-                    if x is not None and job.device_tf is not None:
-                        key = (id(x), str(job.encoder.device))
-                        if key not in on_device:
-                            on_device[key] = x.to(job.encoder.device, non_blocking=True)
-                        x = on_device[key]
+                    x = None
+                    if ref is not None:
+                        key, k = ref
+                        if job.device_tf is not None:  # the chunk's block goes to the device once
+                            dkey = (key, str(job.encoder.device))
+                            if dkey not in on_device:
+                                on_device[dkey] = stores[key].to(job.encoder.device, non_blocking=True)
+                            x = on_device[dkey][k]
+                        else:
+                            x = stores[key][k]
                     job.pending.append((row, x, err))
                     if len(job.pending) == len(job.batches[0]):
                         _forward(job, on_bad_image, trim)
-            del items, on_device
+            del items, stores, on_device
             if bar is not None:
                 bar.update(n_rows)
     finally:
@@ -457,7 +491,8 @@ def _forward(job: _Job, on_bad_image: str, trim) -> None:
         raise RuntimeError(f"panel pass: {job.encoder.spec.name} got rows {items[0][0]}.. for batch {want[0]}..")
     if job.device_tf is not None:
         items = _on_device(job, items)
-    rows, x, errors = job.collate(items)
+    with _one_thread(job.encoder.device.type == "cpu"):  # a memcpy: the thread pool only slows it down
+        rows, x, errors = job.collate(items)
     del items
     if errors and on_bad_image == "error":
         raise ImageReadError(errors[0][2][0])

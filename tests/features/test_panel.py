@@ -314,3 +314,31 @@ def test_grey_films_share_the_resize_and_stay_byte_identical(tmp_path):
         ref = extract(enc, manifest, tmp_path, tmp_path / "single", batch_size=bs, shard_size=8, progress=False)
         assert _entry_files(fs.path) == _entry_files(ref.path)
         assert np.isfinite(ref.embeddings).all() and len(ref.embeddings) == 18
+
+
+def test_an_entry_another_process_fills_is_left_out_and_waited_for(data, singles, tmp_path):
+    """tiny_b's entry lock is held elsewhere: the pass fills tiny_a and tiny_c, then waits for the
+    holder (released after the pass) and fills tiny_b itself, as extract() would."""
+    import threading
+
+    from robustbench_fm.core.locking import FileLock
+    from robustbench_fm.features.extract import lock_path
+
+    root, manifests = data
+    manifest, refs = manifests["error"], singles["error"]
+    held = FileLock(lock_path(FeatureCache(tmp_path, refs[1].fields)), timeout=0).acquire()
+    reader = Counter()
+    release = threading.Timer(0.0, held.release)
+
+    def read(image_root, row):  # the pass has decoded the last row: let the holder go
+        out = reader(image_root, row)
+        if len(reader.calls) == N:
+            release.start()
+        return out
+
+    got = extract_panel(_panel(), manifest, root, tmp_path, batch_size=BATCHES, shard_size=SHARD, progress=False,
+                        reader=read)
+    release.join()
+    assert sorted(reader.calls) == sorted(list(range(N)) * 2)  # one pass for a and c, then b alone
+    for fs, ref in zip(got, refs):
+        assert _entry_files(fs.path) == _entry_files(ref.path)
