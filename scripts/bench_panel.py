@@ -174,8 +174,8 @@ def main(argv=None) -> dict:
             t = time.perf_counter()
             single = extract(enc, manifest, root, tmp / "single", batch_size=args.batch_size, num_workers=workers,
                              shard_size=args.shard_size, progress=False, read=False)
-            per[name] = {"decode_transform_s": round(dt, 2), "transform_s": round(dt - sec["decode"], 2),
-                         "forward_s": round(fwd, 2), "single_extract_s": round(time.perf_counter() - t, 2),
+            per[name] = {"decode_transform_s": round(dt, 3), "transform_s": round(dt - sec["decode"], 3),
+                         "forward_s": round(fwd, 3), "single_extract_s": round(time.perf_counter() - t, 3),
                          "entry": single.path}
             print(f"{name}: decode+transform {dt:.1f} s, forward {fwd:.1f} s, single extract "
                   f"{per[name]['single_extract_s']:.1f} s", flush=True)
@@ -193,9 +193,9 @@ def main(argv=None) -> dict:
         single_sum = sum(p["single_extract_s"] for p in per.values())
         floor = sec["decode"] + fwd_sum
         result.update({
-            "seconds": {"decode_pass": round(sec["decode"], 2), "forward_sum": round(fwd_sum, 2),
-                        "transform_sum": round(tf_sum, 2), "single_sum": round(single_sum, 2),
-                        "panel": round(sec["panel"], 2)},
+            "seconds": {"decode_pass": round(sec["decode"], 3), "forward_sum": round(fwd_sum, 3),
+                        "transform_sum": round(tf_sum, 3), "single_sum": round(single_sum, 3),
+                        "panel": round(sec["panel"], 3)},
             "per_encoder": per,
             "entries_byte_identical": identical,
             "ratios": {

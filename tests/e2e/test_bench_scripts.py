@@ -49,7 +49,8 @@ def test_bench_panel_checks_entries_and_writes_ratios(tmp_path):
     assert result["entries_byte_identical"] == {m: True for m in result["models"]} and len(result["models"]) == 5
     sec, ratios = result["seconds"], result["ratios"]
     floor = sec["decode_pass"] + sec["forward_sum"]
-    assert abs(ratios["panel_over_decode_plus_forwards"] - sec["panel"] / floor) <= 0.01 * sec["panel"] / floor + 2e-3
+    # the seconds are rounded to 1 ms and a toy run's decode pass takes tens of ms
+    assert abs(ratios["panel_over_decode_plus_forwards"] - sec["panel"] / floor) <= 0.1 * sec["panel"] / floor
     assert result["meets_goal"] == (ratios["panel_over_decode_plus_forwards"] <= 1.3)
 
 
