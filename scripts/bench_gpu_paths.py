@@ -270,7 +270,7 @@ SECTIONS = ("neighbors", "candor", "croma", "extraction", "device_transform", "e
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="outputs/bench/gpu_paths.json")
+    ap.add_argument("--out", default="benchmarks/h200/gpu_paths.json")
     ap.add_argument("--sections", default=",".join(SECTIONS), help="comma list of: " + ", ".join(SECTIONS))
     ap.add_argument("--smoke", action="store_true", help="toy sizes (a check that every section runs)")
     ap.add_argument("--allow-cpu", action="store_true", help="run on the CPU when there is no CUDA (tests)")
