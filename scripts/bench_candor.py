@@ -11,6 +11,14 @@ once. The JSON records the wall time, the CPU time of the process and the machin
 
     python scripts/bench_candor.py --out outputs/bench/candor.json            # target < 60 s on 2 CPU cores
     python scripts/bench_candor.py --device cuda --out outputs/bench/candor_gpu.json
+
+The floor, measured in the same process on the same device: the per-group similarity passes,
+i.e. for each finding and matched group two exact top-5 passes (``core.neighbors.topk_similarity``)
+of the group's positive queries (the positives among its ``max_group_sample`` sampled images)
+against a bank of ``bank_size`` positives and one of ``bank_size`` negatives of the group, on the
+L2-normalised features: the similarities D needs, nothing else.
+``ratio_over_similarity_floor`` = stage seconds / floor seconds (issue
+21: at most 2 on CPU, 3 on a GPU).
 """
 from __future__ import annotations
 
@@ -59,6 +67,26 @@ def write_features(path: Path, sample_ids, feats: np.ndarray) -> None:
     pq.write_table(table, path, compression="none")
 
 
+def similarity_floor(feats: np.ndarray, man: pd.DataFrame, sample: int, bank: int, device: str) -> float:
+    """Seconds of the per-group similarity passes (see the module docstring)."""
+    from robustbench_fm.core.neighbors import l2_normalize, topk_similarity
+
+    x = torch.as_tensor(l2_normalize(feats), device=device)
+    groups = [np.flatnonzero(man["acq_group"].to_numpy() == g) for g in man["acq_group"].unique()]
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for finding in CHEST_FINDINGS:
+        label = man[finding].to_numpy()
+        for rows in groups:
+            queries = rows[:sample][label[rows[:sample]] == 1]
+            for value in (1, 0):
+                topk_similarity(x, queries, rows[label[rows] == value][:bank], 5)
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", type=int, default=11)
@@ -79,6 +107,7 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "features.parquet"
         write_features(path, man["sample_id"].to_numpy(), feats)
+        floor = similarity_floor(feats, man, args.max_group_sample, args.bank_size, args.device)
         del feats
         t0, cpu0 = time.perf_counter(), time.process_time()
         res = evaluate("candor", str(path), man, finding=list(CHEST_FINDINGS), bank_size=args.bank_size,
@@ -92,6 +121,8 @@ def main(argv=None) -> dict:
         # grows, this does not; on 2 idle cores the wall time is at least cpu_seconds / 2
         "cpu_seconds": round(cpu_seconds, 2), "load_average_1min": round(os.getloadavg()[0], 2),
         "auroc_bootstrap": args.auroc_bootstrap,
+        "similarity_floor_seconds": round(floor, 3), "ratio_over_similarity_floor": round(seconds / floor, 2),
+        "ratio_goal": 2.0 if str(args.device) == "cpu" else 3.0,
         "n_images": len(man), "n_groups": args.groups, "n_findings": len(CHEST_FINDINGS), "dim": args.dim,
         "bank_size": int(res.summary["bank_size"].dropna().max()),
         "queries_per_finding": int(pooled["n_queries"].mean()), "n_boot": args.n_boot,

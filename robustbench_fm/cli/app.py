@@ -306,18 +306,22 @@ def _full_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
 
 def _extract_panel(job: Plan, cfg: DictConfig, manifest: pd.DataFrame) -> tuple[list, list[str], dict]:
     """Fill the feature cache for every encoder (only part ``extract.shard`` of
-    ``extract.num_shards`` when sharded); returns (encoder, cache entry, missing shards) triples,
+    ``extract.num_shards`` when sharded), the image encoders in one decode pass
+    (:meth:`Embedder.embed_panel`); returns (encoder, cache entry, missing shards) triples,
     the sample_ids any encoder had to skip (unreadable images under ``on_bad_image=skip``) and
     the cache use per encoder (images, embedded now, read from the cache, hit, seconds)."""
 
     service = embedder(cfg)
     entries, skipped, cache = [], set(), {}
     images = manifest.drop_duplicates("sample_id")  # paired designs list an image once per subset
+    # image encoders: one decode per image for the whole panel (those that fit in memory together)
+    image_encoders = [name for name in job.encoders if not encoders.get(name).is_slide]
+    panel = dict(zip(image_encoders, service.embed_panel(images, job.root, image_encoders, sharded=True)))
     for name in job.encoders:
         if encoders.get(name).is_slide:  # slide aggregators (croma_slides): tiles -> tile encoder -> slide embedding
             entries.append((name, service.embed_slides(images, job.root, name), []))
             continue
-        feats = service.embed(images, job.root, name, sharded=True)
+        feats = panel.pop(name)
         if feats.n_images_embedded:  # a full cache hit is logged by the cache ("cache hit: N rows, ...")
             log.info("%s: %d images embedded, %d forward passes, %.1f images/s, cache %s", name,
                      feats.n_images_embedded, feats.n_forward, feats.images_per_s, feats.path)

@@ -10,6 +10,9 @@ Layout of one entry::
         ...
         skipped.csv            only when rows were skipped (``on_bad_image="skip"``): one line per
                                skipped row, columns sample_id,row,path,error, sorted by row
+        shard-00002.partial.npz   only while shard 2 is being computed: its first rows so far
+                               (whole batches), flushed every few seconds so that a killed run
+                               loses seconds of work, not a shard (see "Partial shards" below)
 
 ``key`` is the first 16 hex digits of the SHA-256 of the canonical JSON of
 :func:`cache_key_fields`: encoder identity, weights identity, resolved preprocessing, pooling,
@@ -34,6 +37,17 @@ listed in ``skipped.csv``, which is written *before* the shard holding them, so 
 complete shard is listed. Only listed rows may hold non-finite values; anything else is refused
 on write and reported as corruption on read. ``robustbench_fm.features.verify`` re-checks all of
 this (checksums, row counts, sample_ids, NaN rows against ``skipped.csv``).
+
+Partial shards: while shard ``i`` is computed, the extraction rewrites ``shard-0000i.partial.npz``
+(atomically) with the embeddings of its first ``m`` rows, ``m`` a whole number of batches, the
+skipped-row records among them, the sample_ids, a SHA-256 of the embedding bytes and a ``tag``
+(batch size, device type) naming what makes batches and values identical. A resumed run with the
+same tag validates the file (:meth:`FeatureCache.read_partial`: key, shard, tag, row count on a
+batch boundary, sample_ids against the manifest, checksum, NaN rows exactly the listed skipped
+rows) and continues at row ``lo + m``; its batches are the batches an uninterrupted run makes
+(they start at the shard's first row), so the shard it writes is byte-identical. A partial that
+does not validate is deleted and the shard computed from its first row. The partial is deleted
+once its shard is written; it is never read as features.
 """
 from __future__ import annotations
 
@@ -67,6 +81,8 @@ SKIPPED_COLUMNS = ("sample_id", "row", "path", "error")
 PARQUET_META_KEY = b"robustbench_fm.features"
 #: the file name of shard ``i`` (``SHARD_NAME.format(i)``); :func:`shard_index` reads it back
 SHARD_NAME = "shard-{:05d}.parquet"
+#: the partial file of shard ``i`` while it is being computed (``PARTIAL_NAME.format(i)``)
+PARTIAL_NAME = "shard-{:05d}.partial.npz"
 _SHARD_RE = re.compile(r"^shard-(\d{5,})\.parquet$")
 #: Temp files of :func:`robustbench_fm.core.atomic.write_atomic` (left behind by a killed write).
 TEMP_GLOB = ".*.tmp-*"
@@ -234,6 +250,73 @@ class FeatureCache:
 
     def shard_path(self, i: int) -> Path:
         return self.path / SHARD_NAME.format(i)
+
+    def partial_path(self, i: int) -> Path:
+        return self.path / PARTIAL_NAME.format(i)
+
+    def write_partial(self, i: int, n_done: int, embeddings: np.ndarray, skipped: dict[int, dict],
+                      tag: dict, sample_ids: np.ndarray) -> Path:
+        """Atomically write the first ``n_done`` rows of shard ``i`` (``embeddings`` (n_done, D),
+        ``skipped``: ``{row: record}`` of the skipped rows among them, ``sample_ids``: the
+        manifest's); see "Partial shards" in the module docstring."""
+        lo, hi = self.shard_bounds(i)
+        emb = np.ascontiguousarray(embeddings, dtype=np.float32)
+        if not 0 < n_done < hi - lo or emb.shape != (n_done, self.embed_dim):
+            raise ValueError(f"partial shard {i}: {n_done} rows of [{lo}, {hi}) and embeddings {emb.shape}")
+        header = {"format": CACHE_FORMAT, "key": self.key, "shard": int(i), "rows": int(n_done), "tag": tag,
+                  "sample_ids": [str(x) for x in sample_ids[lo:lo + n_done]],
+                  "skipped": {str(r): v for r, v in sorted(skipped.items())},
+                  "sha256": hashlib.sha256(emb.tobytes()).hexdigest()}
+        blob = np.frombuffer(json.dumps(header, sort_keys=True, default=str).encode(), dtype=np.uint8)
+
+        def write(f):
+            np.savez(f, embedding=emb, header=blob)
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        return write_atomic(self.partial_path(i), write)
+
+    def read_partial(self, i: int, tag: dict, sample_ids: np.ndarray) -> tuple[np.ndarray, dict[int, dict]] | None:
+        """``(embeddings, skipped)`` of shard ``i``'s partial file when it validates against this
+        entry, ``tag`` and the manifest's ``sample_ids``; else None (an invalid file is deleted,
+        with one log line saying why)."""
+        path = self.partial_path(i)
+        if not path.is_file():
+            return None
+        lo, hi = self.shard_bounds(i)
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                emb = np.array(z["embedding"], dtype=np.float32)
+                header = json.loads(bytes(z["header"]).decode())
+            m = int(header["rows"])
+            why = None
+            if header.get("format") != CACHE_FORMAT or header.get("key") != self.key or int(header["shard"]) != i:
+                why = "written for another entry or shard"
+            elif _canonical(header.get("tag")) != _canonical(tag):
+                why = f"written with {header.get('tag')}, this run uses {tag}"
+            elif not 0 < m < hi - lo or emb.shape != (m, self.embed_dim):
+                why = f"holds {emb.shape} for {m} rows"
+            elif header["sample_ids"] != [str(x) for x in sample_ids[lo:lo + m]]:
+                why = "its sample_ids differ from the manifest's"
+            elif hashlib.sha256(emb.tobytes()).hexdigest() != header["sha256"]:
+                why = "checksum mismatch"
+            skipped = {int(r): v for r, v in header.get("skipped", {}).items()}
+            if why is None:
+                nan = ~np.isfinite(emb).all(axis=1)
+                listed = np.zeros(m, dtype=bool)
+                listed[[r - lo for r in skipped if lo <= r < lo + m]] = True
+                if len(skipped) != int(listed.sum()) or (nan != listed).any() \
+                        or not np.isnan(emb[listed]).all():
+                    why = "its non-finite rows differ from its skipped rows"
+        except Exception as exc:  # noqa: BLE001  (any unreadable file is discarded, never trusted)
+            why = f"unreadable ({_one_line(exc) or type(exc).__name__})"
+        if why is not None:
+            log.info("%s: discarding the partial shard (%s); computing shard %d from its first row", path, why, i)
+            path.unlink(missing_ok=True)
+            return None
+        return emb, skipped
+
+    def drop_partial(self, i: int) -> None:
+        self.partial_path(i).unlink(missing_ok=True)
 
     def complete_shards(self) -> list[int]:
         """Indices of the shard files present (temp files and stray names are ignored)."""

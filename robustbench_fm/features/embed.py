@@ -14,15 +14,39 @@ aggregation (:meth:`Embedder.embed_slides`) reads its tiles as shipped either wa
 from __future__ import annotations
 
 import dataclasses
+import gc
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from .. import encoders
 from ..data import prepared
 from .extract import FeatureSet, extract
+from .panel import extract_panel
 from .slides import extract_slides
+
+log = logging.getLogger("robustbench_fm.features")
+
+#: Share of the free device memory (of available RAM on CPU) that the weights of one panel pass
+#: may take; the rest is left to activations and decode buffers.
+PANEL_MEMORY_SHARE = 0.5
+
+
+def _free_bytes(device: torch.device) -> int:
+    """Free memory of ``device``: CUDA's ``mem_get_info``, else ``MemAvailable`` (Linux), else 8 GiB."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
 
 
 @dataclass(frozen=True)
@@ -57,6 +81,8 @@ class Embedder:
     resolution: int | None = None
     #: where the prepared-image store lives (default: ``prepared`` beside ``cache_dir``)
     prepared_dir: Path | None = None
+    #: bytes the weights of one panel pass may take (None: :data:`PANEL_MEMORY_SHARE` of what is free)
+    panel_memory: int | None = None
 
     def _options(self, name: str) -> EncoderOptions:
         return self.options.get(name, EncoderOptions())
@@ -99,13 +125,63 @@ class Embedder:
         name or an encoder :meth:`load` returned, from the images at the run's ``resolution``
         (:meth:`prepare`). ``sharded``: only this run's part ``shard`` of ``num_shards``. The
         entry is read later (``read=False``)."""
+        manifest, root = self.prepare(manifest, root)
+        return self._extract(encoder, manifest, root, sharded)
+
+    def _extract(self, encoder, manifest: pd.DataFrame, root: str | Path | None, sharded: bool) -> FeatureSet:
+        """One encoder's entry of images already at the run's resolution."""
         if isinstance(encoder, str):
             encoder = self.load(encoder)
-        manifest, root = self.prepare(manifest, root)
         return extract(encoder, manifest, root, self.cache_dir, batch_size=self.batch_size_of(encoder.spec.name),
                        num_workers=self.num_workers, shard_size=self.shard_size, on_bad_image=self.on_bad_image,
                        num_shards=self.num_shards if sharded else 1, shard=self.shard if sharded else 0,
                        read=False)
+
+    def panel_groups(self, names: list[str]) -> list[list[str]]:
+        """``names`` split into consecutive passes whose fp32 weights (``params_m`` x 4 bytes) fit
+        :attr:`panel_memory` together; an encoder larger than that gets a pass of its own."""
+        budget = self.panel_memory
+        if budget is None:
+            budget = int(PANEL_MEMORY_SHARE * _free_bytes(encoders.resolve_device(self.device)))
+        groups, used = [], 0
+        for name in names:
+            need = int(float(self.spec(name).params_m) * 1e6 * 4)
+            if not groups or used + need > budget:
+                groups.append([])
+                used = 0
+            groups[-1].append(name)
+            used += need
+        return groups
+
+    def embed_panel(self, manifest: pd.DataFrame, root: str | Path | None, names: list[str],
+                    sharded: bool = False) -> list[FeatureSet]:
+        """Every row of ``manifest`` embedded by every encoder of ``names`` (image encoders), each
+        image decoded once per pass (:func:`robustbench_fm.features.panel.extract_panel`): the
+        encoders that fit in memory together share a pass (:meth:`panel_groups`), the rest follow
+        in further passes. Each entry is the one :meth:`embed` fills, byte for byte, from the images
+        at the run's ``resolution`` (prepared once for the whole panel, :meth:`prepare`). A pass of
+        one encoder is a plain extraction. Returns one FeatureSet per name, in order (``read=False``)."""
+        out: dict[str, FeatureSet] = {}
+        manifest, root = self.prepare(manifest, root)
+        groups = self.panel_groups(list(names))
+        for group in groups:
+            if len(group) == 1:
+                out[group[0]] = self._extract(group[0], manifest, root, sharded)
+                continue
+            if len(groups) > 1:
+                log.info("panel pass of %d encoders (%s)", len(group), ", ".join(group))
+            loaded = [self.load(name) for name in group]
+            feats = extract_panel(loaded, manifest, root, self.cache_dir,
+                                  batch_size=[self.batch_size_of(n) for n in group], num_workers=self.num_workers,
+                                  shard_size=self.shard_size, on_bad_image=self.on_bad_image,
+                                  num_shards=self.num_shards if sharded else 1, shard=self.shard if sharded else 0,
+                                  read=False)
+            out.update(zip(group, feats))
+            del loaded, feats
+            gc.collect()  # the pass's models go before the next pass loads its own
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        return [out[n] for n in names]
 
     def embed_slides(self, manifest: pd.DataFrame, root: str | Path, name: str) -> Path:
         """Slide embeddings of the slides of ``manifest`` by slide encoder ``name`` (tiles embedded

@@ -233,19 +233,109 @@ def _malloc_trim() -> Callable[[], None]:
     return lambda: trim(0)
 
 
-def _batches(cache: FeatureCache, shards: list[int], batch_size: int) -> list[list[int]]:
-    """Row-index batches over ``shards``, each within one shard and starting at its first row."""
+def _batches(cache: FeatureCache, shards: list[int], batch_size: int,
+             start: dict[int, int] | None = None) -> list[list[int]]:
+    """Row-index batches over ``shards``, each within one shard and starting at its first row;
+    ``start[s]`` (a multiple of ``batch_size``: rows a partial shard holds) skips that many rows
+    of shard ``s``, so the remaining batches are those of an uninterrupted run."""
     out = []
     for s in shards:
         lo, hi = cache.shard_bounds(s)
-        out.extend(list(range(b, min(b + batch_size, hi))) for b in range(lo, hi, batch_size))
+        out.extend(list(range(b, min(b + batch_size, hi)))
+                   for b in range(lo + (start or {}).get(s, 0), hi, batch_size))
     return out
+
+
+#: Seconds between flushes of the shard in progress to its partial file (:mod:`.cache`, "Partial
+#: shards"): a killed extraction loses at most this much work plus one batch, on any device.
+FLUSH_SECONDS = 10.0
+
+
+def partial_tag(encoder, batch_size: int) -> dict:
+    """What a partial shard must share with the run that resumes it so that the rows it holds are
+    the rows this run would compute: the batch size (batch composition) and the device type."""
+    return {"batch_size": int(batch_size), "device": torch.device(encoder.device).type}
+
+
+def load_partials(cache: FeatureCache, shards: list[int], tag: dict, ids: np.ndarray,
+                  on_bad_image: str) -> dict[int, tuple[np.ndarray, dict]]:
+    """The valid partial files of ``shards`` (``{shard: (embeddings, skipped)}``). Under
+    ``on_bad_image="error"`` a partial holding skipped rows is discarded (those rows must be read
+    again or fail), as a complete shard holding them would be recomputed."""
+    out = {}
+    for s in shards:
+        got = cache.read_partial(s, tag, ids)
+        if got is None:
+            continue
+        if got[1] and on_bad_image == "error":
+            log.info("%s: the partial shard lists skipped rows; recomputing it (on_bad_image=error)",
+                     cache.partial_path(s))
+            cache.drop_partial(s)
+            continue
+        out[s] = got
+    return out
+
+
+class _ShardWriter:
+    """One encoder's embedded batches, shard by shard: a shard is written (its skipped rows listed
+    in ``skipped.csv`` first) when its last batch is in, and the shard in progress is flushed to
+    its partial file every ``flush_seconds`` (None: never). ``partials`` seed a shard with the rows
+    a killed run flushed. ``heartbeat`` is called after every write."""
+
+    def __init__(self, cache: FeatureCache, ids: np.ndarray, paths: np.ndarray | None, tag: dict,
+                 partials: dict[int, tuple[np.ndarray, dict]], flush_seconds: float | None,
+                 heartbeat: Callable[[], None]):
+        self.cache, self.ids, self.paths, self.tag = cache, ids, paths, tag
+        self.partials, self.flush_seconds, self.heartbeat = partials, flush_seconds, heartbeat
+        self.current, self.parts, self.bad, self.n_done, self.flushed = None, [], {}, 0, 0.0
+
+    def _begin(self, shard: int) -> None:
+        emb, bad = self.partials.pop(shard, (None, {}))
+        self.current, self.parts, self.bad = shard, ([emb] if emb is not None else []), dict(bad)
+        self.n_done = 0 if emb is None else len(emb)
+        self.flushed = time.monotonic()
+
+    def add(self, rows: list[int], emb: np.ndarray, errors) -> None:
+        """Add a batch (``rows`` of one shard, in order; ``errors`` as :meth:`_RowsDataset.collate`'s)."""
+        shard = rows[0] // self.cache.shard_size
+        if shard != self.current:
+            self._begin(shard)
+        lo, hi = self.cache.shard_bounds(shard)
+        if rows[0] != lo + self.n_done:  # cannot happen: batches come in order from the shard's start
+            raise RuntimeError(f"{self.cache.path}: batch starts at row {rows[0]}, expected {lo + self.n_done}")
+        for pos, row, (_, short) in errors:
+            emb[pos] = np.nan
+            self.bad[row] = {"sample_id": str(self.ids[row]), "row": row,
+                             "path": str(self.paths[row]) if self.paths is not None else "", "error": short}
+        self.parts.append(emb)
+        self.n_done += len(rows)
+        if rows[-1] == hi - 1:
+            self._write(shard, lo, hi)
+        elif self.flush_seconds is not None and time.monotonic() - self.flushed >= self.flush_seconds:
+            self.cache.write_partial(shard, self.n_done, np.concatenate(self.parts), self.bad, self.tag, self.ids)
+            self.parts = [np.concatenate(self.parts)]
+            self.flushed = time.monotonic()
+            self.heartbeat()
+
+    def _write(self, shard: int, lo: int, hi: int) -> None:
+        cache = self.cache
+        # listed before the shard exists, so a complete shard's NaN rows are always listed
+        with cache.bookkeeping():
+            on_disk = cache.read_skipped(complete_only=False)
+            listed = {r: v for r, v in on_disk.items() if not lo <= r < hi}
+            listed.update(self.bad)
+            if listed != on_disk:
+                cache.write_skipped(listed)
+            cache.write_shard(shard, self.ids[lo:hi], np.concatenate(self.parts), skipped_rows=list(self.bad))
+        cache.drop_partial(shard)
+        self.heartbeat()
+        self.current, self.parts, self.bad, self.n_done = None, [], {}, 0
 
 
 def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cache_root: str | Path,
             batch_size: int = 32, num_workers: int | str = 0, shard_size: int = 1024, progress: bool = True,
             reader: Reader | None = None, on_bad_image: str = "error", num_shards: int = 1, shard: int = 0,
-            read: bool = True) -> FeatureSet:
+            read: bool = True, flush_seconds: float | None = FLUSH_SECONDS) -> FeatureSet:
     """Embed every manifest row with ``encoder``, reusing and filling the feature cache.
 
     ``reader(image_root, row)`` returns a PIL image for a manifest row (default: open
@@ -261,14 +351,44 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
     content-keyed entry, which is complete when all parts are. Each part holds its own lock, so
     parts run concurrently. ``embeddings`` is None while the entry is incomplete, and with
     ``read=False`` (callers that read the entry later, keeping memory flat).
+
+    ``flush_seconds``: the shard in progress is flushed to a partial file this often (None:
+    never), so a killed run loses seconds of work instead of up to a shard; the resume continues
+    from it and writes the same bytes (:mod:`.cache`, "Partial shards").
     """
     t0 = time.perf_counter()
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    manifest, ids, image_root, reader, num_workers = _check_inputs(manifest, image_root, reader, [batch_size],
+                                                                   on_bad_image, num_workers, encoder.device)
+
+    fields = cache_key_fields(encoder, manifest, image_root)
+    cache = FeatureCache(cache_root, fields, shard_size=shard_size, n_rows=len(manifest))
+    mine = set(cache.part_shards(num_shards, shard))
+    skipped = _settled_hit(cache, manifest, on_bad_image)
+    n_forward = n_images = 0
+    if skipped is None:
+        try:
+            n_forward, n_images, skipped = _fill(encoder, manifest, image_root, cache, mine, ids, num_shards,
+                                                 shard, batch_size, num_workers, progress, reader, on_bad_image,
+                                                 flush_seconds)
+        except OSError as exc:
+            err = _unwritable_error(exc, cache, encoder.spec.name)
+            if err is exc:
+                raise
+            raise err from None
+    return _result(encoder, manifest, cache, fields, ids, skipped, n_forward, n_images, t0, read, num_shards, shard)
+
+
+def _check_inputs(manifest: pd.DataFrame, image_root, reader, batch_sizes, on_bad_image: str, num_workers,
+                  device) -> tuple[pd.DataFrame, np.ndarray, Path | None, Reader, int]:
+    """The arguments every extraction checks first; (manifest with a fresh index, its sample_ids,
+    image root, reader, number of decode workers)."""
+    for b in batch_sizes:
+        if int(b) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {b}")
     if on_bad_image not in BAD_IMAGE_POLICIES:
         raise ValueError(f"on_bad_image must be one of {', '.join(BAD_IMAGE_POLICIES)}, got {on_bad_image!r}")
     if num_workers == "auto":
-        num_workers = default_num_workers(encoder.device)
+        num_workers = default_num_workers(device)
     num_workers = int(num_workers)
     manifest = manifest.reset_index(drop=True)
     if "sample_id" not in manifest.columns:
@@ -285,28 +405,31 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
             raise ValueError("image_root is required with the default reader (paths are relative to it)")
         reader = default_reader
     image_root = Path(image_root) if image_root is not None else None
+    return manifest, ids, image_root, reader, num_workers
 
-    fields = cache_key_fields(encoder, manifest, image_root)
-    cache = FeatureCache(cache_root, fields, shard_size=shard_size, n_rows=len(manifest))
-    mine = set(cache.part_shards(num_shards, shard))
-    # A settled entry is read without the lock: no write access needed (a read-only cache). Only
-    # on_bad_image="error" over skipped rows must write (it recomputes their shards).
+
+def _settled_hit(cache: FeatureCache, manifest: pd.DataFrame, on_bad_image: str) -> dict | None:
+    """A settled entry is read without the lock: no write access needed (a read-only cache). Only
+    on_bad_image="error" over skipped rows must write (it recomputes their shards). -> the entry's
+    skipped rows on a hit, else None."""
     if cache.settled() and not (on_bad_image == "error" and cache.read_skipped()):
         cache.done_ids(manifest)  # checks every shard's sample_ids against the manifest
-        log.info("cache hit: %d rows, 0 forward passes (%s)", len(ids), cache.path)
-        n_forward = n_images = 0
-        skipped = cache.read_skipped()
-    else:
-        try:
-            n_forward, n_images, skipped = _fill(encoder, manifest, image_root, cache, mine, ids, num_shards,
-                                                 shard, batch_size, num_workers, progress, reader, on_bad_image)
-        except OSError as exc:
-            if not _unwritable(exc, cache.root):
-                raise
-            raise FeatureCacheError(
-                f"feature cache '{cache.root}' is not writable ({_one_line(exc)}) and the entry of "
-                f"'{encoder.spec.name}' for this manifest needs writing ({len(cache.missing_shards())} of "
-                f"{cache.n_shards} shards missing); set paths.cache_dir=<a writable folder>") from None
+        log.info("cache hit: %d rows, 0 forward passes (%s)", len(manifest), cache.path)
+        return cache.read_skipped()
+    return None
+
+
+def _unwritable_error(exc: OSError, cache: FeatureCache, name: str) -> Exception:
+    if not _unwritable(exc, cache.root):
+        return exc
+    return FeatureCacheError(
+        f"feature cache '{cache.root}' is not writable ({_one_line(exc)}) and the entry of "
+        f"'{name}' for this manifest needs writing ({len(cache.missing_shards())} of "
+        f"{cache.n_shards} shards missing); set paths.cache_dir=<a writable folder>")
+
+
+def _result(encoder, manifest, cache: FeatureCache, fields: dict, ids, skipped: dict, n_forward: int,
+            n_images: int, t0: float, read: bool, num_shards: int, shard: int) -> FeatureSet:
     still_missing = cache.missing_shards()
     embeddings = cache.read(manifest) if read and not still_missing else None
     if still_missing:
@@ -324,58 +447,87 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
                       images_per_s=n_images / seconds if n_images else 0.0, fields=fields,
                       skipped=skipped_ids, missing_shards=still_missing)
 
+def _prepare(encoder, manifest, image_root, cache: FeatureCache, mine: set[int], ids, reader,
+             on_bad_image: str) -> tuple[list[int], list[dict] | None]:
+    """Under the entry lock: check the complete shards against the manifest, re-read previously
+    skipped rows under ``on_bad_image="error"``, tidy the bookkeeping; (this part's missing shards,
+    the manifest records if they were built)."""
+    # one listing for both sides of the guard: other parts may write shards meanwhile
+    complete = cache.complete_shards()
+    done = cache.done_ids(manifest, complete)  # reads + checks the sample_ids of those shards
+    todo_mask = ~pd.Index(ids).isin(list(done))
+    expected = len(ids) - sum(hi - lo for lo, hi in map(cache.shard_bounds, complete))
+    if int(todo_mask.sum()) != expected:  # cannot happen with whole-shard writes; guard anyway
+        raise FeatureCacheError(f"{cache.path}: complete shards hold {len(done)} sample_ids but "
+                                f"{len(ids) - expected} were expected; delete the folder and re-run")
+    records = None
+    skipped = {r: v for r, v in cache.read_skipped(complete_only=True).items() if r // cache.shard_size in mine}
+    if skipped and on_bad_image == "error":
+        records = manifest.to_dict("records")
+        _retry_skipped(cache, skipped, _RowsDataset(records, image_root, encoder.transform, reader))
+    missing = [i for i in cache.missing_shards() if i in mine]
+    if missing:
+        with cache.bookkeeping():
+            if cache.path.is_dir():  # drop rows a killed run listed for a shard it never wrote
+                cache.write_skipped(cache.read_skipped(complete_only=True))
+            cache.write_meta()
+    return missing, records
+
+
+def _settle(cache: FeatureCache) -> dict:
+    """After filling: ``skipped.csv`` and ``meta.json`` as the entry's complete shards say; the
+    entry's skipped rows."""
+    skipped = {}
+    if cache.path.is_dir():
+        with cache.bookkeeping():
+            # re-read: another process filling the same entry may have listed rows of its shards
+            skipped = cache.read_skipped(complete_only=True)
+            cache.write_skipped(skipped)
+            cache.write_meta()  # no-op when unchanged; records shards a killed run did not record
+    return skipped
+
+
+def _log_start(cache: FeatureCache, encoder, missing: list[int], mine: set[int], partials: dict, n_rows: int):
+    todo = sum(hi - lo for lo, hi in map(cache.shard_bounds, missing)) - sum(len(e) for e, _ in partials.values())
+    if len(missing) < len(mine) or partials:
+        log.info("resuming %s: %d of %d shards present%s, embedding %d of %d rows", cache.path,
+                 cache.n_shards - len(missing), cache.n_shards,
+                 f" (+{len(partials)} partial)" if partials else "", todo, n_rows)
+    else:
+        log.info("extracting %d rows with '%s' into %s (%d shard%s)", n_rows, encoder.spec.name,
+                 cache.path, cache.n_shards, "" if cache.n_shards == 1 else "s")
+
+
+def _interrupted(cache: FeatureCache, name: str, exc: KeyboardInterrupt) -> ExtractionInterrupted:
+    saved = cache.n_shards - len(cache.missing_shards())
+    partial = sum(cache.partial_path(i).is_file() for i in cache.missing_shards())
+    return ExtractionInterrupted(f"{saved} of {cache.n_shards} shards of {name} saved in {cache.path}"
+                                 + (f" (+{partial} partial, resumed from where it stopped)" if partial else ""))
+
 
 def _fill(encoder, manifest, image_root, cache: FeatureCache, mine: set[int], ids, num_shards: int, shard: int,
-          batch_size: int, num_workers: int, progress: bool, reader, on_bad_image: str) -> tuple[int, int, dict]:
+          batch_size: int, num_workers: int, progress: bool, reader, on_bad_image: str,
+          flush_seconds: float | None) -> tuple[int, int, dict]:
     """Compute this part's missing shards under the entry lock; (forward batches, images embedded,
     the entry's skipped rows)."""
     with _entry_lock(cache, num_shards, shard) as lock:
-        # one listing for both sides of the guard: other parts may write shards meanwhile
-        complete = cache.complete_shards()
-        done = cache.done_ids(manifest, complete)  # reads + checks the sample_ids of those shards
-        todo_mask = ~pd.Index(ids).isin(list(done))
-        expected = len(ids) - sum(hi - lo for lo, hi in map(cache.shard_bounds, complete))
-        if int(todo_mask.sum()) != expected:  # cannot happen with whole-shard writes; guard anyway
-            raise FeatureCacheError(f"{cache.path}: complete shards hold {len(done)} sample_ids but "
-                                    f"{len(ids) - expected} were expected; delete the folder and re-run")
-        records = None
-        skipped = {r: v for r, v in cache.read_skipped(complete_only=True).items()
-                   if r // cache.shard_size in mine}
-        if skipped and on_bad_image == "error":
-            records = manifest.to_dict("records")
-            _retry_skipped(cache, skipped, _RowsDataset(records, image_root, encoder.transform, reader))
-        missing = [i for i in cache.missing_shards() if i in mine]
-        expected = sum(hi - lo for lo, hi in map(cache.shard_bounds, missing))
-
+        missing, records = _prepare(encoder, manifest, image_root, cache, mine, ids, reader, on_bad_image)
         n_forward = n_images = 0
         if not missing:
             log.info("cache hit: %d rows, 0 forward passes (%s)", len(ids), cache.path)
         else:
-            with cache.bookkeeping():
-                if cache.path.is_dir():  # drop rows a killed run listed for a shard it never wrote
-                    cache.write_skipped(cache.read_skipped(complete_only=True))
-                cache.write_meta()
-            if len(missing) < len(mine):
-                log.info("resuming %s: %d of %d shards present, embedding %d of %d rows",
-                         cache.path, cache.n_shards - len(missing), cache.n_shards, expected, len(ids))
-            else:
-                log.info("extracting %d rows with '%s' into %s (%d shard%s)", len(ids), encoder.spec.name,
-                         cache.path, cache.n_shards, "" if cache.n_shards == 1 else "s")
+            tag = partial_tag(encoder, batch_size)
+            partials = load_partials(cache, missing, tag, ids, on_bad_image)
+            _log_start(cache, encoder, missing, mine, partials, len(ids))
             try:
                 n_forward, n_images = _run(encoder, manifest, image_root, cache, missing, batch_size,
-                                           num_workers, progress, reader, on_bad_image, records, lock.refresh)
+                                           num_workers, progress, reader, on_bad_image, records, lock.refresh,
+                                           partials, tag, flush_seconds)
             except KeyboardInterrupt as exc:
                 if isinstance(exc, ExtractionInterrupted):
                     raise
-                saved = cache.n_shards - len(cache.missing_shards())
-                raise ExtractionInterrupted(f"{saved} of {cache.n_shards} shards of {encoder.spec.name} saved in "
-                                            f"{cache.path}") from exc
-        if cache.path.is_dir():
-            with cache.bookkeeping():
-                # re-read: another process filling the same entry may have listed rows of its shards
-                skipped = cache.read_skipped(complete_only=True)
-                cache.write_skipped(skipped)
-                cache.write_meta()  # no-op when unchanged; records shards a killed run did not record
+                raise _interrupted(cache, encoder.spec.name, exc) from exc
+        skipped = _settle(cache)
     return n_forward, n_images, skipped
 
 
@@ -392,13 +544,18 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
+def lock_path(cache: FeatureCache, num_shards: int = 1, shard: int = 0) -> Path:
+    """``<encoder folder>/<key>.lock``, or ``<key>.part-<i>-of-<N>.lock`` for a part."""
+    name = f"{cache.key}.lock" if num_shards == 1 else f"{cache.key}.part-{shard}-of-{num_shards}.lock"
+    return cache.path.parent / name
+
+
 @contextlib.contextmanager
 def _entry_lock(cache: FeatureCache, num_shards: int = 1, shard: int = 0):
     """Hold ``<encoder folder>/<key>.lock`` (``<key>.part-<i>-of-<N>.lock`` for a part) while
     filling an entry, so a second run on the same entry or part waits and then finds it complete
     (zero forward passes) instead of computing it twice."""
-    name = f"{cache.key}.lock" if num_shards == 1 else f"{cache.key}.part-{shard}-of-{num_shards}.lock"
-    path = cache.path.parent / name
+    path = lock_path(cache, num_shards, shard)
     try:
         lock = FileLock(path, timeout=0).acquire()
     except LockTimeout as busy:
@@ -430,13 +587,16 @@ def _retry_skipped(cache: FeatureCache, skipped: dict[int, dict], dataset: _Rows
 
 def _run(encoder, manifest, image_root, cache: FeatureCache, shards: list[int], batch_size: int,
          num_workers: int, progress: bool, reader: Reader, on_bad_image: str,
-         records: list[dict] | None = None, heartbeat: Callable[[], None] = lambda: None
+         records: list[dict] | None = None, heartbeat: Callable[[], None] = lambda: None,
+         partials: dict | None = None, tag: dict | None = None, flush_seconds: float | None = None
          ) -> tuple[int, int]:
-    """Embed ``shards``; in skip mode a shard's failed rows are listed in ``skipped.csv`` before
-    the shard is written (merged with what the file lists for other shards). ``heartbeat`` is
-    called after every shard (it refreshes the entry lock)."""
+    """Embed ``shards`` (from where their ``partials`` stop); in skip mode a shard's failed rows
+    are listed in ``skipped.csv`` before the shard is written (merged with what the file lists
+    for other shards). ``heartbeat`` is called after every shard and partial flush (it refreshes
+    the entry lock)."""
     records = records if records is not None else manifest.to_dict("records")
-    batches = _batches(cache, shards, batch_size)
+    partials = dict(partials or {})
+    batches = _batches(cache, shards, batch_size, {s: len(e) for s, (e, _) in partials.items()})
     dataset = _RowsDataset(records, image_root, encoder.transform, reader)
     cuda = encoder.device.type == "cuda"
     loader = DataLoader(dataset, batch_sampler=batches, num_workers=num_workers, collate_fn=dataset.collate,
@@ -444,13 +604,15 @@ def _run(encoder, manifest, image_root, cache: FeatureCache, shards: list[int], 
                         persistent_workers=False)
     ids = manifest["sample_id"].astype(str).to_numpy()
     paths = manifest["path"].astype(str).to_numpy() if "path" in manifest.columns else None
+    writer = _ShardWriter(cache, ids, paths, tag or partial_tag(encoder, batch_size), partials, flush_seconds,
+                          heartbeat)
     n_total = sum(len(b) for b in batches)
     bar = None
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=n_total, unit="img", desc=f"extract {encoder.spec.name}", dynamic_ncols=True,
                    smoothing=0.1)
-    current, parts, bad, n_forward, n_images = None, [], {}, 0, 0
+    n_forward = n_images = 0
     trim = _malloc_trim()
     batches_iter = iter(loader)
     try:
@@ -463,9 +625,6 @@ def _run(encoder, manifest, image_root, cache: FeatureCache, shards: list[int], 
             del item
             if errors and on_bad_image == "error":
                 raise ImageReadError(errors[0][2][0])
-            shard = rows[0] // cache.shard_size
-            if shard != current:
-                current, parts, bad = shard, [], {}
             if x is not None:
                 emb = np.array(encoder.embed(x).cpu().numpy(), dtype=np.float32)
                 n_forward += 1
@@ -473,27 +632,11 @@ def _run(encoder, manifest, image_root, cache: FeatureCache, shards: list[int], 
                 trim()
             else:
                 emb = np.empty((len(rows), cache.embed_dim), dtype=np.float32)
-            for pos, row, (_, short) in errors:
-                emb[pos] = np.nan
-                bad[row] = {"sample_id": str(ids[row]), "row": row,
-                            "path": str(paths[row]) if paths is not None else "", "error": short}
-            parts.append(emb)
+            writer.add(rows, emb, errors)
             n_images += len(rows) - len(errors)
             if bar is not None:
                 bar.update(len(rows))
-            lo, hi = cache.shard_bounds(shard)
-            if rows[-1] == hi - 1:
-                # listed before the shard exists, so a complete shard's NaN rows are always listed
-                with cache.bookkeeping():
-                    on_disk = cache.read_skipped(complete_only=False)
-                    listed = {r: v for r, v in on_disk.items() if not lo <= r < hi}
-                    listed.update(bad)
-                    if listed != on_disk:
-                        cache.write_skipped(listed)
-                    cache.write_shard(shard, ids[lo:hi], np.concatenate(parts), skipped_rows=list(bad))
-                heartbeat()
-                parts, bad = [], {}
-                if bar is not None:
+                if writer.current is None:
                     bar.set_postfix(shards=f"{cache.n_shards - len(cache.missing_shards())}/{cache.n_shards}")
     finally:
         if bar is not None:

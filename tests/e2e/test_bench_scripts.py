@@ -39,3 +39,42 @@ def test_estimate_cost_counts_flops_and_schedules_longest_first():
     assert how == "counted" and abs(gflops - 9.2) < 0.2
     assert cost.schedule([3, 3, 2, 2], 2) == 5 and cost.schedule([3, 3, 2, 2, 2], 2) == 7  # LPT, not optimal
     assert cost.schedule([5, 1, 1], 4) == 5
+
+
+def test_bench_panel_checks_entries_and_writes_ratios(tmp_path):
+    out = tmp_path / "panel.json"
+    result = load("bench_panel").main(["--n", "6", "--size", "128", "--batch-size", "4", "--num-workers", "0",
+                                       "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert result["entries_byte_identical"] == {m: True for m in result["models"]} and len(result["models"]) == 5
+    sec, ratios = result["seconds"], result["ratios"]
+    floor = sec["decode_pass"] + sec["forward_sum"]
+    # the seconds are rounded to 1 ms and a toy run's decode pass takes tens of ms
+    assert abs(ratios["panel_over_decode_plus_forwards"] - sec["panel"] / floor) <= 0.1 * sec["panel"] / floor
+    assert result["meets_goal"] == (ratios["panel_over_decode_plus_forwards"] <= 1.3)
+
+
+def test_bench_candor_prints_its_similarity_floor(tmp_path):
+    result = load("bench_candor").main(["--groups", "2", "--group-size", "400", "--dim", "32", "--bank-size", "200",
+                                        "--max-group-sample", "200", "--n-boot", "20", "--out",
+                                        str(tmp_path / "c.json")])
+    ratio = result["seconds"] / result["similarity_floor_seconds"]
+    assert result["similarity_floor_seconds"] > 0 and result["ratio_goal"] == 2.0
+    assert abs(result["ratio_over_similarity_floor"] - ratio) <= 0.01 * ratio + 0.01
+
+
+def test_bench_gpu_paths_new_sections_run_at_toy_size_on_cpu(tmp_path):
+    """The issue-21 sections of the one GPU script, at toy sizes on the CPU (their code paths; the
+    numbers come from a GPU machine)."""
+    out = tmp_path / "gpu.json"
+    sections = "device_transform,extract_vs_forward,panel,candor_floor,croma_floor"
+    result = load("bench_gpu_paths").main(["--smoke", "--allow-cpu", "--sections", sections, "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result, default=str))
+    for name in sections.split(","):
+        assert "error" not in result[name], result[name]
+    assert result["device_transform"]["fp32"]["min_cosine_device_vs_host_transform"] >= 0.9999
+    assert result["device_transform"]["meets_goal"] is True
+    assert set(result["extract_vs_forward"]["models"]) == {"vit_s"}
+    assert result["panel"]["entries_byte_identical"] == {m: True for m in result["panel"]["models"]}
+    for name in ("candor_floor", "croma_floor"):
+        assert result[name]["ratio_over_similarity_floor"] > 0 and result[name]["profile_top"]

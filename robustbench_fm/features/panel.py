@@ -1,0 +1,531 @@
+"""Panel extraction: one pass over the images for every encoder of a panel (issue 21, section 1).
+
+A paper experiment embeds the same images with every encoder of its panel (CANDOR: 22 encoders
+x 605,443 chest films; CRoMa: 21 x 150,000 tiles). :func:`extract` decodes each image once per
+encoder; :func:`extract_panel` decodes it once for the whole panel: a decode worker reads the
+row's image, fills its occlusion rectangle, applies every encoder's own transform to it and drops
+the decoded image; the main process collects each encoder's rows into that encoder's own batches
+and runs its forward pass.
+
+What each encoder's cache entry gets is exactly what :func:`extract` writes for it alone: the
+same key (:func:`cache_key_fields`), the same shards, and the same batches (each encoder's
+batches start at each of its missing shards' first row with its own batch size, and never
+straddle a shard), written by the same code (``_ShardWriter``), so the shard files, ``meta.json``
+and ``skipped.csv`` are byte-identical. Each encoder is resumable on its own: a settled entry is
+read and skipped, a partly filled one continues from its own missing shards (and from the partial
+file of the shard a killed pass was computing); the pass decodes the union of the rows some
+encoder still needs, and an encoder sees only its own rows. Each encoder's entry lock is held for
+the pass; an encoder whose entry another process is filling is left out of the pass and then
+waits for that process, as :func:`extract` would.
+
+Memory is bounded as for one encoder: a decoded image lives only while the worker transforms it;
+in flight are the workers' prefetched chunks (bounded by :data:`PREFETCH_BYTES`) and at most one
+batch per encoder.
+
+``device_transform=True`` (for GPU machines): where an encoder's transform is the one
+:func:`robustbench_fm.encoders.base.build_transform` builds (mode -> uint8 tensor -> resize/crop
+-> scale -> normalise), workers ship the decoded uint8 tensor once per colour mode and the
+resize/normalise runs on the encoder's device (:func:`split_transform`). Its features differ
+from the host transform's by interpolation rounding (float resize on the device vs torchvision's
+uint8 kernel; within cosine 0.9999, tested), so such an entry is keyed apart
+(``"transform": "device"`` in its key fields).
+
+On the host, a panel shares what its encoders' transforms have in common (:class:`_HostPlan`): the
+resize of a full-size film is computed once per geometry (size, rule, interpolation) and colour
+mode, and a grey film bound for an RGB encoder is resized before its channel is repeated; the
+tensors are those of each encoder's own transform, byte for byte.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms import v2 as T
+
+from ..core.locking import FileLock, LockTimeout
+from ..encoders.base import _LongestSidePad, _ToMode
+from .cache import FeatureCache
+from .extract import (
+    FLUSH_SECONDS,
+    PREFETCH_BYTES,
+    ExtractionInterrupted,
+    FeatureSet,
+    ImageReadError,
+    Reader,
+    _batches,
+    _check_inputs,
+    _interrupted,
+    _log_start,
+    _malloc_trim,
+    _one_thread,
+    _prepare,
+    _result,
+    _RowsDataset,
+    _settle,
+    _settled_hit,
+    _ShardWriter,
+    _unwritable_error,
+    extract,
+    load_partials,
+    lock_path,
+    partial_tag,
+)
+from .key import cache_key_fields
+from .occlusion import occlude_row
+
+log = logging.getLogger("robustbench_fm.features")
+
+#: torchvision modules a device-side transform may hold after the host's mode + PILToTensor
+_DEVICE_SAFE = (T.Resize, T.CenterCrop, _LongestSidePad, T.ToDtype, T.Normalize)
+
+
+class DeviceTransform(torch.nn.Module):
+    """The part of a :func:`build_transform` pipeline after ``PILToTensor``, run on the device
+    on a uint8 [C, H, W] (or [B, C, H, W]) tensor: geometry in float32, then clamped and rounded
+    to the uint8 range as torchvision does for uint8 input on CUDA, scaled to [0, 1]
+    (``ToDtype(scale=True)``) and normalised."""
+
+    def __init__(self, steps: Sequence[torch.nn.Module], channels: int = 3):
+        super().__init__()
+        self.steps, self.channels = list(steps), int(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(torch.float32)
+        scaled = False
+        for step in self.steps:
+            if isinstance(step, T.ToDtype):
+                x = x.clamp_(0, 255).round_().div_(255.0)
+                if x.shape[-3] == 1 and self.channels == 3:  # a grey film for an RGB encoder
+                    x = x.expand(*x.shape[:-3], 3, *x.shape[-2:]).contiguous()
+                scaled = True
+            else:
+                x = step(x)
+        if not scaled:
+            raise ValueError("device transform: the pipeline has no ToDtype(scale=True) step")
+        return x
+
+
+def _standard_steps(transform) -> tuple[str, list, list] | None:
+    """``(mode, geometry steps, tail steps)`` of a :func:`build_transform` pipeline
+    (``_ToMode(mode)``, ``PILToTensor``, resize / crop / pad, then ``ToDtype`` and ``Normalize``);
+    None for any other transform (open_clip's, a custom one)."""
+    steps = getattr(transform, "transforms", None)
+    if not isinstance(transform, T.Compose) or not steps or len(steps) < 3:
+        return None
+    if not isinstance(steps[0], _ToMode) or not isinstance(steps[1], T.PILToTensor):
+        return None
+    rest = list(steps[2:])
+    if not all(isinstance(s, _DEVICE_SAFE) for s in rest) or sum(isinstance(s, T.ToDtype) for s in rest) != 1:
+        return None
+    cut = next(k for k, s in enumerate(rest) if isinstance(s, T.ToDtype))
+    if not all(isinstance(s, (T.ToDtype, T.Normalize)) for s in rest[cut:]):
+        return None
+    return steps[0].mode, rest[:cut], rest[cut:]
+
+
+def split_transform(transform) -> tuple[str, DeviceTransform] | None:
+    """``(mode, device part)`` when ``transform`` is a :func:`build_transform` pipeline; None for
+    any other transform, which then runs on the host."""
+    plan = _standard_steps(transform)
+    return None if plan is None else (plan[0], DeviceTransform(plan[1] + plan[2], 3 if plan[0] == "RGB" else 1))
+
+
+def _geometry_key(steps: list) -> tuple:
+    """Equal for two geometry pipelines that compute the same thing (the modules' settings)."""
+    return tuple((type(s).__name__, repr(s), str(getattr(s, "size", None)), str(getattr(s, "interp", None)))
+                 for s in steps)
+
+
+class _HostPlan:
+    """A :func:`build_transform` pipeline run so that encoders of a panel share work: the
+    geometry (the costly resize of a full-size film) is computed once per (source mode, geometry)
+    and reused by every encoder with the same settings; an 'L' image bound for an 'RGB' encoder
+    is resized in 'L' and its channel repeated after (PIL's L -> RGB conversion repeats the
+    channel and the resize works per channel, so the tensor is the same, byte for byte: tested
+    against the encoder's own transform through the panel's entries)."""
+
+    def __init__(self, mode: str, geometry: list, tail: list):
+        self.mode, self.key = mode, _geometry_key(geometry)
+        self.geometry, self.tail = T.Compose(geometry), T.Compose(tail)
+
+    def __call__(self, im, shared: dict) -> torch.Tensor:
+        repeat = im.mode == "L" and self.mode == "RGB"
+        src = "L" if repeat else self.mode
+        if ("image", src) not in shared:
+            shared[("image", src)] = _host_tensor(im, src)
+        if (src, self.key) not in shared:
+            shared[(src, self.key)] = self.geometry(shared[("image", src)])
+        x = shared[(src, self.key)]
+        if repeat:
+            x = x.expand(3, -1, -1).contiguous()
+        return self.tail(x)
+
+
+def _host_tensor(im, mode: str) -> torch.Tensor:
+    return T.functional.pil_to_tensor(im if im.mode == mode else im.convert(mode))
+
+
+def _pack(items):
+    """Collate a decode chunk in the worker: every tensor of the chunk (each job's rows; a tensor
+    several jobs share once) stacked into one tensor per (shape, dtype), so a chunk crosses to
+    the main process as a few shared-memory blocks, not one per row and encoder. -> (stores,
+    rows): ``rows`` is ``[(row, {job: ((store, index) or None, error)})]``."""
+    groups: dict[tuple, list] = {}
+    where: dict[int, tuple] = {}
+    rows = []
+    for row, per_job in items:
+        refs = {}
+        for j, (x, err) in per_job.items():
+            if x is None:
+                refs[j] = (None, err)
+                continue
+            if id(x) not in where:
+                key = (tuple(x.shape), str(x.dtype))
+                groups.setdefault(key, []).append(x)
+                where[id(x)] = (key, len(groups[key]) - 1)
+            refs[j] = (where[id(x)], None)
+        rows.append((row, refs))
+    return {key: torch.stack(xs) for key, xs in groups.items()}, rows
+
+
+class _PanelDataset(Dataset):
+    """``(row, jobs)`` -> ``(row, {job: (tensor or None, error or None)})``: the row's image read
+    once; for each job its transform's output, or (``modes[job]`` set) the uint8 tensor of the
+    image in that colour mode, one tensor per mode shared by the jobs that use it. Errors are
+    those of :class:`_RowsDataset` (same messages, so ``skipped.csv`` is the same)."""
+
+    def __init__(self, records: list[dict], image_root, transforms: list, modes: list[str | None], reader: Reader):
+        self.rows = _RowsDataset(records, image_root, None, reader)
+        self.transforms, self.modes = transforms, modes
+        self.plans = []
+        for tf in transforms:
+            steps = _standard_steps(tf)
+            self.plans.append(None if steps is None else _HostPlan(*steps))
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, item):
+        i, jobs = item
+        rows = self.rows
+        record = rows.records[i]
+        try:
+            im = occlude_row(rows.reader(rows.image_root, record), record)
+        except MemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (reported in the main process, one line)
+            msg = " ".join(str(exc).split()) or type(exc).__name__
+            err = rows._error(i, f"{type(exc).__name__}: {msg}")
+            return i, {j: (None, err) for j in jobs}
+        out, shared = {}, {}
+        for j in jobs:
+            try:
+                mode = self.modes[j]
+                if mode is not None:  # device transform: a grey film travels as one channel
+                    src = "L" if im.mode == "L" and mode == "RGB" else mode
+                    if ("image", src) not in shared:
+                        shared[("image", src)] = _host_tensor(im, src)
+                    x = shared[("image", src)]
+                elif self.plans[j] is not None:
+                    x = self.plans[j](im, shared)
+                else:
+                    x = self.transforms[j](im)
+                if not isinstance(x, torch.Tensor):
+                    raise TypeError(f"transform returned {type(x).__name__}, expected a tensor")
+                out[j] = (x, None)
+            except MemoryError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                msg = " ".join(str(exc).split()) or type(exc).__name__
+                out[j] = (None, rows._error(i, f"{type(exc).__name__}: {msg}"))
+        del im, shared  # the decoded image goes once every encoder has transformed it
+        return i, out
+
+
+class _Chunks:
+    """Decode chunks: the rows some job needs, in manifest order, ``size`` at a time, each row
+    with the jobs that need it (``need``: bool [jobs, rows])."""
+
+    def __init__(self, need: np.ndarray, size: int):
+        self.need, self.size = need, size
+        self.rows = np.flatnonzero(need.any(axis=0))
+
+    def __len__(self):
+        return -(-len(self.rows) // self.size)
+
+    def __iter__(self):
+        for a in range(0, len(self.rows), self.size):
+            rows = self.rows[a:a + self.size]
+            block = self.need[:, rows]
+            yield [(int(r), tuple(np.flatnonzero(block[:, k]).tolist())) for k, r in enumerate(rows)]
+
+
+@dataclass
+class _Job:
+    """One encoder's share of a pass."""
+
+    encoder: object
+    batch_size: int
+    fields: dict
+    cache: FeatureCache
+    mine: set
+    device_tf: DeviceTransform | None = None
+    mode: str | None = None
+    lock: object = None
+    missing: list = field(default_factory=list)
+    batches: deque = field(default_factory=deque)
+    pending: list = field(default_factory=list)
+    writer: _ShardWriter | None = None
+    collate: object = None
+    n_forward: int = 0
+    n_images: int = 0
+    skipped: dict | None = None
+    waiting: bool = False  # another process holds the entry's lock
+
+
+def _panel_prefetch(jobs: list[_Job], chunk: int, num_workers: int) -> int | None:
+    """Chunks each worker prepares ahead (1-4), at most :data:`PREFETCH_BYTES` in flight; a job
+    shipping uint8 images of unknown size counts 4 MB a row (a 2,048 px grey film)."""
+    if num_workers == 0:
+        return None
+    row = sum((4 << 20) if j.mode else j.encoder.spec.channels * j.encoder.spec.input_size ** 2 * 4 for j in jobs)
+    return max(1, min(4, PREFETCH_BYTES // max(1, num_workers * chunk * row)))
+
+
+def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | Path | None,
+                  cache_root: str | Path, batch_size: int | Sequence[int] = 32, num_workers: int | str = 0,
+                  shard_size: int = 1024, progress: bool = True, reader: Reader | None = None,
+                  on_bad_image: str = "error", num_shards: int = 1, shard: int = 0, read: bool = True,
+                  flush_seconds: float | None = FLUSH_SECONDS, device_transform: bool = False,
+                  _wait: bool = False) -> list[FeatureSet]:
+    """Embed every manifest row with every encoder of ``encoders`` in one decode pass; one
+    :class:`FeatureSet` per encoder, in order (see the module docstring).
+
+    The arguments are :func:`extract`'s; ``batch_size`` is one per encoder or one for all.
+    ``device_transform``: resize/normalise on the encoder's device where its transform allows
+    (:func:`split_transform`; the entry is keyed apart). ``_wait``: wait for busy entry locks
+    (the call that finishes an encoder left out of a pass).
+    """
+    t0 = time.perf_counter()
+    encoders = list(encoders)
+    if not encoders:
+        return []
+    sizes = [int(batch_size)] * len(encoders) if isinstance(batch_size, int) else [int(b) for b in batch_size]
+    if len(sizes) != len(encoders):
+        raise ValueError(f"batch_size: {len(sizes)} values for {len(encoders)} encoders; give one per encoder")
+    names = [e.spec.name for e in encoders]
+    if len(set(names)) != len(names):
+        raise ValueError(f"extract_panel: encoder names repeat ({', '.join(names)}); one entry per encoder")
+    manifest, ids, image_root, reader, num_workers = _check_inputs(manifest, image_root, reader, sizes,
+                                                                   on_bad_image, num_workers, encoders[0].device)
+    jobs = []
+    for enc, bs in zip(encoders, sizes):
+        fields = cache_key_fields(enc, manifest, image_root)
+        split = split_transform(enc.transform) if device_transform else None
+        if split is not None:
+            fields = {**fields, "transform": "device"}
+        cache = FeatureCache(cache_root, fields, shard_size=shard_size, n_rows=len(manifest))
+        job = _Job(enc, bs, cache.fields, cache, set(cache.part_shards(num_shards, shard)))
+        if split is not None:
+            job.mode, job.device_tf = split
+        job.skipped = _settled_hit(cache, manifest, on_bad_image)
+        jobs.append(job)
+
+    # an entry another process is filling is left out of the pass; extract() waits for it after
+    with contextlib.ExitStack() as stack:
+        active = []
+        for job in jobs:
+            if job.skipped is not None:
+                continue
+            try:
+                job.lock = stack.enter_context(FileLock(lock_path(job.cache, num_shards, shard),
+                                                        timeout=None if _wait else 0))
+            except LockTimeout as busy:
+                holder = busy.holder
+                who = f"pid {holder.pid} on {holder.host}" if holder is not None and holder.pid is not None \
+                    else "another process"
+                log.info("%s: %s is filling %s; waiting for it after this pass", job.encoder.spec.name, who,
+                         job.cache.path)
+                job.waiting = True
+                continue
+            try:
+                job.missing, records = _prepare(job.encoder, manifest, image_root, job.cache, job.mine, ids,
+                                                reader, on_bad_image)
+            except OSError as exc:
+                err = _unwritable_error(exc, job.cache, job.encoder.spec.name)
+                if err is exc:
+                    raise
+                raise err from None
+            if job.missing:
+                active.append(job)
+            else:
+                log.info("cache hit: %d rows, 0 forward passes (%s)", len(ids), job.cache.path)
+        try:
+            if active:
+                _pass(active, manifest, ids, image_root, reader, num_workers, progress, on_bad_image, flush_seconds)
+        except KeyboardInterrupt as exc:
+            if isinstance(exc, ExtractionInterrupted):
+                raise
+            raise ExtractionInterrupted("; ".join(str(_interrupted(j.cache, j.encoder.spec.name, exc))
+                                                  for j in active)) from exc
+        except OSError as exc:
+            for job in active:
+                err = _unwritable_error(exc, job.cache, job.encoder.spec.name)
+                if err is not exc:
+                    raise err from None
+            raise
+        for job in jobs:
+            if job.lock is not None:
+                job.skipped = _settle(job.cache)
+    out = []
+    for job in jobs:
+        if job.waiting:
+            out.append(extract(job.encoder, manifest, image_root, cache_root, batch_size=job.batch_size,
+                               num_workers=num_workers, shard_size=shard_size, progress=progress, reader=reader,
+                               on_bad_image=on_bad_image, num_shards=num_shards, shard=shard, read=read,
+                               flush_seconds=flush_seconds)
+                       if job.device_tf is None else
+                       extract_panel([job.encoder], manifest, image_root, cache_root, job.batch_size, num_workers,
+                                     shard_size, progress, reader, on_bad_image, num_shards, shard, read,
+                                     flush_seconds, device_transform, _wait=True)[0])
+            continue
+        out.append(_result(job.encoder, manifest, job.cache, job.fields, ids, job.skipped, job.n_forward,
+                           job.n_images, t0, read, num_shards, shard))
+    return out
+
+
+def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root, reader, num_workers: int,
+          progress: bool, on_bad_image: str, flush_seconds: float | None) -> None:
+    """One decode pass filling every job's missing shards."""
+    records = manifest.to_dict("records")
+    paths = manifest["path"].astype(str).to_numpy() if "path" in manifest.columns else None
+    need = np.zeros((len(jobs), len(ids)), dtype=bool)
+    heartbeat_all = _heartbeat(jobs)
+    for j, job in enumerate(jobs):
+        tag = partial_tag(job.encoder, job.batch_size)
+        partials = load_partials(job.cache, job.missing, tag, ids, on_bad_image)
+        _log_start(job.cache, job.encoder, job.missing, job.mine, partials, len(ids))
+        job.batches = deque(_batches(job.cache, job.missing, job.batch_size,
+                                     {s: len(e) for s, (e, _) in partials.items()}))
+        for b in job.batches:
+            need[j, b[0]:b[-1] + 1] = True
+        job.writer = _ShardWriter(job.cache, ids, paths, tag, partials, flush_seconds, heartbeat_all)
+        job.collate = _RowsDataset(records, image_root, job.encoder.transform, reader).collate
+    chunk = max(job.batch_size for job in jobs)
+    dataset = _PanelDataset(records, image_root, [j.encoder.transform for j in jobs], [j.mode for j in jobs], reader)
+    chunks = _Chunks(need, chunk)
+    loader = DataLoader(dataset, batch_sampler=chunks, num_workers=num_workers, collate_fn=_pack,
+                        prefetch_factor=_panel_prefetch(jobs, chunk, num_workers), persistent_workers=False)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(chunks.rows), unit="img", desc=f"extract panel of {len(jobs)}", dynamic_ncols=True,
+                   smoothing=0.1)
+    log.info("panel pass: %d images decoded once for %d encoders (%s)", len(chunks.rows), len(jobs),
+             ", ".join(j.encoder.spec.name for j in jobs))
+    trim = _malloc_trim()
+    it = iter(loader)
+    try:
+        while True:
+            with _one_thread(num_workers == 0):
+                items = next(it, None)
+            if items is None:
+                break
+            stores, items = items
+            n_rows = len(items)
+            on_device: dict[tuple, torch.Tensor] = {}
+            for row, per_job in items:
+                for j, (ref, err) in per_job.items():
+                    job = jobs[j]
+                    x = None
+                    if ref is not None:
+                        key, k = ref
+                        if job.device_tf is not None:  # the chunk's block goes to the device once
+                            dkey = (key, str(job.encoder.device))
+                            if dkey not in on_device:
+                                on_device[dkey] = stores[key].to(job.encoder.device, non_blocking=True)
+                            x = on_device[dkey][k]
+                        else:
+                            x = stores[key][k]
+                    job.pending.append((row, x, err))
+                    if len(job.pending) == len(job.batches[0]):
+                        _forward(job, on_bad_image, trim)
+            del items, stores, on_device
+            if bar is not None:
+                bar.update(n_rows)
+    finally:
+        if bar is not None:
+            bar.close()
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if callable(shutdown):
+            shutdown()
+        del it
+    for job in jobs:
+        if job.batches or job.pending:  # cannot happen: every batch's rows are decoded
+            raise RuntimeError(f"panel pass: {job.encoder.spec.name} has {len(job.batches)} batches left")
+
+
+def _heartbeat(jobs: list[_Job]):
+    """Refresh every job's entry lock (any job's shard write or flush): an encoder whose own
+    shards come late in the pass keeps its lock fresh."""
+    def beat():
+        for job in jobs:
+            if job.lock is not None:
+                job.lock.refresh()
+    return beat
+
+
+def _forward(job: _Job, on_bad_image: str, trim) -> None:
+    want = job.batches.popleft()
+    items, job.pending = job.pending, []
+    if [r for r, _, _ in items] != want:  # cannot happen: rows come in manifest order
+        raise RuntimeError(f"panel pass: {job.encoder.spec.name} got rows {items[0][0]}.. for batch {want[0]}..")
+    if job.device_tf is not None:
+        items = _on_device(job, items)
+    with _one_thread(job.encoder.device.type == "cpu"):  # a memcpy: the thread pool only slows it down
+        rows, x, errors = job.collate(items)
+    del items
+    if errors and on_bad_image == "error":
+        raise ImageReadError(errors[0][2][0])
+    if x is not None:
+        emb = np.array(job.encoder.embed(x).cpu().numpy(), dtype=np.float32)
+        job.n_forward += 1
+        del x
+        trim()
+    else:
+        emb = np.empty((len(rows), job.cache.embed_dim), dtype=np.float32)
+    job.writer.add(rows, emb, errors)
+    job.n_images += len(rows) - len(errors)
+
+
+def _on_device(job: _Job, items: list) -> list:
+    """The device part of the transform, images of one size resized together."""
+    out = list(items)
+    by_shape: dict[tuple, list[int]] = {}
+    for k, (_, x, _) in enumerate(items):
+        if x is not None:
+            by_shape.setdefault(tuple(x.shape), []).append(k)
+    for ks in by_shape.values():
+        try:
+            y = job.device_tf(torch.stack([items[k][1] for k in ks]))
+        except MemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (each row's error, as a host transform would give)
+            msg = " ".join(str(exc).split()) or type(exc).__name__
+            for k in ks:
+                r = items[k][0]
+                out[k] = (r, None, (f"row {r}: cannot transform image: {type(exc).__name__}: {msg}",
+                                    f"{type(exc).__name__}: {msg}"))
+            continue
+        for n, k in enumerate(ks):
+            out[k] = (items[k][0], y[n], None)
+    return out

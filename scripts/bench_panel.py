@@ -1,0 +1,218 @@
+"""Panel extraction (one decode per image) vs one extraction per encoder (issue 21, section 1).
+
+N grey JPEG films (default 2,000 at 2,048 x 2,048 px, like chest films; smooth noise plus grain)
+are embedded by a panel of 5 encoders, all in this process (and its decode workers):
+
+* ``decode``: one pass reading every image (the reader only, the extraction's DataLoader and
+  workers): the cost the panel pays once and single runs pay per encoder;
+* ``decode_transform[e]``: the same pass through encoder e's transform (so its transform's
+  cost is ``decode_transform[e] - decode``);
+* ``forward[e]``: encoder e's forward pass alone on random tensors of its input, same batches;
+* ``single[e]``: ``extract`` of encoder e into a cold cache;
+* ``panel``: ``extract_panel`` of the 5 into a cold cache; every entry is checked byte for byte
+  against the single run's (shards, meta.json, skipped.csv).
+
+Goals written beside the ratios: ``panel <= 1.3 x (decode + sum forward)`` (the issue's floor)
+and, since each encoder's resize of a full-size film is work no panel can share, the ratio to
+``decode + sum transform + sum forward`` too; ``sum single / panel`` is the speed-up.
+
+The default panel is cheap on a CPU: ``planted_blur`` and ``planted_sharp`` (registry) and
+three small conv nets defined here that differ in what the transform does (``conv_rgb_224``:
+grey -> RGB, shorter side 224 + centre crop, bicubic; ``conv_grey_384``: 384 px bilinear;
+``conv_rgb_256_squash``: squash to 256). Any registry names can be given with ``--models``.
+
+    python scripts/bench_panel.py --n 2000 --size 2048 --out benchmarks/cpu2/panel.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+DEFAULT_MODELS = "planted_blur,planted_sharp,conv_rgb_224,conv_grey_384,conv_rgb_256_squash"
+#: conv nets defined here: name -> (channels, input size, resize, interpolation)
+CONVS = {"conv_rgb_224": (3, 224, "shorter_center_crop", "bicubic"),
+         "conv_grey_384": (1, 384, "shorter_center_crop", "bilinear"),
+         "conv_rgb_256_squash": (3, 256, "squash", "bilinear")}
+
+
+def _write_range(args) -> None:
+    root, start, stop, size, seed = args
+    for i in range(start, stop):
+        rng = np.random.default_rng([seed, i])
+        low = Image.fromarray(rng.integers(0, 256, (size // 32, size // 32), dtype=np.uint8))
+        arr = np.asarray(low.resize((size, size), Image.BICUBIC), dtype=np.int16)
+        arr = np.clip(arr + rng.integers(-6, 7, arr.shape), 0, 255).astype(np.uint8)
+        Image.fromarray(arr, mode="L").save(root / "img" / f"{i:06d}.jpg", quality=90)
+
+
+def write_films(root: Path, n: int, size: int, seed: int = 0) -> pd.DataFrame:
+    """``n`` grey JPEGs of ``size`` x ``size`` px, one writing process per core."""
+    (root / "img").mkdir(parents=True, exist_ok=True)
+    procs = max(1, min(os.cpu_count() or 1, n // 16))
+    bounds = np.linspace(0, n, procs + 1).astype(int)
+    jobs = [(root, int(a), int(b), size, seed) for a, b in zip(bounds[:-1], bounds[1:])]
+    if procs == 1:
+        _write_range(jobs[0])
+    else:
+        with multiprocessing.get_context("spawn").Pool(procs) as pool:
+            pool.map(_write_range, jobs)
+    return pd.DataFrame({"sample_id": [f"f{i:06d}" for i in range(n)], "path": [f"img/{i:06d}.jpg" for i in range(n)]})
+
+
+def conv_encoder(name: str, device):
+    """A seeded small conv net with its own transform (a registry-like spec, random weights)."""
+    from robustbench_fm.encoders.base import Encoder
+    from robustbench_fm.encoders.spec import EncoderSpec
+
+    channels, size, resize, interp = CONVS[name]
+    spec = EncoderSpec(name=name, library="timm", hub_id=f"bench/{name}", input_size=size, mean=(0.5,) * channels,
+                       std=(0.25,) * channels, embedding="pooled", embed_dim=64, params_m=0.01, pretrained=False,
+                       seed=0, channels=channels, resize=resize, interpolation=interp)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Conv2d(channels, 16, 7, stride=4), torch.nn.ReLU(),
+                                    torch.nn.Conv2d(16, 32, 3, stride=2), torch.nn.ReLU(),
+                                    torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 64))
+    return Encoder(spec=spec, model=model, forward=model, weights_id=f"bench-{name}-seed0", device=torch.device(device))
+
+
+def load_encoder(name: str, device):
+    from robustbench_fm import encoders
+
+    return conv_encoder(name, device) if name in CONVS else encoders.load(name, device=device)
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def forward_seconds(encoder, n: int, batch_size: int) -> float:
+    """Seconds of ``encoder.embed`` over n random images in batches of ``batch_size``."""
+    spec = encoder.spec
+    x = torch.randn(batch_size, spec.channels, spec.input_size, spec.input_size,
+                    generator=torch.Generator().manual_seed(0))
+    encoder.embed(x[:2])  # warm-up
+    _sync(encoder.device)
+    t0 = time.perf_counter()
+    done = 0
+    while done < n:
+        b = min(batch_size, n - done)
+        encoder.embed(x[:b])
+        done += b
+    _sync(encoder.device)
+    return time.perf_counter() - t0
+
+
+def pass_seconds(manifest: pd.DataFrame, root: Path, transform, batch_size: int, num_workers: int) -> float:
+    """Seconds of one DataLoader pass reading every image (and applying ``transform`` if given),
+    as the extraction's workers do, with no model."""
+    from robustbench_fm.features.extract import _one_thread, _RowsDataset, default_reader
+
+    tf = transform if transform is not None else (lambda im: torch.zeros(1))
+    ds = _RowsDataset(manifest.to_dict("records"), root, tf, default_reader)
+    loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers, collate_fn=ds.collate,
+                        prefetch_factor=2 if num_workers else None)
+    t0 = time.perf_counter()
+    with _one_thread(num_workers == 0):
+        for _, _, errors in loader:
+            assert not errors, errors[0]
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated: registry names or " + ", ".join(CONVS))
+    ap.add_argument("--n", type=int, default=2000, help="number of films")
+    ap.add_argument("--size", type=int, default=2048, help="side of the JPEG films on disk")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--num-workers", default="auto")
+    ap.add_argument("--shard-size", type=int, default=1024)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--out", default="outputs/bench/panel.json")
+    args = ap.parse_args(argv)
+
+    from robustbench_fm import encoders
+    from robustbench_fm.features import default_num_workers, extract
+    from robustbench_fm.features.panel import extract_panel
+
+    device = encoders.resolve_device(args.device)
+    workers = default_num_workers(device) if args.num_workers == "auto" else int(args.num_workers)
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    result = {"n_images": args.n, "image_size": args.size, "image_format": "JPEG, grey (L), quality 90",
+              "batch_size": args.batch_size, "num_workers": workers, "shard_size": args.shard_size,
+              "models": names, "device": str(device), "cpu_count": os.cpu_count(),
+              "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+              "python": sys.version.split()[0], "platform": platform.platform()}
+    with tempfile.TemporaryDirectory(prefix="bench_panel_") as tmp:
+        tmp = Path(tmp)
+        t0 = time.perf_counter()
+        manifest = write_films(tmp / "data", args.n, args.size)
+        result["image_write_seconds"] = round(time.perf_counter() - t0, 1)
+        root = tmp / "data"
+        panel = [load_encoder(n, device) for n in names]
+        sec = {"decode": pass_seconds(manifest, root, None, args.batch_size, workers)}
+        print(f"decode pass: {sec['decode']:.1f} s", flush=True)
+        per = {}
+        for enc in panel:
+            name = enc.spec.name
+            dt = pass_seconds(manifest, root, enc.transform, args.batch_size, workers)
+            fwd = forward_seconds(enc, args.n, args.batch_size)
+            t = time.perf_counter()
+            single = extract(enc, manifest, root, tmp / "single", batch_size=args.batch_size, num_workers=workers,
+                             shard_size=args.shard_size, progress=False, read=False)
+            per[name] = {"decode_transform_s": round(dt, 3), "transform_s": round(dt - sec["decode"], 3),
+                         "forward_s": round(fwd, 3), "single_extract_s": round(time.perf_counter() - t, 3),
+                         "entry": single.path}
+            print(f"{name}: decode+transform {dt:.1f} s, forward {fwd:.1f} s, single extract "
+                  f"{per[name]['single_extract_s']:.1f} s", flush=True)
+        t = time.perf_counter()
+        feats = extract_panel(panel, manifest, root, tmp / "panel", batch_size=args.batch_size, num_workers=workers,
+                              shard_size=args.shard_size, progress=False, read=False)
+        sec["panel"] = time.perf_counter() - t
+        identical = {}
+        for fs in feats:
+            ref = per[fs.path.parent.name].pop("entry")
+            identical[fs.path.parent.name] = {p.name: p.read_bytes() for p in sorted(fs.path.iterdir())} == \
+                {p.name: p.read_bytes() for p in sorted(ref.iterdir())}
+        fwd_sum = sum(p["forward_s"] for p in per.values())
+        tf_sum = sum(max(p["transform_s"], 0.0) for p in per.values())
+        single_sum = sum(p["single_extract_s"] for p in per.values())
+        floor = sec["decode"] + fwd_sum
+        result.update({
+            "seconds": {"decode_pass": round(sec["decode"], 3), "forward_sum": round(fwd_sum, 3),
+                        "transform_sum": round(tf_sum, 3), "single_sum": round(single_sum, 3),
+                        "panel": round(sec["panel"], 3)},
+            "per_encoder": per,
+            "entries_byte_identical": identical,
+            "ratios": {
+                "panel_over_decode_plus_forwards": round(sec["panel"] / floor, 3),
+                "panel_over_decode_plus_transforms_plus_forwards": round(sec["panel"] / (floor + tf_sum), 3),
+                "single_sum_over_panel": round(single_sum / sec["panel"], 3)},
+            "goals": {"panel_over_decode_plus_forwards_max": 1.3},
+        })
+        result["meets_goal"] = result["ratios"]["panel_over_decode_plus_forwards"] <= 1.3
+        if not all(identical.values()):
+            raise SystemExit(f"bench_panel: panel entries differ from single-encoder entries: {identical}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
