@@ -68,7 +68,8 @@ import psutil
 
 from .errors import UserError
 
-__all__ = ["FileLock", "LockHolder", "LockLost", "LockTimeout", "abandoned", "read_holder"]
+__all__ = ["FileLock", "LockHolder", "LockLost", "LockTimeout", "abandoned", "acquire_waiting", "read_holder",
+           "who_holds"]
 
 log = logging.getLogger("robustbench_fm.core.locking")
 
@@ -423,3 +424,20 @@ class FileLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def who_holds(busy: LockTimeout) -> str:
+    """``pid N on HOST`` of the holder a :class:`LockTimeout` names, else ``another process``."""
+    holder = busy.holder
+    return f"pid {holder.pid} on {holder.host}" if holder is not None and holder.pid is not None \
+        else "another process"
+
+
+def acquire_waiting(path: str | os.PathLike[str], doing: str, logger: logging.Logger = log) -> FileLock:
+    """The lock at ``path``, acquired at once or, while another process holds it, after logging
+    ``waiting for <holder> to finish <doing> ...`` and waiting for it (a cache entry, a store)."""
+    try:
+        return FileLock(path, timeout=0).acquire()
+    except LockTimeout as busy:
+        logger.info("waiting for %s to finish %s ...", who_holds(busy), doing)
+        return FileLock(path, timeout=None).acquire()

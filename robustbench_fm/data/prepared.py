@@ -68,7 +68,7 @@ from PIL import Image
 
 from ..core.atomic import write_atomic
 from ..core.errors import UserError
-from ..core.locking import FileLock, LockTimeout
+from ..core.locking import acquire_waiting
 from .images import CROP_COLUMNS, read_image
 
 log = logging.getLogger("robustbench_fm.data")
@@ -342,15 +342,7 @@ def prepare(manifest: pd.DataFrame, image_root: str | Path, store_root: str | Pa
     n_decoded, written = 0, []
     # a complete store is only read (no lock, no write access); "error" mode re-reads failed rows
     if store.missing_shards() or (on_bad_image == "error" and store.failed()):
-        lock_path = store.path.parent / f"{store.key}.lock"
-        try:
-            lock = FileLock(lock_path, timeout=0).acquire()
-        except LockTimeout as busy:
-            holder = busy.holder
-            who = f"pid {holder.pid} on {holder.host}" if holder is not None and holder.pid is not None \
-                else "another process"
-            log.info("waiting for %s to finish preparing %s ...", who, store.path)
-            lock = FileLock(lock_path, timeout=None).acquire()
+        lock = acquire_waiting(store.path.parent / f"{store.key}.lock", f"preparing {store.path}", log)
         try:
             store = PreparedStore(store_root, store.fields, shard_size=shard_size)  # what the holder wrote
             n_decoded, written = _fill(store, manifest, sources, image_root, size, workers, on_bad_image, progress,

@@ -36,7 +36,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from ..core.errors import UserError
-from ..core.locking import FileLock, LockTimeout
+from ..core.locking import acquire_waiting
 from ..data.images import read_image
 from .cache import FeatureCache, FeatureCacheError
 from .key import cache_key_fields
@@ -555,15 +555,7 @@ def _entry_lock(cache: FeatureCache, num_shards: int = 1, shard: int = 0):
     """Hold ``<encoder folder>/<key>.lock`` (``<key>.part-<i>-of-<N>.lock`` for a part) while
     filling an entry, so a second run on the same entry or part waits and then finds it complete
     (zero forward passes) instead of computing it twice."""
-    path = lock_path(cache, num_shards, shard)
-    try:
-        lock = FileLock(path, timeout=0).acquire()
-    except LockTimeout as busy:
-        holder = busy.holder
-        who = f"pid {holder.pid} on {holder.host}" if holder is not None and holder.pid is not None \
-            else "another process"
-        log.info("waiting for %s to finish %s ...", who, cache.path)
-        lock = FileLock(path, timeout=None).acquire()
+    lock = acquire_waiting(lock_path(cache, num_shards, shard), str(cache.path), log)
     try:
         yield lock
     finally:

@@ -51,7 +51,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2 as T
 
-from ..core.locking import FileLock, LockTimeout
+from ..core.locking import FileLock, LockTimeout, who_holds
 from ..encoders.base import _LongestSidePad, _ToMode
 from .cache import FeatureCache
 from .extract import (
@@ -350,11 +350,8 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
                 job.lock = stack.enter_context(FileLock(lock_path(job.cache, num_shards, shard),
                                                         timeout=None if _wait else 0))
             except LockTimeout as busy:
-                holder = busy.holder
-                who = f"pid {holder.pid} on {holder.host}" if holder is not None and holder.pid is not None \
-                    else "another process"
-                log.info("%s: %s is filling %s; waiting for it after this pass", job.encoder.spec.name, who,
-                         job.cache.path)
+                log.info("%s: %s is filling %s; waiting for it after this pass", job.encoder.spec.name,
+                         who_holds(busy), job.cache.path)
                 job.waiting = True
                 continue
             try:
