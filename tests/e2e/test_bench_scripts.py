@@ -3,6 +3,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
@@ -63,6 +65,7 @@ def test_bench_candor_prints_its_similarity_floor(tmp_path):
     assert abs(result["ratio_over_similarity_floor"] - ratio) <= 0.01 * ratio + 0.01
 
 
+@pytest.mark.slow  # ~20 s: every section of the GPU script end to end
 def test_bench_gpu_paths_new_sections_run_at_toy_size_on_cpu(tmp_path):
     """The issue-21 sections of the one GPU script, at toy sizes on the CPU (their code paths; the
     numbers come from a GPU machine)."""
