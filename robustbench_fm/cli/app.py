@@ -210,7 +210,21 @@ def embedder(cfg: DictConfig) -> Embedder:
     """The run's extraction service: ``extract.*``, ``device``, the cache folder, the remote-code
     policy, the options the user gave the chosen encoder (``encoder.weights``, ...) and the
     ``resolution`` every image is stored at first (``paths.prepared_dir``)."""
-    from ..features.embed import Embedder, EncoderOptions  # lazy: imports torch
+    from ..features.embed import Embedder  # lazy: imports torch
+
+    name, options = encoder_options(cfg)
+    x = cfg.extract
+    return Embedder(Path(cfg.paths.cache_dir), device=str(cfg.device), batch_size=int(x.batch_size),
+                    num_workers=x.num_workers, shard_size=int(x.shard_size), on_bad_image=str(x.on_bad_image),
+                    num_shards=int(x.get("num_shards", 1)), shard=int(x.get("shard", 0)),
+                    allow_remote_code=bool(cfg.security.allow_remote_code), options={name: options},
+                    resolution=resolution(cfg), prepared_dir=resolved_prepared_dir(cfg))
+
+
+def encoder_options(cfg: DictConfig):
+    """``(name, EncoderOptions)`` of the job's ``encoder``: the options the user gave it (weights,
+    embedding, batch size); a generic entry is named by its resolved spec (:func:`generic_entry`)."""
+    from ..features.embed import EncoderOptions  # lazy: imports torch
 
     enc, name = cfg.encoder, str(cfg.encoder.name)
     options = EncoderOptions(weights=enc.get("weights"), tile_weights=enc.get("tile_weights"),
@@ -219,12 +233,7 @@ def embedder(cfg: DictConfig) -> Embedder:
     if resolved is not None:  # the spec holds the model, preprocessing and pooling; weights: a path or None
         name = resolved[0].name
         options = EncoderOptions(weights=resolved[1], batch_size=enc.get("batch_size"))
-    x = cfg.extract
-    return Embedder(Path(cfg.paths.cache_dir), device=str(cfg.device), batch_size=int(x.batch_size),
-                    num_workers=x.num_workers, shard_size=int(x.shard_size), on_bad_image=str(x.on_bad_image),
-                    num_shards=int(x.get("num_shards", 1)), shard=int(x.get("shard", 0)),
-                    allow_remote_code=bool(cfg.security.allow_remote_code), options={name: options},
-                    resolution=resolution(cfg), prepared_dir=resolved_prepared_dir(cfg))
+    return name, options
 
 
 def _overrides(cfg: DictConfig) -> dict[str, str]:
@@ -304,14 +313,17 @@ def _full_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
     return manifest
 
 
-def _extract_panel(job: Plan, cfg: DictConfig, manifest: pd.DataFrame) -> tuple[list, list[str], dict]:
+def _extract_panel(job: Plan, cfg: DictConfig, manifest: pd.DataFrame,
+                   service: Embedder | None = None) -> tuple[list, list[str], dict]:
     """Fill the feature cache for every encoder (only part ``extract.shard`` of
     ``extract.num_shards`` when sharded), the image encoders in one decode pass
     (:meth:`Embedder.embed_panel`); returns (encoder, cache entry, missing shards) triples,
     the sample_ids any encoder had to skip (unreadable images under ``on_bad_image=skip``) and
-    the cache use per encoder (images, embedded now, read from the cache, hit, seconds)."""
+    the cache use per encoder (images, embedded now, read from the cache, hit, seconds).
+    ``service``: the Embedder to use (a sweep's panel extraction job, :mod:`.sweeps`, gives one
+    holding every encoder's options); default :func:`embedder` of ``cfg``."""
 
-    service = embedder(cfg)
+    service = embedder(cfg) if service is None else service
     entries, skipped, cache = [], set(), {}
     images = manifest.drop_duplicates("sample_id")  # paired designs list an image once per subset
     # image encoders: one decode per image for the whole panel (those that fit in memory together)

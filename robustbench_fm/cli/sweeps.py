@@ -4,6 +4,23 @@
 ``${sweep_values:${encoders},${encoder.name}}``); with ``extract.num_shards=N`` and
 ``extract.shard=range(N)`` each (encoder, part) is a job that only extracts its part.
 
+With ``extract.panel_jobs=N`` (issue 21, "one decode for a whole panel": "a panel experiment can
+run as one extraction job per device followed by the stage jobs over cached features, on the
+local launcher and on Slurm through submitit"), :class:`CollectCallback` first embeds the sweep's
+image encoders in at most N extraction jobs (:func:`extraction_jobs`: encoders dealt round-robin
+by weight size, so the jobs' panels are of like size; each job runs the app's panel extraction,
+``app._extract_panel`` -> ``Embedder.embed_panel``, which decodes every image once per pass). They
+run in the submitting process on Hydra's basic and joblib launchers, and as submitit jobs built
+from the sweep's ``hydra.launcher`` settings on the submitit launchers (``launcher=slurm``,
+``launcher=submitit_local``); the callback waits for them, then the launcher starts the usual
+per-encoder stage jobs, which find settled cache entries and only score. A failed extraction job
+is one ``warning:`` line naming its log; its stage jobs extract what is missing themselves. The
+extraction jobs live in ``<sweep>/extract/<i>/`` (``status.json``, ``panel.json`` with each
+entry's cache use, ``extract.log``) and are listed under ``extraction`` in ``jobs.json``; collect
+lists a failed one in ``missing.txt`` without failing the sweep (nothing is lost). A stage that
+drives the encoder itself (``run_job``), a slide encoder, a sharded extraction
+(``extract.num_shards>1``) or a job from ``features_file`` keeps today's path.
+
 :func:`collect` (run by :class:`CollectCallback` when a multirun ends, and by
 ``python -m robustbench_fm collect <sweep dir>``) reads every job folder of a sweep:
 
@@ -25,8 +42,11 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -37,9 +57,11 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from .. import encoders
+from .. import methods as stages
 from ..core.atomic import write_atomic, write_text_atomic
 from ..core.errors import UserError
-from ..core.locking import abandoned, read_holder
+from ..core.locking import FileLock, abandoned, read_holder
 from ..core.redact import redacted_yaml
 from ..core.tables import SweepResults
 from ..report.compare import write_compare
@@ -62,8 +84,11 @@ def register_resolvers() -> None:
     register()
 
 
-#: the sweep's job list, written when a multirun starts: {"jobs": [{"num", "dir", "overrides"}]}
+#: the sweep's job list, written when a multirun starts: {"jobs": [{"num", "dir", "overrides"}]}, and
+#: with ``extract.panel_jobs`` its extraction jobs: "extraction": [{"num", "dir", "panels"}]
 JOBS_FILE = "jobs.json"
+#: the folder of a sweep's panel-extraction jobs (``extract.panel_jobs``): ``<sweep>/extract/<i>/``
+EXTRACT_DIR = "extract"
 
 
 def plan_jobs(config: DictConfig, with_configs: bool = False) -> list[dict] | None:
@@ -136,7 +161,7 @@ def _job_dirs(sweep_dir: Path) -> list[Path]:
     if (sweep_dir / JOBS_FILE).is_file():
         planned = [sweep_dir / job["dir"] for job in json.loads((sweep_dir / JOBS_FILE).read_text())["jobs"]]
     found = sorted(p for p in sweep_dir.iterdir()
-                   if p.is_dir() and p.name not in ("collect", ".submitit")
+                   if p.is_dir() and p.name not in ("collect", ".submitit", EXTRACT_DIR)
                    and ((p / "status.json").exists() or (p / "config.yaml").exists()))
     return planned + [p for p in found if p not in planned]
 
@@ -294,7 +319,7 @@ def collect_sweep(sweep_dir: str | Path) -> Collected:
             summaries.append((pd.read_parquet(job_dir / "summary.parquet").assign(job=job_dir.name), cfg))
     collected, problems = _collect_parts(parts, sweep_dir)
     summaries += collected
-    missing += problems
+    missing += problems + _extraction_problems(sweep_dir)
     combined = pd.concat([s for s, _ in summaries], ignore_index=True) if summaries else pd.DataFrame()
     write_atomic(sweep_dir / "combined.parquet", lambda f: combined.to_parquet(f, index=False))
     write_text_atomic(sweep_dir / "combined.csv", combined.to_csv(index=False))
@@ -351,6 +376,233 @@ def _write_report(sweep_dir: Path, long: pd.DataFrame, tables: list, missing: li
     print(f"collect: report -> {html} ({md.name} beside it)")
 
 
+def panel_jobs(config: DictConfig) -> int:
+    """``extract.panel_jobs`` of a multirun config: 0 (off) or the number of extraction jobs;
+    a one-line error for anything else."""
+    value = config.extract.panel_jobs
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UserError(f"extract.panel_jobs={value!r}: use 0 (each stage job extracts its own encoder) or the "
+                        "number of panel-extraction jobs to run first, one per device, e.g. extract.panel_jobs=1")
+    return value
+
+
+def _settings(cfg: DictConfig) -> dict:
+    """A job's config without ``hydra``, resolved to plain values (an extraction job rebuilds its
+    config from it, in this process or in a submitit job's)."""
+    return {str(k): OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+            for k in cfg if k != "hydra"}
+
+
+def extraction_jobs(jobs: list[dict], n_jobs: int) -> list[dict]:
+    """The panel-extraction jobs of a sweep (``extract.panel_jobs=n_jobs``) whose stage jobs are
+    ``jobs`` (:func:`plan_jobs` with configs). The stage jobs that embed images with an image
+    encoder (no ``run_job`` stage, no slide encoder, no ``features_file``, ``extract.num_shards=1``,
+    a plan that checks out: a job whose plan fails reports it itself) are grouped by everything
+    but their encoder (the same manifest, extraction settings and cache: one panel); each panel's
+    encoders are dealt to at most ``n_jobs`` jobs in turn, largest weights (``params_m``) first,
+    so every job gets a like share of the weights and each job's panel fits where the whole might
+    not (within a job, :meth:`Embedder.panel_groups` splits further passes if needed). Returns
+    ``[{"num", "dir", "panels": [{"settings", "encoders": [[name, encoder node]], "dataset",
+    "stage"}]}]``; [] when no job qualifies."""
+    from . import app  # lazy: imports torch
+
+    groups: dict[str, dict] = {}
+    for job in jobs:
+        cfg = job["config"]
+        if cfg.get("features_file") or int(cfg.extract.get("num_shards", 1)) > 1:
+            continue
+        try:
+            plan = app.plan(cfg, job["overrides"])
+        except app.USER_ERRORS:
+            continue
+        if hasattr(stages.get(plan.stage), "run_job"):  # the stage drives the encoder itself
+            continue
+        names = [n for n in plan.encoders if not encoders.get(n).is_slide]
+        if not names:
+            continue
+        settings = _settings(cfg)
+        key = json.dumps({k: v for k, v in settings.items() if k != "encoder"}, sort_keys=True, default=str)
+        group = groups.setdefault(key, {"settings": settings, "encoders": {}, "dataset": plan.dataset,
+                                        "stage": plan.stage})
+        for name in names:
+            group["encoders"].setdefault(name, settings["encoder"])
+    out: list[dict] = []
+    turn = 0
+    for group in groups.values():
+        ranked = sorted(group["encoders"], key=lambda n: (-float(encoders.get(n).params_m or 0), n))
+        for name in ranked:
+            i = turn % n_jobs
+            turn += 1
+            while len(out) <= i:
+                out.append({"num": len(out), "dir": f"{EXTRACT_DIR}/{len(out)}", "panels": []})
+            panels = out[i]["panels"]
+            if not panels or panels[-1]["group"] is not group:
+                panels.append({"group": group, "settings": group["settings"], "encoders": [],
+                               "dataset": group["dataset"], "stage": group["stage"]})
+            panels[-1]["encoders"].append([name, group["encoders"][name]])
+    for job in out:
+        for panel in job["panels"]:
+            del panel["group"]
+    return out
+
+
+def _describe(job: dict) -> str:
+    """``planted_blur, planted_sharp on planted`` (each panel of an extraction job)."""
+    return "; ".join(f"{', '.join(n for n, _ in p['encoders'])} on {p['dataset']}" for p in job["panels"])
+
+
+def _write_status(out: Path, status: str, **fields: Any) -> None:
+    write_text_atomic(out / "status.json", json.dumps({"status": status, **fields}) + "\n")
+
+
+def run_extraction(job: dict, sweep_dir: str) -> list[dict]:
+    """One panel-extraction job (:func:`extraction_jobs`), in this process or a submitit job's:
+    every panel's encoders embedded through the app's extraction (``app._extract_panel`` ->
+    ``Embedder.embed_panel``: one decode per image per pass; each entry the one the stage job
+    would write itself, byte for byte), each encoder with the options its own stage job has.
+    Writes ``<sweep>/extract/<i>/``: ``status.json`` (running with pid and host, then done or
+    failed with the error), ``config.yaml`` (redacted), ``extract.log`` and ``panel.json`` (per
+    panel: dataset, stage and each encoder's entry and cache use, as a job's ``entries.json``).
+    Returns the ``panel.json`` records; raises what the extraction raised."""
+
+    out = Path(sweep_dir) / job["dir"]
+    out.mkdir(parents=True, exist_ok=True)
+    logger = logging.getLogger("robustbench_fm")
+    handler = logging.FileHandler(out / "extract.log")
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    started = time.time()
+    try:
+        with FileLock(out / ".lock", timeout=0):
+            where = {"pid": os.getpid(), "host": socket.gethostname(), "start": started}
+            _write_status(out, "running", **where)
+            write_text_atomic(out / "config.yaml", redacted_yaml(OmegaConf.create(
+                [p["settings"] for p in job["panels"]] if len(job["panels"]) > 1 else job["panels"][0]["settings"])))
+            try:
+                records = [_extract(panel) for panel in job["panels"]]
+            except BaseException as exc:
+                text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+                error = f"{type(exc).__name__}: {' '.join(str(text).split())}"
+                log.error("extraction job %s failed: %s", job["dir"], error, exc_info=True)
+                _write_status(out, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed", error=error,
+                              **where, end=time.time())
+                raise
+            write_text_atomic(out / "panel.json", json.dumps({"panels": records}, indent=1) + "\n")
+            _write_status(out, "done", **where, end=time.time())
+        return records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        handler.close()
+
+
+def _extract(panel: dict) -> dict:
+    """One panel of an extraction job: its manifest (as its stage jobs build it) and its encoders'
+    entries (``app._extract_panel`` with an Embedder holding each encoder's own options)."""
+    from . import app  # lazy: imports torch
+
+    names = [name for name, _ in panel["encoders"]]
+    configs = [OmegaConf.create({**panel["settings"], "encoder": node}) for _, node in panel["encoders"]]
+    cfg = configs[0]
+    plan = dataclasses.replace(app.plan(cfg, [f"encoder={cfg.encoder.name}"]), encoders=names)
+    manifest = app.load_manifest(plan, cfg)
+    service = dataclasses.replace(app.embedder(cfg), options=dict(app.encoder_options(c) for c in configs))
+    log.info("panel extraction of %d encoders (%s) on %s", len(names), ", ".join(names), plan.dataset)
+    entries, skipped, cache = app._extract_panel(plan, cfg, manifest, service)
+    return {"dataset": plan.dataset, "stage": plan.stage, "skipped": len(skipped),
+            "entries": [{"encoder": n, "entry": str(e), "cache": cache.get(n)} for n, e, _ in entries]}
+
+
+#: hydra-submitit-launcher's launcher classes -> submitit's cluster name
+SUBMITIT_CLUSTERS = {"SlurmLauncher": "slurm", "LocalLauncher": "local"}
+
+
+def _submitit_cluster(config: DictConfig) -> str | None:
+    """``slurm`` or ``local`` for the submitit launchers, None for a launcher that runs jobs here."""
+    target = str(config.hydra.launcher.get("_target_", ""))
+    if not target.startswith("hydra_plugins.hydra_submitit_launcher."):
+        return None
+    return SUBMITIT_CLUSTERS.get(target.rsplit(".", 1)[-1])
+
+
+def _executor(config: DictConfig, cluster: str):
+    """A ``submitit.AutoExecutor`` with the sweep's ``hydra.launcher`` settings, mapped as
+    hydra-submitit-launcher maps them (folder, partition, gpus_per_node, cpus_per_task, mem_gb,
+    timeout_min, setup, account, qos, ...; unset ones left to submitit)."""
+    import submitit  # lazy: only the submitit launchers need it
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf  # lazy: an optional plugin
+
+    params = {k: v for k, v in OmegaConf.to_container(config.hydra.launcher, resolve=True).items()
+              if k != "_target_" and v is not None}
+    folder = params.pop("submitit_folder")
+    init = {f"{cluster}_max_num_timeout": params.pop("max_num_timeout")} if "max_num_timeout" in params else {}
+    executor = submitit.AutoExecutor(folder=folder, cluster=cluster, **init)
+    base = set(OmegaConf.structured(BaseQueueConf).keys())
+    params["name"] = f"{params.get('name') or 'robustbench_fm'}-extract"
+    executor.update_parameters(**{k if k in base else f"{cluster}_{k}": v for k, v in params.items()})
+    return executor
+
+
+def _failed(sweep_dir: Path, job: dict, exc: BaseException, log_file: Path) -> None:
+    """One ``warning:`` line for a failed extraction job (its error, its log) and its
+    ``status.json`` set to failed where the job could not say so itself (killed, never started)."""
+    out = sweep_dir / job["dir"]
+    try:
+        record = json.loads((out / "status.json").read_text())
+    except (OSError, ValueError):
+        record = {}
+    error = record.get("error") if record.get("status") == "failed" else None
+    if not error:
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        error = f"{type(exc).__name__}: {_short(' '.join(lines[0].split()) if lines else '', 200)}"
+        out.mkdir(parents=True, exist_ok=True)
+        _write_status(out, "failed", error=error, **{k: v for k, v in record.items()
+                                                    if k in ("pid", "host", "start")}, end=time.time())
+    print(f"warning: panel extraction job {job['dir']} ({_describe(job)}) failed: {error}; log: {log_file}; "
+          "its stage jobs extract what is missing themselves", file=sys.stderr)
+
+
+def extract_first(config: DictConfig, sweep_dir: Path, jobs: list[dict]) -> None:
+    """Run the extraction jobs ``jobs`` (:func:`extraction_jobs`) and wait for them: here on the
+    basic and joblib launchers, as submitit jobs on the submitit launchers. A failed job is one
+    line (:func:`_failed`); the sweep goes on."""
+    cluster = _submitit_cluster(config)
+    print(f"extract.panel_jobs={panel_jobs(config)}: {len(jobs)} panel extraction job"
+          f"{'s' if len(jobs) != 1 else ''} first"
+          + (f" (submitit, {cluster})" if cluster else " (in this process)") + ": "
+          + " | ".join(f"{j['dir']}: {_describe(j)}" for j in jobs), flush=True)
+    if cluster is None:
+        for job in jobs:
+            try:
+                run_extraction(job, str(sweep_dir))
+            except Exception as exc:  # noqa: BLE001  (one line; the stage jobs extract what is missing)
+                _failed(sweep_dir, job, exc, sweep_dir / job["dir"] / "extract.log")
+        return
+    executor = _executor(config, cluster)
+    submitted = executor.map_array(run_extraction, jobs, [str(sweep_dir)] * len(jobs))
+    for job, sub in zip(jobs, submitted):
+        try:
+            sub.result()
+        except Exception as exc:  # noqa: BLE001  (one line; the stage jobs extract what is missing)
+            _failed(sweep_dir, job, exc, Path(sub.paths.stderr))
+
+
+def _extraction_problems(sweep_dir: Path) -> list[str]:
+    """``missing.txt`` lines of the sweep's extraction jobs (``jobs.json``) that did not finish;
+    informational: their stage jobs extracted what was missing themselves."""
+    if not (sweep_dir / JOBS_FILE).is_file():
+        return []
+    lines = []
+    for job in json.loads((sweep_dir / JOBS_FILE).read_text()).get("extraction", []):
+        status, detail = job_state(sweep_dir / job["dir"])
+        if status != "done":
+            lines.append(f"{job['dir']}: {status}" + (f" ({detail})" if detail else "")
+                         + "; panel extraction only: its stage jobs extracted what was missing themselves")
+    return lines
+
+
 class CollectCallback(Callback):
     """Hydra callback: when a multirun starts, write its job list (``jobs.json``); when it ends,
     run :func:`collect` on the sweep folder and exit non-zero if any job did not finish (the
@@ -360,15 +612,33 @@ class CollectCallback(Callback):
         if config.get("dry_run"):
             raise SystemExit(dry_run_sweep(config))
         try:
-            jobs = plan_jobs(config)
+            n = panel_jobs(config)
+        except UserError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        try:
+            jobs = plan_jobs(config, with_configs=n > 0)
         except Exception as exc:  # noqa: BLE001  (bookkeeping never stops a sweep; the sweeper reports bad configs)
             log.warning("could not list the sweep's jobs (%s: %s); collect lists only the jobs that start",
                         type(exc).__name__, exc)
             return
-        if jobs is not None:
-            sweep_dir = Path(str(config.hydra.sweep.dir))
-            sweep_dir.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(sweep_dir / JOBS_FILE, json.dumps({"jobs": jobs}, indent=1) + "\n")
+        if jobs is None:
+            return
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        extraction = extraction_jobs(jobs, n) if n else []
+        record = {"jobs": [{k: v for k, v in job.items() if k != "config"} for job in jobs]}
+        if extraction:
+            record["extraction"] = [{"num": j["num"], "dir": j["dir"],
+                                     "panels": [{"dataset": p["dataset"], "stage": p["stage"],
+                                                 "encoders": [name for name, _ in p["encoders"]]}
+                                                for p in j["panels"]]} for j in extraction]
+        write_text_atomic(sweep_dir / JOBS_FILE, json.dumps(record, indent=1) + "\n")
+        if extraction:
+            extract_first(config, sweep_dir, extraction)
+        elif n:
+            print(f"extract.panel_jobs={n}: no job of this sweep embeds images with an image encoder here "
+                  "(a run_job stage, slide encoders, sharded or from features); nothing to extract first")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         result = collect_and_report(str(config.hydra.sweep.dir))
