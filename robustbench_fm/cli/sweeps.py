@@ -140,6 +140,13 @@ def dry_run_sweep(config: DictConfig) -> int:
         return 0
     print(f"dry run of a sweep: {len(jobs)} jobs with {kind}" + (f" ({settings})" if settings else "")
           + f" into {config.hydra.sweep.dir}")
+    try:
+        n = panel_jobs(config)
+    except UserError as exc:
+        print(f"error: {exc}")
+        return 2
+    for job in extraction_jobs(jobs, n) if n else []:
+        print(f"  {job['dir']}: panel extraction first ({_describe(job)})")
     bad = 0
     for job in jobs:
         try:
