@@ -226,6 +226,7 @@ def test_panel_jobs_must_be_a_count(value):
     assert panel_jobs(OmegaConf.create({"extract": {"panel_jobs": 3}})) == 3
 
 
+@pytest.mark.slow
 def test_dry_run_lists_the_extraction_jobs_before_the_stage_jobs(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "robustbench_fm", "-m", "experiment=demo", "extract.panel_jobs=2",
                            "launcher=slurm", "dry_run=true"], cwd=tmp_path, capture_output=True, text=True,
