@@ -404,8 +404,8 @@ def extraction_jobs(jobs: list[dict], n_jobs: int) -> list[dict]:
     """The panel-extraction jobs of a sweep (``extract.panel_jobs=n_jobs``) whose stage jobs are
     ``jobs`` (:func:`plan_jobs` with configs). The stage jobs that embed images with an image
     encoder (no ``run_job`` stage, no slide encoder, no ``features_file``, ``extract.num_shards=1``,
-    a plan that checks out: a job whose plan fails reports it itself) are grouped by everything
-    but their encoder (the same manifest, extraction settings and cache: one panel); each panel's
+    a plan that checks out: a job whose plan fails reports it itself) are grouped by what decides
+    their manifest and entries (:func:`_extraction_identity`: one panel); each panel's
     encoders are dealt to at most ``n_jobs`` jobs in turn, largest weights (``params_m``) first,
     so every job gets a like share of the weights and each job's panel fits where the whole might
     not (within a job, :meth:`Embedder.panel_groups` splits further passes if needed). Returns
@@ -428,7 +428,7 @@ def extraction_jobs(jobs: list[dict], n_jobs: int) -> list[dict]:
         if not names:
             continue
         settings = _settings(cfg)
-        key = json.dumps({k: v for k, v in settings.items() if k != "encoder"}, sort_keys=True, default=str)
+        key = json.dumps(_extraction_identity(settings), sort_keys=True, default=str)
         group = groups.setdefault(key, {"settings": settings, "encoders": {}, "dataset": plan.dataset,
                                         "stage": plan.stage})
         for name in names:
@@ -451,6 +451,18 @@ def extraction_jobs(jobs: list[dict], n_jobs: int) -> list[dict]:
         for panel in job["panels"]:
             del panel["group"]
     return out
+
+
+def _extraction_identity(settings: dict) -> dict:
+    """What decides a job's manifest and cache entries: its settings without the encoder, the
+    report's and console's settings and the stage's parameters (``stage.params.k=5,10`` sweeps one
+    panel), keeping ``group_col`` (``fixed_sample`` draws per group). Jobs that this puts apart
+    but that share an entry find it settled; jobs it puts together wrongly would extract their own
+    entries (never a wrong one: the cache is content-keyed)."""
+    out = {k: v for k, v in settings.items() if k not in ("encoder", "report", "debug", "dry_run")}
+    stage = dict(out.get("stage") or {})
+    stage["params"] = {"group_col": (stage.get("params") or {}).get("group_col")}
+    return {**out, "stage": stage}
 
 
 def _describe(job: dict) -> str:

@@ -213,6 +213,19 @@ def test_encoders_are_dealt_round_robin_by_weight_size():
         "encoders"][0][1]["batch_size"] == 7
 
 
+def test_jobs_that_differ_only_in_stage_parameters_share_one_panel():
+    """``-m stage.params.k=3,5`` x two encoders: one panel of two encoders (the manifest and the
+    entries do not depend on k); another dataset size is another panel."""
+    jobs = _jobs(["planted_blur", "planted_sharp"], **{"stage.params.k": 3})
+    jobs += _jobs(["planted_blur", "planted_sharp"], **{"stage.params.k": 5})
+    planned = extraction_jobs(jobs, 1)
+    assert [[n for n, _ in p["encoders"]] for p in planned[0]["panels"]] == [["planted_blur", "planted_sharp"]]
+    jobs += _jobs(["planted_blur"], **{"dataset.options.n": 30})
+    planned = extraction_jobs(jobs, 1)
+    assert [[n for n, _ in p["encoders"]] for p in planned[0]["panels"]] == [["planted_blur", "planted_sharp"],
+                                                                              ["planted_blur"]]
+
+
 def test_jobs_that_extract_nothing_here_keep_todays_path():
     """Sharded extraction jobs and a stage that drives the encoder itself get no extraction job."""
     assert extraction_jobs(_jobs(["planted_blur"], **{"extract.num_shards": 2}), 1) == []
@@ -238,3 +251,28 @@ def test_dry_run_lists_the_extraction_jobs_before_the_stage_jobs(tmp_path):
         "  #0 0_planted_blur-planted-candor: ok", "  #1 1_planted_sharp-planted-candor: ok",
         "  #2 2_random_vit_s-planted-candor: ok"]
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_the_slurm_extraction_jobs_take_the_sweeps_launcher_settings(tmp_path, monkeypatch):
+    """Built as hydra-submitit-launcher builds the stage jobs' executor: every set field of
+    ``hydra.launcher`` (folder, partition, account, setup, resources), unset ones (qos) left out.
+    submitit's Slurm executor only checks that ``srun`` exists: a stub on PATH stands in."""
+    from hydra import compose, initialize_config_dir
+
+    from robustbench_fm.cli.main import CONFIG_DIR
+    from robustbench_fm.cli.sweeps import _executor, _submitit_cluster
+
+    (tmp_path / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", return_hydra_config=True, overrides=[
+            "launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.account=lab", "hydra.launcher.mem_gb=32",
+            "hydra.launcher.setup=[module load cuda]", "hydra.job.name=main", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    assert _submitit_cluster(cfg) == "slurm"
+    executor = _executor(cfg, "slurm")._executor
+    assert executor.folder == tmp_path / "sweep" / ".submitit" / "%j"
+    assert executor.parameters == {
+        "time": 240, "cpus_per_task": 8, "gpus_per_node": 1, "ntasks_per_node": 1, "mem": "32GB", "nodes": 1,
+        "job_name": "main-extract", "stderr_to_stdout": False, "partition": "gpu", "account": "lab",
+        "signal_delay_s": 120, "additional_parameters": {}, "array_parallelism": 32, "setup": ["module load cuda"]}
