@@ -122,57 +122,50 @@ def test_local_launcher_extracts_the_panel_once_then_the_stage_jobs_only_score(t
 
 
 @pytest.mark.slow
-def test_submitit_local_extraction_job_then_stage_jobs(tmp_path, baseline):
-    """The Slurm code path without a cluster: the extraction job is a submitit job (its own
-    process, in the sweep's submitit folder), then the stage jobs run as submitit jobs too."""
-    root = tmp_path / "panel"
-    proc = sweep(root, "extract.panel_jobs=1", "launcher=submitit_local")
-    assert "1 panel extraction job first (submitit, local)" in proc.stdout
-    status = json.loads((root / "sweep" / "extract" / "0" / "status.json").read_text())
-    assert status["pid"] != os.getpid() and status["status"] == "done"
-    # three submitit jobs, each with its result: the extraction job and the two stage jobs
-    assert len(list((root / "sweep" / ".submitit").glob("*/*_0_result.pkl"))) == 3
-    assert_one_panel_pass(root)
-    assert_stage_jobs_only_scored(root)
-    assert_same_results(root, baseline)
-
-
-@pytest.mark.slow
-def test_a_killed_extraction_job_is_one_line_and_the_stage_jobs_extract_themselves(tmp_path, baseline):
-    """The extraction job is killed (SIGKILL, as a node failure or the OOM killer would) while it
-    waits for the dataset's generation lock, which this test holds so the kill lands mid-job. The
-    sweep says so in one line naming the job's log, the stage jobs run and extract their own
-    entries, the results equal the baseline's, and missing.txt records the extraction job without
-    failing the sweep."""
+def test_submitit_local_extraction_jobs_one_killed_the_other_feeds_its_stage_job(tmp_path, baseline):
+    """The Slurm code path without a cluster, in one sweep (``panel_jobs=2``: one submitit
+    extraction job per encoder, each its own process in the sweep's submitit folder, then the
+    stage jobs as submitit jobs too). Both extraction jobs wait for the dataset's generation lock,
+    which this test holds; it kills extract/0 (SIGKILL, as a node failure or the OOM killer
+    would) and lets extract/1 go. The sweep says so in one line naming the killed job's log;
+    planted_sharp's stage job only scores what extract/1 wrote, planted_blur's extracts its own
+    entry; the results equal the baseline's, and missing.txt records the killed extraction job
+    without failing the sweep."""
     root = tmp_path / "panel"
     root.mkdir()
     sweep_dir = root / "sweep"
-    status_file = sweep_dir / "extract" / "0" / "status.json"
+    status_files = [sweep_dir / "extract" / str(i) / "status.json" for i in (0, 1)]
     data = root / "outputs" / "demo_data"
     data.mkdir(parents=True)
     with FileLock(data / ".planted.generate.lock", timeout=0):
-        proc = subprocess.Popen(command(root, "extract.panel_jobs=1", "launcher=submitit_local"), cwd=root,
+        proc = subprocess.Popen(command(root, "extract.panel_jobs=2", "launcher=submitit_local"), cwd=root,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
         deadline = time.time() + 300
-        while not status_file.exists() and time.time() < deadline and proc.poll() is None:
+        while not all(f.exists() for f in status_files) and time.time() < deadline and proc.poll() is None:
             time.sleep(0.1)
-        record = json.loads(status_file.read_text())
-        assert record["status"] == "running"
-        os.kill(record["pid"], signal.SIGKILL)
+        killed, kept = (json.loads(f.read_text()) for f in status_files)
+        assert killed["status"] == kept["status"] == "running" and killed["pid"] != os.getpid()
+        os.kill(killed["pid"], signal.SIGKILL)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert "2 panel extraction jobs first (submitit, local)" in out
     warnings = [line for line in err.splitlines() if line.startswith("warning: panel extraction job")]
     assert len(warnings) == 1
-    assert warnings[0].startswith("warning: panel extraction job extract/0 (planted_blur, planted_sharp on planted) "
+    assert warnings[0].startswith("warning: panel extraction job extract/0 (planted_blur on planted) "
                                   "failed: UncompletedJobError: ")
     found = re.search(r"; log: (\S+); its stage jobs extract what is missing themselves$", warnings[0])
     log_file = Path(found.group(1))
     job_id = log_file.parent.name
     assert log_file == sweep_dir / ".submitit" / job_id / f"{job_id}_0_log.err" and log_file.is_file()
     assert not list(log_file.parent.glob("*_result.pkl"))  # the killed job: no result
-    assert json.loads(status_file.read_text())["status"] == "failed"
+    assert [json.loads(f.read_text())["status"] for f in status_files] == ["failed", "done"]
+    # extract/1, the two stage jobs: three submitit jobs with a result
+    assert len(list((sweep_dir / ".submitit").glob("*/*_0_result.pkl"))) == 3
+    panel = json.loads((sweep_dir / "extract" / "1" / "panel.json").read_text())["panels"]
+    assert [(e["encoder"], e["cache"]["embedded"], e["cache"]["hit"]) for p in panel for e in p["entries"]] == [
+        ("planted_sharp", N_IMAGES, False)]
     assert {n: (c["embedded"], c["hit"]) for n, c in cache_use(root).items()} == {
-        "planted_blur": (N_IMAGES, False), "planted_sharp": (N_IMAGES, False)}
+        "planted_blur": (N_IMAGES, False), "planted_sharp": (0, True)}
     missing = (sweep_dir / "missing.txt").read_text().splitlines()
     assert len(missing) == 1 and missing[0].startswith("extract/0: failed (UncompletedJobError: ")
     assert missing[0].endswith("; panel extraction only: its stage jobs extracted what was missing themselves")
