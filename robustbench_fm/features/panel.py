@@ -147,27 +147,38 @@ def _geometry_key(steps: list) -> tuple:
 
 class _HostPlan:
     """A :func:`build_transform` pipeline run so that encoders of a panel share work: the
-    geometry (the costly resize of a full-size film) is computed once per (source mode, geometry)
-    and reused by every encoder with the same settings; an 'L' image bound for an 'RGB' encoder
-    is resized in 'L' and its channel repeated after (PIL's L -> RGB conversion repeats the
-    channel and the resize works per channel, so the tensor is the same, byte for byte: tested
-    against the encoder's own transform through the panel's entries)."""
+    geometry (the costly resize of a full-size film) runs in the decode worker, once per (source
+    mode, geometry) for every encoder with the same settings, and ships as uint8; an 'L' image
+    bound for an 'RGB' encoder is resized in 'L' and its channel repeated after (PIL's L -> RGB
+    conversion repeats the channel and the resize works per channel, so the tensor is the same,
+    byte for byte); the tail (``ToDtype(scale=True)``, ``Normalize``: elementwise, exactly rounded
+    IEEE operations, so a batch gets each row's values bit for bit) runs on the encoder's batch in
+    the main process. Tested against each encoder's own transform through the panel's entries."""
 
     def __init__(self, mode: str, geometry: list, tail: list):
         self.mode, self.key = mode, _geometry_key(geometry)
         self.geometry, self.tail = T.Compose(geometry), T.Compose(tail)
 
     def __call__(self, im, shared: dict) -> torch.Tensor:
-        repeat = im.mode == "L" and self.mode == "RGB"
-        src = "L" if repeat else self.mode
+        """The geometry's uint8 output [1 or C, h, w] (one channel for a grey film: :meth:`expand`)."""
+        src = "L" if im.mode == "L" and self.mode == "RGB" else self.mode
         if ("image", src) not in shared:
             shared[("image", src)] = _host_tensor(im, src)
         if (src, self.key) not in shared:
             shared[(src, self.key)] = self.geometry(shared[("image", src)])
-        x = shared[(src, self.key)]
-        if repeat:
-            x = x.expand(3, -1, -1).contiguous()
-        return self.tail(x)
+        return shared[(src, self.key)]
+
+    def expand(self, x: torch.Tensor) -> torch.Tensor:
+        """A grey film's one channel repeated for an RGB encoder (a view; the batch's stack copies it)."""
+        return x.expand(3, -1, -1) if self.mode == "RGB" and x.shape[-3] == 1 else x
+
+    def finish(self, batch: torch.Tensor, bad: list[int]) -> torch.Tensor:
+        """The tail on a uint8 batch; a failed row's slot is zeros of the normalised batch, as in
+        :meth:`_RowsDataset.collate` on the host transform's tensors."""
+        x = self.tail(batch)
+        if bad:
+            x[bad] = 0
+        return x
 
 
 def _host_tensor(im, mode: str) -> torch.Tensor:
@@ -199,17 +210,15 @@ def _pack(items):
 
 class _PanelDataset(Dataset):
     """``(row, jobs)`` -> ``(row, {job: (tensor or None, error or None)})``: the row's image read
-    once; for each job its transform's output, or (``modes[job]`` set) the uint8 tensor of the
-    image in that colour mode, one tensor per mode shared by the jobs that use it. Errors are
-    those of :class:`_RowsDataset` (same messages, so ``skipped.csv`` is the same)."""
+    once; for each job its transform's output, or (``plans[job]`` set) its geometry's uint8
+    output (:class:`_HostPlan`), or (``modes[job]`` set) the uint8 tensor of the image in that
+    colour mode; a tensor several jobs share is computed once. Errors are those of
+    :class:`_RowsDataset` (same messages, so ``skipped.csv`` is the same)."""
 
-    def __init__(self, records: list[dict], image_root, transforms: list, modes: list[str | None], reader: Reader):
+    def __init__(self, records: list[dict], image_root, transforms: list, plans: list, modes: list[str | None],
+                 reader: Reader):
         self.rows = _RowsDataset(records, image_root, None, reader)
-        self.transforms, self.modes = transforms, modes
-        self.plans = []
-        for tf in transforms:
-            steps = _standard_steps(tf)
-            self.plans.append(None if steps is None else _HostPlan(*steps))
+        self.transforms, self.plans, self.modes = transforms, plans, modes
 
     def __len__(self):
         return len(self.rows)
@@ -279,6 +288,7 @@ class _Job:
     cache: FeatureCache
     mine: set
     device_tf: DeviceTransform | None = None
+    plan: _HostPlan | None = None  # a build_transform pipeline: geometry in the worker, tail here
     mode: str | None = None
     lock: object = None
     missing: list = field(default_factory=list)
@@ -294,10 +304,12 @@ class _Job:
 
 def _panel_prefetch(jobs: list[_Job], chunk: int, num_workers: int) -> int | None:
     """Chunks each worker prepares ahead (1-4), at most :data:`PREFETCH_BYTES` in flight; a job
-    shipping uint8 images of unknown size counts 4 MB a row (a 2,048 px grey film)."""
+    shipping uint8 images of unknown size counts 4 MB a row (a 2,048 px grey film), one shipping
+    its geometry's uint8 output (:class:`_HostPlan`) a byte per value, any other 4."""
     if num_workers == 0:
         return None
-    row = sum((4 << 20) if j.mode else j.encoder.spec.channels * j.encoder.spec.input_size ** 2 * 4 for j in jobs)
+    row = sum((4 << 20) if j.mode else
+              j.encoder.spec.channels * j.encoder.spec.input_size ** 2 * (1 if j.plan is not None else 4) for j in jobs)
     return max(1, min(4, PREFETCH_BYTES // max(1, num_workers * chunk * row)))
 
 
@@ -417,8 +429,11 @@ def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root,
             need[j, b[0]:b[-1] + 1] = True
         job.writer = _ShardWriter(job.cache, ids, paths, tag, partials, flush_seconds, heartbeat_all)
         job.collate = _RowsDataset(records, image_root, job.encoder.transform, reader).collate
+        steps = _standard_steps(job.encoder.transform) if job.device_tf is None else None
+        job.plan = None if steps is None else _HostPlan(*steps)
     chunk = max(job.batch_size for job in jobs)
-    dataset = _PanelDataset(records, image_root, [j.encoder.transform for j in jobs], [j.mode for j in jobs], reader)
+    dataset = _PanelDataset(records, image_root, [j.encoder.transform for j in jobs], [j.plan for j in jobs],
+                            [j.mode for j in jobs], reader)
     chunks = _Chunks(need, chunk)
     loader = DataLoader(dataset, batch_sampler=chunks, num_workers=num_workers, collate_fn=_pack,
                         prefetch_factor=_panel_prefetch(jobs, chunk, num_workers), persistent_workers=False)
@@ -430,6 +445,7 @@ def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root,
     log.info("panel pass: %d images decoded once for %d encoders (%s)", len(chunks.rows), len(jobs),
              ", ".join(j.encoder.spec.name for j in jobs))
     trim = _malloc_trim()
+    forwards = 0
     it = iter(loader)
     try:
         while True:
@@ -452,11 +468,14 @@ def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root,
                                 on_device[dkey] = stores[key].to(job.encoder.device, non_blocking=True)
                             x = on_device[dkey][k]
                         else:
-                            x = stores[key][k]
+                            x = stores[key][k] if job.plan is None else job.plan.expand(stores[key][k])
                     job.pending.append((row, x, err))
                     if len(job.pending) == len(job.batches[0]):
-                        _forward(job, on_bad_image, trim)
+                        forwards += _forward(job, on_bad_image)
             del items, stores, on_device
+            if forwards:  # once a chunk: malloc_trim costs milliseconds, and a chunk holds a batch per encoder
+                trim()
+                forwards = 0
             if bar is not None:
                 bar.update(n_rows)
     finally:
@@ -481,7 +500,8 @@ def _heartbeat(jobs: list[_Job]):
     return beat
 
 
-def _forward(job: _Job, on_bad_image: str, trim) -> None:
+def _forward(job: _Job, on_bad_image: str) -> int:
+    """Embed the job's next batch and hand it to its shard writer; -> the forward passes run (0 or 1)."""
     want = job.batches.popleft()
     items, job.pending = job.pending, []
     if [r for r, _, _ in items] != want:  # cannot happen: rows come in manifest order
@@ -490,18 +510,22 @@ def _forward(job: _Job, on_bad_image: str, trim) -> None:
         items = _on_device(job, items)
     with _one_thread(job.encoder.device.type == "cpu"):  # a memcpy: the thread pool only slows it down
         rows, x, errors = job.collate(items)
+        if x is not None and job.plan is not None:
+            x = job.plan.finish(x, [pos for pos, _, _ in errors])
     del items
     if errors and on_bad_image == "error":
         raise ImageReadError(errors[0][2][0])
+    ran = 0
     if x is not None:
         emb = np.array(job.encoder.embed(x).cpu().numpy(), dtype=np.float32)
         job.n_forward += 1
+        ran = 1
         del x
-        trim()
     else:
         emb = np.empty((len(rows), job.cache.embed_dim), dtype=np.float32)
     job.writer.add(rows, emb, errors)
     job.n_images += len(rows) - len(errors)
+    return ran
 
 
 def _on_device(job: _Job, items: list) -> list:
