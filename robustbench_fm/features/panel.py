@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -74,6 +75,7 @@ from .extract import (
     _settled_hit,
     _ShardWriter,
     _unwritable_error,
+    default_num_workers,
     extract,
     load_partials,
     lock_path,
@@ -313,19 +315,52 @@ def _panel_prefetch(jobs: list[_Job], chunk: int, num_workers: int) -> int | Non
     return max(1, min(4, PREFETCH_BYTES // max(1, num_workers * chunk * row)))
 
 
+#: niceness of a panel's decode workers on CPU (:func:`_nice_worker`); 0 leaves them at the main process's
+WORKER_NICE = 10
+
+
+def _nice_worker(_worker_id: int) -> None:
+    """DataLoader ``worker_init_fn`` on CPU: the decode worker yields the cores to the main
+    process's forward. The forward's intra-op threads meet at barriers, so a worker holding a
+    core stalls all of them (on a busy 2-core machine a batch's forward took ~4x longer with the
+    workers at the same priority); at a lower priority the worker takes the time the forward
+    leaves. Only the scheduling changes, never a value."""
+    with contextlib.suppress(OSError):
+        os.nice(WORKER_NICE)
+
+
+def default_panel_workers(device: torch.device | str) -> int:
+    """Decode workers for a panel pass: :func:`default_num_workers` on CUDA; on CPU every core
+    this process may use (0 on one core).
+
+    A single encoder on CPU is forward-bound (one worker keeps it fed); a panel is not: its
+    worker decodes each image and runs every geometry of the panel (on 2,048 px grey films
+    ~20 ms decode + ~13 ms per resize, against ~2-4 ms of forward per encoder for small nets),
+    so with one worker the main process idles while one core does the panel's image work.
+    With a worker per core that work runs on every core; a worker whose prefetch is full
+    sleeps, so a forward-bound panel loses nothing (measured: ``benchmarks/cpu2/panel.json``).
+    """
+    if torch.device(device).type == "cuda":
+        return default_num_workers(device)
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return n if n >= 2 else 0
+
+
 def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | Path | None,
                   cache_root: str | Path, batch_size: int | Sequence[int] = 32, num_workers: int | str = 0,
                   shard_size: int = 1024, progress: bool = True, reader: Reader | None = None,
                   on_bad_image: str = "error", num_shards: int = 1, shard: int = 0, read: bool = True,
                   flush_seconds: float | None = FLUSH_SECONDS, device_transform: bool = False,
-                  _wait: bool = False) -> list[FeatureSet]:
+                  _wait: bool = False, _stats: dict | None = None) -> list[FeatureSet]:
     """Embed every manifest row with every encoder of ``encoders`` in one decode pass; one
     :class:`FeatureSet` per encoder, in order (see the module docstring).
 
-    The arguments are :func:`extract`'s; ``batch_size`` is one per encoder or one for all.
+    The arguments are :func:`extract`'s, but ``num_workers="auto"`` is :func:`default_panel_workers`;
+    ``batch_size`` is one per encoder or one for all.
     ``device_transform``: resize/normalise on the encoder's device where its transform allows
     (:func:`split_transform`; the entry is keyed apart). ``_wait``: wait for busy entry locks
-    (the call that finishes an encoder left out of a pass).
+    (the call that finishes an encoder left out of a pass). ``_stats``: filled with the main
+    process's seconds (waiting for decode chunks, collate + tail, forwards, shard writes).
     """
     t0 = time.perf_counter()
     encoders = list(encoders)
@@ -334,6 +369,8 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
     sizes = [int(batch_size)] * len(encoders) if isinstance(batch_size, int) else [int(b) for b in batch_size]
     if len(sizes) != len(encoders):
         raise ValueError(f"batch_size: {len(sizes)} values for {len(encoders)} encoders; give one per encoder")
+    if num_workers == "auto":
+        num_workers = default_panel_workers(encoders[0].device)
     names = [e.spec.name for e in encoders]
     if len(set(names)) != len(names):
         raise ValueError(f"extract_panel: encoder names repeat ({', '.join(names)}); one entry per encoder")
@@ -380,7 +417,8 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
                 log.info("cache hit: %d rows, 0 forward passes (%s)", len(ids), job.cache.path)
         try:
             if active:
-                _pass(active, manifest, ids, image_root, reader, num_workers, progress, on_bad_image, flush_seconds)
+                _pass(active, manifest, ids, image_root, reader, num_workers, progress, on_bad_image, flush_seconds,
+                      _stats if _stats is not None else {})
         except KeyboardInterrupt as exc:
             if isinstance(exc, ExtractionInterrupted):
                 raise
@@ -413,8 +451,10 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
 
 
 def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root, reader, num_workers: int,
-          progress: bool, on_bad_image: str, flush_seconds: float | None) -> None:
-    """One decode pass filling every job's missing shards."""
+          progress: bool, on_bad_image: str, flush_seconds: float | None, stats: dict) -> None:
+    """One decode pass filling every job's missing shards; ``stats`` gets the main process's
+    seconds: ``wait`` (for the workers' next chunk), ``collate`` (batch + tail), ``forward``,
+    ``write`` (shard writer)."""
     records = manifest.to_dict("records")
     paths = manifest["path"].astype(str).to_numpy() if "path" in manifest.columns else None
     need = np.zeros((len(jobs), len(ids)), dtype=bool)
@@ -435,8 +475,10 @@ def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root,
     dataset = _PanelDataset(records, image_root, [j.encoder.transform for j in jobs], [j.plan for j in jobs],
                             [j.mode for j in jobs], reader)
     chunks = _Chunks(need, chunk)
+    cpu = all(job.encoder.device.type == "cpu" for job in jobs)
     loader = DataLoader(dataset, batch_sampler=chunks, num_workers=num_workers, collate_fn=_pack,
-                        prefetch_factor=_panel_prefetch(jobs, chunk, num_workers), persistent_workers=False)
+                        prefetch_factor=_panel_prefetch(jobs, chunk, num_workers), persistent_workers=False,
+                        worker_init_fn=_nice_worker if cpu and num_workers and WORKER_NICE else None)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -446,11 +488,15 @@ def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root,
              ", ".join(j.encoder.spec.name for j in jobs))
     trim = _malloc_trim()
     forwards = 0
+    for k in ("wait", "collate", "forward", "write"):
+        stats.setdefault(k, 0.0)
     it = iter(loader)
     try:
         while True:
+            t = time.perf_counter()
             with _one_thread(num_workers == 0):
                 items = next(it, None)
+            stats["wait"] += time.perf_counter() - t
             if items is None:
                 break
             stores, items = items
@@ -471,7 +517,7 @@ def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root,
                             x = stores[key][k] if job.plan is None else job.plan.expand(stores[key][k])
                     job.pending.append((row, x, err))
                     if len(job.pending) == len(job.batches[0]):
-                        forwards += _forward(job, on_bad_image)
+                        forwards += _forward(job, on_bad_image, stats)
             del items, stores, on_device
             if forwards:  # once a chunk: malloc_trim costs milliseconds, and a chunk holds a batch per encoder
                 trim()
@@ -500,12 +546,13 @@ def _heartbeat(jobs: list[_Job]):
     return beat
 
 
-def _forward(job: _Job, on_bad_image: str) -> int:
+def _forward(job: _Job, on_bad_image: str, stats: dict) -> int:
     """Embed the job's next batch and hand it to its shard writer; -> the forward passes run (0 or 1)."""
     want = job.batches.popleft()
     items, job.pending = job.pending, []
     if [r for r, _, _ in items] != want:  # cannot happen: rows come in manifest order
         raise RuntimeError(f"panel pass: {job.encoder.spec.name} got rows {items[0][0]}.. for batch {want[0]}..")
+    t0 = time.perf_counter()
     if job.device_tf is not None:
         items = _on_device(job, items)
     with _one_thread(job.encoder.device.type == "cpu"):  # a memcpy: the thread pool only slows it down
@@ -516,6 +563,7 @@ def _forward(job: _Job, on_bad_image: str) -> int:
     if errors and on_bad_image == "error":
         raise ImageReadError(errors[0][2][0])
     ran = 0
+    t1 = time.perf_counter()
     if x is not None:
         emb = np.array(job.encoder.embed(x).cpu().numpy(), dtype=np.float32)
         job.n_forward += 1
@@ -523,8 +571,13 @@ def _forward(job: _Job, on_bad_image: str) -> int:
         del x
     else:
         emb = np.empty((len(rows), job.cache.embed_dim), dtype=np.float32)
+    t2 = time.perf_counter()
     job.writer.add(rows, emb, errors)
     job.n_images += len(rows) - len(errors)
+    t3 = time.perf_counter()
+    stats["collate"] += t1 - t0
+    stats["forward"] += t2 - t1
+    stats["write"] += t3 - t2
     return ran
 
 
