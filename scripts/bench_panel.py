@@ -127,15 +127,19 @@ def forward_seconds(encoder, n: int, batch_size: int) -> float:
     return time.perf_counter() - t0
 
 
-def pass_seconds(manifest: pd.DataFrame, root: Path, transform, batch_size: int, num_workers: int) -> float:
+def pass_seconds(manifest: pd.DataFrame, root: Path, transform, batch_size: int, num_workers: int,
+                 nice: bool = False) -> float:
     """Seconds of one DataLoader pass reading every image (and applying ``transform`` if given),
-    as the extraction's workers do, with no model."""
+    as the panel's workers do (``nice``: at the lower priority a panel's CPU workers run at), with
+    no model."""
     from robustbench_fm.features.extract import _one_thread, _RowsDataset, default_reader
+    from robustbench_fm.features.panel import WORKER_NICE, _nice_worker
 
     tf = transform if transform is not None else (lambda im: torch.zeros(1))
     ds = _RowsDataset(manifest.to_dict("records"), root, tf, default_reader)
     loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers, collate_fn=ds.collate,
-                        prefetch_factor=2 if num_workers else None)
+                        prefetch_factor=2 if num_workers else None,
+                        worker_init_fn=_nice_worker if nice and num_workers and WORKER_NICE else None)
     t0 = time.perf_counter()
     with _one_thread(num_workers == 0):
         for _, _, errors in loader:
@@ -201,7 +205,11 @@ def main(argv=None) -> dict:
     workers = default_panel_workers(device) if args.num_workers == "auto" else int(args.num_workers)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     result = {"n_images": args.n, "image_size": args.size, "image_format": "JPEG, grey (L), quality 90",
-              "batch_size": args.batch_size, "num_workers": workers, "shard_size": args.shard_size,
+              "batch_size": args.batch_size, "num_workers": workers,
+              "workers_note": "the decode pass, the transform passes, the single runs and the panel all use "
+                              "num_workers decode workers (--num-workers auto: the panel's default, one per core "
+                              "on CPU; the decode and transform passes' workers at the panel's lower priority)",
+              "shard_size": args.shard_size,
               "models": names, "device": str(device), "cpu_count": os.cpu_count(),
               "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
               "python": sys.version.split()[0], "platform": platform.platform(),
@@ -222,12 +230,13 @@ def main(argv=None) -> dict:
         panel = [load_encoder(n, device) for n in names]
         result["profile_ms_per_image"] = {"worker (one thread, this process)": profile_worker(
             manifest, root, panel, min(args.profile_n, args.n), args.batch_size)}
-        sec = {"decode": pass_seconds(manifest, root, None, args.batch_size, workers)}
+        nice = device.type == "cpu"  # as extract_panel's workers
+        sec = {"decode": pass_seconds(manifest, root, None, args.batch_size, workers, nice)}
         print(f"decode pass: {sec['decode']:.1f} s", flush=True)
         per = {}
         for enc in panel:
             name = enc.spec.name
-            dt = pass_seconds(manifest, root, enc.transform, args.batch_size, workers)
+            dt = pass_seconds(manifest, root, enc.transform, args.batch_size, workers, nice)
             fwd = forward_seconds(enc, args.n, args.batch_size)
             t = time.perf_counter()
             single = extract(enc, manifest, root, tmp / "single", batch_size=args.batch_size, num_workers=workers,
