@@ -149,37 +149,33 @@ def pass_seconds(manifest: pd.DataFrame, root: Path, transform, batch_size: int,
 
 def profile_worker(manifest: pd.DataFrame, root: Path, panel, n: int, batch_size: int) -> dict:
     """Milliseconds per image of the panel worker's work, in this process with one thread: the
-    decode, each distinct geometry of the panel (:class:`_HostPlan`, shared as in the pass) and
-    packing a chunk (:func:`_pack`)."""
+    decode alone, then the worker's whole fetch of each chunk (decode + every distinct geometry
+    of the panel, grey films packed as in the pass: :meth:`_PanelDataset.__getitems__`), and
+    packing a chunk for the main process (:func:`_pack`); ``geometries`` is their difference."""
     from robustbench_fm.features.extract import _one_thread, default_reader
-    from robustbench_fm.features.panel import _HostPlan, _pack, _standard_steps
+    from robustbench_fm.features.panel import _HostPlan, _pack, _PanelDataset, _standard_steps
 
-    plans = {}
-    for enc in panel:
-        steps = _standard_steps(enc.transform)
-        if steps is not None:
-            plan = _HostPlan(*steps)
-            plans.setdefault((plan.key, plan.mode == "L"), (plan, []))[1].append(enc.spec.name)
-    rows = manifest.iloc[:n].to_dict("records")
-    t = {"decode": 0.0, "pack": 0.0, **{", ".join(names): 0.0 for _, names in plans.values()}}
+    plans = [None if (st := _standard_steps(e.transform)) is None else _HostPlan(*st) for e in panel]
+    records = manifest.iloc[:n].to_dict("records")
+    ds = _PanelDataset(records, root, [e.transform for e in panel], plans, [None] * len(panel), default_reader)
+    jobs = tuple(range(len(panel)))
+    t = {"decode": 0.0, "decode + geometries": 0.0, "pack": 0.0}
     with _one_thread(True):
-        for a in range(0, len(rows), batch_size):
-            items = []
-            for row in rows[a:a + batch_size]:
-                t0 = time.perf_counter()
-                im = default_reader(root, row)
-                t["decode"] += time.perf_counter() - t0
-                shared, out = {}, {}
-                for plan, names in plans.values():
-                    t0 = time.perf_counter()
-                    x = plan(im, shared)
-                    t[", ".join(names)] += time.perf_counter() - t0
-                    out.update({name: (x, None) for name in names})
-                items.append((row, out))
+        for a in range(0, len(records), batch_size):
+            rows = range(a, min(a + batch_size, len(records)))
             t0 = time.perf_counter()
+            for i in rows:
+                default_reader(root, records[i])
+            t1 = time.perf_counter()
+            items = ds.__getitems__([(i, jobs) for i in rows])
+            t2 = time.perf_counter()
             _pack(items)
-            t["pack"] += time.perf_counter() - t0
-    return {k: round(1e3 * v / len(rows), 2) for k, v in t.items()}
+            t3 = time.perf_counter()
+            t["decode"] += t1 - t0
+            t["decode + geometries"] += t2 - t1
+            t["pack"] += t3 - t2
+    t["geometries"] = t["decode + geometries"] - t["decode"]
+    return {k: round(1e3 * v / len(records), 2) for k, v in t.items()}
 
 
 def main(argv=None) -> dict:

@@ -33,7 +33,16 @@ uint8 kernel; within cosine 0.9999, tested), so such an entry is keyed apart
 On the host, a panel shares what its encoders' transforms have in common (:class:`_HostPlan`): the
 resize of a full-size film is computed once per geometry (size, rule, interpolation) and colour
 mode, and a grey film bound for an RGB encoder is resized before its channel is repeated; the
-tensors are those of each encoder's own transform, byte for byte.
+worker ships each resized image once, as uint8, and the tail (scale, normalise) runs on each
+encoder's batch in the main process; the tensors are those of each encoder's own transform, byte
+for byte. On CPU a panel's decode workers default to one per core (:func:`default_panel_workers`)
+at a lower priority than the main process's forward (:data:`WORKER_NICE`).
+
+Where the time goes on CPU (``benchmarks/cpu2/panel.json``, 2,048 px grey JPEG films, 5 small
+encoders): the decode (~18 ms a film) and the panel's three resizes (~10-13 ms each, torchvision's
+uint8 kernels, which each encoder's published preprocessing defines) are the worker's work; the
+forwards are a few ms a film. No exact transform does less work, so the panel's floor on CPU is
+decode + resizes + forwards spread over the cores, not decode + forwards.
 """
 from __future__ import annotations
 
@@ -49,6 +58,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2 as T
 
@@ -164,9 +174,9 @@ class _HostPlan:
     def __call__(self, im, shared: dict) -> torch.Tensor:
         """The geometry's uint8 output [1 or C, h, w] (one channel for a grey film: :meth:`expand`)."""
         src = "L" if im.mode == "L" and self.mode == "RGB" else self.mode
-        if ("image", src) not in shared:
-            shared[("image", src)] = _host_tensor(im, src)
         if (src, self.key) not in shared:
+            if ("image", src) not in shared:
+                shared[("image", src)] = _host_tensor(im, src)
             shared[(src, self.key)] = self.geometry(shared[("image", src)])
         return shared[(src, self.key)]
 
@@ -181,6 +191,36 @@ class _HostPlan:
         if bad:
             x[bad] = 0
         return x
+
+
+#: grey films resized together, one per channel of a 4-channel image (:func:`_packed_geometry`)
+LANES = 4
+
+
+def _interleave(films: list) -> torch.Tensor:
+    """Up to :data:`LANES` grey films of one size as one uint8 [LANES, H, W] channels-last
+    tensor, film k in channel k (the last film repeats to fill the lanes): PIL's ``merge``
+    interleaves them, one copy into a tensor (``pil_to_tensor`` would copy twice more)."""
+    if not 1 <= len(films) <= LANES:
+        raise ValueError(f"_interleave: {len(films)} films; 1 to {LANES}")
+    w, h = films[0].size
+    bands = list(films) + [films[-1]] * (LANES - len(films))
+    raw = torch.frombuffer(bytearray(Image.merge("RGBA", bands).tobytes()), dtype=torch.uint8)
+    return raw.view(h, w, LANES).permute(2, 0, 1)
+
+
+def _packed_geometry(geometry, x: torch.Tensor, n: int) -> torch.Tensor:
+    """``geometry`` of the ``n`` films interleaved in ``x`` (:func:`_interleave`) in one call ->
+    uint8 [n, h, w], channel k film k's output, byte for byte.
+
+    torchvision resizes a uint8 image with torch's AVX2 antialiased kernel, which works on
+    4-byte pixels: a channels-last image of 4 channels costs about what a 1-channel image costs
+    (measured on 2,048 px films, one thread: bicubic to 224 px 4.6 ms for 4 films against 10.9
+    for one; bilinear to 384 px 3.4 against 9.7). Its fixed-point arithmetic is the same in
+    every lane and lanes never mix, and crop and pad are indexing, so each channel equals the
+    film's own 1-channel result (tested byte for byte against :func:`build_transform`'s geometry
+    on random films and sizes, every resize rule, both interpolations)."""
+    return geometry(x)[:n]
 
 
 def _host_tensor(im, mode: str) -> torch.Tensor:
@@ -227,17 +267,67 @@ class _PanelDataset(Dataset):
 
     def __getitem__(self, item):
         i, jobs = item
+        im, err = self._decode(i)
+        return (i, {j: (None, err) for j in jobs}) if im is None else self._transform(i, jobs, im, {})
+
+    def __getitems__(self, items: list) -> list:
+        """A decode chunk (DataLoader's batched fetch): its rows :data:`LANES` at a time, grey
+        films of one size resized together (:func:`_packed_geometry`); memory holds at most
+        :data:`LANES` decoded films."""
+        out = []
+        for a in range(0, len(items), LANES):
+            part = items[a:a + LANES]
+            decoded = [self._decode(i) for i, _ in part]
+            shared: list[dict] = [{} for _ in part]
+            self._pack_lanes(part, decoded, shared)
+            for (i, jobs), (im, err), sh in zip(part, decoded, shared):
+                out.append((i, {j: (None, err) for j in jobs}) if im is None else self._transform(i, jobs, im, sh))
+            del decoded, shared
+        return out
+
+    def _decode(self, i: int):
+        """-> (image, None) or (None, error)."""
         rows = self.rows
         record = rows.records[i]
         try:
-            im = occlude_row(rows.reader(rows.image_root, record), record)
+            return occlude_row(rows.reader(rows.image_root, record), record), None
         except MemoryError:
             raise
         except Exception as exc:  # noqa: BLE001  (reported in the main process, one line)
             msg = " ".join(str(exc).split()) or type(exc).__name__
-            err = rows._error(i, f"{type(exc).__name__}: {msg}")
-            return i, {j: (None, err) for j in jobs}
-        out, shared = {}, {}
+            return None, rows._error(i, f"{type(exc).__name__}: {msg}")
+
+    def _pack_lanes(self, part: list, decoded: list, shared: list[dict]) -> None:
+        """Fill ``shared[k][("L", geometry)]`` for the grey films of ``part`` that share a size:
+        the films interleaved once (:func:`_interleave`), then every geometry their jobs need
+        computed for all of them in one call (:func:`_packed_geometry`); any failure leaves the
+        rows to :meth:`_transform` (which then reports each row's own error)."""
+        groups: dict[tuple, list[int]] = {}
+        for k, ((_, jobs), (im, _)) in enumerate(zip(part, decoded)):
+            if im is not None and im.mode == "L" and any(self._packable(j) for j in jobs):
+                groups.setdefault(im.size, []).append(k)
+        for ks in groups.values():
+            if len(ks) < 2:
+                continue
+            plans = {self.plans[j].key: self.plans[j] for k in ks for j in part[k][1] if self._packable(j)}
+            try:
+                x = _interleave([decoded[k][0] for k in ks])
+                for key, plan in plans.items():
+                    lanes = _packed_geometry(plan.geometry, x, len(ks))
+                    for c, k in enumerate(ks):
+                        shared[k][("L", key)] = lanes[c:c + 1]
+            except MemoryError:
+                raise
+            except Exception:  # noqa: BLE001  (each row's own transform reports it)
+                for k in ks:
+                    shared[k].clear()
+
+    def _packable(self, j: int) -> bool:
+        return self.modes[j] is None and self.plans[j] is not None
+
+    def _transform(self, i: int, jobs, im, shared: dict):
+        rows = self.rows
+        out = {}
         for j in jobs:
             try:
                 mode = self.modes[j]

@@ -21,6 +21,7 @@ import pytest
 import torch
 from feature_fixtures import tiny_encoder
 from PIL import Image
+from torchvision.transforms.v2.functional import pil_to_tensor
 
 from robustbench_fm.encoders.base import _ToMode, build_transform
 from robustbench_fm.features import extract
@@ -146,3 +147,46 @@ def test_cpu_decode_workers_run_below_the_main_process(tmp_path):
     assert len(seen) == 1
     pid, nice = seen.pop()
     assert pid != os.getpid() and nice == min(19, os.nice(0) + panel_mod.WORKER_NICE)  # before: os.nice(0)
+
+
+@pytest.mark.parametrize("interp", ["bicubic", "bilinear"])
+@pytest.mark.parametrize("resize", ["shorter_center_crop", "squash", "longest_pad"])
+def test_grey_films_resized_together_equal_each_film_s_own_geometry(interp, resize):
+    """_packed_geometry: up to 4 grey films of one size in one channels-last call; each channel
+    is byte-identical to the film's own 1-channel geometry (down- and up-scaling, odd sizes)."""
+    rng = np.random.default_rng(abs(hash((interp, resize))) % 2**32)
+    for h, w, size in [(301, 257, 64), (90, 140, 37), (33, 29, 48), (512, 512, 224)]:
+        spec = _encoders()[2].spec.replace(input_size=size, resize=resize, interpolation=interp)
+        plan = _HostPlan(*_standard_steps(build_transform(spec)))
+        for n in (2, 3, 4):
+            films = [Image.fromarray(rng.integers(0, 256, (h, w), dtype=np.uint8)) for _ in range(n)]
+            x = panel_mod._interleave(films)
+            assert x.shape == (4, h, w) and x.stride() == (1, 4 * w, 4)  # interleaved: channels last
+            got = panel_mod._packed_geometry(plan.geometry, x, n)
+            for k, im in enumerate(films):
+                own = plan.geometry(pil_to_tensor(im))  # the encoder's own transform's geometry
+                assert got[k:k + 1].shape == own.shape and got[k:k + 1].contiguous().numpy().tobytes() == \
+                    own.contiguous().numpy().tobytes(), (h, w, size, n, k)
+
+
+def test_the_worker_resizes_grey_films_four_to_a_call(tmp_path, monkeypatch):
+    """A chunk's grey films of one size go through each geometry 4 at a time (3 geometries: rgb_a,
+    rgb_b and grey share one); the entries stay those of each encoder alone."""
+    rng = np.random.default_rng(3)
+    (tmp_path / "img").mkdir()
+    for i in range(10):
+        Image.fromarray(rng.integers(0, 256, (50, 66), dtype=np.uint8)).save(tmp_path / "img" / f"{i}.png")
+    manifest = pd.DataFrame({"sample_id": [f"s{i}" for i in range(10)], "path": [f"img/{i}.png" for i in range(10)]})
+    calls = []
+    real = panel_mod._packed_geometry
+    monkeypatch.setattr(panel_mod, "_packed_geometry", lambda g, x, n: calls.append(n) or real(g, x, n))
+    encs = _encoders()[:3] + _encoders()[3:]
+    sizes = [5, 5, 2, 5, 10]
+    got = extract_panel(encs, manifest, tmp_path, tmp_path / "panel", batch_size=sizes, shard_size=10, num_workers=0,
+                        progress=False)
+    # one chunk of 10 rows (the largest batch): slices of 4, 4, 2 films, 3 geometries each; before: no packing
+    assert sorted(calls) == sorted([4, 4, 2] * 3)
+    for enc, bs, fs in zip(encs, sizes, got):
+        ref = extract(enc, manifest, tmp_path, tmp_path / "single", batch_size=bs, shard_size=10, progress=False)
+        assert {p.name: p.read_bytes() for p in sorted(fs.path.iterdir())} == \
+            {p.name: p.read_bytes() for p in sorted(ref.path.iterdir())}
