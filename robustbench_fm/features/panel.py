@@ -39,9 +39,11 @@ for byte. On CPU a panel's decode workers default to one per core (:func:`defaul
 at a lower priority than the main process's forward (:data:`WORKER_NICE`).
 
 Where the time goes on CPU (``benchmarks/cpu2/panel.json``, 2,048 px grey JPEG films, 5 small
-encoders): the decode (~18 ms a film) and the panel's three resizes (~10-13 ms each, torchvision's
-uint8 kernels, which each encoder's published preprocessing defines) are the worker's work; the
-forwards are a few ms a film. No exact transform does less work, so the panel's floor on CPU is
+encoders, ms a film, one thread): the worker's decode (~21) and the panel's three resizes
+(torchvision's uint8 kernels, which each encoder's published preprocessing defines: ~10-13 ms
+each for one film alone, ~13-16 ms for all three with grey films resized four to a call,
+:func:`_packed_geometry`); the main process's forwards (~15 for the five, contended) and
+collate + tail (~5). The exact transforms' work is part of the panel's floor on CPU, which is
 decode + resizes + forwards spread over the cores, not decode + forwards.
 """
 from __future__ import annotations
@@ -428,7 +430,11 @@ def default_panel_workers(device: torch.device | str) -> int:
     ~20 ms decode + ~13 ms per resize, against ~2-4 ms of forward per encoder for small nets),
     so with one worker the main process idles while one core does the panel's image work.
     With a worker per core that work runs on every core; a worker whose prefetch is full
-    sleeps, so a forward-bound panel loses nothing (measured: ``benchmarks/cpu2/panel.json``).
+    sleeps, so a forward-bound panel loses nothing. Measured on the loaded 2-core machine (200
+    films, runs alternating 1, 2, 1, 2 workers): 8.3, 6.8, 7.8, 7.2 s; the benchmark's extra
+    1-worker runs, each after its 2-worker run, came out faster (``panel_by_workers`` in
+    ``benchmarks/cpu2/panel.json``: 77.0 vs 92.4 s; 11.9 vs 15.0 s at 300 films): the load
+    of the machine's other jobs moves more than the worker count does.
     """
     if torch.device(device).type == "cuda":
         return default_num_workers(device)
