@@ -18,9 +18,9 @@ encoder still needs, and an encoder sees only its own rows. Each encoder's entry
 the pass; an encoder whose entry another process is filling is left out of the pass and then
 waits for that process, as :func:`extract` would.
 
-Memory is bounded as for one encoder: a decoded image lives only while the worker transforms it;
-in flight are the workers' prefetched chunks (bounded by :data:`PREFETCH_BYTES`) and at most one
-batch per encoder.
+Memory is bounded as for one encoder: a decoded image lives only while the worker transforms it
+(with at most :data:`LANES` - 1 others, the films resized together); in flight are the workers'
+prefetched chunks (bounded by :data:`PREFETCH_BYTES`) and at most one batch per encoder.
 
 ``device_transform=True`` (for GPU machines): where an encoder's transform is the one
 :func:`robustbench_fm.encoders.base.build_transform` builds (mode -> uint8 tensor -> resize/crop
