@@ -4,13 +4,23 @@ N grey JPEG films (default 2,000 at 2,048 x 2,048 px, like chest films; smooth n
 are embedded by a panel of 5 encoders, all in this process (and its decode workers):
 
 * ``decode``: one pass reading every image (the reader only, the extraction's DataLoader and
-  workers): the cost the panel pays once and single runs pay per encoder;
+  as many workers as the panel uses, so the floor has the panel's cores): the cost the panel
+  pays once and single runs pay per encoder;
 * ``decode_transform[e]``: the same pass through encoder e's transform (so its transform's
   cost is ``decode_transform[e] - decode``);
 * ``forward[e]``: encoder e's forward pass alone on random tensors of its input, same batches;
-* ``single[e]``: ``extract`` of encoder e into a cold cache;
+* ``single[e]``: ``extract`` of encoder e into a cold cache (the same workers);
 * ``panel``: ``extract_panel`` of the 5 into a cold cache; every entry is checked byte for byte
-  against the single run's (shards, meta.json, skipped.csv).
+  against the single run's (shards, meta.json, skipped.csv); ``--also-workers 1`` adds panel
+  runs with other worker counts (``panel_by_workers``);
+* ``profile``: where the panel's time goes, in ms per image: the worker's share measured in this
+  process on the first ``--profile-n`` films (decode, each distinct geometry, packing the chunk
+  for the main process), the main process's from the panel run (waiting for the workers' next
+  chunk, collate + tail, forwards, shard writes).
+
+Workers: ``--num-workers auto`` is the panel's default (:func:`default_panel_workers`: every core
+on CPU), used for every pass above. ``--films DIR`` keeps the films between runs (written once).
+The load average before and after is recorded: the machine may be shared.
 
 Goals written beside the ratios: ``panel <= 1.3 x (decode + sum forward)`` (the issue's floor)
 and, since each encoder's resize of a full-size film is work no panel can share, the ratio to
@@ -117,20 +127,55 @@ def forward_seconds(encoder, n: int, batch_size: int) -> float:
     return time.perf_counter() - t0
 
 
-def pass_seconds(manifest: pd.DataFrame, root: Path, transform, batch_size: int, num_workers: int) -> float:
+def pass_seconds(manifest: pd.DataFrame, root: Path, transform, batch_size: int, num_workers: int,
+                 nice: bool = False) -> float:
     """Seconds of one DataLoader pass reading every image (and applying ``transform`` if given),
-    as the extraction's workers do, with no model."""
+    as the panel's workers do (``nice``: at the lower priority a panel's CPU workers run at), with
+    no model."""
     from robustbench_fm.features.extract import _one_thread, _RowsDataset, default_reader
+    from robustbench_fm.features.panel import WORKER_NICE, _nice_worker
 
     tf = transform if transform is not None else (lambda im: torch.zeros(1))
     ds = _RowsDataset(manifest.to_dict("records"), root, tf, default_reader)
     loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers, collate_fn=ds.collate,
-                        prefetch_factor=2 if num_workers else None)
+                        prefetch_factor=2 if num_workers else None,
+                        worker_init_fn=_nice_worker if nice and num_workers and WORKER_NICE else None)
     t0 = time.perf_counter()
     with _one_thread(num_workers == 0):
         for _, _, errors in loader:
             assert not errors, errors[0]
     return time.perf_counter() - t0
+
+
+def profile_worker(manifest: pd.DataFrame, root: Path, panel, n: int, batch_size: int) -> dict:
+    """Milliseconds per image of the panel worker's work, in this process with one thread: the
+    decode alone, then the worker's whole fetch of each chunk (decode + every distinct geometry
+    of the panel, grey films packed as in the pass: :meth:`_PanelDataset.__getitems__`), and
+    packing a chunk for the main process (:func:`_pack`); ``geometries`` is their difference."""
+    from robustbench_fm.features.extract import _one_thread, default_reader
+    from robustbench_fm.features.panel import _HostPlan, _pack, _PanelDataset, _standard_steps
+
+    plans = [None if (st := _standard_steps(e.transform)) is None else _HostPlan(*st) for e in panel]
+    records = manifest.iloc[:n].to_dict("records")
+    ds = _PanelDataset(records, root, [e.transform for e in panel], plans, [None] * len(panel), default_reader)
+    jobs = tuple(range(len(panel)))
+    t = {"decode": 0.0, "decode + geometries": 0.0, "pack": 0.0}
+    with _one_thread(True):
+        for a in range(0, len(records), batch_size):
+            rows = range(a, min(a + batch_size, len(records)))
+            t0 = time.perf_counter()
+            for i in rows:
+                default_reader(root, records[i])
+            t1 = time.perf_counter()
+            items = ds.__getitems__([(i, jobs) for i in rows])
+            t2 = time.perf_counter()
+            _pack(items)
+            t3 = time.perf_counter()
+            t["decode"] += t1 - t0
+            t["decode + geometries"] += t2 - t1
+            t["pack"] += t3 - t2
+    t["geometries"] = t["decode + geometries"] - t["decode"]
+    return {k: round(1e3 * v / len(records), 2) for k, v in t.items()}
 
 
 def main(argv=None) -> dict:
@@ -142,34 +187,52 @@ def main(argv=None) -> dict:
     ap.add_argument("--num-workers", default="auto")
     ap.add_argument("--shard-size", type=int, default=1024)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--also-workers", default="", help="comma-separated worker counts for extra panel runs")
+    ap.add_argument("--profile-n", type=int, default=200, help="films the worker profile reads")
+    ap.add_argument("--films", default=None, help="folder keeping the films between runs (default: a temporary one)")
     ap.add_argument("--out", default="outputs/bench/panel.json")
     args = ap.parse_args(argv)
 
     from robustbench_fm import encoders
-    from robustbench_fm.features import default_num_workers, extract
-    from robustbench_fm.features.panel import extract_panel
+    from robustbench_fm.features import extract
+    from robustbench_fm.features.panel import default_panel_workers, extract_panel
 
     device = encoders.resolve_device(args.device)
-    workers = default_num_workers(device) if args.num_workers == "auto" else int(args.num_workers)
+    workers = default_panel_workers(device) if args.num_workers == "auto" else int(args.num_workers)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     result = {"n_images": args.n, "image_size": args.size, "image_format": "JPEG, grey (L), quality 90",
-              "batch_size": args.batch_size, "num_workers": workers, "shard_size": args.shard_size,
+              "batch_size": args.batch_size, "num_workers": workers,
+              "workers_note": "the decode pass, the transform passes, the single runs and the panel all use "
+                              "num_workers decode workers (--num-workers auto: the panel's default, one per core "
+                              "on CPU; the decode and transform passes' workers at the panel's lower priority)",
+              "shard_size": args.shard_size,
               "models": names, "device": str(device), "cpu_count": os.cpu_count(),
               "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-              "python": sys.version.split()[0], "platform": platform.platform()}
+              "python": sys.version.split()[0], "platform": platform.platform(),
+              "load_average_before": [round(v, 2) for v in os.getloadavg()]}
     with tempfile.TemporaryDirectory(prefix="bench_panel_") as tmp:
         tmp = Path(tmp)
+        root = Path(args.films) / f"{args.size}px" if args.films else tmp / "data"
+        done = root / "films_written.txt"  # how many films the folder holds (written with seed 0)
         t0 = time.perf_counter()
-        manifest = write_films(tmp / "data", args.n, args.size)
+        if done.exists() and int(done.read_text()) >= args.n:
+            manifest = pd.DataFrame({"sample_id": [f"f{i:06d}" for i in range(args.n)],
+                                     "path": [f"img/{i:06d}.jpg" for i in range(args.n)]})
+        else:
+            manifest = write_films(root, args.n, args.size)
+            if args.films:
+                done.write_text(f"{args.n}\n")
         result["image_write_seconds"] = round(time.perf_counter() - t0, 1)
-        root = tmp / "data"
         panel = [load_encoder(n, device) for n in names]
-        sec = {"decode": pass_seconds(manifest, root, None, args.batch_size, workers)}
+        result["profile_ms_per_image"] = {"worker (one thread, this process)": profile_worker(
+            manifest, root, panel, min(args.profile_n, args.n), args.batch_size)}
+        nice = device.type == "cpu"  # as extract_panel's workers
+        sec = {"decode": pass_seconds(manifest, root, None, args.batch_size, workers, nice)}
         print(f"decode pass: {sec['decode']:.1f} s", flush=True)
         per = {}
         for enc in panel:
             name = enc.spec.name
-            dt = pass_seconds(manifest, root, enc.transform, args.batch_size, workers)
+            dt = pass_seconds(manifest, root, enc.transform, args.batch_size, workers, nice)
             fwd = forward_seconds(enc, args.n, args.batch_size)
             t = time.perf_counter()
             single = extract(enc, manifest, root, tmp / "single", batch_size=args.batch_size, num_workers=workers,
@@ -180,9 +243,20 @@ def main(argv=None) -> dict:
             print(f"{name}: decode+transform {dt:.1f} s, forward {fwd:.1f} s, single extract "
                   f"{per[name]['single_extract_s']:.1f} s", flush=True)
         t = time.perf_counter()
+        stats: dict = {}
         feats = extract_panel(panel, manifest, root, tmp / "panel", batch_size=args.batch_size, num_workers=workers,
-                              shard_size=args.shard_size, progress=False, read=False)
+                              shard_size=args.shard_size, progress=False, read=False, _stats=stats)
         sec["panel"] = time.perf_counter() - t
+        print(f"panel: {sec['panel']:.1f} s ({workers} workers)", flush=True)
+        result["profile_ms_per_image"]["main process (panel run)"] = {
+            k: round(1e3 * v / args.n, 2) for k, v in stats.items()}
+        by_workers = {workers: round(sec["panel"], 3)}
+        for w in [int(v) for v in args.also_workers.split(",") if v.strip()]:
+            t = time.perf_counter()
+            extract_panel(panel, manifest, root, tmp / f"panel-w{w}", batch_size=args.batch_size, num_workers=w,
+                          shard_size=args.shard_size, progress=False, read=False)
+            by_workers[w] = round(time.perf_counter() - t, 3)
+            print(f"panel with {w} workers: {by_workers[w]:.1f} s", flush=True)
         identical = {}
         for fs in feats:
             ref = per[fs.path.parent.name].pop("entry")
@@ -196,6 +270,7 @@ def main(argv=None) -> dict:
             "seconds": {"decode_pass": round(sec["decode"], 3), "forward_sum": round(fwd_sum, 3),
                         "transform_sum": round(tf_sum, 3), "single_sum": round(single_sum, 3),
                         "panel": round(sec["panel"], 3)},
+            "panel_by_workers": {str(k): v for k, v in by_workers.items()},
             "per_encoder": per,
             "entries_byte_identical": identical,
             "ratios": {
@@ -205,6 +280,7 @@ def main(argv=None) -> dict:
             "goals": {"panel_over_decode_plus_forwards_max": 1.3},
         })
         result["meets_goal"] = result["ratios"]["panel_over_decode_plus_forwards"] <= 1.3
+        result["load_average_after"] = [round(v, 2) for v in os.getloadavg()]
         if not all(identical.values()):
             raise SystemExit(f"bench_panel: panel entries differ from single-encoder entries: {identical}")
     out = Path(args.out)

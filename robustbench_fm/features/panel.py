@@ -18,9 +18,9 @@ encoder still needs, and an encoder sees only its own rows. Each encoder's entry
 the pass; an encoder whose entry another process is filling is left out of the pass and then
 waits for that process, as :func:`extract` would.
 
-Memory is bounded as for one encoder: a decoded image lives only while the worker transforms it;
-in flight are the workers' prefetched chunks (bounded by :data:`PREFETCH_BYTES`) and at most one
-batch per encoder.
+Memory is bounded as for one encoder: a decoded image lives only while the worker transforms it
+(with at most :data:`LANES` - 1 others, the films resized together); in flight are the workers'
+prefetched chunks (bounded by :data:`PREFETCH_BYTES`) and at most one batch per encoder.
 
 ``device_transform=True`` (for GPU machines): where an encoder's transform is the one
 :func:`robustbench_fm.encoders.base.build_transform` builds (mode -> uint8 tensor -> resize/crop
@@ -33,12 +33,24 @@ uint8 kernel; within cosine 0.9999, tested), so such an entry is keyed apart
 On the host, a panel shares what its encoders' transforms have in common (:class:`_HostPlan`): the
 resize of a full-size film is computed once per geometry (size, rule, interpolation) and colour
 mode, and a grey film bound for an RGB encoder is resized before its channel is repeated; the
-tensors are those of each encoder's own transform, byte for byte.
+worker ships each resized image once, as uint8, and the tail (scale, normalise) runs on each
+encoder's batch in the main process; the tensors are those of each encoder's own transform, byte
+for byte. On CPU a panel's decode workers default to one per core (:func:`default_panel_workers`)
+at a lower priority than the main process's forward (:data:`WORKER_NICE`).
+
+Where the time goes on CPU (``benchmarks/cpu2/panel.json``, 2,048 px grey JPEG films, 5 small
+encoders, ms a film, one thread): the worker's decode (~21) and the panel's three resizes
+(torchvision's uint8 kernels, which each encoder's published preprocessing defines: ~10-13 ms
+each for one film alone, ~13-16 ms for all three with grey films resized four to a call,
+:func:`_packed_geometry`); the main process's forwards (~15 for the five, contended) and
+collate + tail (~5). The exact transforms' work is part of the panel's floor on CPU, which is
+decode + resizes + forwards spread over the cores, not decode + forwards.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -48,6 +60,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2 as T
 
@@ -74,6 +87,7 @@ from .extract import (
     _settled_hit,
     _ShardWriter,
     _unwritable_error,
+    default_num_workers,
     extract,
     load_partials,
     lock_path,
@@ -147,27 +161,68 @@ def _geometry_key(steps: list) -> tuple:
 
 class _HostPlan:
     """A :func:`build_transform` pipeline run so that encoders of a panel share work: the
-    geometry (the costly resize of a full-size film) is computed once per (source mode, geometry)
-    and reused by every encoder with the same settings; an 'L' image bound for an 'RGB' encoder
-    is resized in 'L' and its channel repeated after (PIL's L -> RGB conversion repeats the
-    channel and the resize works per channel, so the tensor is the same, byte for byte: tested
-    against the encoder's own transform through the panel's entries)."""
+    geometry (the costly resize of a full-size film) runs in the decode worker, once per (source
+    mode, geometry) for every encoder with the same settings, and ships as uint8; an 'L' image
+    bound for an 'RGB' encoder is resized in 'L' and its channel repeated after (PIL's L -> RGB
+    conversion repeats the channel and the resize works per channel, so the tensor is the same,
+    byte for byte); the tail (``ToDtype(scale=True)``, ``Normalize``: elementwise, exactly rounded
+    IEEE operations, so a batch gets each row's values bit for bit) runs on the encoder's batch in
+    the main process. Tested against each encoder's own transform through the panel's entries."""
 
     def __init__(self, mode: str, geometry: list, tail: list):
         self.mode, self.key = mode, _geometry_key(geometry)
         self.geometry, self.tail = T.Compose(geometry), T.Compose(tail)
 
     def __call__(self, im, shared: dict) -> torch.Tensor:
-        repeat = im.mode == "L" and self.mode == "RGB"
-        src = "L" if repeat else self.mode
-        if ("image", src) not in shared:
-            shared[("image", src)] = _host_tensor(im, src)
+        """The geometry's uint8 output [1 or C, h, w] (one channel for a grey film: :meth:`expand`)."""
+        src = "L" if im.mode == "L" and self.mode == "RGB" else self.mode
         if (src, self.key) not in shared:
+            if ("image", src) not in shared:
+                shared[("image", src)] = _host_tensor(im, src)
             shared[(src, self.key)] = self.geometry(shared[("image", src)])
-        x = shared[(src, self.key)]
-        if repeat:
-            x = x.expand(3, -1, -1).contiguous()
-        return self.tail(x)
+        return shared[(src, self.key)]
+
+    def expand(self, x: torch.Tensor) -> torch.Tensor:
+        """A grey film's one channel repeated for an RGB encoder (a view; the batch's stack copies it)."""
+        return x.expand(3, -1, -1) if self.mode == "RGB" and x.shape[-3] == 1 else x
+
+    def finish(self, batch: torch.Tensor, bad: list[int]) -> torch.Tensor:
+        """The tail on a uint8 batch; a failed row's slot is zeros of the normalised batch, as in
+        :meth:`_RowsDataset.collate` on the host transform's tensors."""
+        x = self.tail(batch)
+        if bad:
+            x[bad] = 0
+        return x
+
+
+#: grey films resized together, one per channel of a 4-channel image (:func:`_packed_geometry`)
+LANES = 4
+
+
+def _interleave(films: list) -> torch.Tensor:
+    """Up to :data:`LANES` grey films of one size as one uint8 [LANES, H, W] channels-last
+    tensor, film k in channel k (the last film repeats to fill the lanes): PIL's ``merge``
+    interleaves them, one copy into a tensor (``pil_to_tensor`` would copy twice more)."""
+    if not 1 <= len(films) <= LANES:
+        raise ValueError(f"_interleave: {len(films)} films; 1 to {LANES}")
+    w, h = films[0].size
+    bands = list(films) + [films[-1]] * (LANES - len(films))
+    raw = torch.frombuffer(bytearray(Image.merge("RGBA", bands).tobytes()), dtype=torch.uint8)
+    return raw.view(h, w, LANES).permute(2, 0, 1)
+
+
+def _packed_geometry(geometry, x: torch.Tensor, n: int) -> torch.Tensor:
+    """``geometry`` of the ``n`` films interleaved in ``x`` (:func:`_interleave`) in one call ->
+    uint8 [n, h, w], channel k film k's output, byte for byte.
+
+    torchvision resizes a uint8 image with torch's AVX2 antialiased kernel, which works on
+    4-byte pixels: a channels-last image of 4 channels costs about what a 1-channel image costs
+    (measured on 2,048 px films, one thread: bicubic to 224 px 4.6 ms for 4 films against 10.9
+    for one; bilinear to 384 px 3.4 against 9.7). Its fixed-point arithmetic is the same in
+    every lane and lanes never mix, and crop and pad are indexing, so each channel equals the
+    film's own 1-channel result (tested byte for byte against :func:`build_transform`'s geometry
+    on random films and sizes, every resize rule, both interpolations)."""
+    return geometry(x)[:n]
 
 
 def _host_tensor(im, mode: str) -> torch.Tensor:
@@ -199,34 +254,82 @@ def _pack(items):
 
 class _PanelDataset(Dataset):
     """``(row, jobs)`` -> ``(row, {job: (tensor or None, error or None)})``: the row's image read
-    once; for each job its transform's output, or (``modes[job]`` set) the uint8 tensor of the
-    image in that colour mode, one tensor per mode shared by the jobs that use it. Errors are
-    those of :class:`_RowsDataset` (same messages, so ``skipped.csv`` is the same)."""
+    once; for each job its transform's output, or (``plans[job]`` set) its geometry's uint8
+    output (:class:`_HostPlan`), or (``modes[job]`` set) the uint8 tensor of the image in that
+    colour mode; a tensor several jobs share is computed once. Errors are those of
+    :class:`_RowsDataset` (same messages, so ``skipped.csv`` is the same)."""
 
-    def __init__(self, records: list[dict], image_root, transforms: list, modes: list[str | None], reader: Reader):
+    def __init__(self, records: list[dict], image_root, transforms: list, plans: list, modes: list[str | None],
+                 reader: Reader):
         self.rows = _RowsDataset(records, image_root, None, reader)
-        self.transforms, self.modes = transforms, modes
-        self.plans = []
-        for tf in transforms:
-            steps = _standard_steps(tf)
-            self.plans.append(None if steps is None else _HostPlan(*steps))
+        self.transforms, self.plans, self.modes = transforms, plans, modes
 
     def __len__(self):
         return len(self.rows)
 
     def __getitem__(self, item):
         i, jobs = item
+        im, err = self._decode(i)
+        return (i, {j: (None, err) for j in jobs}) if im is None else self._transform(i, jobs, im, {})
+
+    def __getitems__(self, items: list) -> list:
+        """A decode chunk (DataLoader's batched fetch): its rows :data:`LANES` at a time, grey
+        films of one size resized together (:func:`_packed_geometry`); memory holds at most
+        :data:`LANES` decoded films."""
+        out = []
+        for a in range(0, len(items), LANES):
+            part = items[a:a + LANES]
+            decoded = [self._decode(i) for i, _ in part]
+            shared: list[dict] = [{} for _ in part]
+            self._pack_lanes(part, decoded, shared)
+            for (i, jobs), (im, err), sh in zip(part, decoded, shared):
+                out.append((i, {j: (None, err) for j in jobs}) if im is None else self._transform(i, jobs, im, sh))
+            del decoded, shared
+        return out
+
+    def _decode(self, i: int):
+        """-> (image, None) or (None, error)."""
         rows = self.rows
         record = rows.records[i]
         try:
-            im = occlude_row(rows.reader(rows.image_root, record), record)
+            return occlude_row(rows.reader(rows.image_root, record), record), None
         except MemoryError:
             raise
         except Exception as exc:  # noqa: BLE001  (reported in the main process, one line)
             msg = " ".join(str(exc).split()) or type(exc).__name__
-            err = rows._error(i, f"{type(exc).__name__}: {msg}")
-            return i, {j: (None, err) for j in jobs}
-        out, shared = {}, {}
+            return None, rows._error(i, f"{type(exc).__name__}: {msg}")
+
+    def _pack_lanes(self, part: list, decoded: list, shared: list[dict]) -> None:
+        """Fill ``shared[k][("L", geometry)]`` for the grey films of ``part`` that share a size:
+        the films interleaved once (:func:`_interleave`), then every geometry their jobs need
+        computed for all of them in one call (:func:`_packed_geometry`); any failure leaves the
+        rows to :meth:`_transform` (which then reports each row's own error)."""
+        groups: dict[tuple, list[int]] = {}
+        for k, ((_, jobs), (im, _)) in enumerate(zip(part, decoded)):
+            if im is not None and im.mode == "L" and any(self._packable(j) for j in jobs):
+                groups.setdefault(im.size, []).append(k)
+        for ks in groups.values():
+            if len(ks) < 2:
+                continue
+            plans = {self.plans[j].key: self.plans[j] for k in ks for j in part[k][1] if self._packable(j)}
+            try:
+                x = _interleave([decoded[k][0] for k in ks])
+                for key, plan in plans.items():
+                    lanes = _packed_geometry(plan.geometry, x, len(ks))
+                    for c, k in enumerate(ks):
+                        shared[k][("L", key)] = lanes[c:c + 1]
+            except MemoryError:
+                raise
+            except Exception:  # noqa: BLE001  (each row's own transform reports it)
+                for k in ks:
+                    shared[k].clear()
+
+    def _packable(self, j: int) -> bool:
+        return self.modes[j] is None and self.plans[j] is not None
+
+    def _transform(self, i: int, jobs, im, shared: dict):
+        rows = self.rows
+        out = {}
         for j in jobs:
             try:
                 mode = self.modes[j]
@@ -279,6 +382,7 @@ class _Job:
     cache: FeatureCache
     mine: set
     device_tf: DeviceTransform | None = None
+    plan: _HostPlan | None = None  # a build_transform pipeline: geometry in the worker, tail here
     mode: str | None = None
     lock: object = None
     missing: list = field(default_factory=list)
@@ -294,11 +398,48 @@ class _Job:
 
 def _panel_prefetch(jobs: list[_Job], chunk: int, num_workers: int) -> int | None:
     """Chunks each worker prepares ahead (1-4), at most :data:`PREFETCH_BYTES` in flight; a job
-    shipping uint8 images of unknown size counts 4 MB a row (a 2,048 px grey film)."""
+    shipping uint8 images of unknown size counts 4 MB a row (a 2,048 px grey film), one shipping
+    its geometry's uint8 output (:class:`_HostPlan`) a byte per value, any other 4."""
     if num_workers == 0:
         return None
-    row = sum((4 << 20) if j.mode else j.encoder.spec.channels * j.encoder.spec.input_size ** 2 * 4 for j in jobs)
+    row = sum((4 << 20) if j.mode else
+              j.encoder.spec.channels * j.encoder.spec.input_size ** 2 * (1 if j.plan is not None else 4) for j in jobs)
     return max(1, min(4, PREFETCH_BYTES // max(1, num_workers * chunk * row)))
+
+
+#: niceness of a panel's decode workers on CPU (:func:`_nice_worker`); 0 leaves them at the main process's
+WORKER_NICE = 10
+
+
+def _nice_worker(_worker_id: int) -> None:
+    """DataLoader ``worker_init_fn`` on CPU: the decode worker yields the cores to the main
+    process's forward. The forward's intra-op threads meet at barriers, so a worker holding a
+    core stalls all of them (on a busy 2-core machine a batch's forward took ~4x longer with the
+    workers at the same priority); at a lower priority the worker takes the time the forward
+    leaves. Only the scheduling changes, never a value."""
+    with contextlib.suppress(OSError):
+        os.nice(WORKER_NICE)
+
+
+def default_panel_workers(device: torch.device | str) -> int:
+    """Decode workers for a panel pass: :func:`default_num_workers` on CUDA; on CPU every core
+    this process may use (0 on one core).
+
+    A single encoder on CPU is forward-bound (one worker keeps it fed); a panel is not: its
+    worker decodes each image and runs every geometry of the panel (on 2,048 px grey films
+    ~20 ms decode + ~13 ms per resize, against ~2-4 ms of forward per encoder for small nets),
+    so with one worker the main process idles while one core does the panel's image work.
+    With a worker per core that work runs on every core; a worker whose prefetch is full
+    sleeps, so a forward-bound panel loses nothing. Measured on the loaded 2-core machine (200
+    films, runs alternating 1, 2, 1, 2 workers): 8.3, 6.8, 7.8, 7.2 s; the benchmark's extra
+    1-worker runs, each after its 2-worker run, came out faster (``panel_by_workers`` in
+    ``benchmarks/cpu2/panel.json``: 77.0 vs 92.4 s; 11.9 vs 15.0 s at 300 films): the load
+    of the machine's other jobs moves more than the worker count does.
+    """
+    if torch.device(device).type == "cuda":
+        return default_num_workers(device)
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return n if n >= 2 else 0
 
 
 def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | Path | None,
@@ -306,14 +447,16 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
                   shard_size: int = 1024, progress: bool = True, reader: Reader | None = None,
                   on_bad_image: str = "error", num_shards: int = 1, shard: int = 0, read: bool = True,
                   flush_seconds: float | None = FLUSH_SECONDS, device_transform: bool = False,
-                  _wait: bool = False) -> list[FeatureSet]:
+                  _wait: bool = False, _stats: dict | None = None) -> list[FeatureSet]:
     """Embed every manifest row with every encoder of ``encoders`` in one decode pass; one
     :class:`FeatureSet` per encoder, in order (see the module docstring).
 
-    The arguments are :func:`extract`'s; ``batch_size`` is one per encoder or one for all.
+    The arguments are :func:`extract`'s, but ``num_workers="auto"`` is :func:`default_panel_workers`;
+    ``batch_size`` is one per encoder or one for all.
     ``device_transform``: resize/normalise on the encoder's device where its transform allows
     (:func:`split_transform`; the entry is keyed apart). ``_wait``: wait for busy entry locks
-    (the call that finishes an encoder left out of a pass).
+    (the call that finishes an encoder left out of a pass). ``_stats``: filled with the main
+    process's seconds (waiting for decode chunks, collate + tail, forwards, shard writes).
     """
     t0 = time.perf_counter()
     encoders = list(encoders)
@@ -322,6 +465,8 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
     sizes = [int(batch_size)] * len(encoders) if isinstance(batch_size, int) else [int(b) for b in batch_size]
     if len(sizes) != len(encoders):
         raise ValueError(f"batch_size: {len(sizes)} values for {len(encoders)} encoders; give one per encoder")
+    if num_workers == "auto":
+        num_workers = default_panel_workers(encoders[0].device)
     names = [e.spec.name for e in encoders]
     if len(set(names)) != len(names):
         raise ValueError(f"extract_panel: encoder names repeat ({', '.join(names)}); one entry per encoder")
@@ -368,7 +513,8 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
                 log.info("cache hit: %d rows, 0 forward passes (%s)", len(ids), job.cache.path)
         try:
             if active:
-                _pass(active, manifest, ids, image_root, reader, num_workers, progress, on_bad_image, flush_seconds)
+                _pass(active, manifest, ids, image_root, reader, num_workers, progress, on_bad_image, flush_seconds,
+                      _stats if _stats is not None else {})
         except KeyboardInterrupt as exc:
             if isinstance(exc, ExtractionInterrupted):
                 raise
@@ -401,8 +547,10 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
 
 
 def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root, reader, num_workers: int,
-          progress: bool, on_bad_image: str, flush_seconds: float | None) -> None:
-    """One decode pass filling every job's missing shards."""
+          progress: bool, on_bad_image: str, flush_seconds: float | None, stats: dict) -> None:
+    """One decode pass filling every job's missing shards; ``stats`` gets the main process's
+    seconds: ``wait`` (for the workers' next chunk), ``collate`` (batch + tail), ``forward``,
+    ``write`` (shard writer)."""
     records = manifest.to_dict("records")
     paths = manifest["path"].astype(str).to_numpy() if "path" in manifest.columns else None
     need = np.zeros((len(jobs), len(ids)), dtype=bool)
@@ -417,11 +565,16 @@ def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root,
             need[j, b[0]:b[-1] + 1] = True
         job.writer = _ShardWriter(job.cache, ids, paths, tag, partials, flush_seconds, heartbeat_all)
         job.collate = _RowsDataset(records, image_root, job.encoder.transform, reader).collate
+        steps = _standard_steps(job.encoder.transform) if job.device_tf is None else None
+        job.plan = None if steps is None else _HostPlan(*steps)
     chunk = max(job.batch_size for job in jobs)
-    dataset = _PanelDataset(records, image_root, [j.encoder.transform for j in jobs], [j.mode for j in jobs], reader)
+    dataset = _PanelDataset(records, image_root, [j.encoder.transform for j in jobs], [j.plan for j in jobs],
+                            [j.mode for j in jobs], reader)
     chunks = _Chunks(need, chunk)
+    cpu = all(job.encoder.device.type == "cpu" for job in jobs)
     loader = DataLoader(dataset, batch_sampler=chunks, num_workers=num_workers, collate_fn=_pack,
-                        prefetch_factor=_panel_prefetch(jobs, chunk, num_workers), persistent_workers=False)
+                        prefetch_factor=_panel_prefetch(jobs, chunk, num_workers), persistent_workers=False,
+                        worker_init_fn=_nice_worker if cpu and num_workers and WORKER_NICE else None)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -430,11 +583,16 @@ def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root,
     log.info("panel pass: %d images decoded once for %d encoders (%s)", len(chunks.rows), len(jobs),
              ", ".join(j.encoder.spec.name for j in jobs))
     trim = _malloc_trim()
+    forwards = 0
+    for k in ("wait", "collate", "forward", "write"):
+        stats.setdefault(k, 0.0)
     it = iter(loader)
     try:
         while True:
+            t = time.perf_counter()
             with _one_thread(num_workers == 0):
                 items = next(it, None)
+            stats["wait"] += time.perf_counter() - t
             if items is None:
                 break
             stores, items = items
@@ -452,11 +610,14 @@ def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root,
                                 on_device[dkey] = stores[key].to(job.encoder.device, non_blocking=True)
                             x = on_device[dkey][k]
                         else:
-                            x = stores[key][k]
+                            x = stores[key][k] if job.plan is None else job.plan.expand(stores[key][k])
                     job.pending.append((row, x, err))
                     if len(job.pending) == len(job.batches[0]):
-                        _forward(job, on_bad_image, trim)
+                        forwards += _forward(job, on_bad_image, stats)
             del items, stores, on_device
+            if forwards:  # once a chunk: malloc_trim costs milliseconds, and a chunk holds a batch per encoder
+                trim()
+                forwards = 0
             if bar is not None:
                 bar.update(n_rows)
     finally:
@@ -481,27 +642,39 @@ def _heartbeat(jobs: list[_Job]):
     return beat
 
 
-def _forward(job: _Job, on_bad_image: str, trim) -> None:
+def _forward(job: _Job, on_bad_image: str, stats: dict) -> int:
+    """Embed the job's next batch and hand it to its shard writer; -> the forward passes run (0 or 1)."""
     want = job.batches.popleft()
     items, job.pending = job.pending, []
     if [r for r, _, _ in items] != want:  # cannot happen: rows come in manifest order
         raise RuntimeError(f"panel pass: {job.encoder.spec.name} got rows {items[0][0]}.. for batch {want[0]}..")
+    t0 = time.perf_counter()
     if job.device_tf is not None:
         items = _on_device(job, items)
     with _one_thread(job.encoder.device.type == "cpu"):  # a memcpy: the thread pool only slows it down
         rows, x, errors = job.collate(items)
+        if x is not None and job.plan is not None:
+            x = job.plan.finish(x, [pos for pos, _, _ in errors])
     del items
     if errors and on_bad_image == "error":
         raise ImageReadError(errors[0][2][0])
+    ran = 0
+    t1 = time.perf_counter()
     if x is not None:
         emb = np.array(job.encoder.embed(x).cpu().numpy(), dtype=np.float32)
         job.n_forward += 1
+        ran = 1
         del x
-        trim()
     else:
         emb = np.empty((len(rows), job.cache.embed_dim), dtype=np.float32)
+    t2 = time.perf_counter()
     job.writer.add(rows, emb, errors)
     job.n_images += len(rows) - len(errors)
+    t3 = time.perf_counter()
+    stats["collate"] += t1 - t0
+    stats["forward"] += t2 - t1
+    stats["write"] += t3 - t2
+    return ran
 
 
 def _on_device(job: _Job, items: list) -> list:
