@@ -6,9 +6,10 @@ import torch
 
 import robustbench_fm.encoders as enc
 from robustbench_fm.methods.spar import metrics
-from robustbench_fm.methods.spar.heads import MLPHead, SparModel, TransformerHead
+from robustbench_fm.methods.spar.heads import MLPHead, ProbeHeads, SparModel, TransformerHead
 from robustbench_fm.methods.spar.models import Backbone, CombinedViT
-from robustbench_fm.methods.spar.run import QUESTION_DIM, QueryTask, encode_questions, slice_views
+from robustbench_fm.methods.spar.params import SparParams
+from robustbench_fm.methods.spar.run import N_CLASSES_L3, QUESTION_DIM, QueryTask, encode_questions, slice_views
 from robustbench_fm.methods.spar.samples import L3_PROBES, ORGANS, SparSamples
 from robustbench_fm.methods.spar.train import TrainConfig, fit, predict
 
@@ -74,7 +75,8 @@ def test_frozen_mlp_on_a_constant_encoder_scores_chance_on_symmetry():
     constant = np.ones((len(views), 5, 16), np.float16)
     task = QueryTask(s, lambda rows: constant[rows], view_of, CPU)
     torch.manual_seed(0)
-    model = SparModel(MLPHead(16, len(L3_PROBES) * 5, has_cls=True, cond_dim=QUESTION_DIM, hidden=32))
+    model = SparModel(ProbeHeads(lambda k: MLPHead(16, k, has_cls=True, cond_dim=QUESTION_DIM, hidden=32),
+                                 N_CLASSES_L3))
     split = s.questions["split"].to_numpy()
     fit(model, task.batch, task.loss, np.flatnonzero(split == "train"), np.flatnonzero(split == "val"),
         TrainConfig(lr=1e-2, max_epochs=20, patience=5), CPU)
@@ -129,3 +131,113 @@ def test_heads_and_combined_vit_shapes():
     a = comb(swapped)
     b = comb(swapped[:, [1, 0, *range(2, 16)]])
     assert not torch.allclose(a[0, 0], b[0, 1])  # tile embeddings make the slot matter
+
+
+# ------------------------------------------------------------------ Level 3: six heads, own losses
+
+def _l3_batch(n=24, dim=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    probe = torch.arange(n) % len(L3_PROBES)
+    q = torch.zeros(n, QUESTION_DIM)
+    q[torch.arange(n), probe] = 1.0
+    label = torch.tensor([int(torch.randint(k, (1,), generator=g)) for k in (N_CLASSES_L3[p] for p in probe)])
+    return torch.randn(n, 5, dim, generator=g), q, probe, label
+
+
+@pytest.mark.parametrize("head", ["mlp", "transformer"])
+def test_level3_has_six_separate_heads_each_trained_on_its_own_loss(head):
+    """spar.md Level 3: "routes the sample to one of six heads ... cross-entropy loss per head":
+    six heads with disjoint parameters, each answering its probe's classes; the gradient reaching a
+    head is that of its own cross-entropy alone (brute force: the head run on its own samples), so
+    changing another probe's labels leaves it unchanged."""
+    from robustbench_fm.methods.spar.run import QueryTask, Setup, _head
+
+    torch.manual_seed(0)
+    model = _head(head, "spatial_queries", 6, 5, True, Setup(d_model=8, hidden=8)).eval()
+    assert isinstance(model, ProbeHeads) and len(model.heads) == 6
+    ids = [{id(p) for p in h.parameters()} for h in model.heads]
+    assert all(not (a & b) for i, a in enumerate(ids) for b in ids[i + 1:])  # no shared layer
+    tokens, q, probe, label = _l3_batch()
+    out = model(tokens, q)
+    for p, k in enumerate(N_CLASSES_L3):  # each head answers with its own classes, -inf beyond
+        assert torch.isfinite(out[probe == p, :k]).all() and torch.isinf(out[probe == p, k:]).all()
+    loss = QueryTask.loss(None, out, (probe, label, None))
+    loss.backward()
+    grads = [[p.grad.clone() for p in h.parameters()] for h in model.heads]
+    for p, h in enumerate(model.heads):
+        rows = probe == p
+        h.zero_grad()
+        torch.nn.functional.cross_entropy(h(tokens[rows], q[rows]), label[rows]).backward()
+        for a, b in zip(grads[p], h.parameters()):
+            assert torch.allclose(a, b.grad, atol=1e-6)
+    model.zero_grad()
+    flipped = label.clone()
+    flipped[probe == 1] = (flipped[probe == 1] + 1) % 5  # another answer for every orientation question
+    QueryTask.loss(None, model(tokens, q), (probe, flipped, None)).backward()
+    for p, h in enumerate(model.heads):
+        same = all(torch.equal(a, b.grad) for a, b in zip(grads[p], h.parameters()))
+        assert same == (p != 1)
+
+
+def test_level3_loss_is_the_sum_of_each_heads_mean_cross_entropy():
+    """Closed form: zero logits give each head log(k) whatever its number of samples, so the loss is
+    sum_p log k_p = 2 log 2 + log 5 + 3 log 3 (a joint CE over the batch would weight probes by count)."""
+    from robustbench_fm.methods.spar.run import QueryTask
+
+    probe = torch.tensor([0, 0, 0, 0, 1, 2, 3, 4, 5, 5])
+    out = torch.zeros(10, 5)
+    label = torch.zeros(10, dtype=torch.long)
+    want = 2 * np.log(2) + np.log(5) + 3 * np.log(3)
+    assert float(QueryTask.loss(None, out, (probe, label, None))) == pytest.approx(want, abs=1e-6)
+
+
+def test_vit_combined_at_level3_reads_the_question_inside_the_vit():
+    """ViT-Combined at Level 3 is the unified model: the question is a token of the ViT's own
+    sequence, so the token the heads read changes with the question (ViT-MLP's does not)."""
+    vit = enc.load(enc.get("vit_b32_in1k").replace(**TINY_VIT), device="cpu")
+    comb = CombinedViT(vit, n_tiles=0, cond_dim=QUESTION_DIM).eval()
+    x = torch.randint(0, 255, (2, 32, 32), dtype=torch.uint8)
+    q1, q2 = torch.zeros(2, QUESTION_DIM), torch.zeros(2, QUESTION_DIM)
+    q1[:, 0] = 1.0
+    q2[:, 3] = 1.0
+    with torch.no_grad():
+        a, b = comb(x, q1), comb(x, q2)
+    assert a.shape == (2, 1, 16) and not torch.allclose(a, b)
+    model = SparModel(ProbeHeads(lambda k: MLPHead(16, k, True, hidden=8), N_CLASSES_L3), comb)
+    with torch.no_grad():
+        out = model(x, q1)
+    assert out.shape == (2, 5) and torch.isfinite(out[:, :2]).all() and torch.isinf(out[:, 2:]).all()
+
+
+def test_learning_rate_search_keeps_the_rate_with_the_lowest_validation_loss(monkeypatch):
+    """spar.md Section 3.2 (search over 1e-3...1e-6 on validation): every rate starts from the same
+    seeded initialisation; the one whose validation loss is lowest is the model scored."""
+    from robustbench_fm.methods.spar import run as spar_run
+
+    assert SparParams().lr_search == (1e-3, 1e-4, 1e-5, 1e-6)
+    s = _symmetry_samples(n_per_split=(6, 3, 3))
+    seen = {}
+
+    def fake_fit(model, batch, loss, train_idx, val_idx, cfg, device):
+        seen[cfg.lr] = torch.cat([p.detach().flatten() for p in model.parameters()])
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(np.log10(cfg.lr))  # mark the model with its rate
+        return {"epochs": 1, "val_loss": abs(np.log10(cfg.lr) + 5.0)}  # lowest at 1e-5
+
+    scored = []
+    monkeypatch.setattr(spar_run, "fit", fake_fit)
+    monkeypatch.setattr(spar_run, "predict", lambda model, *a: scored.append(
+        float(next(model.parameters()).detach().flatten()[0])) or np.zeros((len(a[1]), 5), np.float32))
+    views, _ = slice_views(s)
+
+    class Run(spar_run.EncoderRun):
+        def _frozen_source(self, level, name, samples):
+            return np.ones((len(views), 2, 4), np.float16), slice_views(samples)[1], True
+
+    run = Run("x", s, {}, spar_run.Setup(levels=("spatial_queries",), hidden=4), CPU, None, "word")
+    rows = run.run_config("mlp", "frozen", "spatial_queries", 42)
+    assert sorted(seen) == [1e-6, 1e-5, 1e-4, 1e-3]
+    first = next(iter(seen.values()))
+    assert all(torch.equal(v, first) for v in seen.values())  # one seeded initialisation for every rate
+    assert scored == [pytest.approx(-5.0)] and {r["lr"] for r in rows} == {1e-5}
