@@ -23,15 +23,21 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ...encoders import Encoder
-from .params import ORACLE
-from .probes import (LEFT_KIDNEY, LIVER, RIGHT_KIDNEY, TRANSFORMS, kidney_symmetry_class, liver_size_class,
-                     transform_points, tumour_count_class)
+from .probes import (
+    LEFT_KIDNEY,
+    LIVER,
+    RIGHT_KIDNEY,
+    TRANSFORMS,
+    kidney_symmetry_class,
+    liver_size_class,
+    transform_points,
+    tumour_count_class,
+)
 
 
 def _grid(patches: torch.Tensor) -> torch.Tensor:
@@ -288,7 +294,8 @@ class OracleBackbone(nn.Module):
     def for_tiles(cls, samples) -> "OracleBackbone":
         tok = oracle_tile_tokens(samples)
         n, t = tok.shape[:2]
-        return cls(np.asarray(samples.tiles).reshape(n * t, *samples.tiles.shape[2:]), tok.reshape(n * t, *tok.shape[2:]))
+        images = np.asarray(samples.tiles).reshape(n * t, *samples.tiles.shape[2:])
+        return cls(images, tok.reshape(n * t, *tok.shape[2:]))
 
     @classmethod
     def for_views(cls, samples, views, images) -> "OracleBackbone":

@@ -19,8 +19,8 @@ FINDINGS = ("localization", "permutation", "relative_position", "orientation", "
 #: (:class:`~robustbench_fm.methods.spar.models.OracleBackbone`), not a paper configuration
 ORACLE = "spar_oracle"
 #: row labels of the paper's tables (spar.md Table 1)
-DEFAULT_LABELS = {ORACLE: "Oracle", "resnet50_in1k": "CNN", "vit_b32_in1k": "ViT", "rad_dino": "RadDINO", "biomedclip": "BiomedCLIP",
-                  "sam_med2d": "SAM-Med2D"}
+DEFAULT_LABELS = {"resnet50_in1k": "CNN", "vit_b32_in1k": "ViT", "rad_dino": "RadDINO", "biomedclip": "BiomedCLIP",
+                  "sam_med2d": "SAM-Med2D", ORACLE: "Oracle"}
 #: the zero-shot cohorts of the command line (spar.md Section 3.3)
 CONFIG_TRANSFER = {"totalsegmentator": {"dataset": "totalsegmentator", "root": "${paths.data_dir}/totalsegmentator",
                                         "options": {}}}

@@ -23,7 +23,6 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
 from . import metrics
 from .heads import MAX_CLASSES, MLPHead, ProbeHeads, SparModel, TransformerHead, probe_losses
