@@ -29,6 +29,7 @@ from torch import nn
 
 from ...encoders import Encoder
 from .probes import (
+    GRID,
     LEFT_KIDNEY,
     LIVER,
     RIGHT_KIDNEY,
@@ -213,14 +214,15 @@ def _one_hot(index: np.ndarray, n: int, valid: np.ndarray | None = None) -> np.n
 
 
 def oracle_tile_tokens(samples) -> np.ndarray:
-    """Planted Level 1-2 tokens [N, 16, 1, D] from the organ masks behind each tile: the organ's
-    identity, its centroid in the slice frame and the Level 2 grid cell the slice's masks assign it
-    (``probes.grid_cells``), each a zero-mean constant-norm block; zeros for an absent (black) tile."""
+    """Planted Level 1-2 tokens [N, 16, 1, 12] from the organ masks behind each tile: its centroid
+    in the slice frame and the centre of the Level 2 grid cell the slice's masks assign it
+    (``probes.grid_cells``), each a zero-mean constant-norm point block; zeros for an absent (black)
+    tile. Both targets are then linear in the token: the centroid itself, and Level 2's logits
+    ``-|centre - cell_c|²`` = ``2 centre·cell_c - |cell_c|²`` up to a term common to all cells."""
     present = np.asarray(samples.present, bool)
-    n, t = present.shape
-    organ = np.broadcast_to(np.arange(t), (n, t))
-    tok = np.concatenate([_one_hot(organ, t), _point(np.nan_to_num(np.asarray(samples.centroids))),
-                          _one_hot(np.asarray(samples.grid_cells), t)], axis=-1)
+    cells = np.asarray(samples.grid_cells)
+    centre = (np.stack([cells % GRID, cells // GRID], -1) + 0.5) / GRID  # (x, y) of the cell, cell = row * 4 + col
+    tok = np.concatenate([_point(np.nan_to_num(np.asarray(samples.centroids))), _point(centre)], axis=-1)
     tok[~present] = 0.0
     return tok[:, :, None, :].astype(np.float32)
 

@@ -62,6 +62,9 @@ class SparParams(StageParams):
     """Samples per training batch."""
     max_epochs: int = 50
     """Epochs, at most."""
+    max_epochs_by_encoder: dict = field(default_factory=dict)
+    """Encoder (or planted backbone) -> its own ``max_epochs`` (demos: the planted oracle trains
+    longer than the random backbones beside it); the others use ``max_epochs``."""
     patience: int = 20
     """Early stopping on the validation loss after this many epochs without improvement."""
     sinkhorn_tau: float = 0.3
@@ -122,6 +125,9 @@ class SparParams(StageParams):
             raise ValueError(f"stage.params.vqa_models: unknown {bad}; known: {', '.join(MODELS)}")
         if not self.seeds:
             raise ValueError("stage.params.seeds must list at least one seed")
+        bad = {k: v for k, v in (self.max_epochs_by_encoder or {}).items() if int(v) < 1}
+        if bad:
+            raise ValueError(f"stage.params.max_epochs_by_encoder: need >= 1 epoch, got {bad}")
         if any(lr <= 0 for lr in self.lr_search):
             raise ValueError(f"stage.params.lr_search: learning rates must be > 0, got {list(self.lr_search)}")
         if self.lr <= 0 or self.batch_size < 1 or self.max_epochs < 1 or self.patience < 1:

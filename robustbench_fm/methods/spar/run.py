@@ -26,8 +26,8 @@ import torch
 
 from . import metrics
 from .heads import MAX_CLASSES, MLPHead, ProbeHeads, SparModel, TransformerHead, probe_losses
-from .models import ORACLE, Backbone, CombinedViT, OracleBackbone
-from .params import SparParams
+from .models import Backbone, CombinedViT, OracleBackbone
+from .params import ORACLE, SparParams
 from .probes import N_CLASSES
 from .samples import L3_PROBES, ORGANS, SparSamples, apply_transform
 from .sinkhorn import hungarian, permutation_loss, sinkhorn

@@ -11,6 +11,7 @@ Transformer heads or finetuning, so ``run`` refuses with one line. Results:
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -120,7 +121,11 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
         else:
             enc = job.embedder.load(name, device=device, **(p.encoder_overrides or {}).get(name, {}))
             configs = configurations(name, setup.heads, p.modes or {}, p.combined or [])
-        rows = run_encoder(enc, samples, transfers, setup, configs, device, cache_dir / "spar_tokens", job.dataset)
+        own = setup
+        if name in (p.max_epochs_by_encoder or {}):
+            own = dataclasses.replace(setup, train=dataclasses.replace(
+                setup.train, max_epochs=int(p.max_epochs_by_encoder[name])))
+        rows = run_encoder(enc, samples, transfers, own, configs, device, cache_dir / "spar_tokens", job.dataset)
         names = [config_label(name, h, m, labels, p.scratch or []) for h, m in zip(rows["head"], rows["mode"])]
         rows.insert(0, "label", [n[0] for n in names])
         rows.insert(1, "section", [n[1] for n in names])

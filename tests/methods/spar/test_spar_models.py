@@ -241,3 +241,64 @@ def test_learning_rate_search_keeps_the_rate_with_the_lowest_validation_loss(mon
     first = next(iter(seen.values()))
     assert all(torch.equal(v, first) for v in seen.values())  # one seeded initialisation for every rate
     assert scored == [pytest.approx(-5.0)] and {r["lr"] for r in rows} == {1e-5}
+
+
+# ------------------------------------------------------------------ the planted oracle
+
+def _oracle_samples() -> SparSamples:
+    rng = np.random.default_rng(3)
+    n = 4
+    present = rng.random((n, 16)) < 0.7
+    cent = rng.random((n, 16, 2)).astype(np.float32)
+    cent[~present] = np.nan
+    tiles = rng.integers(1, 255, (n, 16, 8, 8), dtype=np.uint8)
+    tiles[~present] = 0
+    from robustbench_fm.methods.spar.probes import grid_cells
+    table = pd.DataFrame({"sample_id": [f"s{i}" for i in range(n)], "split": "train"})
+    return SparSamples(table, tiles, present, cent, cent * 224, grid_cells(np.nan_to_num(cent), present),
+                       np.zeros((0, 8, 8), np.uint8), table.iloc[:0], pd.DataFrame())
+
+
+def test_oracle_tokens_come_from_the_masks_behind_each_image():
+    """The planted oracle returns, for each tile image (found by its bytes), the centroid and the
+    Level 2 cell centre of its organ as zero-mean blocks of constant norm (so a head's LayerNorm is
+    affine in them); black tiles give zeros; an image it was not built for is refused."""
+    from robustbench_fm.methods.spar.models import OracleBackbone, oracle_tile_tokens
+
+    s = _oracle_samples()
+    tok = oracle_tile_tokens(s)
+    oracle = OracleBackbone.for_tiles(s)
+    out = oracle(torch.from_numpy(s.tiles.reshape(-1, 8, 8))).numpy().reshape(tok.shape)
+    assert np.array_equal(out, tok)
+    present = s.present
+    assert np.allclose(tok[present][..., 0, 0], s.centroids[present][:, 0])  # x of the centroid
+    cells = s.grid_cells[present]
+    assert np.allclose(tok[present][..., 0, 6:8], (np.stack([cells % 4, cells // 4], -1) + 0.5) / 4)
+    assert np.allclose(tok[present].mean(-1), 0) and np.allclose((tok[present] ** 2).sum(-1), 8.0)
+    assert not tok[~present].any()
+    with pytest.raises(ValueError, match="holds no masks"):
+        oracle(torch.full((1, 8, 8), 7, dtype=torch.uint8))
+
+
+def test_oracle_view_tokens_follow_the_presented_transform():
+    """Level 3 views: the organs' centroids move with the transform (hflip: x -> 1 - x) and token 0
+    carries the transform and the kidney-symmetry class the masks give."""
+    from robustbench_fm.methods.spar.models import oracle_view_tokens
+    from robustbench_fm.methods.spar.probes import kidney_symmetry_class
+
+    present = np.zeros((1, 16), bool)
+    present[0, [0, 2, 3]] = True
+    cent = np.full((1, 16, 2), np.nan, np.float32)
+    cent[0, [0, 2, 3]] = [(0.3, 0.4), (0.7, 0.6), (0.2, 0.6)]
+    areas = np.zeros((1, 16), np.int64)
+    areas[0, [0, 2, 3]] = (900, 110, 100)  # left/right kidney ratio 1.1: left larger
+    st = pd.DataFrame({"height": [96], "width": [96]})
+    s = SparSamples(pd.DataFrame(), np.zeros((0, 16, 8, 8), np.uint8), np.zeros((0, 16), bool),
+                    np.zeros((0, 16, 2), np.float32), np.zeros((0, 16, 2), np.float32), np.zeros((0, 16), np.int64),
+                    np.zeros((1, 8, 8), np.uint8), st, pd.DataFrame(), present, cent, areas, np.array([-1]))
+    views = pd.DataFrame({"slice_row": [0, 0], "transform": ["none", "hflip"]})
+    tok = oracle_view_tokens(s, views)
+    organ = tok[:, 1:, 32:]  # per-organ tokens: identity (32) then the centroid block
+    assert np.allclose(organ[0, [0, 2, 3], 0], [0.3, 0.7, 0.2]) and np.allclose(organ[1, [0, 2, 3], 0], [0.7, 0.3, 0.8])
+    assert tok[0, 0, :5].argmax() == 0 and tok[1, 0, :5].argmax() == 1  # transform one-hot
+    assert tok[0, 0, 10:13].argmax() == kidney_symmetry_class(110, 100) == 1
