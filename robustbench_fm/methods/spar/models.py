@@ -29,7 +29,6 @@ from torch import nn
 
 from ...encoders import Encoder
 from .probes import (
-    GRID,
     LEFT_KIDNEY,
     LIVER,
     RIGHT_KIDNEY,
@@ -213,16 +212,30 @@ def _one_hot(index: np.ndarray, n: int, valid: np.ndarray | None = None) -> np.n
     return _signed(out)
 
 
+#: The oracle's position code: Gaussian bumps on this many bins per axis, one bin wide (σ = 1 bin).
+ORACLE_BINS = 32
+
+
+def _bumps(v: np.ndarray, n: int = ORACLE_BINS) -> np.ndarray:
+    """Signed Gaussian bumps [..., 2n] of v in [0, 1] on n bin centres (σ = one bin): a shift of
+    one bin changes the code by O(1), and v is a near-linear read-out of it."""
+    centres = (np.arange(n) + 0.5) / n
+    b = np.exp(-0.5 * ((np.asarray(v, np.float64)[..., None] - centres) * n) ** 2)
+    return _signed(b)
+
+
 def oracle_tile_tokens(samples) -> np.ndarray:
-    """Planted Level 1-2 tokens [N, 16, 1, 12] from the organ masks behind each tile: its centroid
-    in the slice frame and the centre of the Level 2 grid cell the slice's masks assign it
-    (``probes.grid_cells``), each a zero-mean constant-norm point block; zeros for an absent (black)
-    tile. Both targets are then linear in the token: the centroid itself, and Level 2's logits
-    ``-|centre - cell_c|²`` = ``2 centre·cell_c - |cell_c|²`` up to a term common to all cells."""
+    """Planted Level 1-2 tokens [N, 16, 1, 4 * ORACLE_BINS + 32] from the organ masks behind each
+    tile: its centroid in the slice frame as Gaussian bumps over x and y (:func:`_bumps`) and the
+    Level 2 grid cell the slice's masks assign it (``probes.grid_cells``) as a signed one-hot;
+    zeros for an absent (black) tile. Every block has zero mean, so a head's LayerNorm leaves it a
+    linear code. (A raw coordinate varies by ~0.03 of the frame between subjects: a head needs
+    thousands of steps to amplify it; bumps turn a one-bin shift into an O(1) change.)"""
     present = np.asarray(samples.present, bool)
-    cells = np.asarray(samples.grid_cells)
-    centre = (np.stack([cells % GRID, cells // GRID], -1) + 0.5) / GRID  # (x, y) of the cell, cell = row * 4 + col
-    tok = np.concatenate([_point(np.nan_to_num(np.asarray(samples.centroids))), _point(centre)], axis=-1)
+    n, t = present.shape
+    xy = np.nan_to_num(np.asarray(samples.centroids, np.float64))
+    tok = np.concatenate([_bumps(xy[..., 0]), _bumps(xy[..., 1]), _one_hot(np.asarray(samples.grid_cells), t)],
+                         axis=-1)
     tok[~present] = 0.0
     return tok[:, :, None, :].astype(np.float32)
 

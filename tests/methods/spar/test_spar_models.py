@@ -260,21 +260,28 @@ def _oracle_samples() -> SparSamples:
 
 
 def test_oracle_tokens_come_from_the_masks_behind_each_image():
-    """The planted oracle returns, for each tile image (found by its bytes), the centroid and the
-    Level 2 cell centre of its organ as zero-mean blocks of constant norm (so a head's LayerNorm is
-    affine in them); black tiles give zeros; an image it was not built for is refused."""
-    from robustbench_fm.methods.spar.models import OracleBackbone, oracle_tile_tokens
+    """The planted oracle returns, for each tile image (found by its bytes), its organ's centroid as
+    Gaussian bumps over x and y (peak in the centroid's bin) and its Level 2 cell as a one-hot, in
+    zero-mean blocks (a head's LayerNorm keeps them linear); black tiles give zeros; an image it was
+    not built for is refused."""
+    from robustbench_fm.methods.spar.models import ORACLE_BINS, OracleBackbone, oracle_tile_tokens
 
     s = _oracle_samples()
     tok = oracle_tile_tokens(s)
     oracle = OracleBackbone.for_tiles(s)
     out = oracle(torch.from_numpy(s.tiles.reshape(-1, 8, 8))).numpy().reshape(tok.shape)
     assert np.array_equal(out, tok)
-    present = s.present
-    assert np.allclose(tok[present][..., 0, 0], s.centroids[present][:, 0])  # x of the centroid
-    cells = s.grid_cells[present]
-    assert np.allclose(tok[present][..., 0, 6:8], (np.stack([cells % 4, cells // 4], -1) + 0.5) / 4)
-    assert np.allclose(tok[present].mean(-1), 0) and np.allclose((tok[present] ** 2).sum(-1), 8.0)
+    present, b = s.present, ORACLE_BINS
+    code = tok[present][:, 0]
+    assert np.array_equal(code[:, :b].argmax(-1), np.minimum((s.centroids[present][:, 0] * b).astype(int), b - 1))
+    assert np.array_equal(code[:, 2 * b:3 * b].argmax(-1),
+                          np.minimum((s.centroids[present][:, 1] * b).astype(int), b - 1))
+    assert np.array_equal(code[:, 4 * b:4 * b + 16].argmax(-1), s.grid_cells[present])
+    i = np.flatnonzero(present.ravel())[0]  # the x code peaks at exp(0) only when x sits on a bin centre
+    x = s.centroids.reshape(-1, 2)[i, 0]
+    assert code[0, :b].max() == pytest.approx(np.exp(-0.5 * ((x * b - 0.5) % 1 if (x * b - 0.5) % 1 < 0.5
+                                                              else 1 - (x * b - 0.5) % 1) ** 2), rel=1e-5)
+    assert np.allclose(tok[present].mean(-1), 0, atol=1e-6)
     assert not tok[~present].any()
     with pytest.raises(ValueError, match="holds no masks"):
         oracle(torch.full((1, 8, 8), 7, dtype=torch.uint8))
