@@ -1,5 +1,6 @@
-"""experiment=spar_demo end to end as a user runs it: phantoms, shallow random backbones, every
-SPAR table written with the published row labels and column headers."""
+"""experiment=spar_demo end to end as a user runs it: phantoms, shallow random backbones and the
+planted oracle, every SPAR table written with the published row labels and column headers, every
+probe with test items in both cohorts, the oracle near-perfect and random backbones at baseline."""
 import subprocess
 import sys
 from pathlib import Path
@@ -40,8 +41,8 @@ def test_every_table_is_written_in_the_published_layout(run):
         ours = set(table.columns) - {"Cohort", "Section", "Model"}
         assert ours <= set(published["column"]), (n, ours - set(published["column"]))
     t1 = tables[1]
-    want = ["CNN-MLP", "CNN-Trans", "ViT-MLP", "ViT-Trans", "ViT-Combined", "random_vit_s-MLP", "random_vit_s-Trans",
-            "Chance"]
+    want = ["CNN-MLP", "CNN-Trans", "ViT-MLP", "ViT-Trans", "ViT-Combined", "Oracle-MLP", "Oracle-Trans",
+            "random_vit_s-MLP", "random_vit_s-Trans", "Chance"]
     for cohort in ("spar_phantom_word (in domain)", "TotalSegmentator (zero-shot)"):
         part = t1[t1["Cohort"] == cohort]
         assert part["Model"].tolist() == want
