@@ -6,9 +6,10 @@ import torch
 
 import robustbench_fm.encoders as enc
 from robustbench_fm.methods.spar import metrics
-from robustbench_fm.methods.spar.heads import MLPHead, SparModel, TransformerHead
+from robustbench_fm.methods.spar.heads import MLPHead, ProbeHeads, SparModel, TransformerHead
 from robustbench_fm.methods.spar.models import Backbone, CombinedViT
-from robustbench_fm.methods.spar.run import QUESTION_DIM, QueryTask, encode_questions, slice_views
+from robustbench_fm.methods.spar.params import SparParams
+from robustbench_fm.methods.spar.run import N_CLASSES_L3, QUESTION_DIM, QueryTask, encode_questions, slice_views
 from robustbench_fm.methods.spar.samples import L3_PROBES, ORGANS, SparSamples
 from robustbench_fm.methods.spar.train import TrainConfig, fit, predict
 
@@ -74,7 +75,8 @@ def test_frozen_mlp_on_a_constant_encoder_scores_chance_on_symmetry():
     constant = np.ones((len(views), 5, 16), np.float16)
     task = QueryTask(s, lambda rows: constant[rows], view_of, CPU)
     torch.manual_seed(0)
-    model = SparModel(MLPHead(16, len(L3_PROBES) * 5, has_cls=True, cond_dim=QUESTION_DIM, hidden=32))
+    model = SparModel(ProbeHeads(lambda k: MLPHead(16, k, has_cls=True, cond_dim=QUESTION_DIM, hidden=32),
+                                 N_CLASSES_L3))
     split = s.questions["split"].to_numpy()
     fit(model, task.batch, task.loss, np.flatnonzero(split == "train"), np.flatnonzero(split == "val"),
         TrainConfig(lr=1e-2, max_epochs=20, patience=5), CPU)
@@ -129,3 +131,181 @@ def test_heads_and_combined_vit_shapes():
     a = comb(swapped)
     b = comb(swapped[:, [1, 0, *range(2, 16)]])
     assert not torch.allclose(a[0, 0], b[0, 1])  # tile embeddings make the slot matter
+
+
+# ------------------------------------------------------------------ Level 3: six heads, own losses
+
+def _l3_batch(n=24, dim=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    probe = torch.arange(n) % len(L3_PROBES)
+    q = torch.zeros(n, QUESTION_DIM)
+    q[torch.arange(n), probe] = 1.0
+    label = torch.tensor([int(torch.randint(k, (1,), generator=g)) for k in (N_CLASSES_L3[p] for p in probe)])
+    return torch.randn(n, 5, dim, generator=g), q, probe, label
+
+
+@pytest.mark.parametrize("head", ["mlp", "transformer"])
+def test_level3_has_six_separate_heads_each_trained_on_its_own_loss(head):
+    """spar.md Level 3: "routes the sample to one of six heads ... cross-entropy loss per head":
+    six heads with disjoint parameters, each answering its probe's classes; the gradient reaching a
+    head is that of its own cross-entropy alone (brute force: the head run on its own samples), so
+    changing another probe's labels leaves it unchanged."""
+    from robustbench_fm.methods.spar.run import QueryTask, Setup, _head
+
+    torch.manual_seed(0)
+    model = _head(head, "spatial_queries", 6, 5, True, Setup(d_model=8, hidden=8)).eval()
+    assert isinstance(model, ProbeHeads) and len(model.heads) == 6
+    ids = [{id(p) for p in h.parameters()} for h in model.heads]
+    assert all(not (a & b) for i, a in enumerate(ids) for b in ids[i + 1:])  # no shared layer
+    tokens, q, probe, label = _l3_batch()
+    out = model(tokens, q)
+    for p, k in enumerate(N_CLASSES_L3):  # each head answers with its own classes, -inf beyond
+        assert torch.isfinite(out[probe == p, :k]).all() and torch.isinf(out[probe == p, k:]).all()
+    loss = QueryTask.loss(None, out, (probe, label, None))
+    loss.backward()
+    grads = [[p.grad.clone() for p in h.parameters()] for h in model.heads]
+    for p, h in enumerate(model.heads):
+        rows = probe == p
+        h.zero_grad()
+        torch.nn.functional.cross_entropy(h(tokens[rows], q[rows]), label[rows]).backward()
+        for a, b in zip(grads[p], h.parameters()):
+            assert torch.allclose(a, b.grad, atol=1e-6)
+    model.zero_grad()
+    flipped = label.clone()
+    flipped[probe == 1] = (flipped[probe == 1] + 1) % 5  # another answer for every orientation question
+    QueryTask.loss(None, model(tokens, q), (probe, flipped, None)).backward()
+    for p, h in enumerate(model.heads):
+        same = all(torch.equal(a, b.grad) for a, b in zip(grads[p], h.parameters()))
+        assert same == (p != 1)
+
+
+def test_level3_loss_is_the_sum_of_each_heads_mean_cross_entropy():
+    """Closed form: zero logits give each head log(k) whatever its number of samples, so the loss is
+    sum_p log k_p = 2 log 2 + log 5 + 3 log 3 (a joint CE over the batch would weight probes by count)."""
+    from robustbench_fm.methods.spar.run import QueryTask
+
+    probe = torch.tensor([0, 0, 0, 0, 1, 2, 3, 4, 5, 5])
+    out = torch.zeros(10, 5)
+    label = torch.zeros(10, dtype=torch.long)
+    want = 2 * np.log(2) + np.log(5) + 3 * np.log(3)
+    assert float(QueryTask.loss(None, out, (probe, label, None))) == pytest.approx(want, abs=1e-6)
+
+
+def test_vit_combined_at_level3_reads_the_question_inside_the_vit():
+    """ViT-Combined at Level 3 is the unified model: the question is a token of the ViT's own
+    sequence, so the token the heads read changes with the question (ViT-MLP's does not)."""
+    vit = enc.load(enc.get("vit_b32_in1k").replace(**TINY_VIT), device="cpu")
+    comb = CombinedViT(vit, n_tiles=0, cond_dim=QUESTION_DIM).eval()
+    x = torch.randint(0, 255, (2, 32, 32), dtype=torch.uint8)
+    q1, q2 = torch.zeros(2, QUESTION_DIM), torch.zeros(2, QUESTION_DIM)
+    q1[:, 0] = 1.0
+    q2[:, 3] = 1.0
+    with torch.no_grad():
+        a, b = comb(x, q1), comb(x, q2)
+    assert a.shape == (2, 1, 16) and not torch.allclose(a, b)
+    model = SparModel(ProbeHeads(lambda k: MLPHead(16, k, True, hidden=8), N_CLASSES_L3), comb)
+    with torch.no_grad():
+        out = model(x, q1)
+    assert out.shape == (2, 5) and torch.isfinite(out[:, :2]).all() and torch.isinf(out[:, 2:]).all()
+
+
+def test_learning_rate_search_keeps_the_rate_with_the_lowest_validation_loss(monkeypatch):
+    """spar.md Section 3.2 (search over 1e-3...1e-6 on validation): every rate starts from the same
+    seeded initialisation; the one whose validation loss is lowest is the model scored."""
+    from robustbench_fm.methods.spar import run as spar_run
+
+    assert SparParams().lr_search == (1e-3, 1e-4, 1e-5, 1e-6)
+    s = _symmetry_samples(n_per_split=(6, 3, 3))
+    seen = {}
+
+    def fake_fit(model, batch, loss, train_idx, val_idx, cfg, device):
+        seen[cfg.lr] = torch.cat([p.detach().flatten() for p in model.parameters()])
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(np.log10(cfg.lr))  # mark the model with its rate
+        return {"epochs": 1, "val_loss": abs(np.log10(cfg.lr) + 5.0)}  # lowest at 1e-5
+
+    scored = []
+    monkeypatch.setattr(spar_run, "fit", fake_fit)
+    monkeypatch.setattr(spar_run, "predict", lambda model, *a: scored.append(
+        float(next(model.parameters()).detach().flatten()[0])) or np.zeros((len(a[1]), 5), np.float32))
+    views, _ = slice_views(s)
+
+    class Run(spar_run.EncoderRun):
+        def _frozen_source(self, level, name, samples):
+            return np.ones((len(views), 2, 4), np.float16), slice_views(samples)[1], True
+
+    run = Run("x", s, {}, spar_run.Setup(levels=("spatial_queries",), hidden=4), CPU, None, "word")
+    rows = run.run_config("mlp", "frozen", "spatial_queries", 42)
+    assert sorted(seen) == [1e-6, 1e-5, 1e-4, 1e-3]
+    first = next(iter(seen.values()))
+    assert all(torch.equal(v, first) for v in seen.values())  # one seeded initialisation for every rate
+    assert scored == [pytest.approx(-5.0)] and {r["lr"] for r in rows} == {1e-5}
+
+
+# ------------------------------------------------------------------ the planted oracle
+
+def _oracle_samples() -> SparSamples:
+    rng = np.random.default_rng(3)
+    n = 4
+    present = rng.random((n, 16)) < 0.7
+    cent = rng.random((n, 16, 2)).astype(np.float32)
+    cent[~present] = np.nan
+    tiles = rng.integers(1, 255, (n, 16, 8, 8), dtype=np.uint8)
+    tiles[~present] = 0
+    from robustbench_fm.methods.spar.probes import grid_cells
+    table = pd.DataFrame({"sample_id": [f"s{i}" for i in range(n)], "split": "train"})
+    return SparSamples(table, tiles, present, cent, cent * 224, grid_cells(np.nan_to_num(cent), present),
+                       np.zeros((0, 8, 8), np.uint8), table.iloc[:0], pd.DataFrame())
+
+
+def test_oracle_tokens_come_from_the_masks_behind_each_image():
+    """The planted oracle returns, for each tile image (found by its bytes), its organ's centroid as
+    Gaussian bumps over x and y (peak in the centroid's bin) and its Level 2 cell as a one-hot, in
+    zero-mean blocks (a head's LayerNorm keeps them linear); black tiles give zeros; an image it was
+    not built for is refused."""
+    from robustbench_fm.methods.spar.models import ORACLE_BINS, OracleBackbone, oracle_tile_tokens
+
+    s = _oracle_samples()
+    tok = oracle_tile_tokens(s)
+    oracle = OracleBackbone.for_tiles(s)
+    out = oracle(torch.from_numpy(s.tiles.reshape(-1, 8, 8))).numpy().reshape(tok.shape)
+    assert np.array_equal(out, tok)
+    present, b = s.present, ORACLE_BINS
+    code = tok[present][:, 0]
+    assert np.array_equal(code[:, :b].argmax(-1), np.minimum((s.centroids[present][:, 0] * b).astype(int), b - 1))
+    assert np.array_equal(code[:, 2 * b:3 * b].argmax(-1),
+                          np.minimum((s.centroids[present][:, 1] * b).astype(int), b - 1))
+    assert np.array_equal(code[:, 4 * b:4 * b + 16].argmax(-1), s.grid_cells[present])
+    i = np.flatnonzero(present.ravel())[0]  # the x code peaks at exp(0) only when x sits on a bin centre
+    x = s.centroids.reshape(-1, 2)[i, 0]
+    assert code[0, :b].max() == pytest.approx(np.exp(-0.5 * ((x * b - 0.5) % 1 if (x * b - 0.5) % 1 < 0.5
+                                                              else 1 - (x * b - 0.5) % 1) ** 2), rel=1e-5)
+    assert np.allclose(tok[present].mean(-1), 0, atol=1e-6)
+    assert not tok[~present].any()
+    with pytest.raises(ValueError, match="holds no masks"):
+        oracle(torch.full((1, 8, 8), 7, dtype=torch.uint8))
+
+
+def test_oracle_view_tokens_follow_the_presented_transform():
+    """Level 3 views: the organs' centroids move with the transform (hflip: x -> 1 - x) and token 0
+    carries the transform and the kidney-symmetry class the masks give."""
+    from robustbench_fm.methods.spar.models import oracle_view_tokens
+    from robustbench_fm.methods.spar.probes import kidney_symmetry_class
+
+    present = np.zeros((1, 16), bool)
+    present[0, [0, 2, 3]] = True
+    cent = np.full((1, 16, 2), np.nan, np.float32)
+    cent[0, [0, 2, 3]] = [(0.3, 0.4), (0.7, 0.6), (0.2, 0.6)]
+    areas = np.zeros((1, 16), np.int64)
+    areas[0, [0, 2, 3]] = (900, 110, 100)  # left/right kidney ratio 1.1: left larger
+    st = pd.DataFrame({"height": [96], "width": [96]})
+    s = SparSamples(pd.DataFrame(), np.zeros((0, 16, 8, 8), np.uint8), np.zeros((0, 16), bool),
+                    np.zeros((0, 16, 2), np.float32), np.zeros((0, 16, 2), np.float32), np.zeros((0, 16), np.int64),
+                    np.zeros((1, 8, 8), np.uint8), st, pd.DataFrame(), present, cent, areas, np.array([-1]))
+    views = pd.DataFrame({"slice_row": [0, 0], "transform": ["none", "hflip"]})
+    tok = oracle_view_tokens(s, views)
+    organ = tok[:, 1:, 32:]  # per-organ tokens: identity (32) then the centroid block
+    assert np.allclose(organ[0, [0, 2, 3], 0], [0.3, 0.7, 0.2]) and np.allclose(organ[1, [0, 2, 3], 0], [0.7, 0.3, 0.8])
+    assert tok[0, 0, :5].argmax() == 0 and tok[1, 0, :5].argmax() == 1  # transform one-hot
+    assert tok[0, 0, 10:13].argmax() == kidney_symmetry_class(110, 100) == 1
