@@ -48,9 +48,16 @@ class MLPHead(nn.Module):
 
 
 class TransformerHead(nn.Module):
-    """Full token sequence -> Transformer encoder -> read-out of appended query tokens.
-    ``n_tiles`` > 0: [B, T, N, D] -> [B, T, n_out] (one learned query per tile slot); else
-    [B, N, D] with the question appended as a token -> [B, n_out]."""
+    """Full token sequence -> Transformer encoder -> read-out.
+
+    ``n_tiles`` > 0: [B, T, N, D] -> [B, T, n_out]; every tile's N tokens (plus token-position and
+    tile embeddings) form one sequence of T x N tokens, and slot t is read out from the mean of
+    tile t's OWN output tokens. spar.md Section 3.2: "Transformer heads read the full token
+    sequence" -- our reading: the head attends over all tiles' tokens and answers for each tile
+    from that tile's outputs (as a per-token head does), rather than from separate learned query
+    tokens, which would first have to learn to route to their tile (with them the planted oracle
+    stayed at chance on Level 2, patch accuracy 0.06). Else [B, N, D] with the question appended
+    as a token -> [B, n_out], read from the question token's output ("appended as a token")."""
 
     def __init__(self, dim: int, n_out: int, n_tokens: int, n_tiles: int = 0, cond_dim: int = 0,
                  d_model: int = 256, layers: int = 2, heads: int = 8, dropout: float = 0.1):
@@ -60,7 +67,6 @@ class TransformerHead(nn.Module):
         self.pos = nn.Parameter(torch.randn(1, n_tokens, d_model) * 0.02)
         if n_tiles:
             self.tile = nn.Parameter(torch.randn(1, n_tiles, 1, d_model) * 0.02)
-            self.queries = nn.Parameter(torch.randn(1, n_tiles, d_model) * 0.02)
         else:
             self.question = nn.Linear(cond_dim, d_model)
         layer = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=dropout, batch_first=True,
@@ -71,13 +77,11 @@ class TransformerHead(nn.Module):
     def forward(self, tokens: torch.Tensor, question: torch.Tensor | None = None) -> torch.Tensor:
         x = self.proj(tokens) + self.pos[:, :tokens.shape[-2]]
         if self.n_tiles:
-            x = (x + self.tile).flatten(1, 2)
-            queries = self.queries.expand(x.shape[0], -1, -1)
-        else:
-            queries = self.question(question).unsqueeze(1)
-        h = self.encoder(torch.cat([x, queries], dim=1))[:, -queries.shape[1]:]
-        out = self.out(h)
-        return out if self.n_tiles else out[:, 0]
+            b, t, n = x.shape[:3]
+            h = self.encoder((x + self.tile[:, :t]).flatten(1, 2)).view(b, t, n, -1).mean(dim=2)
+            return self.out(h)
+        h = self.encoder(torch.cat([x, self.question(question).unsqueeze(1)], dim=1))[:, -1]
+        return self.out(h)
 
 
 class ProbeHeads(nn.Module):

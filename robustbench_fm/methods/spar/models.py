@@ -240,12 +240,36 @@ def oracle_tile_tokens(samples) -> np.ndarray:
     return tok[:, :, None, :].astype(np.float32)
 
 
+def _ranks(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Rank of each valid entry among the valid entries of its row, scaled to [0, 1] (0 for a single
+    one and for invalid entries): a monotone code, so any order comparison of two entries is
+    kept while distinct entries differ by at least 1 / (k - 1)."""
+    out = np.zeros(values.shape)
+    for i, (v, ok) in enumerate(zip(values, valid)):
+        idx = np.flatnonzero(ok)
+        if len(idx) > 1:
+            out[i, idx] = np.argsort(np.argsort(v[idx], kind="stable"), kind="stable") / (len(idx) - 1)
+    return out
+
+
+#: unordered organ pairs (i < j) of the oracle's Level 3 distance table
+_PAIRS = np.triu_indices(16, k=1)
+
+
 def oracle_view_tokens(samples, views) -> np.ndarray:
     """Planted Level 3 tokens [V, 1 + 16, D] of each view (slice row, transform) from the slice's
-    organ masks as the view presents them. Token 0 (read by MLP heads as the CLS) holds the
-    transform, the kidney-symmetry, liver-size and tumour-count classes the masks give (zeros where
-    the slice has no such label) and every organ's presence and (transformed) centroid; tokens
-    1-16 hold one organ each (identity, presence, transformed centroid) for Transformer heads."""
+    organ masks as the view presents them.
+
+    Token 0 (read by MLP heads as the CLS) holds the transform, the kidney-symmetry, liver-size and
+    tumour-count classes the masks give (zeros where the slice has no such label) as one-hots, each
+    organ's presence, the rank of each present organ's (presented) x among the present organs
+    (relative position, probe (i), is the order of two of them) and the rank of every present
+    organ pair's distance (in the 224 frame) among the slice's present pairs, one entry per
+    unordered pair (distance comparison, probe (v), is the order of two of them); tokens 1-16 hold
+    one organ each: identity, presence, x rank and its row of the pair-distance ranks, for
+    Transformer heads. Ranks, not coordinates: a question may compare organs whose centroids differ
+    by one pixel, and ranks keep such orders at least 1 / 15 (x) or 1 / 119 (distance) apart, so a
+    head reads them in the demo's budget. The whole token is ``_signed`` (zero mean)."""
     rows, transforms = views["slice_row"].to_numpy(int), views["transform"].to_numpy()
     present = np.asarray(samples.slice_present, bool)[rows]
     areas = np.asarray(samples.slice_areas, float)[rows]
@@ -259,18 +283,30 @@ def oracle_view_tokens(samples, views) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         symm = kidney_symmetry_class(areas[:, LEFT_KIDNEY], areas[:, RIGHT_KIDNEY])
     size = liver_size_class(areas[:, LIVER] / pixels)
-    n_org = present.shape[1]
-    organs = np.concatenate([_point(xy), _signed(np.where(present, 1.0, -1.0)[..., None])], axis=-1)  # [V, 16, 8]
-    cls = np.concatenate([_one_hot(t_idx, len(TRANSFORMS)), _one_hot(symm, 3, both),
-                          _one_hot(size, 3, present[:, LIVER]), _one_hot(tumour_count_class(np.maximum(tumours, 0)),
-                                                                         3, tumours >= 0),
-                          organs.reshape(len(rows), -1)], axis=-1)
-    per_organ = np.concatenate([_one_hot(np.broadcast_to(np.arange(n_org), present.shape), n_org), organs], axis=-1)
+    n_view, n_org = present.shape
+    x_rank = _ranks(xy[..., 0], present)
+    i, j = _PAIRS
+    dist = np.linalg.norm(xy[:, i] - xy[:, j], axis=-1)
+    pair_ok = present[:, i] & present[:, j]
+    d_rank = _ranks(dist, pair_ok)
+    table = np.zeros((n_view, n_org, n_org))
+    table[:, i, j] = d_rank
+    table[:, j, i] = d_rank
+
+    def one_hot(index, n, valid=None):
+        return _one_hot(index, n, valid)[..., :n]
+
+    cls = np.concatenate([one_hot(t_idx, len(TRANSFORMS)), one_hot(symm, 3, both),
+                          one_hot(size, 3, present[:, LIVER]),
+                          one_hot(tumour_count_class(np.maximum(tumours, 0)), 3, tumours >= 0),
+                          present.astype(float), x_rank, d_rank], axis=-1)
+    per_organ = np.concatenate([np.broadcast_to(np.eye(n_org), (n_view, n_org, n_org)), present[..., None],
+                                x_rank[..., None], table], axis=-1)
     dim = max(cls.shape[-1], per_organ.shape[-1])
-    out = np.zeros((len(rows), 1 + n_org, dim), np.float32)
+    out = np.zeros((n_view, 1 + n_org, dim))
     out[:, 0, :cls.shape[-1]] = cls
     out[:, 1:, :per_organ.shape[-1]] = per_organ
-    return out
+    return _signed(out).astype(np.float32)
 
 
 def _digest(image: np.ndarray) -> bytes:

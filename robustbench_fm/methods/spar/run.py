@@ -149,6 +149,7 @@ class TileTask:
 
     def __init__(self, level: str, samples: SparSamples, source, device, setup: Setup, seed: int):
         self.level, self.s, self.source, self.device, self.setup = level, samples, source, device, setup
+        self.groups = None  # batches mix all samples
         n, t = samples.present.shape
         rng = np.random.default_rng(seed)
         self.eval_perm = np.stack([rng.permutation(t) for _ in range(n)]) if level == "permutation" \
@@ -218,6 +219,7 @@ class QueryTask:
         self.s, self.source, self.view_of, self.device = samples, source, view_of, device
         self.cond = encode_questions(q)
         self.probe = q["probe"].map(L3_PROBES.index).to_numpy()
+        self.groups = self.probe  # batches of one probe: each step trains the head its batch routes to
         self.label = q["label"].to_numpy(np.int64)
         self.n_classes = q["n_classes"].to_numpy(np.int64)
 
@@ -361,7 +363,8 @@ class EncoderRun:
             with seeded(seed, self.device):  # initialisation and dropout draw from `seed`; the caller's RNG is restored
                 model = self._model(mode, head, level)
                 info = fit(model, task.batch, task.loss, train_idx, val_idx,
-                           TrainConfig(**{**setup.train.__dict__, "lr": float(lr), "seed": seed}), self.device)
+                           TrainConfig(**{**setup.train.__dict__, "lr": float(lr), "seed": seed}), self.device,
+                           task.groups)
             if best is None or info["val_loss"] < best[1]["val_loss"]:
                 best = (model, {**info, "lr": float(lr)})
             del model
@@ -376,7 +379,7 @@ class EncoderRun:
             for name, t, idx in cohorts:
                 if len(idx) == 0:
                     continue
-                out = predict(model, t.batch, idx, setup.eval_batch_size, self.device)
+                out = predict(model, t.batch, idx, setup.eval_batch_size, self.device, t.groups)
                 rows += [{**r, "eval_dataset": name} for r in t.score(out, idx)]
         del model, best
         return [{"head": head, "mode": mode, "seed": seed, "epochs": info["epochs"], "lr": info["lr"], **r}
