@@ -89,6 +89,11 @@ class SparParams(StageParams):
     """Transformer head layers (not in the paper)."""
     hidden: int = 512
     """MLP head hidden width (not in the paper)."""
+    head_threads: int = 1
+    """Torch CPU threads while a configuration trains and is scored on the CPU (0: torch's own
+    setting); frozen token extraction keeps torch's setting. The demo's steps are many small
+    operations: with 2 threads on a loaded 2-core machine a 2-epoch Level 3 Transformer-head run
+    took 100 s, with one 6.3 s (threads spinning against other processes). Not in the paper."""
     transfer: dict = field(default_factory=dict, metadata={"config": CONFIG_TRANSFER})
     """Zero-shot cohorts (spar.md Section 3.3): name -> {dataset, root, options}; no retraining. On the
     command line TotalSegmentator under ``${paths.data_dir}``; none in Python."""
@@ -134,6 +139,8 @@ class SparParams(StageParams):
             raise ValueError("stage.params: need lr > 0, batch_size >= 1, max_epochs >= 1, patience >= 1")
         if self.sinkhorn_tau <= 0 or self.sinkhorn_iters < 1 or not 0 <= self.smoothing < 1:
             raise ValueError("stage.params: need sinkhorn_tau > 0, sinkhorn_iters >= 1, 0 <= smoothing < 1")
+        if self.head_threads < 0:
+            raise ValueError(f"stage.params.head_threads: need >= 0 (0: torch's setting), got {self.head_threads}")
         if self.token_grid < 0 or self.tile_token_grid < 0:
             raise ValueError("stage.params: token_grid and tile_token_grid must be 0 (native tokens) or a pooled "
                              "grid side >= 1")

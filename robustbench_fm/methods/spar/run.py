@@ -64,6 +64,7 @@ class Setup:
     d_model: int = SparParams.d_model
     head_layers: int = SparParams.head_layers
     hidden: int = SparParams.hidden
+    head_threads: int = SparParams.head_threads
     eval_batch_size: int = 64
 
 
@@ -358,7 +359,13 @@ class EncoderRun:
         if len(train_idx) == 0 or len(val_idx) == 0 or len(test_idx) == 0:
             raise ValueError(f"dataset '{self.dataset}': {level} needs train, val and test samples; got "
                              f"{len(train_idx)}/{len(val_idx)}/{len(test_idx)}")
-        best = None
+        for name, ts in self.transfers.items():  # frozen tokens are extracted with torch's own threads
+            self._inputs(mode, head, level, name, ts)
+        with cpu_threads(setup.head_threads if self.device.type == "cpu" else 0):
+            return self._train_and_score(head, mode, level, seed, task, train_idx, val_idx, test_idx)
+
+    def _train_and_score(self, head, mode, level, seed, task, train_idx, val_idx, test_idx) -> list[dict]:
+        setup, best = self.setup, None
         for lr in setup.lr_search or (setup.train.lr,):
             with seeded(seed, self.device):  # initialisation and dropout draw from `seed`; the caller's RNG is restored
                 model = self._model(mode, head, level)
@@ -384,6 +391,18 @@ class EncoderRun:
         del model, best
         return [{"head": head, "mode": mode, "seed": seed, "epochs": info["epochs"], "lr": info["lr"], **r}
                 for r in rows]
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int) -> Iterator[None]:
+    """Torch's CPU threads set to ``n`` inside the block (0: unchanged), restored after it."""
+    before = torch.get_num_threads()
+    if n > 0:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager

@@ -113,7 +113,8 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
                   lr_search=tuple(float(lr) for lr in p.lr_search),
                   train=TrainConfig(lr=p.lr, batch_size=p.batch_size, max_epochs=p.max_epochs, patience=p.patience),
                   **{k: getattr(p, k) for k in ("token_grid", "tile_token_grid", "sinkhorn_tau", "sinkhorn_iters",
-                                                "smoothing", "sdr_px", "d_model", "head_layers", "hidden")})
+                                                "smoothing", "sdr_px", "d_model", "head_layers", "hidden",
+                                                "head_threads")})
     labels = {**DEFAULT_LABELS, **(p.labels or {})}
     for name in [*job.encoders, *p.planted]:
         if name in p.planted:  # planted: tokens from the masks, frozen heads only

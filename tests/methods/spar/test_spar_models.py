@@ -218,7 +218,7 @@ def test_learning_rate_search_keeps_the_rate_with_the_lowest_validation_loss(mon
     s = _symmetry_samples(n_per_split=(6, 3, 3))
     seen = {}
 
-    def fake_fit(model, batch, loss, train_idx, val_idx, cfg, device):
+    def fake_fit(model, batch, loss, train_idx, val_idx, cfg, device, groups=None):
         seen[cfg.lr] = torch.cat([p.detach().flatten() for p in model.parameters()])
         with torch.no_grad():
             for p in model.parameters():
@@ -288,8 +288,10 @@ def test_oracle_tokens_come_from_the_masks_behind_each_image():
 
 
 def test_oracle_view_tokens_follow_the_presented_transform():
-    """Level 3 views: the organs' centroids move with the transform (hflip: x -> 1 - x) and token 0
-    carries the transform and the kidney-symmetry class the masks give."""
+    """Level 3 views: token 0 carries the transform and the kidney-symmetry class the masks give;
+    each organ token its identity, the rank of its presented x among the present organs (hflip
+    reverses the order) and its row of the pair-distance ranks (distances do not move under a
+    flip); the whole token is zero-mean ``[v, -v]``."""
     from robustbench_fm.methods.spar.models import oracle_view_tokens
     from robustbench_fm.methods.spar.probes import kidney_symmetry_class
 
@@ -305,7 +307,13 @@ def test_oracle_view_tokens_follow_the_presented_transform():
                     np.zeros((1, 8, 8), np.uint8), st, pd.DataFrame(), present, cent, areas, np.array([-1]))
     views = pd.DataFrame({"slice_row": [0, 0], "transform": ["none", "hflip"]})
     tok = oracle_view_tokens(s, views)
-    organ = tok[:, 1:, 32:]  # per-organ tokens: identity (32) then the centroid block
-    assert np.allclose(organ[0, [0, 2, 3], 0], [0.3, 0.7, 0.2]) and np.allclose(organ[1, [0, 2, 3], 0], [0.7, 0.3, 0.8])
+    half = tok.shape[-1] // 2
+    assert np.array_equal(tok[..., half:], -tok[..., :half])
+    organ = tok[:, 1:, :half]  # identity (16), presence, x rank, pair-distance ranks (16)
+    assert np.array_equal(organ[0, :, :16], np.eye(16))
+    assert np.allclose(organ[0, [0, 2, 3], 17], [0.5, 1.0, 0.0]) and np.allclose(organ[1, [0, 2, 3], 17], [0.5, 0, 1])
+    # distances 0-2: 0.447, 0-3: 0.224, 2-3: 0.5 -> ranks 0.5, 0, 1, the same under hflip
+    for v in (0, 1):
+        assert np.allclose(organ[v, 0, 18 + np.array([2, 3])], [0.5, 0.0]) and organ[v, 2, 18 + 3] == 1.0
     assert tok[0, 0, :5].argmax() == 0 and tok[1, 0, :5].argmax() == 1  # transform one-hot
-    assert tok[0, 0, 10:13].argmax() == kidney_symmetry_class(110, 100) == 1
+    assert tok[0, 0, 5:8].argmax() == kidney_symmetry_class(110, 100) == 1
