@@ -21,6 +21,8 @@ ORACLE = "spar_oracle"
 #: row labels of the paper's tables (spar.md Table 1)
 DEFAULT_LABELS = {"resnet50_in1k": "CNN", "vit_b32_in1k": "ViT", "rad_dino": "RadDINO", "biomedclip": "BiomedCLIP",
                   "sam_med2d": "SAM-Med2D", ORACLE: "Oracle"}
+#: the training-setup fields ``by_encoder`` may set per encoder
+BY_ENCODER = ("batch_size", "max_epochs", "patience", "lr_search", "hidden", "d_model", "head_layers")
 #: the zero-shot cohorts of the command line (spar.md Section 3.3)
 CONFIG_TRANSFER = {"totalsegmentator": {"dataset": "totalsegmentator", "root": "${paths.data_dir}/totalsegmentator",
                                         "options": {}}}
@@ -65,6 +67,11 @@ class SparParams(StageParams):
     max_epochs_by_encoder: dict = field(default_factory=dict)
     """Encoder (or planted backbone) -> its own ``max_epochs`` (demos: the planted oracle trains
     longer than the random backbones beside it); the others use ``max_epochs``."""
+    by_encoder: dict = field(default_factory=dict)
+    """Encoder (or planted backbone) -> its own training setup, any of ``batch_size``,
+    ``max_epochs``, ``patience``, ``lr_search``, ``hidden``, ``d_model``, ``head_layers`` (demos:
+    the planted oracle trains longer, in larger batches, with a wider MLP than the random
+    backbones beside it); the others use the fields above. Not in the paper."""
     patience: int = 20
     """Early stopping on the validation loss after this many epochs without improvement."""
     sinkhorn_tau: float = 0.3
@@ -89,11 +96,11 @@ class SparParams(StageParams):
     """Transformer head layers (not in the paper)."""
     hidden: int = 512
     """MLP head hidden width (not in the paper)."""
-    head_threads: int = 1
-    """Torch CPU threads while a configuration trains and is scored on the CPU (0: torch's own
-    setting); frozen token extraction keeps torch's setting. The demo's steps are many small
-    operations: with 2 threads on a loaded 2-core machine a 2-epoch Level 3 Transformer-head run
-    took 100 s, with one 6.3 s (threads spinning against other processes). Not in the paper."""
+    cpu_threads: int = 1
+    """Torch CPU threads while SPAR runs on the CPU (token extraction, training, scoring; 0:
+    torch's own setting). The demo's steps are many small operations: with 2 threads on a loaded
+    2-core machine a 2-epoch Level 3 Transformer-head run took 100 s, with one 6.3 s (threads
+    spinning against other processes). Not in the paper."""
     transfer: dict = field(default_factory=dict, metadata={"config": CONFIG_TRANSFER})
     """Zero-shot cohorts (spar.md Section 3.3): name -> {dataset, root, options}; no retraining. On the
     command line TotalSegmentator under ``${paths.data_dir}``; none in Python."""
@@ -130,6 +137,10 @@ class SparParams(StageParams):
             raise ValueError(f"stage.params.vqa_models: unknown {bad}; known: {', '.join(MODELS)}")
         if not self.seeds:
             raise ValueError("stage.params.seeds must list at least one seed")
+        for enc, own in (self.by_encoder or {}).items():
+            bad = sorted(set(own or {}) - set(BY_ENCODER))
+            if bad:
+                raise ValueError(f"stage.params.by_encoder.{enc}: unknown {bad}; use {', '.join(BY_ENCODER)}")
         bad = {k: v for k, v in (self.max_epochs_by_encoder or {}).items() if int(v) < 1}
         if bad:
             raise ValueError(f"stage.params.max_epochs_by_encoder: need >= 1 epoch, got {bad}")
@@ -139,8 +150,8 @@ class SparParams(StageParams):
             raise ValueError("stage.params: need lr > 0, batch_size >= 1, max_epochs >= 1, patience >= 1")
         if self.sinkhorn_tau <= 0 or self.sinkhorn_iters < 1 or not 0 <= self.smoothing < 1:
             raise ValueError("stage.params: need sinkhorn_tau > 0, sinkhorn_iters >= 1, 0 <= smoothing < 1")
-        if self.head_threads < 0:
-            raise ValueError(f"stage.params.head_threads: need >= 0 (0: torch's setting), got {self.head_threads}")
+        if self.cpu_threads < 0:
+            raise ValueError(f"stage.params.cpu_threads: need >= 0 (0: torch's setting), got {self.cpu_threads}")
         if self.token_grid < 0 or self.tile_token_grid < 0:
             raise ValueError("stage.params: token_grid and tile_token_grid must be 0 (native tokens) or a pooled "
                              "grid side >= 1")

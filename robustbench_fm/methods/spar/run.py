@@ -64,7 +64,7 @@ class Setup:
     d_model: int = SparParams.d_model
     head_layers: int = SparParams.head_layers
     hidden: int = SparParams.hidden
-    head_threads: int = SparParams.head_threads
+    cpu_threads: int = SparParams.cpu_threads
     eval_batch_size: int = 64
 
 
@@ -359,13 +359,7 @@ class EncoderRun:
         if len(train_idx) == 0 or len(val_idx) == 0 or len(test_idx) == 0:
             raise ValueError(f"dataset '{self.dataset}': {level} needs train, val and test samples; got "
                              f"{len(train_idx)}/{len(val_idx)}/{len(test_idx)}")
-        for name, ts in self.transfers.items():  # frozen tokens are extracted with torch's own threads
-            self._inputs(mode, head, level, name, ts)
-        with cpu_threads(setup.head_threads if self.device.type == "cpu" else 0):
-            return self._train_and_score(head, mode, level, seed, task, train_idx, val_idx, test_idx)
-
-    def _train_and_score(self, head, mode, level, seed, task, train_idx, val_idx, test_idx) -> list[dict]:
-        setup, best = self.setup, None
+        best = None
         for lr in setup.lr_search or (setup.train.lr,):
             with seeded(seed, self.device):  # initialisation and dropout draw from `seed`; the caller's RNG is restored
                 model = self._model(mode, head, level)
@@ -432,9 +426,10 @@ def run_encoder(encoder, samples: SparSamples, transfers: dict[str, SparSamples]
     run = EncoderRun(encoder, samples, transfers, setup, device, cache_dir, dataset)
     name = encoder if isinstance(encoder, str) else encoder.spec.name
     rows = []
-    for head, mode in configs:
-        for level in setup.levels:
-            for seed in setup.seeds:
-                log.info("spar %s: %s/%s %s seed %d", name, head, mode, level, seed)
-                rows += run.run_config(head, mode, level, seed)
+    with cpu_threads(setup.cpu_threads if torch.device(device).type == "cpu" else 0):
+        for head, mode in configs:
+            for level in setup.levels:
+                for seed in setup.seeds:
+                    log.info("spar %s: %s/%s %s seed %d", name, head, mode, level, seed)
+                    rows += run.run_config(head, mode, level, seed)
     return pd.DataFrame(rows)

@@ -90,6 +90,13 @@ def _save(rows: pd.DataFrame, encoder: str, dataset: str, out_dir: Path, params:
     return summaries
 
 
+def setup_for(setup: Setup, own: dict) -> Setup:
+    """``setup`` with one encoder's ``by_encoder`` fields (training ones into ``setup.train``)."""
+    train = {k: int(v) for k, v in own.items() if k in ("batch_size", "max_epochs", "patience")}
+    rest = {k: (tuple(float(x) for x in v) if k == "lr_search" else int(v)) for k, v in own.items() if k not in train}
+    return dataclasses.replace(setup, train=dataclasses.replace(setup.train, **train), **rest)
+
+
 def run_job(job: JobContext) -> list[pd.DataFrame]:
     """Every configuration of every encoder of ``job`` (or every chat model of ``vqa_models``).
     Encoders are loaded through the job's embedder (the user's weights apply) on the stage's
@@ -114,7 +121,7 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
                   train=TrainConfig(lr=p.lr, batch_size=p.batch_size, max_epochs=p.max_epochs, patience=p.patience),
                   **{k: getattr(p, k) for k in ("token_grid", "tile_token_grid", "sinkhorn_tau", "sinkhorn_iters",
                                                 "smoothing", "sdr_px", "d_model", "head_layers", "hidden",
-                                                "head_threads")})
+                                                "cpu_threads")})
     labels = {**DEFAULT_LABELS, **(p.labels or {})}
     for name in [*job.encoders, *p.planted]:
         if name in p.planted:  # planted: tokens from the masks, frozen heads only
@@ -126,6 +133,7 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
         if name in (p.max_epochs_by_encoder or {}):
             own = dataclasses.replace(setup, train=dataclasses.replace(
                 setup.train, max_epochs=int(p.max_epochs_by_encoder[name])))
+        own = setup_for(own, (p.by_encoder or {}).get(name) or {})
         rows = run_encoder(enc, samples, transfers, own, configs, device, cache_dir / "spar_tokens", job.dataset)
         names = [config_label(name, h, m, labels, p.scratch or []) for h, m in zip(rows["head"], rows["mode"])]
         rows.insert(0, "label", [n[0] for n in names])

@@ -13,10 +13,11 @@ from robustbench_fm.methods.spar.samples import L3_PROBES
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
-#: Level 3 probes the oracle answers near-perfectly in the demo's budget. Relative position and
-#: distance need the question's organs selected from the tokens; in the demo they reach 0.89 / 0.68
-#: (MLP) and 0.50 / 0.69 (Transformer), and Level 2 0.34 (MLP) / 0.00 (Transformer): open (issue 20).
-ORACLE_PROBES = ("orientation", "kidney_symmetry", "liver_size", "tumour_count")
+#: Level 3 probes the oracle answers near-perfectly (>= 0.9) in the demo's budget. Distance is
+#: asserted above chance only: its answer needs the question's two organ pairs looked up in the
+#: planted pair table, a per-pair read-out that ~200 training questions do not cover (0.65-0.75
+#: in domain, issue 20).
+ORACLE_PROBES = ("relative_position", "orientation", "kidney_symmetry", "liver_size", "tumour_count")
 
 
 def _published(n: int) -> pd.DataFrame:
@@ -92,10 +93,15 @@ def _overall(run, encoder, finding, cohort="spar_phantom_word"):
 
 
 def _mean_centroid_med(s) -> float:
-    """MED (px) of predicting each organ's mean training centroid: what a backbone that only knows
-    which organ a tile shows can reach, since cropping removes the tile's position."""
+    """MED (px, native slice frame like the reported MED) of predicting each organ's mean training
+    centroid: what a backbone that only knows which organ a tile shows can reach, since cropping
+    removes the tile's position."""
+    from robustbench_fm.methods.spar.metrics import native_frame
+
     split = s.table["split"].to_numpy()
-    present, px = np.asarray(s.present), np.asarray(s.centroids_px, float)
+    native = native_frame(s.table["sample_id"].to_numpy(), s.slice_table)  # (W, H) per tile set
+    present = np.asarray(s.present)
+    px = np.nan_to_num(np.asarray(s.centroids, float)) * native[:, None, :]
     tr, te = split == "train", split == "test"
     mean = np.nansum(np.where(present[tr][..., None], px[tr], 0), 0) / np.maximum(present[tr].sum(0), 1)[:, None]
     return float(np.linalg.norm(px[te] - mean[None], axis=-1)[present[te]].mean())
@@ -114,19 +120,22 @@ def test_every_probe_has_test_items_in_both_cohorts(run):
 
 def test_the_planted_oracle_is_near_perfect_and_random_backbones_stay_at_their_baselines(run):
     """The calibration (issue 20): heads on the oracle's mask-derived tokens reach near-perfect
-    Levels 1-3, while an untrained ViT-S stays at what organ identity alone allows: the
-    mean-centroid MED at Level 1 and chance on the balanced kidney-symmetry probe."""
+    Levels 1-3 (MED of a few native pixels, permutation and Level 3 accuracies >= 0.9, distance
+    above chance), while an untrained ViT-S stays at what organ identity alone allows: the
+    mean-centroid MED at Level 1, no fully right permutation, chance on the balanced
+    kidney-symmetry probe."""
     baseline = _mean_centroid_med(_samples(run, "spar_phantom_word"))
     loc = _overall(run, "spar_oracle", "localization")
     perm = _overall(run, "spar_oracle", "permutation")
-    assert loc.loc["Oracle-MLP", "med"] < baseline / 2, (loc.loc["Oracle-MLP", "med"], baseline)
-    assert perm.loc["Oracle-MLP", "patch_acc"] >= 0.7  # random backbones: perm_acc 0 (below)
     for label in ("Oracle-MLP", "Oracle-Trans"):
+        assert loc.loc[label, "med"] < min(3.0, baseline / 3), (label, loc.loc[label, "med"], baseline)
+        assert perm.loc[label, "perm_acc"] >= 0.9, (label, perm.loc[label, "perm_acc"])
         for probe in ORACLE_PROBES:
             acc = _overall(run, "spar_oracle", probe).loc[label, "accuracy"]
             assert acc >= 0.9, (label, probe, acc)
+        assert _overall(run, "spar_oracle", "distance_compare").loc[label, "accuracy"] >= 0.6
     rand = _overall(run, "random_vit_s", "localization")
     assert (rand["med"] > 0.8 * baseline).all(), (rand["med"], baseline)
-    assert (_overall(run, "random_vit_s", "permutation")["perm_acc"] < 0.5).all()
+    assert (_overall(run, "random_vit_s", "permutation")["perm_acc"] < 0.1).all()
     symm = _overall(run, "random_vit_s", "kidney_symmetry")
     assert (symm["accuracy"] <= symm["chance"] + 0.25).all()
