@@ -354,3 +354,38 @@ def test_level2_heads_recover_the_permutation_from_planted_tokens(head, batch, e
     rows = pd.DataFrame(run.run_config(head, "frozen", "permutation", 42))
     overall = rows[rows["organ"] == "all"].iloc[0]
     assert overall["n"] == 32 and overall["perm_acc"] >= 0.9, overall.to_dict()
+
+
+def test_level3_batches_hold_one_probe_each_and_predictions_keep_their_order():
+    """Level 3 trains in batches of one probe (so each step runs the one head it routes to): every
+    sample exactly once per epoch, each batch single-probe and at most ``size`` long; ``predict``
+    returns outputs in the order asked although it computes them probe by probe."""
+    from robustbench_fm.methods.spar.train import batches
+
+    groups = np.array([0, 1, 2, 1, 0, 0, 2, 1, 1, 0, 5])
+    idx = np.array([10, 0, 3, 4, 5, 6, 7, 8, 9, 1])
+    parts = batches(idx, 2, groups, np.random.default_rng(0))
+    assert sorted(np.concatenate(parts).tolist()) == sorted(idx.tolist())
+    assert all(len(set(groups[p])) == 1 and len(p) <= 2 for p in parts)
+    assert len(parts) == 6  # groups 0 and 1: 4 samples -> 2 batches each; 2 and 5: one
+    assert len(batches(idx, 2, None, None)) == 5
+
+    def batch(rows, rng):
+        return torch.from_numpy(rows.astype(np.float32))[:, None], None, None
+
+    class Times10(torch.nn.Module):
+        def forward(self, x, q):
+            return x * 10
+
+    out = predict(Times10(), batch, idx, 3, CPU, groups)
+    assert np.array_equal(out[:, 0], idx * 10.0)
+
+
+def test_by_encoder_overrides_one_encoders_training_setup():
+    from robustbench_fm.methods.spar.stage import setup_for
+
+    base = spar_run.Setup()
+    own = setup_for(base, {"batch_size": 32, "max_epochs": 80, "hidden": 256, "lr_search": [5e-3]})
+    assert (own.train.batch_size, own.train.max_epochs, own.train.patience) == (32, 80, base.train.patience)
+    assert (own.hidden, own.lr_search, own.d_model) == (256, (5e-3,), base.d_model)
+    assert setup_for(base, {}) == base
