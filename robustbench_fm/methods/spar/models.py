@@ -267,7 +267,8 @@ def oracle_view_tokens(samples, views) -> np.ndarray:
     organ pair's distance (in the 224 frame) among the slice's present pairs, one entry per
     unordered pair (distance comparison, probe (v), is the order of two of them); tokens 1-16 hold
     one organ each: identity, presence, x rank and its row of the pair-distance ranks, for
-    Transformer heads. Ranks, not coordinates: a question may compare organs whose centroids differ
+    Transformer heads, and repeat the slice's class one-hots (so a question token finds them in
+    whichever token it attends to). Ranks, not coordinates: a question may compare organs whose centroids differ
     by one pixel, and ranks keep such orders at least 1 / 15 (x) or 1 / 119 (distance) apart, so a
     head reads them in the demo's budget. The whole token is ``_signed`` (zero mean)."""
     rows, transforms = views["slice_row"].to_numpy(int), views["transform"].to_numpy()
@@ -296,12 +297,13 @@ def oracle_view_tokens(samples, views) -> np.ndarray:
     def one_hot(index, n, valid=None):
         return _one_hot(index, n, valid)[..., :n]
 
-    cls = np.concatenate([one_hot(t_idx, len(TRANSFORMS)), one_hot(symm, 3, both),
-                          one_hot(size, 3, present[:, LIVER]),
-                          one_hot(tumour_count_class(np.maximum(tumours, 0)), 3, tumours >= 0),
-                          present.astype(float), x_rank, d_rank], axis=-1)
+    classes = np.concatenate([one_hot(t_idx, len(TRANSFORMS)), one_hot(symm, 3, both),
+                              one_hot(size, 3, present[:, LIVER]),
+                              one_hot(tumour_count_class(np.maximum(tumours, 0)), 3, tumours >= 0)], axis=-1)
+    cls = np.concatenate([classes, present.astype(float), x_rank, d_rank], axis=-1)
     per_organ = np.concatenate([np.broadcast_to(np.eye(n_org), (n_view, n_org, n_org)), present[..., None],
-                                x_rank[..., None], table], axis=-1)
+                                x_rank[..., None], table,
+                                np.broadcast_to(classes[:, None], (n_view, n_org, classes.shape[-1]))], axis=-1)
     dim = max(cls.shape[-1], per_organ.shape[-1])
     out = np.zeros((n_view, 1 + n_org, dim))
     out[:, 0, :cls.shape[-1]] = cls
