@@ -121,15 +121,15 @@ def test_every_probe_has_test_items_in_both_cohorts(run):
 
 def test_the_planted_oracle_is_near_perfect_and_random_backbones_stay_at_their_baselines(run):
     """The calibration (issue 20): heads on the oracle's mask-derived tokens reach near-perfect
-    Levels 1-3 (MED of a few native pixels, permutation and Level 3 accuracies >= 0.9, distance
-    above chance), while an untrained ViT-S stays at what organ identity alone allows: the
-    mean-centroid MED at Level 1, no fully right permutation, chance on the balanced
-    kidney-symmetry probe."""
+    Levels 1-3 (MED below half the mean-centroid baseline, itself 3.2 px in the 96-px native
+    phantom frame; permutation and Level 3 accuracies >= 0.9; see ORACLE_PROBES), while an
+    untrained ViT-S stays at what organ identity alone allows: the mean-centroid MED at Level 1,
+    no fully right permutation, chance on the balanced kidney-symmetry probe."""
     baseline = _mean_centroid_med(_samples(run, "spar_phantom_word"))
     loc = _overall(run, "spar_oracle", "localization")
     perm = _overall(run, "spar_oracle", "permutation")
     for label in ("Oracle-MLP", "Oracle-Trans"):
-        assert loc.loc[label, "med"] < min(3.0, baseline / 3), (label, loc.loc[label, "med"], baseline)
+        assert loc.loc[label, "med"] < min(3.0, baseline / 2), (label, loc.loc[label, "med"], baseline)
         assert perm.loc[label, "perm_acc"] >= 0.9, (label, perm.loc[label, "perm_acc"])
         for probe in ORACLE_PROBES:
             acc = _overall(run, "spar_oracle", probe).loc[label, "accuracy"]
