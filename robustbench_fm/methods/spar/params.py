@@ -64,9 +64,6 @@ class SparParams(StageParams):
     """Samples per training batch."""
     max_epochs: int = 50
     """Epochs, at most."""
-    max_epochs_by_encoder: dict = field(default_factory=dict)
-    """Encoder (or planted backbone) -> its own ``max_epochs`` (demos: the planted oracle trains
-    longer than the random backbones beside it); the others use ``max_epochs``."""
     by_encoder: dict = field(default_factory=dict)
     """Encoder (or planted backbone) -> its own training setup, any of ``batch_size``,
     ``max_epochs``, ``patience``, ``lr_search``, ``hidden``, ``d_model``, ``head_layers`` (demos:
@@ -141,9 +138,10 @@ class SparParams(StageParams):
             bad = sorted(set(own or {}) - set(BY_ENCODER))
             if bad:
                 raise ValueError(f"stage.params.by_encoder.{enc}: unknown {bad}; use {', '.join(BY_ENCODER)}")
-        bad = {k: v for k, v in (self.max_epochs_by_encoder or {}).items() if int(v) < 1}
+        bad = {k: v for k, v in (self.by_encoder or {}).items()
+               if any(int((v or {}).get(f, 1)) < 1 for f in ("batch_size", "max_epochs", "patience"))}
         if bad:
-            raise ValueError(f"stage.params.max_epochs_by_encoder: need >= 1 epoch, got {bad}")
+            raise ValueError(f"stage.params.by_encoder: batch_size, max_epochs and patience must be >= 1, got {bad}")
         if any(lr <= 0 for lr in self.lr_search):
             raise ValueError(f"stage.params.lr_search: learning rates must be > 0, got {list(self.lr_search)}")
         if self.lr <= 0 or self.batch_size < 1 or self.max_epochs < 1 or self.patience < 1:

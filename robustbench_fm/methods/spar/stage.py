@@ -129,11 +129,7 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
         else:
             enc = job.embedder.load(name, device=device, **(p.encoder_overrides or {}).get(name, {}))
             configs = configurations(name, setup.heads, p.modes or {}, p.combined or [])
-        own = setup
-        if name in (p.max_epochs_by_encoder or {}):
-            own = dataclasses.replace(setup, train=dataclasses.replace(
-                setup.train, max_epochs=int(p.max_epochs_by_encoder[name])))
-        own = setup_for(own, (p.by_encoder or {}).get(name) or {})
+        own = setup_for(setup, (p.by_encoder or {}).get(name) or {})
         rows = run_encoder(enc, samples, transfers, own, configs, device, cache_dir / "spar_tokens", job.dataset)
         names = [config_label(name, h, m, labels, p.scratch or []) for h, m in zip(rows["head"], rows["mode"])]
         rows.insert(0, "label", [n[0] for n in names])

@@ -42,6 +42,11 @@ def test_every_table_is_written_in_the_published_layout(run):
         published = _published(n)
         ours = set(table.columns) - {"Cohort", "Section", "Model"}
         assert ours <= set(published["column"]), (n, ours - set(published["column"]))
+    for n, table in tables.items():  # every cell of every model row filled (sd columns: one seed, none)
+        models = table[~table["Model"].isin(["Chance", "Majority class"])]
+        values = models.drop(columns=[c for c in models.columns if c in ("Cohort", "Section", "Model")
+                                      or c.endswith("_sd")])
+        assert not values.isna().any().any(), (n, values.columns[values.isna().any()].tolist())
     t1 = tables[1]
     want = ["CNN-MLP", "CNN-Trans", "ViT-MLP", "ViT-Trans", "ViT-Combined", "Oracle-MLP", "Oracle-Trans",
             "random_vit_s-MLP", "random_vit_s-Trans", "Chance", "Majority class"]
