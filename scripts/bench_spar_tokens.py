@@ -8,9 +8,13 @@ is installed) gives the native token sequence (``methods.spar.models.Backbone``)
   (``methods.spar.heads.TransformerHead`` with the params defaults d_model 256, 2 layers) on a
   batch of 16 cached samples at Levels 1-2 and 3: seconds and the step's peak resident memory
   (``VmHWM`` after resetting it, minus the resident memory before the step). Where a batch of 16
-  would take minutes on a CPU (RadDINO's 16 x 1,370 = 21,920-token tile sequences) the step runs
+  would take minutes on a CPU (sequences over ``--max-tokens-full-batch`` tokens, e.g. RadDINO's
+  16 x 1,370 = 21,920-token tile sequences) the step runs
   on ``--small-batch`` samples and its time is scaled linearly to 16 (``measured_batch`` says so;
-  attention cost is linear in the batch); memory is then reported as measured, for that batch;
+  attention cost is linear in the batch); a tile sequence over ``--max-sequence`` tokens is
+  measured on fewer tiles and its time scaled by the squared length ratio (attention's cost, an
+  upper bound; ``measured_sequence``); memory is reported as measured, for what was measured,
+  beside the size of the attention weights if they were materialised (8 heads x L^2 x 4 B x 16);
 * the epoch time extrapolated to WORD's training split: ``--word-tile-sets`` tile sets (Levels
   1-2) and ``--word-questions`` questions (Level 3) per epoch at batch 16 (our estimate for WORD's
   100 training volumes, not a number the paper gives).
@@ -49,14 +53,15 @@ def _reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current VmRSS (Linux >= 4.0)
 
 
-def head_step(dim: int, n_tokens: int, tiles: bool, batch: int) -> dict:
-    """Seconds and peak extra resident memory (MiB) of one Transformer-head training step."""
+def head_step(dim: int, n_tokens: int, tiles: int, batch: int) -> dict:
+    """Seconds and peak extra resident memory (MiB) of one Transformer-head training step on
+    ``tiles`` tiles of ``n_tokens`` tokens (0: one Level 3 slice)."""
     p = SparParams()
     gen = torch.Generator().manual_seed(0)
-    head = TransformerHead(dim, 2, n_tokens, n_tiles=16 if tiles else 0, cond_dim=0 if tiles else 84,
+    head = TransformerHead(dim, 2, n_tokens, n_tiles=tiles, cond_dim=0 if tiles else 84,
                            d_model=p.d_model, layers=p.head_layers)
     opt = torch.optim.Adam(head.parameters(), lr=p.lr)
-    shape = (batch, 16, n_tokens, dim) if tiles else (batch, n_tokens, dim)
+    shape = (batch, tiles, n_tokens, dim) if tiles else (batch, n_tokens, dim)
     x = torch.randn(shape, generator=gen).half()  # the cached fp16 tokens
     q = None if tiles else torch.zeros(batch, 84)
     _reset_peak()
@@ -74,8 +79,10 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(BACKBONES))
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--small-batch", type=int, default=1)
-    ap.add_argument("--max-tokens-full-batch", type=int, default=4096,
+    ap.add_argument("--max-tokens-full-batch", type=int, default=1024,
                     help="sequences longer than this run at --small-batch and are scaled to --batch")
+    ap.add_argument("--max-sequence", type=int, default=4096,
+                    help="longer tile sequences are measured on fewer tiles, time scaled quadratically")
     ap.add_argument("--word-tile-sets", type=int, default=6000)
     ap.add_argument("--word-questions", type=int, default=20000)
     ap.add_argument("--out", default="benchmarks/cpu2/spar_tokens.json")
@@ -100,13 +107,22 @@ def main() -> None:
                "has_cls": backbone.has_cls, "backbone_forward_s_per_image": fwd,
                "cache_bytes_per_sample_l12": 16 * n_tokens * dim * 2, "cache_bytes_per_sample_l3": n_tokens * dim * 2}
         del enc, backbone
-        for level, tiles, n_epoch in (("l12", True, args.word_tile_sets), ("l3", False, args.word_questions)):
-            seq = n_tokens * (16 if tiles else 1)
-            batch = args.batch if seq <= args.max_tokens_full_batch else args.small_batch
-            step = head_step(dim, n_tokens, tiles, batch)
-            step_s = step["seconds"] * args.batch / batch
-            row |= {f"{level}_sequence": seq, f"{level}_measured_batch": batch,
-                    f"{level}_step_s_batch{args.batch}": step_s, f"{level}_step_peak_mib": step["peak_mib"],
+        for level, tiles, n_epoch in (("l12", 16, args.word_tile_sets), ("l3", 0, args.word_questions)):
+            seq = n_tokens * max(tiles, 1)
+            batch, used = args.batch, tiles
+            if seq > args.max_tokens_full_batch:  # a smaller batch, and at most --max-sequence tokens
+                batch = args.small_batch
+                if tiles and seq > args.max_sequence:
+                    used = max(1, args.max_sequence // n_tokens)
+            measured_seq = n_tokens * max(used, 1)
+            step = head_step(dim, n_tokens, used, batch)
+            # linear in the batch; attention is quadratic in the sequence: an upper bound where cut
+            step_s = step["seconds"] * args.batch / batch * (seq / measured_seq) ** 2
+            row |= {f"{level}_sequence": seq, f"{level}_measured_batch": batch, f"{level}_measured_sequence":
+                    measured_seq, f"{level}_step_s_batch{args.batch}": step_s,
+                    f"{level}_step_peak_mib_measured": step["peak_mib"],
+                    f"{level}_attention_gib_if_materialised_batch{args.batch}":
+                        args.batch * 8 * seq ** 2 * 4 / 2 ** 30,
                     f"{level}_epoch_s_word": step_s * math.ceil(n_epoch / args.batch)}
         rows.append(row)
         print(json.dumps(row))

@@ -351,7 +351,8 @@ def test_level2_heads_recover_the_permutation_from_planted_tokens(head, batch, e
     setup = spar_run.Setup(levels=("permutation",), seeds=(42,), lr_search=(5e-3,), d_model=32, hidden=256,
                            train=spar_run.TrainConfig(batch_size=batch, max_epochs=epochs, patience=epochs))
     run = spar_run.EncoderRun(ORACLE, s, {}, setup, CPU, None, "layout")
-    rows = pd.DataFrame(run.run_config(head, "frozen", "permutation", 42))
+    with spar_run.cpu_threads(1):  # as run_encoder does on the CPU (many small steps)
+        rows = pd.DataFrame(run.run_config(head, "frozen", "permutation", 42))
     overall = rows[rows["organ"] == "all"].iloc[0]
     assert overall["n"] == 32 and overall["perm_acc"] >= 0.9, overall.to_dict()
 
