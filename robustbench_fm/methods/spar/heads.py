@@ -8,8 +8,8 @@ per head").
 Token inputs are ``[B, T, N, D]`` for tiles (T tiles of N tokens) and ``[B, N, D]`` for a slice.
 The MLP concatenates the T pooled tile vectors (so it can compare tiles) or, at Level 3, the
 pooled slice vector and the question encoding. The Transformer reads every token, with learned
-token-position and tile embeddings, plus appended query tokens: one learned token per tile slot
-(Levels 1-2) or the projected question (Level 3), whose outputs are read out.
+token-position and tile embeddings; at Levels 1-2 each slot is read out from the mean of its own
+tile's output tokens, at Level 3 from the output of the projected question appended as a token.
 """
 from __future__ import annotations
 
