@@ -107,6 +107,9 @@ def test_parse_round_trips(name):
      "candor: unknown parameter stage.params.kk; did you mean k?"),
     (lambda: methods.check("spar", {"seeds": "42"}),
      "spar: stage.params.seeds=42 must be a list, e.g. [1,2] (default: [42,123,1234])"),
+    (lambda: methods.check("spar", {"by_encoder": {"spar_oracle": {"lr": 1}}}),
+     "stage.params.by_encoder.spar_oracle: unknown ['lr']; use batch_size, max_epochs, patience, lr_search, hidden, "
+     "d_model, head_layers"),
 ])
 def test_an_unknown_or_mistyped_parameter_is_one_line(call, message):
     with pytest.raises(ValueError) as err:

@@ -2,25 +2,42 @@
 
 :class:`Backbone` wraps a loaded :class:`~robustbench_fm.encoders.Encoder` so that uint8 CT
 images [B, H, W] give the full token sequence [B, N, D]: the CLS token (ViTs) followed by the
-patch tokens, or the flattened spatial feature map (CNNs, SAM-Med2D's neck). The patch grid is
-average-pooled to at most ``token_grid`` x ``token_grid`` so every backbone reads the 7 x 7 grid
-ResNet-50 and ViT-B/32 produce at 224 px (RadDINO's 37 x 37, BiomedCLIP's 14 x 14, SAM-Med2D's
-16 x 16 are pooled down). The pooled representation the MLP heads read is the CLS token for
-ViTs and the average of the feature map for CNNs (:meth:`Backbone.pool`).
+patch tokens, or the flattened spatial feature map (CNNs, SAM-Med2D's neck). By default
+(``token_grid=0``) the sequence is the backbone's native one (spar.md Section 3.2: "Transformer
+heads read the full token sequence"): 7 x 7 for ResNet-50 and ViT-B/32 at 224 px, 37 x 37 for
+RadDINO, 14 x 14 for BiomedCLIP, 16 x 16 for SAM-Med2D; ``token_grid=k`` average-pools the patch
+grid to at most k x k (the pooled-token ablation). The pooled representation the MLP heads read
+is the CLS token for ViTs and the average of the feature map for CNNs (:meth:`Backbone.pool`).
 
 :class:`CombinedViT` is the ViT-Combined configuration: all 16 tiles are patchified by one ViT
 jointly, each patch with the ViT's positional embedding plus a learned tile-specific embedding,
-and the ViT blocks attend across tiles.
+and the ViT blocks attend across tiles. At Level 3 (one whole slice) the same unified model
+appends the question as a token to the ViT's own sequence, so the ViT blocks, not a separate
+head, relate the question to the patches (:class:`CombinedViT` with ``n_tiles=0``).
+
+:class:`OracleBackbone` is the planted calibration reference of the demo: its tokens are computed
+from the organ masks behind each image, not from the pixels.
 """
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ...encoders import Encoder
+from .probes import (
+    LEFT_KIDNEY,
+    LIVER,
+    RIGHT_KIDNEY,
+    TRANSFORMS,
+    kidney_symmetry_class,
+    liver_size_class,
+    transform_points,
+    tumour_count_class,
+)
 
 
 def _grid(patches: torch.Tensor) -> torch.Tensor:
@@ -43,7 +60,7 @@ def _timm_trunk(model: nn.Module) -> nn.Module:
 class Backbone(nn.Module):
     """Token sequences of one encoder: ``forward(images uint8 [B, H, W]) -> [B, N, D]``."""
 
-    def __init__(self, encoder: Encoder, token_grid: int = 7):
+    def __init__(self, encoder: Encoder, token_grid: int = 0):
         super().__init__()
         self.spec, self.token_grid = encoder.spec, token_grid
         self.library = encoder.spec.library
@@ -88,11 +105,11 @@ class Backbone(nn.Module):
         return cls, _grid(out[:, prefix:])
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Token sequence [B, N, D]: CLS (if any) then the pooled patch grid, row-major."""
+        """Token sequence [B, N, D]: CLS (if any) then the patch grid, row-major; native unless
+        ``token_grid`` > 0 pools it to at most ``token_grid`` x ``token_grid``."""
         cls, grid = self._cls_and_grid(self.prepare(images))
-        side = min(self.token_grid, grid.shape[-1])
-        if grid.shape[-1] != side:
-            grid = F.adaptive_avg_pool2d(grid, side)
+        if 0 < self.token_grid < grid.shape[-1]:
+            grid = F.adaptive_avg_pool2d(grid, self.token_grid)
         tokens = grid.flatten(2).transpose(1, 2)
         return tokens if cls is None else torch.cat([cls, tokens], dim=1)
 
@@ -103,38 +120,253 @@ class Backbone(nn.Module):
 
 
 class CombinedViT(nn.Module):
-    """ViT-Combined (spar.md Section 3.2): tiles [B, T, H, W] patchified jointly by one timm ViT
-    with its positional embedding plus a learned tile embedding; returns each tile's mean output
-    token as a one-token sequence [B, T, 1, D] (the readout of the joint sequence)."""
+    """ViT-Combined (spar.md Section 3.2: "patchifies all 16 tiles jointly with tile-specific and
+    positional embeddings"), one timm ViT trained end to end.
 
-    def __init__(self, encoder: Encoder, n_tiles: int = 16):
+    Levels 1-2 (``n_tiles`` = 16): tiles [B, T, H, W] patchified jointly, each patch with the ViT's
+    positional embedding plus a learned tile embedding, one sequence through the ViT blocks;
+    returns each tile's mean output token as a one-token sequence [B, T, 1, D].
+
+    Level 3 (``n_tiles`` = 0; the paper defines ViT-Combined by its joint sequence and is silent on
+    Level 3, where there is one slice and no tiles; our reading): the slice's patches with the
+    positional embedding and the question, projected to a token with a learned type embedding, form
+    one sequence through the ViT blocks ("question ... appended as a token", as for Transformer
+    heads, but inside the ViT); returns the question token's output [B, 1, D], which the per-probe
+    heads read. Unlike ViT-MLP, the ViT itself sees the question."""
+
+    takes_question = True
+
+    def __init__(self, encoder: Encoder, n_tiles: int = 16, cond_dim: int = 0):
         super().__init__()
         vit = encoder.model
         if encoder.spec.library != "timm" or not hasattr(vit, "patch_embed") or vit.pos_embed is None:
             raise ValueError(f"encoder '{encoder.spec.name}': ViT-Combined needs a timm ViT with an absolute "
                              "positional embedding (e.g. vit_b32_in1k)")
-        self.backbone = Backbone(encoder, token_grid=10**6)
-        self.vit = vit
-        self.tile_embed = nn.Parameter(torch.zeros(1, n_tiles, 1, vit.embed_dim))
-        nn.init.trunc_normal_(self.tile_embed, std=0.02)
+        self.backbone = Backbone(encoder, token_grid=0)
+        self.vit, self.n_tiles = vit, n_tiles
+        if n_tiles:
+            self.tile_embed = nn.Parameter(torch.zeros(1, n_tiles, 1, vit.embed_dim))
+            nn.init.trunc_normal_(self.tile_embed, std=0.02)
+        else:
+            if cond_dim < 1:
+                raise ValueError("CombinedViT at Level 3 needs the question encoding's width (cond_dim)")
+            self.question = nn.Linear(cond_dim, vit.embed_dim)
+            self.type_embed = nn.Parameter(torch.zeros(1, 1, vit.embed_dim))
+            nn.init.trunc_normal_(self.type_embed, std=0.02)
         self.has_cls, self.dim = True, vit.embed_dim
 
-    def forward(self, tiles: torch.Tensor) -> torch.Tensor:
-        b, t = tiles.shape[:2]
+    def _patches(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(CLS with its position [B', 1, D], patch tokens with positions [B', P, D]) of [B', H, W]."""
         vit = self.vit
-        x = vit.patch_embed(self.backbone.prepare(tiles.flatten(0, 1)))  # [B*T, P, D]
-        x = x.reshape(b * t, -1, x.shape[-1])
+        x = vit.patch_embed(self.backbone.prepare(images))
+        x = x.reshape(x.shape[0], -1, x.shape[-1])
         pos = vit.pos_embed
         prefix_pos = None if vit.no_embed_class else pos[:, :vit.num_prefix_tokens]
-        patch_pos = pos if vit.no_embed_class else pos[:, vit.num_prefix_tokens:]
-        x = (x + patch_pos).reshape(b, t, -1, x.shape[-1]) + self.tile_embed[:, :t]
-        n_patch = x.shape[2]
-        x = x.reshape(b, t * n_patch, -1)
-        cls = vit.cls_token.expand(b, -1, -1)
-        if prefix_pos is not None:
-            cls = cls + prefix_pos[:, :1]
-        x = vit.norm(vit.blocks(vit.norm_pre(torch.cat([cls, x], dim=1))))
-        return x[:, 1:].reshape(b, t, n_patch, -1).mean(dim=2, keepdim=True)
+        x = x + (pos if vit.no_embed_class else pos[:, vit.num_prefix_tokens:])
+        cls = vit.cls_token.expand(x.shape[0], -1, -1)
+        return (cls if prefix_pos is None else cls + prefix_pos[:, :1]), x
+
+    def forward(self, x: torch.Tensor, question: torch.Tensor | None = None) -> torch.Tensor:
+        vit = self.vit
+        if not self.n_tiles:  # Level 3: [B, H, W] slice + question token
+            cls, patches = self._patches(x)
+            q = self.question(question.to(patches.dtype)).unsqueeze(1) + self.type_embed
+            out = vit.norm(vit.blocks(vit.norm_pre(torch.cat([cls, patches, q], dim=1))))
+            return out[:, -1:]
+        b, t = x.shape[:2]
+        cls, patches = self._patches(x.flatten(0, 1))  # [B*T, P, D]
+        patches = patches.reshape(b, t, -1, patches.shape[-1]) + self.tile_embed[:, :t]
+        n_patch = patches.shape[2]
+        seq = torch.cat([cls[:b], patches.reshape(b, t * n_patch, -1)], dim=1)
+        out = vit.norm(vit.blocks(vit.norm_pre(seq)))
+        return out[:, 1:].reshape(b, t, n_patch, -1).mean(dim=2, keepdim=True)
+
+    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        return tokens[..., 0, :]
+
+
+# ------------------------------------------------------------------ the planted oracle
+
+
+
+def _signed(v: np.ndarray) -> np.ndarray:
+    """``[v, -v]`` on the last axis: zero mean, so a head's LayerNorm only rescales the block."""
+    return np.concatenate([v, -v], axis=-1)
+
+
+def _point(xy: np.ndarray) -> np.ndarray:
+    """(x, y) in [0, 1] -> ``_signed([x, y, sqrt(2 - x² - y²)])``: 6 values of constant norm, so a
+    LayerNorm over tokens built from such blocks is an affine map of x and y."""
+    xy = np.clip(np.asarray(xy, np.float64), 0.0, 1.0)
+    r = np.sqrt(2.0 - (xy ** 2).sum(-1, keepdims=True))
+    return _signed(np.concatenate([xy, r], axis=-1))
+
+
+def _one_hot(index: np.ndarray, n: int, valid: np.ndarray | None = None) -> np.ndarray:
+    """Signed one-hot [..., 2n] of ``index`` (all zero where ``valid`` is False)."""
+    index = np.asarray(index)
+    out = np.zeros((*index.shape, n))
+    np.put_along_axis(out, np.clip(index, 0, n - 1)[..., None].astype(np.int64), 1.0, axis=-1)
+    if valid is not None:
+        out[~np.asarray(valid, bool)] = 0.0
+    return _signed(out)
+
+
+#: The oracle's position code: Gaussian bumps on this many bins per axis, one bin wide (σ = 1 bin).
+ORACLE_BINS = 32
+
+
+def _bumps(v: np.ndarray, n: int = ORACLE_BINS) -> np.ndarray:
+    """Signed Gaussian bumps [..., 2n] of v in [0, 1] on n bin centres (σ = one bin): a shift of
+    one bin changes the code by O(1), and v is a near-linear read-out of it."""
+    centres = (np.arange(n) + 0.5) / n
+    b = np.exp(-0.5 * ((np.asarray(v, np.float64)[..., None] - centres) * n) ** 2)
+    return _signed(b)
+
+
+def oracle_tile_tokens(samples) -> np.ndarray:
+    """Planted Level 1-2 tokens [N, 16, 1, 4 * ORACLE_BINS + 32] from the organ masks behind each
+    tile: its centroid in the slice frame as Gaussian bumps over x and y (:func:`_bumps`) and the
+    Level 2 grid cell the slice's masks assign it (``probes.grid_cells``) as a signed one-hot;
+    zeros for an absent (black) tile. Every block has zero mean, so a head's LayerNorm leaves it a
+    linear code. (A raw coordinate varies by ~0.03 of the frame between subjects: a head needs
+    thousands of steps to amplify it; bumps turn a one-bin shift into an O(1) change.)"""
+    present = np.asarray(samples.present, bool)
+    n, t = present.shape
+    xy = np.nan_to_num(np.asarray(samples.centroids, np.float64))
+    tok = np.concatenate([_bumps(xy[..., 0]), _bumps(xy[..., 1]), _one_hot(np.asarray(samples.grid_cells), t)],
+                         axis=-1)
+    tok[~present] = 0.0
+    return tok[:, :, None, :].astype(np.float32)
+
+
+def _ranks(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Rank of each valid entry among the valid entries of its row, scaled to [0, 1] (0 for a single
+    one and for invalid entries): a monotone code, so any order comparison of two entries is
+    kept while distinct entries differ by at least 1 / (k - 1)."""
+    out = np.zeros(values.shape)
+    for i, (v, ok) in enumerate(zip(values, valid)):
+        idx = np.flatnonzero(ok)
+        if len(idx) > 1:
+            out[i, idx] = np.argsort(np.argsort(v[idx], kind="stable"), kind="stable") / (len(idx) - 1)
+    return out
+
+
+#: unordered organ pairs (i < j) of the oracle's Level 3 distance table
+_PAIRS = np.triu_indices(16, k=1)
+
+
+def oracle_view_tokens(samples, views) -> np.ndarray:
+    """Planted Level 3 tokens [V, 1 + 16, D] of each view (slice row, transform) from the slice's
+    organ masks as the view presents them.
+
+    Token 0 (read by MLP heads as the CLS) holds the transform, the kidney-symmetry, liver-size and
+    tumour-count classes the masks give (zeros where the slice has no such label) as one-hots, each
+    organ's presence, the rank of each present organ's (presented) x among the present organs
+    (relative position, probe (i), is the order of two of them) and the rank of every present
+    organ pair's distance (in the 224 frame) among the slice's present pairs, one entry per
+    unordered pair (distance comparison, probe (v), is the order of two of them); tokens 1-16 hold
+    one organ each: identity, presence, x rank and its row of the pair-distance ranks, for
+    Transformer heads, and repeat the slice's class one-hots (so a question token finds them in
+    whichever token it attends to). Ranks, not coordinates: a question may compare organs whose centroids differ
+    by one pixel, and ranks keep such orders at least 1 / 15 (x) or 1 / 119 (distance) apart, so a
+    head reads them in the demo's budget. The whole token is ``_signed`` (zero mean)."""
+    rows, transforms = views["slice_row"].to_numpy(int), views["transform"].to_numpy()
+    present = np.asarray(samples.slice_present, bool)[rows]
+    areas = np.asarray(samples.slice_areas, float)[rows]
+    pixels = (samples.slice_table["height"] * samples.slice_table["width"]).to_numpy(float)[rows]
+    tumours = np.asarray(samples.slice_tumours)[rows]
+    xy = np.nan_to_num(np.asarray(samples.slice_centroids, np.float64)[rows])
+    xy = np.stack([transform_points(xy[i], t) for i, t in enumerate(transforms)])
+    xy[~present] = 0.0
+    t_idx = np.array([TRANSFORMS.index(t) for t in transforms])
+    both = present[:, LEFT_KIDNEY] & present[:, RIGHT_KIDNEY]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        symm = kidney_symmetry_class(areas[:, LEFT_KIDNEY], areas[:, RIGHT_KIDNEY])
+    size = liver_size_class(areas[:, LIVER] / pixels)
+    n_view, n_org = present.shape
+    x_rank = _ranks(xy[..., 0], present)
+    i, j = _PAIRS
+    dist = np.linalg.norm(xy[:, i] - xy[:, j], axis=-1)
+    pair_ok = present[:, i] & present[:, j]
+    d_rank = _ranks(dist, pair_ok)
+    table = np.zeros((n_view, n_org, n_org))
+    table[:, i, j] = d_rank
+    table[:, j, i] = d_rank
+
+    def one_hot(index, n, valid=None):
+        return _one_hot(index, n, valid)[..., :n]
+
+    classes = np.concatenate([one_hot(t_idx, len(TRANSFORMS)), one_hot(symm, 3, both),
+                              one_hot(size, 3, present[:, LIVER]),
+                              one_hot(tumour_count_class(np.maximum(tumours, 0)), 3, tumours >= 0)], axis=-1)
+    cls = np.concatenate([classes, present.astype(float), x_rank, d_rank], axis=-1)
+    per_organ = np.concatenate([np.broadcast_to(np.eye(n_org), (n_view, n_org, n_org)), present[..., None],
+                                x_rank[..., None], table,
+                                np.broadcast_to(classes[:, None], (n_view, n_org, classes.shape[-1]))], axis=-1)
+    dim = max(cls.shape[-1], per_organ.shape[-1])
+    out = np.zeros((n_view, 1 + n_org, dim))
+    out[:, 0, :cls.shape[-1]] = cls
+    out[:, 1:, :per_organ.shape[-1]] = per_organ
+    return _signed(out).astype(np.float32)
+
+
+def _digest(image: np.ndarray) -> bytes:
+    import hashlib
+
+    image = np.ascontiguousarray(image, np.uint8)
+    return hashlib.sha256(repr(image.shape).encode() + image.tobytes()).digest()
+
+
+class OracleBackbone(nn.Module):
+    """The planted calibration reference of SPAR (our addition, like CANDOR's planted encoders):
+    ``forward(images uint8 [B, H, W]) -> [B, N, D]`` returns the tokens planted for each image,
+    found by the image's bytes, computed from the organ masks behind it (:func:`oracle_tile_tokens`,
+    :func:`oracle_view_tokens`), not from its pixels. Every answer SPAR asks is a function of those
+    tokens that a head can learn, so heads on it must reach near-perfect Levels 1-3: the check that
+    the samples, heads, training and scoring can learn at all. An all-black image (an absent organ's
+    tile) gives zeros; an image it was not built for is refused."""
+
+    has_cls = True
+
+    def __init__(self, images: np.ndarray, tokens: np.ndarray):
+        super().__init__()
+        images = np.asarray(images)
+        self.table: dict[bytes, np.ndarray] = {}
+        for image, tok in zip(images, tokens):
+            if not image.any():
+                continue
+            key = _digest(image)
+            if key in self.table and not np.array_equal(self.table[key], tok):
+                raise ValueError("OracleBackbone: two images with identical pixels carry different masks")
+            self.table[key] = tok
+        self.n_tokens, self.dim = tokens.shape[1:]
+        self.register_buffer("mean", torch.zeros(1))  # the device the tokens go to
+
+    @classmethod
+    def for_tiles(cls, samples) -> "OracleBackbone":
+        tok = oracle_tile_tokens(samples)
+        n, t = tok.shape[:2]
+        images = np.asarray(samples.tiles).reshape(n * t, *samples.tiles.shape[2:])
+        return cls(images, tok.reshape(n * t, *tok.shape[2:]))
+
+    @classmethod
+    def for_views(cls, samples, views, images) -> "OracleBackbone":
+        """``images(rows)`` gives the uint8 views of ``views`` rows (``run.view_images``)."""
+        return cls(images(np.arange(len(views))), oracle_view_tokens(samples, views))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        arr = images.detach().cpu().numpy()
+        out = np.zeros((len(arr), self.n_tokens, self.dim), np.float32)
+        for i, image in enumerate(arr):
+            if not image.any():
+                continue
+            tok = self.table.get(_digest(image))
+            if tok is None:
+                raise ValueError("OracleBackbone: an image it holds no masks for; the planted oracle reads only "
+                                 "the samples it was built from")
+            out[i] = tok
+        return torch.from_numpy(out).to(self.mean.device)
 
     def pool(self, tokens: torch.Tensor) -> torch.Tensor:
         return tokens[..., 0, :]

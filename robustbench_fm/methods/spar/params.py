@@ -15,9 +15,14 @@ from .vqa import MODELS
 #: the findings the stage reports: the levels, the Level 3 probes and their macro average
 FINDINGS = ("localization", "permutation", "relative_position", "orientation", "kidney_symmetry", "liver_size",
             "distance_compare", "tumour_count", "macro")
+#: the planted calibration backbone (``planted``): tokens computed from the organ masks
+#: (:class:`~robustbench_fm.methods.spar.models.OracleBackbone`), not a paper configuration
+ORACLE = "spar_oracle"
 #: row labels of the paper's tables (spar.md Table 1)
 DEFAULT_LABELS = {"resnet50_in1k": "CNN", "vit_b32_in1k": "ViT", "rad_dino": "RadDINO", "biomedclip": "BiomedCLIP",
-                  "sam_med2d": "SAM-Med2D"}
+                  "sam_med2d": "SAM-Med2D", ORACLE: "Oracle"}
+#: the training-setup fields ``by_encoder`` may set per encoder
+BY_ENCODER = ("batch_size", "max_epochs", "patience", "lr_search", "hidden", "d_model", "head_layers")
 #: the zero-shot cohorts of the command line (spar.md Section 3.3)
 CONFIG_TRANSFER = {"totalsegmentator": {"dataset": "totalsegmentator", "root": "${paths.data_dir}/totalsegmentator",
                                         "options": {}}}
@@ -50,11 +55,20 @@ class SparParams(StageParams):
     seeds: tuple[int, ...] = (42, 123, 1234)
     """Training seeds, one run per configuration each (spar.md Section 3.2)."""
     lr: float = 1e-4
-    """Adam's learning rate (spar.md Section 3.2)."""
+    """Adam's learning rate when ``lr_search`` is empty (spar.md Section 3.2: "learning rate 1e-4")."""
+    lr_search: tuple[float, ...] = (1e-3, 1e-4, 1e-5, 1e-6)
+    """Learning rates tried per configuration, level and seed; the one with the lowest validation
+    loss is kept and scored (spar.md Section 3.2: "logarithmic search over 1e-3 to 1e-6"). Empty:
+    train at ``lr`` only."""
     batch_size: int = 16
     """Samples per training batch."""
     max_epochs: int = 50
     """Epochs, at most."""
+    by_encoder: dict = field(default_factory=dict)
+    """Encoder (or planted backbone) -> its own training setup, any of ``batch_size``,
+    ``max_epochs``, ``patience``, ``lr_search``, ``hidden``, ``d_model``, ``head_layers`` (demos:
+    the planted oracle trains longer, in larger batches, with a wider MLP than the random
+    backbones beside it); the others use the fields above. Not in the paper."""
     patience: int = 20
     """Early stopping on the validation loss after this many epochs without improvement."""
     sinkhorn_tau: float = 0.3
@@ -65,21 +79,34 @@ class SparParams(StageParams):
     """Label smoothing eps of the permutation loss."""
     sdr_px: float = 10.0
     """Localization success radius in pixels (SDR at 10 px)."""
-    token_grid: int = 7
-    """Patch grid pooled to ≤ token_grid × token_grid (ResNet-50 / ViT-B/32 at 224 px: 7)."""
-    tile_token_grid: int = 2
-    """Per organ tile at Levels 1-2 (16 tiles × (CLS + 2 × 2) tokens)."""
+    token_grid: int = 0
+    """Level 3 patch grid: 0 (default) reads each backbone's native token sequence (spar.md Section
+    3.2: "Transformer heads read the full token sequence"; RadDINO 37 × 37, BiomedCLIP 14 × 14,
+    SAM-Med2D 16 × 16, ResNet-50 / ViT-B/32 7 × 7); k > 0 average-pools it to ≤ k × k, the pooled
+    ablation (experiment=spar_ablation_pooled_tokens)."""
+    tile_token_grid: int = 0
+    """Levels 1-2, per organ tile: 0 (default) the native sequence (16 tiles × 49 ResNet-50 or 50
+    ViT-B/32 tokens); k > 0 pools each tile's grid to ≤ k × k (the pooled ablation)."""
     d_model: int = 256
     """Transformer head width (not in the paper)."""
     head_layers: int = 2
     """Transformer head layers (not in the paper)."""
     hidden: int = 512
     """MLP head hidden width (not in the paper)."""
+    cpu_threads: int = 1
+    """Torch CPU threads while SPAR runs on the CPU (token extraction, training, scoring; 0:
+    torch's own setting). The demo's steps are many small operations: with 2 threads on a loaded
+    2-core machine a 2-epoch Level 3 Transformer-head run took 100 s, with one 6.3 s (threads
+    spinning against other processes). Not in the paper."""
     transfer: dict = field(default_factory=dict, metadata={"config": CONFIG_TRANSFER})
     """Zero-shot cohorts (spar.md Section 3.3): name -> {dataset, root, options}; no retraining. On the
     command line TotalSegmentator under ``${paths.data_dir}``; none in Python."""
     encoder_overrides: dict = field(default_factory=dict)
     """Encoder -> EncoderSpec fields to replace (e.g. shallow random copies for demos)."""
+    planted: list = field(default_factory=list)
+    """Planted calibration backbones run (frozen, with ``heads``) besides the job's encoders:
+    ``spar_oracle``, whose tokens are computed from the organ masks, so its heads must reach
+    near-perfect Levels 1-3 (our check that the pipeline can learn; not in the paper)."""
     vqa_models: list = field(default_factory=list)
     """SPAR-VQA: chat models (:data:`robustbench_fm.methods.spar.vqa.MODELS`) instead of encoders."""
     vqa: dict = field(default_factory=dict)
@@ -99,14 +126,30 @@ class SparParams(StageParams):
             bad = [m for m in own if m not in MODES]
             if bad:
                 raise ValueError(f"stage.params.modes.{enc}: unknown {bad}; use {', '.join(MODES)}")
+        bad = [m for m in self.planted if m != ORACLE]
+        if bad:
+            raise ValueError(f"stage.params.planted: unknown {bad}; use {ORACLE}")
         bad = [m for m in self.vqa_models if m not in MODELS]
         if bad:
             raise ValueError(f"stage.params.vqa_models: unknown {bad}; known: {', '.join(MODELS)}")
         if not self.seeds:
             raise ValueError("stage.params.seeds must list at least one seed")
+        for enc, own in (self.by_encoder or {}).items():
+            bad = sorted(set(own or {}) - set(BY_ENCODER))
+            if bad:
+                raise ValueError(f"stage.params.by_encoder.{enc}: unknown {bad}; use {', '.join(BY_ENCODER)}")
+        bad = {k: v for k, v in (self.by_encoder or {}).items()
+               if any(int((v or {}).get(f, 1)) < 1 for f in ("batch_size", "max_epochs", "patience"))}
+        if bad:
+            raise ValueError(f"stage.params.by_encoder: batch_size, max_epochs and patience must be >= 1, got {bad}")
+        if any(lr <= 0 for lr in self.lr_search):
+            raise ValueError(f"stage.params.lr_search: learning rates must be > 0, got {list(self.lr_search)}")
         if self.lr <= 0 or self.batch_size < 1 or self.max_epochs < 1 or self.patience < 1:
             raise ValueError("stage.params: need lr > 0, batch_size >= 1, max_epochs >= 1, patience >= 1")
         if self.sinkhorn_tau <= 0 or self.sinkhorn_iters < 1 or not 0 <= self.smoothing < 1:
             raise ValueError("stage.params: need sinkhorn_tau > 0, sinkhorn_iters >= 1, 0 <= smoothing < 1")
-        if self.token_grid < 1 or self.tile_token_grid < 1:
-            raise ValueError("stage.params: token_grid and tile_token_grid must be >= 1")
+        if self.cpu_threads < 0:
+            raise ValueError(f"stage.params.cpu_threads: need >= 0 (0: torch's setting), got {self.cpu_threads}")
+        if self.token_grid < 0 or self.tile_token_grid < 0:
+            raise ValueError("stage.params: token_grid and tile_token_grid must be 0 (native tokens) or a pooled "
+                             "grid side >= 1")

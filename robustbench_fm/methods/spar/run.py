@@ -2,8 +2,9 @@
 
 A configuration is (head, mode): head ``mlp`` | ``transformer`` | ``combined`` (ViT-Combined),
 mode ``frozen`` (heads only, on cached token sequences) or ``finetuned`` (the whole encoder).
-Each is trained independently per level (localization, permutation, the six Level 3 probes
-jointly) and seed on the dataset's train split, early-stopped on its val split, scored on its
+Each is trained independently per level (localization, permutation, Level 3 with one head and
+one loss per probe), seed and learning rate of the search on the dataset's train split,
+early-stopped on its val split; the learning rate with the lowest validation loss is scored on the
 test split and, without retraining, on every transfer dataset (all of its samples).
 """
 from __future__ import annotations
@@ -22,12 +23,12 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
 from . import metrics
-from .heads import MAX_CLASSES, MLPHead, SparModel, TransformerHead
-from .models import Backbone, CombinedViT
-from .params import SparParams
+from .heads import MAX_CLASSES, MLPHead, ProbeHeads, SparModel, TransformerHead, probe_losses
+from .models import Backbone, CombinedViT, OracleBackbone
+from .params import ORACLE, SparParams
+from .probes import N_CLASSES
 from .samples import L3_PROBES, ORGANS, SparSamples, apply_transform
 from .sinkhorn import hungarian, permutation_loss, sinkhorn
 from .train import TrainConfig, fit, predict
@@ -40,6 +41,8 @@ HEADS = ("mlp", "transformer", "combined")
 MODES = ("frozen", "finetuned")
 #: Question encoding: one-hot probe, then one one-hot over ORGANS for each of organ_a..organ_d.
 QUESTION_DIM = len(L3_PROBES) + 4 * len(ORGANS)
+#: Classes of each Level 3 head, in L3_PROBES order.
+N_CLASSES_L3 = tuple(N_CLASSES[p] for p in L3_PROBES)
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class Setup:
     heads: tuple[str, ...] = SparParams.heads
     seeds: tuple[int, ...] = SparParams.seeds
     train: TrainConfig = field(default_factory=TrainConfig)
+    lr_search: tuple[float, ...] = SparParams.lr_search
     token_grid: int = SparParams.token_grid
     tile_token_grid: int = SparParams.tile_token_grid
     sinkhorn_tau: float = SparParams.sinkhorn_tau
@@ -60,6 +64,7 @@ class Setup:
     d_model: int = SparParams.d_model
     head_layers: int = SparParams.head_layers
     hidden: int = SparParams.hidden
+    cpu_threads: int = SparParams.cpu_threads
     eval_batch_size: int = 64
 
 
@@ -100,30 +105,40 @@ def _cache_key(*parts) -> str:
 
 
 @torch.inference_mode()
-def cached_tokens(backbone: Backbone, images, n: int, key: str, cache_dir: Path | None, batch: int,
+def cached_tokens(backbone, images, n: int, key: str, cache_dir: Path | None, batch: int,
                   tiles: bool) -> np.ndarray:
     """Frozen token sequences of ``n`` inputs (``images(rows) -> uint8 array``) as float16, kept in
-    ``<cache_dir>/<key>.npy`` when a cache folder is given (spar.md: frozen heads read cached
-    tokens). Tiles [n, T, N, D], slices [n, N, D]."""
+    ``<cache_dir>/<key>.npy`` when a cache folder is given (frozen heads read cached tokens) and
+    then memory-mapped. Tiles [n, T, N, D], slices [n, N, D]. Batches are written into the file as
+    they come, so the whole native-token array (RadDINO at Level 3: 1,370 tokens × 768 per view) is
+    never held in memory at once."""
     path = None if cache_dir is None else Path(cache_dir) / f"{key}.npy"
     if path is not None and path.is_file():
         return np.load(path, mmap_mode="r")
     backbone.eval()
     device = backbone.mean.device
-    parts = []
     step = max(1, batch // 16) if tiles else batch
+    out, tmp = None, None
     for start in range(0, n, step):
         x = torch.from_numpy(np.asarray(images(np.arange(start, min(n, start + step))))).to(device)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
             tok = backbone(x.flatten(0, 1)).unflatten(0, x.shape[:2]) if tiles else backbone(x)
-        parts.append(tok.float().cpu().numpy().astype(np.float16))
-    out = np.concatenate(parts)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.stem}.tmp-{os.getpid()}.npy")
-        np.save(tmp, out)
-        os.replace(tmp, path)
-    return out
+        tok = tok.float().cpu().numpy().astype(np.float16)
+        if out is None:
+            shape = (n, *tok.shape[1:])
+            if path is None:
+                out = np.empty(shape, np.float16)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f"{path.stem}.tmp-{os.getpid()}.npy")
+                out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=shape)
+        out[start:start + len(tok)] = tok
+    if tmp is None:
+        return out
+    out.flush()
+    del out
+    os.replace(tmp, path)
+    return np.load(path, mmap_mode="r")
 
 
 # ------------------------------------------------------------------ tasks
@@ -135,6 +150,7 @@ class TileTask:
 
     def __init__(self, level: str, samples: SparSamples, source, device, setup: Setup, seed: int):
         self.level, self.s, self.source, self.device, self.setup = level, samples, source, device, setup
+        self.groups = None  # batches mix all samples
         n, t = samples.present.shape
         rng = np.random.default_rng(seed)
         self.eval_perm = np.stack([rng.permutation(t) for _ in range(n)]) if level == "permutation" \
@@ -195,14 +211,16 @@ class TileTask:
 
 
 class QueryTask:
-    """Level 3: a whole (possibly transformed) slice and its question; one head per probe, each
-    answering with its own number of classes (cross-entropy per head)."""
+    """Level 3: a whole (possibly transformed) slice and its question, routed to its probe's own
+    head (:class:`~robustbench_fm.methods.spar.heads.ProbeHeads`), which answers with its own
+    number of classes and is trained on its own cross-entropy."""
 
     def __init__(self, samples: SparSamples, source, view_of: np.ndarray, device):
         q = samples.questions
         self.s, self.source, self.view_of, self.device = samples, source, view_of, device
         self.cond = encode_questions(q)
         self.probe = q["probe"].map(L3_PROBES.index).to_numpy()
+        self.groups = self.probe  # batches of one probe: each step trains the head its batch routes to
         self.label = q["label"].to_numpy(np.int64)
         self.n_classes = q["n_classes"].to_numpy(np.int64)
 
@@ -211,21 +229,16 @@ class QueryTask:
         target = tuple(torch.from_numpy(a[idx]).to(self.device) for a in (self.probe, self.label, self.n_classes))
         return x, torch.from_numpy(self.cond[idx]).to(self.device), target
 
-    @staticmethod
-    def logits(out: torch.Tensor, probe: torch.Tensor, n_classes: torch.Tensor) -> torch.Tensor:
-        """The routed head's logits [B, MAX_CLASSES], classes beyond the probe's masked out."""
-        out = out.view(out.shape[0], len(L3_PROBES), MAX_CLASSES)[torch.arange(out.shape[0]), probe]
-        invalid = torch.arange(MAX_CLASSES, device=out.device)[None] >= n_classes[:, None]
-        return out.masked_fill(invalid, float("-inf"))
-
     def loss(self, out, target):
-        probe, label, n_classes = target
-        return F.cross_entropy(self.logits(out, probe, n_classes), label)
+        """The sum of the six heads' own mean cross-entropies (spar.md Level 3: "cross-entropy loss
+        per head"); each head's parameters receive the gradient of their own loss only."""
+        probe, label, _ = target
+        return probe_losses(out, probe, label, N_CLASSES_L3).sum()
 
     def score(self, out: np.ndarray, idx: np.ndarray) -> list[dict]:
-        logits = self.logits(torch.from_numpy(out), torch.from_numpy(self.probe[idx]),
-                             torch.from_numpy(self.n_classes[idx]))
-        pred = logits.argmax(-1).numpy()
+        """Accuracy per probe from each head's logits (``out`` [n, MAX_CLASSES], -inf beyond a head's classes)."""
+        k = self.n_classes[idx]
+        pred = np.where(np.arange(MAX_CLASSES)[None] < k[:, None], out, -np.inf).argmax(-1)
         probes = np.array(L3_PROBES)[self.probe[idx]]
         return [{**r, "organ": "all"} for r in metrics.probe_rows(pred, self.label[idx], probes, self.n_classes[idx])]
 
@@ -233,13 +246,18 @@ class QueryTask:
 # ------------------------------------------------------------------ configurations
 
 def _head(head: str, level: str, dim: int, n_tokens: int, has_cls: bool, setup: Setup) -> torch.nn.Module:
-    n_tiles = len(ORGANS) if level in TILE_LEVELS else 0
-    n_out = {"localization": 2, "permutation": len(ORGANS)}.get(level, len(L3_PROBES) * MAX_CLASSES)
-    cond = 0 if n_tiles else QUESTION_DIM
+    """The task head of ``level``: per tile slot at Levels 1-2; at Level 3 six separate heads,
+    one per probe, each question-conditioned (:class:`ProbeHeads`)."""
+    if level in TILE_LEVELS:
+        n_out = 2 if level == "localization" else len(ORGANS)
+        if head == "transformer":
+            return TransformerHead(dim, n_out, n_tokens, n_tiles=len(ORGANS), d_model=setup.d_model,
+                                   layers=setup.head_layers)
+        return MLPHead(dim, n_out, has_cls, n_tiles=len(ORGANS), hidden=setup.hidden)
     if head == "transformer":
-        return TransformerHead(dim, n_out, n_tokens, n_tiles=n_tiles, cond_dim=cond, d_model=setup.d_model,
-                               layers=setup.head_layers)
-    return MLPHead(dim, n_out, has_cls, n_tiles=n_tiles, cond_dim=cond, hidden=setup.hidden)
+        return ProbeHeads(lambda k: TransformerHead(dim, k, n_tokens, cond_dim=QUESTION_DIM, d_model=setup.d_model,
+                                                    layers=setup.head_layers), N_CLASSES_L3)
+    return ProbeHeads(lambda k: MLPHead(dim, k, has_cls, cond_dim=QUESTION_DIM, hidden=setup.hidden), N_CLASSES_L3)
 
 
 def _split_idx(table: pd.DataFrame, split: str) -> np.ndarray:
@@ -247,12 +265,15 @@ def _split_idx(table: pd.DataFrame, split: str) -> np.ndarray:
 
 
 class EncoderRun:
-    """All configurations of one loaded encoder on one dataset and its transfer datasets."""
+    """All configurations of one loaded encoder (or of the planted oracle, ``encoder`` =
+    :data:`~robustbench_fm.methods.spar.models.ORACLE`, frozen only) on one dataset and its
+    transfer datasets."""
 
     def __init__(self, encoder, samples: SparSamples, transfers: dict[str, SparSamples], setup: Setup,
                  device: torch.device, cache_dir: Path | None, dataset: str):
         self.encoder, self.samples, self.transfers, self.setup = encoder, samples, transfers, setup
         self.device, self.cache_dir, self.dataset = device, cache_dir, dataset
+        self.oracle = isinstance(encoder, str) and encoder == ORACLE
         self._frozen: dict = {}
 
     # --- inputs per (mode, level, cohort)
@@ -261,15 +282,21 @@ class EncoderRun:
         key = (level in TILE_LEVELS, name)
         if key not in self._frozen:
             tiles = level in TILE_LEVELS
-            backbone = Backbone(self.encoder, self.setup.tile_token_grid if tiles else self.setup.token_grid)
             ids = samples.table["sample_id"] if tiles else samples.slice_table["sample_id"]
             views, view_of = (None, None) if tiles else slice_views(samples)
             n = len(ids) if tiles else len(views)
+            images = (lambda r: samples.tiles[r]) if tiles else (lambda r: view_images(samples, views, r))
+            if self.oracle:  # planted tokens from the masks: cheap, never cached on disk
+                backbone = OracleBackbone.for_tiles(samples) if tiles else \
+                    OracleBackbone.for_views(samples, views, images)
+                tokens = cached_tokens(backbone, images, n, ORACLE, None, self.setup.eval_batch_size, tiles)
+                self._frozen[key] = (tokens, view_of, True)
+                return self._frozen[key]
+            backbone = Backbone(self.encoder, self.setup.tile_token_grid if tiles else self.setup.token_grid)
             ck = _cache_key(self.encoder.weights_id, dataclasses.asdict(self.encoder.spec), backbone.token_grid,
                             name, tiles,
                             hashlib.sha256("\n".join(map(str, ids)).encode()).hexdigest(),
                             None if tiles else views.to_json())
-            images = (lambda r: samples.tiles[r]) if tiles else (lambda r: view_images(samples, views, r))
             tokens = cached_tokens(backbone, images, n, f"{self.encoder.spec.name}-{ck}", self.cache_dir,
                                    self.setup.eval_batch_size, tiles)
             self._frozen[key] = (tokens, view_of, backbone.has_cls)
@@ -292,17 +319,18 @@ class EncoderRun:
 
     def _model(self, mode: str, head: str, level: str) -> SparModel:
         tiles = level in TILE_LEVELS
+        if self.oracle and (mode != "frozen" or head == "combined"):
+            raise ValueError(f"the planted '{ORACLE}' backbone is fixed: configure it frozen with mlp/transformer "
+                             "heads only")
         if head == "combined":
             enc = copy.deepcopy(self.encoder)
             enc.model.requires_grad_(True)
-            backbone = CombinedViT(enc, n_tiles=len(ORGANS)) if tiles else Backbone(enc, self.setup.token_grid)
-            with torch.no_grad():
-                probe = torch.zeros((1, len(ORGANS), 8, 8) if tiles else (1, 8, 8), dtype=torch.uint8,
-                                    device=self.device)
-                tok = backbone(probe)
-            h = MLPHead(backbone.dim, 2 if level == "localization" else len(ORGANS), True,
-                        n_tiles=len(ORGANS), hidden=self.setup.hidden) if tiles else \
-                _head("mlp", level, backbone.dim, tok.shape[-2], True, self.setup)
+            backbone = CombinedViT(enc, n_tiles=len(ORGANS) if tiles else 0, cond_dim=0 if tiles else QUESTION_DIM)
+            if tiles:
+                h = MLPHead(backbone.dim, 2 if level == "localization" else len(ORGANS), True,
+                            n_tiles=len(ORGANS), hidden=self.setup.hidden)
+            else:  # the ViT already read the question: each probe's head reads its output token
+                h = ProbeHeads(lambda k: MLPHead(backbone.dim, k, True, hidden=self.setup.hidden), N_CLASSES_L3)
             return SparModel(h, backbone, joint_tiles=tiles).to(self.device)
         if mode == "frozen":
             tokens, _, has_cls = self._frozen_source(level, self.dataset, self.samples)
@@ -317,8 +345,12 @@ class EncoderRun:
                          backbone).to(self.device)
 
     def run_config(self, head: str, mode: str, level: str, seed: int) -> list[dict]:
-        """Train one configuration at one level and seed; metric rows for the test split and every
-        transfer cohort."""
+        """Train one configuration at one level and seed at every learning rate of
+        ``setup.lr_search`` (or ``setup.train.lr`` alone when it is empty), each from the same
+        seeded initialisation, keep the one with the lowest validation loss (spar.md Section 3.2:
+        "logarithmic search over 1e-3 to 1e-6"; the paper does not say per what it searched, we
+        search per configuration, level and seed), and score it: metric rows for the test split and
+        every transfer cohort, with the chosen ``lr``."""
         s, setup = self.samples, self.setup
         table = s.table if level in TILE_LEVELS else s.questions
         source, view_of = self._inputs(mode, head, level, self.dataset, s)
@@ -327,10 +359,18 @@ class EncoderRun:
         if len(train_idx) == 0 or len(val_idx) == 0 or len(test_idx) == 0:
             raise ValueError(f"dataset '{self.dataset}': {level} needs train, val and test samples; got "
                              f"{len(train_idx)}/{len(val_idx)}/{len(test_idx)}")
-        with seeded(seed, self.device):  # initialisation and dropout draw from `seed`; the caller's RNG is restored
-            model = self._model(mode, head, level)
-            info = fit(model, task.batch, task.loss, train_idx, val_idx,
-                       TrainConfig(**{**setup.train.__dict__, "seed": seed}), self.device)
+        best = None
+        for lr in setup.lr_search or (setup.train.lr,):
+            with seeded(seed, self.device):  # initialisation and dropout draw from `seed`; the caller's RNG is restored
+                model = self._model(mode, head, level)
+                info = fit(model, task.batch, task.loss, train_idx, val_idx,
+                           TrainConfig(**{**setup.train.__dict__, "lr": float(lr), "seed": seed}), self.device,
+                           task.groups)
+            if best is None or info["val_loss"] < best[1]["val_loss"]:
+                best = (model, {**info, "lr": float(lr)})
+            del model
+        model, info = best
+        with seeded(seed, self.device):
             cohorts = [(self.dataset, task, test_idx)]
             for name, ts in self.transfers.items():
                 t_source, t_view = self._inputs(mode, head, level, name, ts)
@@ -338,10 +378,25 @@ class EncoderRun:
                 cohorts.append((name, self._task(level, ts, t_source, t_view, seed), np.arange(len(t_table))))
             rows = []
             for name, t, idx in cohorts:
-                out = predict(model, t.batch, idx, setup.eval_batch_size, self.device)
+                if len(idx) == 0:
+                    continue
+                out = predict(model, t.batch, idx, setup.eval_batch_size, self.device, t.groups)
                 rows += [{**r, "eval_dataset": name} for r in t.score(out, idx)]
-        del model
-        return [{"head": head, "mode": mode, "seed": seed, "epochs": info["epochs"], **r} for r in rows]
+        del model, best
+        return [{"head": head, "mode": mode, "seed": seed, "epochs": info["epochs"], "lr": info["lr"], **r}
+                for r in rows]
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int) -> Iterator[None]:
+    """Torch's CPU threads set to ``n`` inside the block (0: unchanged), restored after it."""
+    before = torch.get_num_threads()
+    if n > 0:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager
@@ -369,10 +424,12 @@ def run_encoder(encoder, samples: SparSamples, transfers: dict[str, SparSamples]
                 configs: list[tuple[str, str]], device, cache_dir: Path | None, dataset: str) -> pd.DataFrame:
     """Metric rows of every configuration x level x seed of one encoder (long over organs)."""
     run = EncoderRun(encoder, samples, transfers, setup, device, cache_dir, dataset)
+    name = encoder if isinstance(encoder, str) else encoder.spec.name
     rows = []
-    for head, mode in configs:
-        for level in setup.levels:
-            for seed in setup.seeds:
-                log.info("spar %s: %s/%s %s seed %d", encoder.spec.name, head, mode, level, seed)
-                rows += run.run_config(head, mode, level, seed)
+    with cpu_threads(setup.cpu_threads if torch.device(device).type == "cpu" else 0):
+        for head, mode in configs:
+            for level in setup.levels:
+                for seed in setup.seeds:
+                    log.info("spar %s: %s/%s %s seed %d", name, head, mode, level, seed)
+                    rows += run.run_config(head, mode, level, seed)
     return pd.DataFrame(rows)

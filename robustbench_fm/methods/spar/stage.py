@@ -11,6 +11,7 @@ Transformer heads or finetuning, so ``run`` refuses with one line. Results:
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -27,7 +28,7 @@ from .samples import build_samples
 from .vqa import run_vqa
 
 GROUP_COLUMNS = ["label", "section", "head", "mode", "eval_dataset", "organ", "seed"]
-PARAM_COLUMNS = ["epochs", "chance", "majority"]
+PARAM_COLUMNS = ["epochs", "lr", "chance", "majority"]
 PARAMS = SparParams
 HEAD_LABELS = {"mlp": "MLP", "transformer": "Trans", "combined": "Combined"}
 SECTIONS = ("Trained from scratch", "Frozen foundation models", "Finetuned foundation models")
@@ -89,6 +90,13 @@ def _save(rows: pd.DataFrame, encoder: str, dataset: str, out_dir: Path, params:
     return summaries
 
 
+def setup_for(setup: Setup, own: dict) -> Setup:
+    """``setup`` with one encoder's ``by_encoder`` fields (training ones into ``setup.train``)."""
+    train = {k: int(v) for k, v in own.items() if k in ("batch_size", "max_epochs", "patience")}
+    rest = {k: (tuple(float(x) for x in v) if k == "lr_search" else int(v)) for k, v in own.items() if k not in train}
+    return dataclasses.replace(setup, train=dataclasses.replace(setup.train, **train), **rest)
+
+
 def run_job(job: JobContext) -> list[pd.DataFrame]:
     """Every configuration of every encoder of ``job`` (or every chat model of ``vqa_models``).
     Encoders are loaded through the job's embedder (the user's weights apply) on the stage's
@@ -109,14 +117,20 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
     device = resolve_device(p.device)
     transfers = _transfer_samples(p.transfer or {}, cache_dir, int(job.seed))
     setup = Setup(levels=tuple(p.levels), heads=tuple(p.heads), seeds=tuple(p.seeds),
+                  lr_search=tuple(float(lr) for lr in p.lr_search),
                   train=TrainConfig(lr=p.lr, batch_size=p.batch_size, max_epochs=p.max_epochs, patience=p.patience),
                   **{k: getattr(p, k) for k in ("token_grid", "tile_token_grid", "sinkhorn_tau", "sinkhorn_iters",
-                                                "smoothing", "sdr_px", "d_model", "head_layers", "hidden")})
+                                                "smoothing", "sdr_px", "d_model", "head_layers", "hidden",
+                                                "cpu_threads")})
     labels = {**DEFAULT_LABELS, **(p.labels or {})}
-    for name in job.encoders:
-        enc = job.embedder.load(name, device=device, **(p.encoder_overrides or {}).get(name, {}))
-        configs = configurations(name, setup.heads, p.modes or {}, p.combined or [])
-        rows = run_encoder(enc, samples, transfers, setup, configs, device, cache_dir / "spar_tokens", job.dataset)
+    for name in [*job.encoders, *p.planted]:
+        if name in p.planted:  # planted: tokens from the masks, frozen heads only
+            enc, configs = name, [(h, "frozen") for h in setup.heads]
+        else:
+            enc = job.embedder.load(name, device=device, **(p.encoder_overrides or {}).get(name, {}))
+            configs = configurations(name, setup.heads, p.modes or {}, p.combined or [])
+        own = setup_for(setup, (p.by_encoder or {}).get(name) or {})
+        rows = run_encoder(enc, samples, transfers, own, configs, device, cache_dir / "spar_tokens", job.dataset)
         names = [config_label(name, h, m, labels, p.scratch or []) for h, m in zip(rows["head"], rows["mode"])]
         rows.insert(0, "label", [n[0] for n in names])
         rows.insert(1, "section", [n[1] for n in names])

@@ -1,14 +1,24 @@
-"""experiment=spar_demo end to end as a user runs it: phantoms, shallow random backbones, every
-SPAR table written with the published row labels and column headers."""
+"""experiment=spar_demo end to end as a user runs it: phantoms, shallow random backbones and the
+planted oracle, every SPAR table written with the published row labels and column headers, every
+probe with test items in both cohorts, the oracle near-perfect and random backbones at baseline."""
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
+from robustbench_fm.methods.spar.samples import L3_PROBES
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
+#: Level 3 probes the oracle answers near-perfectly (>= 0.9) in the demo's budget. Relative position
+#: is asserted >= 0.85 (0.89-0.96 in domain over our runs: the heads must select two organs' x ranks
+#: by the question) and distance above chance only: its answer needs the question's two organ pairs
+#: looked up in the planted pair table, a per-pair read-out that ~200 training questions do not
+#: cover (0.65-0.75 in domain). Open in issue 20.
+ORACLE_PROBES = ("orientation", "kidney_symmetry", "liver_size", "tumour_count")
 
 
 def _published(n: int) -> pd.DataFrame:
@@ -32,9 +42,14 @@ def test_every_table_is_written_in_the_published_layout(run):
         published = _published(n)
         ours = set(table.columns) - {"Cohort", "Section", "Model"}
         assert ours <= set(published["column"]), (n, ours - set(published["column"]))
+    for n, table in tables.items():  # every cell of every model row filled (sd columns: one seed, none)
+        models = table[~table["Model"].isin(["Chance", "Majority class"])]
+        values = models.drop(columns=[c for c in models.columns if c in ("Cohort", "Section", "Model")
+                                      or c.endswith("_sd")])
+        assert not values.isna().any().any(), (n, values.columns[values.isna().any()].tolist())
     t1 = tables[1]
-    want = ["CNN-MLP", "CNN-Trans", "ViT-MLP", "ViT-Trans", "ViT-Combined", "random_vit_s-MLP", "random_vit_s-Trans",
-            "Chance", "Majority class"]
+    want = ["CNN-MLP", "CNN-Trans", "ViT-MLP", "ViT-Trans", "ViT-Combined", "Oracle-MLP", "Oracle-Trans",
+            "random_vit_s-MLP", "random_vit_s-Trans", "Chance", "Majority class"]
     for cohort in ("spar_phantom_word (in domain)", "TotalSegmentator (zero-shot)"):
         part = t1[t1["Cohort"] == cohort]
         assert part["Model"].tolist() == want
@@ -68,3 +83,66 @@ def test_results_per_finding_and_summary_columns(run):
     assert len(overall) == 3 * 2 and (overall["epochs"] == 2).all() and overall["sdr"].between(0, 1).all()
     summary = pd.read_parquet(run / "summary.parquet")
     assert {"encoder", "dataset", "finding"} <= set(summary.columns)
+
+
+def _samples(run, dataset):
+    from robustbench_fm.methods.spar.samples import load_samples
+
+    folders = sorted((run.parents[2] / "cache" / "features" / "spar").glob(f"{dataset}-*"))
+    assert len(folders) == 1, folders
+    return load_samples(folders[0])
+
+
+def _overall(run, encoder, finding, cohort="spar_phantom_word"):
+    part = pd.read_parquet(run / "results" / encoder / "spar_phantom_word" / "spar" / finding / "summary.parquet")
+    return part[(part["organ"] == "all") & (part["eval_dataset"] == cohort)].set_index("label")
+
+
+def _mean_centroid_med(s) -> float:
+    """MED (px, native slice frame like the reported MED) of predicting each organ's mean training
+    centroid: what a backbone that only knows which organ a tile shows can reach, since cropping
+    removes the tile's position."""
+    from robustbench_fm.methods.spar.metrics import native_frame
+
+    split = s.table["split"].to_numpy()
+    native = native_frame(s.table["sample_id"].to_numpy(), s.slice_table)  # (W, H) per tile set
+    present = np.asarray(s.present)
+    px = np.nan_to_num(np.asarray(s.centroids, float)) * native[:, None, :]
+    tr, te = split == "train", split == "test"
+    mean = np.nansum(np.where(present[tr][..., None], px[tr], 0), 0) / np.maximum(present[tr].sum(0), 1)[:, None]
+    return float(np.linalg.norm(px[te] - mean[None], axis=-1)[present[te]].mean())
+
+
+def test_every_probe_has_test_items_in_both_cohorts(run):
+    word, ts = _samples(run, "spar_phantom_word"), _samples(run, "spar_phantom_totalsegmentator")
+    test = word.questions[word.questions["split"] == "test"]
+    assert set(test["probe"]) == set(L3_PROBES)
+    assert (test.groupby("probe").size() >= 3).all(), test.groupby("probe").size()
+    # zero-shot: every sample of the cohort; no LiTS there, so no counting (spar.md Table 5 has none)
+    assert set(ts.questions["probe"]) == set(L3_PROBES) - {"tumour_count"}
+    for s in (word, ts):
+        assert (s.table["split"] == "test").sum() >= 10
+
+
+def test_the_planted_oracle_is_near_perfect_and_random_backbones_stay_at_their_baselines(run):
+    """The calibration (issue 20): heads on the oracle's mask-derived tokens reach near-perfect
+    Levels 1-3 (MED below half the mean-centroid baseline, itself 3.2 px in the 96-px native
+    phantom frame; permutation and Level 3 accuracies >= 0.9; see ORACLE_PROBES), while an
+    untrained ViT-S stays at what organ identity alone allows: the mean-centroid MED at Level 1,
+    no fully right permutation, chance on the balanced kidney-symmetry probe."""
+    baseline = _mean_centroid_med(_samples(run, "spar_phantom_word"))
+    loc = _overall(run, "spar_oracle", "localization")
+    perm = _overall(run, "spar_oracle", "permutation")
+    for label in ("Oracle-MLP", "Oracle-Trans"):
+        assert loc.loc[label, "med"] < min(3.0, baseline / 2), (label, loc.loc[label, "med"], baseline)
+        assert perm.loc[label, "perm_acc"] >= 0.9, (label, perm.loc[label, "perm_acc"])
+        for probe in ORACLE_PROBES:
+            acc = _overall(run, "spar_oracle", probe).loc[label, "accuracy"]
+            assert acc >= 0.9, (label, probe, acc)
+        assert _overall(run, "spar_oracle", "relative_position").loc[label, "accuracy"] >= 0.85
+        assert _overall(run, "spar_oracle", "distance_compare").loc[label, "accuracy"] >= 0.6
+    rand = _overall(run, "random_vit_s", "localization")
+    assert (rand["med"] > 0.8 * baseline).all(), (rand["med"], baseline)
+    assert (_overall(run, "random_vit_s", "permutation")["perm_acc"] < 0.1).all()
+    symm = _overall(run, "random_vit_s", "kidney_symmetry")
+    assert (symm["accuracy"] <= symm["chance"] + 0.25).all()

@@ -6,9 +6,11 @@ import torch
 
 import robustbench_fm.encoders as enc
 from robustbench_fm.methods.spar import metrics
-from robustbench_fm.methods.spar.heads import MLPHead, SparModel, TransformerHead
+from robustbench_fm.methods.spar import run as spar_run
+from robustbench_fm.methods.spar.heads import MLPHead, ProbeHeads, SparModel, TransformerHead
 from robustbench_fm.methods.spar.models import Backbone, CombinedViT
-from robustbench_fm.methods.spar.run import QUESTION_DIM, QueryTask, encode_questions, slice_views
+from robustbench_fm.methods.spar.params import ORACLE, SparParams
+from robustbench_fm.methods.spar.run import N_CLASSES_L3, QUESTION_DIM, QueryTask, encode_questions, slice_views
 from robustbench_fm.methods.spar.samples import L3_PROBES, ORGANS, SparSamples
 from robustbench_fm.methods.spar.train import TrainConfig, fit, predict
 
@@ -74,7 +76,8 @@ def test_frozen_mlp_on_a_constant_encoder_scores_chance_on_symmetry():
     constant = np.ones((len(views), 5, 16), np.float16)
     task = QueryTask(s, lambda rows: constant[rows], view_of, CPU)
     torch.manual_seed(0)
-    model = SparModel(MLPHead(16, len(L3_PROBES) * 5, has_cls=True, cond_dim=QUESTION_DIM, hidden=32))
+    model = SparModel(ProbeHeads(lambda k: MLPHead(16, k, has_cls=True, cond_dim=QUESTION_DIM, hidden=32),
+                                 N_CLASSES_L3))
     split = s.questions["split"].to_numpy()
     fit(model, task.batch, task.loss, np.flatnonzero(split == "train"), np.flatnonzero(split == "val"),
         TrainConfig(lr=1e-2, max_epochs=20, patience=5), CPU)
@@ -129,3 +132,261 @@ def test_heads_and_combined_vit_shapes():
     a = comb(swapped)
     b = comb(swapped[:, [1, 0, *range(2, 16)]])
     assert not torch.allclose(a[0, 0], b[0, 1])  # tile embeddings make the slot matter
+
+
+# ------------------------------------------------------------------ Level 3: six heads, own losses
+
+def _l3_batch(n=24, dim=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    probe = torch.arange(n) % len(L3_PROBES)
+    q = torch.zeros(n, QUESTION_DIM)
+    q[torch.arange(n), probe] = 1.0
+    label = torch.tensor([int(torch.randint(k, (1,), generator=g)) for k in (N_CLASSES_L3[p] for p in probe)])
+    return torch.randn(n, 5, dim, generator=g), q, probe, label
+
+
+@pytest.mark.parametrize("head", ["mlp", "transformer"])
+def test_level3_has_six_separate_heads_each_trained_on_its_own_loss(head):
+    """spar.md Level 3: "routes the sample to one of six heads ... cross-entropy loss per head":
+    six heads with disjoint parameters, each answering its probe's classes; the gradient reaching a
+    head is that of its own cross-entropy alone (brute force: the head run on its own samples), so
+    changing another probe's labels leaves it unchanged."""
+    from robustbench_fm.methods.spar.run import QueryTask, Setup, _head
+
+    torch.manual_seed(0)
+    model = _head(head, "spatial_queries", 6, 5, True, Setup(d_model=8, hidden=8)).eval()
+    assert isinstance(model, ProbeHeads) and len(model.heads) == 6
+    ids = [{id(p) for p in h.parameters()} for h in model.heads]
+    assert all(not (a & b) for i, a in enumerate(ids) for b in ids[i + 1:])  # no shared layer
+    tokens, q, probe, label = _l3_batch()
+    out = model(tokens, q)
+    for p, k in enumerate(N_CLASSES_L3):  # each head answers with its own classes, -inf beyond
+        assert torch.isfinite(out[probe == p, :k]).all() and torch.isinf(out[probe == p, k:]).all()
+    loss = QueryTask.loss(None, out, (probe, label, None))
+    loss.backward()
+    grads = [[p.grad.clone() for p in h.parameters()] for h in model.heads]
+    for p, h in enumerate(model.heads):
+        rows = probe == p
+        h.zero_grad()
+        torch.nn.functional.cross_entropy(h(tokens[rows], q[rows]), label[rows]).backward()
+        for a, b in zip(grads[p], h.parameters()):
+            assert torch.allclose(a, b.grad, atol=1e-6)
+    model.zero_grad()
+    flipped = label.clone()
+    flipped[probe == 1] = (flipped[probe == 1] + 1) % 5  # another answer for every orientation question
+    QueryTask.loss(None, model(tokens, q), (probe, flipped, None)).backward()
+    for p, h in enumerate(model.heads):
+        same = all(torch.equal(a, b.grad) for a, b in zip(grads[p], h.parameters()))
+        assert same == (p != 1)
+
+
+def test_level3_loss_is_the_sum_of_each_heads_mean_cross_entropy():
+    """Closed form: zero logits give each head log(k) whatever its number of samples, so the loss is
+    sum_p log k_p = 2 log 2 + log 5 + 3 log 3 (a joint CE over the batch would weight probes by count)."""
+    from robustbench_fm.methods.spar.run import QueryTask
+
+    probe = torch.tensor([0, 0, 0, 0, 1, 2, 3, 4, 5, 5])
+    out = torch.zeros(10, 5)
+    label = torch.zeros(10, dtype=torch.long)
+    want = 2 * np.log(2) + np.log(5) + 3 * np.log(3)
+    assert float(QueryTask.loss(None, out, (probe, label, None))) == pytest.approx(want, abs=1e-6)
+
+
+def test_vit_combined_at_level3_reads_the_question_inside_the_vit():
+    """ViT-Combined at Level 3 is the unified model: the question is a token of the ViT's own
+    sequence, so the token the heads read changes with the question (ViT-MLP's does not)."""
+    vit = enc.load(enc.get("vit_b32_in1k").replace(**TINY_VIT), device="cpu")
+    comb = CombinedViT(vit, n_tiles=0, cond_dim=QUESTION_DIM).eval()
+    x = torch.randint(0, 255, (2, 32, 32), dtype=torch.uint8)
+    q1, q2 = torch.zeros(2, QUESTION_DIM), torch.zeros(2, QUESTION_DIM)
+    q1[:, 0] = 1.0
+    q2[:, 3] = 1.0
+    with torch.no_grad():
+        a, b = comb(x, q1), comb(x, q2)
+    assert a.shape == (2, 1, 16) and not torch.allclose(a, b)
+    model = SparModel(ProbeHeads(lambda k: MLPHead(16, k, True, hidden=8), N_CLASSES_L3), comb)
+    with torch.no_grad():
+        out = model(x, q1)
+    assert out.shape == (2, 5) and torch.isfinite(out[:, :2]).all() and torch.isinf(out[:, 2:]).all()
+
+
+def test_learning_rate_search_keeps_the_rate_with_the_lowest_validation_loss(monkeypatch):
+    """spar.md Section 3.2 (search over 1e-3...1e-6 on validation): every rate starts from the same
+    seeded initialisation; the one whose validation loss is lowest is the model scored."""
+    from robustbench_fm.methods.spar import run as spar_run
+
+    assert SparParams().lr_search == (1e-3, 1e-4, 1e-5, 1e-6)
+    s = _symmetry_samples(n_per_split=(6, 3, 3))
+    seen = {}
+
+    def fake_fit(model, batch, loss, train_idx, val_idx, cfg, device, groups=None):
+        seen[cfg.lr] = torch.cat([p.detach().flatten() for p in model.parameters()])
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(np.log10(cfg.lr))  # mark the model with its rate
+        return {"epochs": 1, "val_loss": abs(np.log10(cfg.lr) + 5.0)}  # lowest at 1e-5
+
+    scored = []
+    monkeypatch.setattr(spar_run, "fit", fake_fit)
+    monkeypatch.setattr(spar_run, "predict", lambda model, *a: scored.append(
+        float(next(model.parameters()).detach().flatten()[0])) or np.zeros((len(a[1]), 5), np.float32))
+    views, _ = slice_views(s)
+
+    class Run(spar_run.EncoderRun):
+        def _frozen_source(self, level, name, samples):
+            return np.ones((len(views), 2, 4), np.float16), slice_views(samples)[1], True
+
+    run = Run("x", s, {}, spar_run.Setup(levels=("spatial_queries",), hidden=4), CPU, None, "word")
+    rows = run.run_config("mlp", "frozen", "spatial_queries", 42)
+    assert sorted(seen) == [1e-6, 1e-5, 1e-4, 1e-3]
+    first = next(iter(seen.values()))
+    assert all(torch.equal(v, first) for v in seen.values())  # one seeded initialisation for every rate
+    assert scored == [pytest.approx(-5.0)] and {r["lr"] for r in rows} == {1e-5}
+
+
+# ------------------------------------------------------------------ the planted oracle
+
+def _oracle_samples() -> SparSamples:
+    rng = np.random.default_rng(3)
+    n = 4
+    present = rng.random((n, 16)) < 0.7
+    cent = rng.random((n, 16, 2)).astype(np.float32)
+    cent[~present] = np.nan
+    tiles = rng.integers(1, 255, (n, 16, 8, 8), dtype=np.uint8)
+    tiles[~present] = 0
+    from robustbench_fm.methods.spar.probes import grid_cells
+    table = pd.DataFrame({"sample_id": [f"s{i}" for i in range(n)], "split": "train"})
+    return SparSamples(table, tiles, present, cent, cent * 224, grid_cells(np.nan_to_num(cent), present),
+                       np.zeros((0, 8, 8), np.uint8), table.iloc[:0], pd.DataFrame())
+
+
+def test_oracle_tokens_come_from_the_masks_behind_each_image():
+    """The planted oracle returns, for each tile image (found by its bytes), its organ's centroid as
+    Gaussian bumps over x and y (peak in the centroid's bin) and its Level 2 cell as a one-hot, in
+    zero-mean blocks (a head's LayerNorm keeps them linear); black tiles give zeros; an image it was
+    not built for is refused."""
+    from robustbench_fm.methods.spar.models import ORACLE_BINS, OracleBackbone, oracle_tile_tokens
+
+    s = _oracle_samples()
+    tok = oracle_tile_tokens(s)
+    oracle = OracleBackbone.for_tiles(s)
+    out = oracle(torch.from_numpy(s.tiles.reshape(-1, 8, 8))).numpy().reshape(tok.shape)
+    assert np.array_equal(out, tok)
+    present, b = s.present, ORACLE_BINS
+    code = tok[present][:, 0]
+    assert np.array_equal(code[:, :b].argmax(-1), np.minimum((s.centroids[present][:, 0] * b).astype(int), b - 1))
+    assert np.array_equal(code[:, 2 * b:3 * b].argmax(-1),
+                          np.minimum((s.centroids[present][:, 1] * b).astype(int), b - 1))
+    assert np.array_equal(code[:, 4 * b:4 * b + 16].argmax(-1), s.grid_cells[present])
+    i = np.flatnonzero(present.ravel())[0]  # the x code peaks at exp(0) only when x sits on a bin centre
+    x = s.centroids.reshape(-1, 2)[i, 0]
+    assert code[0, :b].max() == pytest.approx(np.exp(-0.5 * ((x * b - 0.5) % 1 if (x * b - 0.5) % 1 < 0.5
+                                                              else 1 - (x * b - 0.5) % 1) ** 2), rel=1e-5)
+    assert np.allclose(tok[present].mean(-1), 0, atol=1e-6)
+    assert not tok[~present].any()
+    with pytest.raises(ValueError, match="holds no masks"):
+        oracle(torch.full((1, 8, 8), 7, dtype=torch.uint8))
+
+
+def test_oracle_view_tokens_follow_the_presented_transform():
+    """Level 3 views: token 0 carries the transform and the kidney-symmetry class the masks give;
+    each organ token its identity, the rank of its presented x among the present organs (hflip
+    reverses the order) and its row of the pair-distance ranks (distances do not move under a
+    flip); the whole token is zero-mean ``[v, -v]``."""
+    from robustbench_fm.methods.spar.models import oracle_view_tokens
+    from robustbench_fm.methods.spar.probes import kidney_symmetry_class
+
+    present = np.zeros((1, 16), bool)
+    present[0, [0, 2, 3]] = True
+    cent = np.full((1, 16, 2), np.nan, np.float32)
+    cent[0, [0, 2, 3]] = [(0.3, 0.4), (0.7, 0.6), (0.2, 0.6)]
+    areas = np.zeros((1, 16), np.int64)
+    areas[0, [0, 2, 3]] = (900, 110, 100)  # left/right kidney ratio 1.1: left larger
+    st = pd.DataFrame({"height": [96], "width": [96]})
+    s = SparSamples(pd.DataFrame(), np.zeros((0, 16, 8, 8), np.uint8), np.zeros((0, 16), bool),
+                    np.zeros((0, 16, 2), np.float32), np.zeros((0, 16, 2), np.float32), np.zeros((0, 16), np.int64),
+                    np.zeros((1, 8, 8), np.uint8), st, pd.DataFrame(), present, cent, areas, np.array([-1]))
+    views = pd.DataFrame({"slice_row": [0, 0], "transform": ["none", "hflip"]})
+    tok = oracle_view_tokens(s, views)
+    half = tok.shape[-1] // 2
+    assert np.array_equal(tok[..., half:], -tok[..., :half])
+    organ = tok[:, 1:, :half]  # identity (16), presence, x rank, pair-distance ranks (16)
+    assert np.array_equal(organ[0, :, :16], np.eye(16))
+    assert np.allclose(organ[0, [0, 2, 3], 17], [0.5, 1.0, 0.0]) and np.allclose(organ[1, [0, 2, 3], 17], [0.5, 0, 1])
+    # distances 0-2: 0.447, 0-3: 0.224, 2-3: 0.5 -> ranks 0.5, 0, 1, the same under hflip
+    for v in (0, 1):
+        assert np.allclose(organ[v, 0, 18 + np.array([2, 3])], [0.5, 0.0]) and organ[v, 2, 18 + 3] == 1.0
+    assert tok[0, 0, :5].argmax() == 0 and tok[1, 0, :5].argmax() == 1  # transform one-hot
+    assert tok[0, 0, 5:8].argmax() == kidney_symmetry_class(110, 100) == 1
+
+
+def _layout_samples(n: int = 160, seed: int = 5) -> SparSamples:
+    """``n`` tile sets of 16 organs around canonical positions (jitter 0.04), 5-16 present, each
+    present tile a distinct random 8 x 8 image; splits 60/20/20 % (train/val/test)."""
+    from robustbench_fm.methods.spar.probes import grid_cells
+
+    rng = np.random.default_rng(seed)
+    canon = rng.uniform(0.1, 0.9, (16, 2))
+    present = np.zeros((n, 16), bool)
+    for i in range(n):
+        present[i, rng.choice(16, rng.integers(5, 17), replace=False)] = True
+    cent = np.clip(canon + rng.normal(0, 0.04, (n, 16, 2)), 0.01, 0.99).astype(np.float32)
+    cent[~present] = np.nan
+    tiles = rng.integers(1, 255, (n, 16, 8, 8), dtype=np.uint8)
+    tiles[~present] = 0
+    split = np.where(np.arange(n) < 0.6 * n, "train", np.where(np.arange(n) < 0.8 * n, "val", "test"))
+    table = pd.DataFrame({"sample_id": [f"s{i}" for i in range(n)], "split": split})
+    return SparSamples(table, tiles, present, cent, cent * 224, grid_cells(np.nan_to_num(cent), present),
+                       np.zeros((0, 8, 8), np.uint8), table.iloc[:0], pd.DataFrame())
+
+
+@pytest.mark.parametrize("head,batch,epochs", [("mlp", 16, 100), ("transformer", 32, 40)])
+def test_level2_heads_recover_the_permutation_from_planted_tokens(head, batch, epochs):
+    """The calibration at Level 2, in seconds: heads trained through the real pipeline (shuffled
+    tiles, Sinkhorn loss, present-slot Hungarian) on the oracle's tokens place nearly every test
+    tile set fully right (chance: 0 for 5+ tiles). With separate learned query tokens the
+    Transformer head stayed at chance here (patch accuracy 0.06 in the demo): each slot is now
+    read from its own tile's outputs."""
+    s = _layout_samples()
+    setup = spar_run.Setup(levels=("permutation",), seeds=(42,), lr_search=(5e-3,), d_model=32, hidden=256,
+                           train=spar_run.TrainConfig(batch_size=batch, max_epochs=epochs, patience=epochs))
+    run = spar_run.EncoderRun(ORACLE, s, {}, setup, CPU, None, "layout")
+    with spar_run.cpu_threads(1):  # as run_encoder does on the CPU (many small steps)
+        rows = pd.DataFrame(run.run_config(head, "frozen", "permutation", 42))
+    overall = rows[rows["organ"] == "all"].iloc[0]
+    assert overall["n"] == 32 and overall["perm_acc"] >= 0.9, overall.to_dict()
+
+
+def test_level3_batches_hold_one_probe_each_and_predictions_keep_their_order():
+    """Level 3 trains in batches of one probe (so each step runs the one head it routes to): every
+    sample exactly once per epoch, each batch single-probe and at most ``size`` long; ``predict``
+    returns outputs in the order asked although it computes them probe by probe."""
+    from robustbench_fm.methods.spar.train import batches
+
+    groups = np.array([0, 1, 2, 1, 0, 0, 2, 1, 1, 0, 5])
+    idx = np.array([10, 0, 3, 4, 5, 6, 7, 8, 9, 1])
+    parts = batches(idx, 2, groups, np.random.default_rng(0))
+    assert sorted(np.concatenate(parts).tolist()) == sorted(idx.tolist())
+    assert all(len(set(groups[p])) == 1 and len(p) <= 2 for p in parts)
+    assert len(parts) == 6  # groups 0 and 1: 4 samples -> 2 batches each; 2 and 5: one
+    assert len(batches(idx, 2, None, None)) == 5
+
+    def batch(rows, rng):
+        return torch.from_numpy(rows.astype(np.float32))[:, None], None, None
+
+    class Times10(torch.nn.Module):
+        def forward(self, x, q):
+            return x * 10
+
+    out = predict(Times10(), batch, idx, 3, CPU, groups)
+    assert np.array_equal(out[:, 0], idx * 10.0)
+
+
+def test_by_encoder_overrides_one_encoders_training_setup():
+    from robustbench_fm.methods.spar.stage import setup_for
+
+    base = spar_run.Setup()
+    own = setup_for(base, {"batch_size": 32, "max_epochs": 80, "hidden": 256, "lr_search": [5e-3]})
+    assert (own.train.batch_size, own.train.max_epochs, own.train.patience) == (32, 80, base.train.patience)
+    assert (own.hidden, own.lr_search, own.d_model) == (256, (5e-3,), base.d_model)
+    assert setup_for(base, {}) == base

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from robustbench_fm.methods.spar import metrics, probes, tables
+from robustbench_fm.methods.spar.heads import MAX_CLASSES
 from robustbench_fm.methods.spar.run import QueryTask, Setup, TileTask
 from robustbench_fm.methods.spar.samples import ORGANS, SparSamples
 from robustbench_fm.methods.spar.sinkhorn import hungarian, sinkhorn
@@ -190,8 +191,7 @@ def test_level3_run_rows_carry_the_majority_rate():
                     np.zeros((0, N, 2), np.float32), np.zeros((0, N, 2), np.float32), np.zeros((0, N), np.int64),
                     np.zeros((8, 4, 4), np.uint8), pd.DataFrame({"sample_id": range(8)}), q)
     task = QueryTask(s, None, np.arange(8), CPU)
-    out = np.zeros((8, task_width := 6 * 5), np.float32)
-    assert task_width == 30
+    out = np.zeros((8, MAX_CLASSES), np.float32)  # each head's logits, padded to the widest head (orientation)
     rows = {r["finding"]: r for r in task.score(out, np.arange(8))}
     assert rows["liver_size"]["majority"] == 0.75 and rows["liver_size"]["chance"] == pytest.approx(1 / 3)
     assert rows["liver_size"]["organ"] == "all"
