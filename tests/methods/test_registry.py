@@ -1,6 +1,8 @@
 """Methods register themselves: the shipped papers are found by discovery, and a method defined
 in a module outside the package (tests/fixtures/toy_method.py) runs through ``evaluate`` once
 imported, with no file of the package edited (docs/architecture.md, "Adding a method")."""
+import sys
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -23,8 +25,17 @@ def test_an_unknown_stage_names_the_close_ones():
         methods.method("candr")
 
 
-def test_a_method_from_outside_the_package_runs_through_evaluate():
+@pytest.fixture
+def toy_plugin():
+    """``toy_method`` loaded for one test, then taken out of the registry again, so no other test
+    (whatever the order, e.g. under pytest-xdist) sees a stage the package does not ship."""
     methods.load_plugins(["toy_method"])
+    yield
+    methods.METHODS._entries.pop("toy_gap", None)
+    sys.modules.pop("toy_method", None)
+
+
+def test_a_method_from_outside_the_package_runs_through_evaluate(toy_plugin):
     rng = np.random.default_rng(0)
     feats = rng.normal(size=(40, 3)).astype(np.float32)
     manifest = pd.DataFrame({"sample_id": [f"s{i}" for i in range(40)], "f": [i % 2 for i in range(40)]})
