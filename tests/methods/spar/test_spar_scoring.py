@@ -235,3 +235,21 @@ def test_tables_show_a_majority_class_row_beside_chance():
     assert t2.loc["Chance", "Size"] == pytest.approx(1 / 3) and t2.loc["Majority class", "Size"] == 0.636
     old = _summary().drop(columns="majority")                          # results recorded before the column
     assert "Majority class" not in set(tables.spar_table5(_Results(old))[0].frame["Model"])
+
+
+def test_table2_best_encoder_pick_leaves_the_planted_oracle_out():
+    """The planted oracle scores best, yet Table 2's "(best enc.)" row is the best non-planted
+    configuration (ViT-MLP, macro 0.8); the worst is CNN-MLP (0.6)."""
+    rows = []
+    for encoder, label, acc in (("resnet50_in1k", "CNN-MLP", 0.6), ("vit_b32_in1k", "ViT-MLP", 0.8),
+                                ("spar_oracle", "Oracle-MLP", 1.0)):
+        common = {"encoder": encoder, "label": label, "section": "Frozen foundation models", "seed": 1,
+                  "organ": "all", "dataset": "word", "eval_dataset": "word"}
+        rows += [{**common, "finding": p, "accuracy": acc, "chance": 0.5, "majority": 0.5}
+                 for p in ("relative_position", "distance_compare")]
+    df = pd.DataFrame(rows)
+    t2 = tables.spar_table2(_Results(df))[0].frame.set_index("Model")
+    assert t2.loc["ViT-MLP (best enc.)", "Macro"] == pytest.approx(0.8)
+    assert t2.loc["CNN-MLP (worst enc.)", "Macro"] == pytest.approx(0.6)
+    assert not t2.index.str.startswith("Oracle").any()
+    assert "Oracle-MLP" in set(tables.spar_table1(_Results(df))[0].frame["Model"])  # its own rows stay
