@@ -20,7 +20,8 @@ class PaperTable:
     renderer's job); ``best`` maps a column to ``"max"`` or ``"min"``: the renderer bolds the best
     value and underlines the second, as the paper does. ``group_by`` optionally names a column
     whose blocks (e.g. benchmark) are ranked separately. ``na_rep`` is how the renderers print a
-    missing cell (CSV keeps it empty)."""
+    missing cell (CSV keeps it empty). ``unranked``: index labels of reference rows (chance,
+    a planted calibration backbone) that are shown but never marked best or second."""
 
     name: str
     frame: pd.DataFrame
@@ -29,6 +30,7 @@ class PaperTable:
     group_by: str | None = None
     decimals: int = 3
     na_rep: str = ""
+    unranked: tuple = ()
 
 
 class SweepResults:

@@ -27,6 +27,7 @@ def ranks(table: PaperTable) -> pd.DataFrame:
     for col, direction in table.best.items():
         for idx in blocks:
             values = pd.to_numeric(table.frame.loc[idx, col], errors="coerce").dropna()
+            values = values[~values.index.isin(table.unranked)]  # reference rows: shown, never marked
             order = np.unique(values)[::-1] if direction == "max" else np.unique(values)
             for rank, value in enumerate(order[:2], start=1):
                 out.loc[values.index[values == value], col] = rank

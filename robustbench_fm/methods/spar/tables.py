@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ...core.tables import PaperTable, SweepResults
-from .params import ORACLE
+from .params import DEFAULT_LABELS, ORACLE
 
 TABLES = ["spar_table1", "spar_table2", "spar_table3", "spar_table4", "spar_table5"]
 
@@ -38,6 +38,16 @@ PLANTED = (ORACLE,)
 def _not_planted(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` without the planted backbones' rows (by the results' ``encoder`` column)."""
     return df[~df["encoder"].isin(PLANTED)] if "encoder" in df else df
+
+
+def _reference_rows(frame: pd.DataFrame) -> tuple:
+    """Index labels of the rows no configuration competes with: Chance, Majority class and the
+    planted oracle's (``Oracle-...``); the renderer shows them but never marks them best."""
+    if "Model" not in frame:
+        return ()
+    model = frame["Model"].astype(str)
+    planted = tuple(f"{DEFAULT_LABELS[p]}-" for p in PLANTED)
+    return tuple(frame.index[model.isin(["Chance", MAJORITY]) | model.str.startswith(planted)])
 
 
 def _order(frame: pd.DataFrame) -> pd.DataFrame:
@@ -111,9 +121,11 @@ def spar_table1(results: SweepResults) -> list[PaperTable]:
     cols = ["Cohort", "Section", "Model", "MED", "Perm", "RelPos", "Orient", "Symm"]
     frame = (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()) \
         .rename(columns={"section": "Section", "label": "Model"}).reindex(columns=cols)
-    return [PaperTable("spar_table1", frame.reset_index(drop=True),
+    frame = frame.reset_index(drop=True)
+    return [PaperTable("spar_table1", frame,
                        caption="SPAR Table 1: spatial reasoning, mean over seeds (MED px; accuracies as fractions)",
-                       best={"MED": "min", "Perm": "max", "RelPos": "max", "Orient": "max"}, group_by="Cohort")]
+                       best={"MED": "min", "Perm": "max", "RelPos": "max", "Orient": "max"}, group_by="Cohort",
+                       unranked=_reference_rows(frame))]
 
 
 def _per_organ(results: SweepResults, finding: str, metric: str, name: str, caption: str, best: str):
@@ -126,8 +138,9 @@ def _per_organ(results: SweepResults, finding: str, metric: str, name: str, capt
         wide = _order(wide).rename(columns={"section": "Section", "label": "Model", **ORGAN_COLUMNS})
         wide["Model"] = wide["Model"].str.replace("-Combined", "-Comb", regex=False)
         frame = wide.reindex(columns=["Section", "Model", *ORGAN_COLUMNS.values()])
-    return [PaperTable(name, frame.reset_index(drop=True), caption=caption,
-                       best={c: best for c in ORGAN_COLUMNS.values()})]
+    frame = frame.reset_index(drop=True)
+    return [PaperTable(name, frame, caption=caption, best={c: best for c in ORGAN_COLUMNS.values()},
+                       unranked=_reference_rows(frame))]
 
 
 def spar_table3(results: SweepResults) -> list[PaperTable]:

@@ -253,3 +253,21 @@ def test_table2_best_encoder_pick_leaves_the_planted_oracle_out():
     assert t2.loc["CNN-MLP (worst enc.)", "Macro"] == pytest.approx(0.6)
     assert not t2.index.str.startswith("Oracle").any()
     assert "Oracle-MLP" in set(tables.spar_table1(_Results(df))[0].frame["Model"])  # its own rows stay
+
+
+def test_reference_rows_are_shown_but_never_marked_best():
+    """Tables 1, 3 and 4 keep the Chance, Majority class and planted oracle rows, but the renderer's
+    best/second marks go to the configurations only (the oracle's near-perfect tokens come from the
+    answers' masks)."""
+    from robustbench_fm.core.tables import PaperTable
+    from robustbench_fm.methods.spar.tables import _reference_rows
+    from robustbench_fm.report.render import ranks
+
+    frame = pd.DataFrame({"Model": ["CNN-MLP", "ViT-MLP", "Oracle-MLP", "Oracle-Trans", "Chance", "Majority class"],
+                          "Perm": [0.2, 0.5, 1.0, 0.99, 0.0, np.nan], "Symm": [0.3, 0.35, 1.0, 1.0, 0.333, 0.4]})
+    assert _reference_rows(frame) == (2, 3, 4, 5)
+    marks = ranks(PaperTable("t", frame, best={"Perm": "max", "Symm": "max"}, unranked=_reference_rows(frame)))
+    assert marks["Perm"].tolist() == [2, 1, 0, 0, 0, 0]
+    assert marks["Symm"].tolist() == [2, 1, 0, 0, 0, 0]
+    # without the reference rows declared, the oracle and the majority rate would take the marks
+    assert ranks(PaperTable("t", frame, best={"Symm": "max"}))["Symm"].tolist() == [0, 0, 1, 1, 0, 2]
