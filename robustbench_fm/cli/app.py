@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 if TYPE_CHECKING:  # the feature engine imports torch: a plan, a dry run and its one-line errors do not
@@ -257,7 +259,16 @@ def job_context(job: Plan, cfg: DictConfig, manifest: pd.DataFrame, out_dir: Pat
                       findings=[str(f) for f in job.findings], params=_params(cfg), manifest=manifest,
                       out_dir=Path(out_dir), embedder=embedder(cfg), seed=int(cfg.seed),
                       dataset_options=_dataset_options(cfg), verify_images=bool(cfg.dataset.get("verify_images", True)),
-                      overrides=_overrides(cfg))
+                      overrides=_overrides(cfg), sweep_first=_sweep_first(job, cfg))
+
+
+def _sweep_first(job: Plan, cfg: DictConfig) -> bool:
+    """False in a multirun job whose encoder is not the first of the swept panel (``encoders``,
+    what ``-m`` fans out: :func:`.resolvers.sweep_values`); True otherwise."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return True
+    swept = [str(e) for e in (cfg.get("encoders") or [])]
+    return not swept or not job.encoders or str(job.encoders[0]) == swept[0]
 
 
 def _dataset_options(cfg: DictConfig) -> dict:

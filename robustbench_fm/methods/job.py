@@ -19,7 +19,9 @@ class JobContext:
     user's encoder options applied); ``dataset_options`` / ``verify_images``: how the job's own
     manifest was built (for a stage that builds more manifests alike); ``overrides``: parameter ->
     the command-line key that sets it where that is not ``stage.params.<name>`` (error messages
-    name the override that fixes them)."""
+    name the override that fixes them); ``sweep_first``: False only in a multirun job that is not
+    the first of its sweep's encoder fan-out, so rows that do not depend on the swept encoder (a
+    planted calibration backbone's) are computed once per sweep, not once per job."""
 
     stage: str
     dataset: str | None
@@ -34,6 +36,7 @@ class JobContext:
     dataset_options: dict = field(default_factory=dict)
     verify_images: bool = True
     overrides: dict[str, str] = field(default_factory=dict)
+    sweep_first: bool = True
 
     def override_of(self, param: str) -> str:
         """The command-line key that sets stage parameter ``param``."""

@@ -123,7 +123,8 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
                                                 "smoothing", "sdr_px", "d_model", "head_layers", "hidden",
                                                 "cpu_threads")})
     labels = {**DEFAULT_LABELS, **(p.labels or {})}
-    for name in [*job.encoders, *p.planted]:
+    planted = list(p.planted) if job.sweep_first else []  # once per sweep: the first job of its fan-out
+    for name in [*job.encoders, *planted]:
         if name in p.planted:  # planted: tokens from the masks, frozen heads only
             enc, configs = name, [(h, "frozen") for h in setup.heads]
         else:
