@@ -36,6 +36,7 @@ grey -> RGB, shorter side 224 + centre crop, bicubic; ``conv_grey_384``: 384 px 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import os
@@ -133,13 +134,14 @@ def pass_seconds(manifest: pd.DataFrame, root: Path, transform, batch_size: int,
     as the panel's workers do (``nice``: at the lower priority a panel's CPU workers run at), with
     no model."""
     from robustbench_fm.features.extract import _one_thread, _RowsDataset, default_reader
-    from robustbench_fm.features.panel import WORKER_NICE, _nice_worker
+    from robustbench_fm.features.panel import WORKER_NICE, _init_worker
 
     tf = transform if transform is not None else (lambda im: torch.zeros(1))
     ds = _RowsDataset(manifest.to_dict("records"), root, tf, default_reader)
     loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers, collate_fn=ds.collate,
                         prefetch_factor=2 if num_workers else None,
-                        worker_init_fn=_nice_worker if nice and num_workers and WORKER_NICE else None)
+                        worker_init_fn=(functools.partial(_init_worker, nice=WORKER_NICE)
+                                        if nice and num_workers else None))
     t0 = time.perf_counter()
     with _one_thread(num_workers == 0):
         for _, _, errors in loader:

@@ -49,8 +49,10 @@ decode + resizes + forwards spread over the cores, not decode + forwards.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import signal
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -407,18 +409,24 @@ def _panel_prefetch(jobs: list[_Job], chunk: int, num_workers: int) -> int | Non
     return max(1, min(4, PREFETCH_BYTES // max(1, num_workers * chunk * row)))
 
 
-#: niceness of a panel's decode workers on CPU (:func:`_nice_worker`); 0 leaves them at the main process's
+#: niceness of a panel's decode workers on CPU (:func:`_init_worker`); 0 leaves them at the main process's
 WORKER_NICE = 10
 
 
-def _nice_worker(_worker_id: int) -> None:
-    """DataLoader ``worker_init_fn`` on CPU: the decode worker yields the cores to the main
-    process's forward. The forward's intra-op threads meet at barriers, so a worker holding a
-    core stalls all of them (on a busy 2-core machine a batch's forward took ~4x longer with the
-    workers at the same priority); at a lower priority the worker takes the time the forward
-    leaves. Only the scheduling changes, never a value."""
-    with contextlib.suppress(OSError):
-        os.nice(WORKER_NICE)
+def _init_worker(_worker_id: int, nice: int = 0) -> None:
+    """DataLoader ``worker_init_fn`` of a panel pass. Ctrl-C is the main process's: a decode
+    worker ignores SIGINT (the terminal sends it to the whole process group), so the main process
+    saves the finished shards, prints its one line and shuts the workers down; a worker that took
+    the signal itself could die mid-handoff and print a traceback from its file-descriptor
+    sharing thread. On CPU (``nice`` > 0) the worker also yields the cores to the main process's
+    forward: the forward's intra-op threads meet at barriers, so a worker holding a core stalls
+    all of them (on a busy 2-core machine a batch's forward took ~4x longer with the workers at
+    the same priority); at a lower priority the worker takes the time the forward leaves. Only
+    the scheduling changes, never a value."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if nice:
+        with contextlib.suppress(OSError):
+            os.nice(nice)
 
 
 def default_panel_workers(device: torch.device | str) -> int:
@@ -574,7 +582,8 @@ def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root,
     cpu = all(job.encoder.device.type == "cpu" for job in jobs)
     loader = DataLoader(dataset, batch_sampler=chunks, num_workers=num_workers, collate_fn=_pack,
                         prefetch_factor=_panel_prefetch(jobs, chunk, num_workers), persistent_workers=False,
-                        worker_init_fn=_nice_worker if cpu and num_workers and WORKER_NICE else None)
+                        worker_init_fn=functools.partial(_init_worker, nice=WORKER_NICE if cpu else 0)
+                        if num_workers else None)
     bar = None
     if progress:
         from tqdm.auto import tqdm

@@ -13,6 +13,7 @@ value: each claim here is an exact equivalence (byte for byte) or a scheduling f
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -127,26 +128,30 @@ def test_panel_workers_default_to_every_core_on_cpu(monkeypatch):
 
 
 class _NiceReader:
-    """Records the niceness of the process that decodes each row."""
+    """Records the niceness of the process that decodes each row and whether it ignores SIGINT."""
 
     def __init__(self, out: Path):
         self.out = out
 
     def __call__(self, image_root, row):
         with open(self.out, "a") as fh:
-            fh.write(f"{os.getpid()} {os.nice(0)}\n")
+            ignored = int(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
+            fh.write(f"{os.getpid()} {os.nice(0)} {ignored}\n")
         return default_reader(image_root, row)
 
 
-def test_cpu_decode_workers_run_below_the_main_process(tmp_path):
+def test_cpu_decode_workers_run_below_the_main_process_and_leave_ctrl_c_to_it(tmp_path):
+    """Niced (the forward's threads keep the cores) and SIGINT ignored: Ctrl-C reaches the whole
+    process group, and only the main process may act on it (save shards, one line, exit 130)."""
     manifest = _films(tmp_path, 6)
     log = tmp_path / "nice.txt"
     extract_panel(_encoders()[:2], manifest, tmp_path, tmp_path / "c", batch_size=3, num_workers=1,
                   progress=False, reader=_NiceReader(log))
     seen = {tuple(map(int, line.split())) for line in log.read_text().splitlines()}
     assert len(seen) == 1
-    pid, nice = seen.pop()
+    pid, nice, ignored = seen.pop()
     assert pid != os.getpid() and nice == min(19, os.nice(0) + panel_mod.WORKER_NICE)  # before: os.nice(0)
+    assert ignored == 1 and signal.getsignal(signal.SIGINT) != signal.SIG_IGN  # the main process keeps Ctrl-C
 
 
 @pytest.mark.parametrize("interp", ["bicubic", "bilinear"])
