@@ -279,7 +279,10 @@ def how_to_read(stages, cfg: DictConfig | None = None) -> list[tuple[str, str]]:
         "spar": lambda: (
             "accuracy is the share of correct answers of a probe head, chance is 1 / the number of classes "
             "(column chance); a probe that falls to chance on the zero-shot cohort (eval_dataset other than the "
-            "training data) was answered from the usual layout of anatomy rather than from the image."),
+            "training data) was answered from the usual layout of anatomy rather than from the image; the majority "
+            "class rate (column majority) is the bar where labels are imbalanced. spar_oracle (Oracle-* rows) is a "
+            "planted reference whose tokens are computed from the organ masks: near 1 means the samples, heads and "
+            "scoring can learn, so a real encoder near chance lacks the information, not the pipeline."),
     }
     texts["mlp_head"] = texts["linear_head"]
     return [(STAGE_NAMES.get(s, s), texts[s]()) for s in stages if s in texts]
