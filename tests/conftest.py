@@ -24,20 +24,3 @@ def encoder():
 
     return tiny_encoder()
 
-
-#: the longest test modules (measured: each a few minutes on 2 cores), started first so that the
-#: two xdist workers (pyproject's ``-n 2 --dist loadscope``) do not end with one of them alone
-LONGEST_FIRST = ("tests/methods/spar/test_spar_demo.py", "tests/e2e/test_readme.py", "tests/cli/test_panel_jobs.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    """The :data:`LONGEST_FIRST` modules first, then the modules with slow tests, then the rest;
-    collection order otherwise (a stable sort, the same in every worker)."""
-    def key(item):
-        path = item.nodeid.split("::")[0]
-        if path in LONGEST_FIRST:
-            return LONGEST_FIRST.index(path)
-        return len(LONGEST_FIRST) + (0 if path in slow_modules else 1)
-
-    slow_modules = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=key)
