@@ -67,6 +67,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 from ..core.atomic import write_atomic
+from ..core.devices import usable_cores
 from ..core.errors import UserError
 from ..core.locking import acquire_waiting
 from .images import CROP_COLUMNS, read_image
@@ -319,7 +320,7 @@ def prepare_workers(num_workers, n_images: int) -> int:
     """Decoding processes: ``"auto"`` = the cores this process may use (at most 16), else the
     number given; never more than there are images."""
     if num_workers == "auto":
-        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        n = usable_cores()
         num_workers = min(16, n)
     return max(0, min(int(num_workers), n_images))
 

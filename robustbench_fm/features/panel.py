@@ -66,6 +66,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2 as T
 
+from ..core.devices import usable_cores
 from ..core.locking import FileLock, LockTimeout, who_holds
 from ..encoders.base import _LongestSidePad, _ToMode
 from .cache import FeatureCache
@@ -446,7 +447,7 @@ def default_panel_workers(device: torch.device | str) -> int:
     """
     if torch.device(device).type == "cuda":
         return default_num_workers(device)
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = usable_cores()
     return n if n >= 2 else 0
 
 
