@@ -23,4 +23,3 @@ def encoder():
     from feature_fixtures import tiny_encoder
 
     return tiny_encoder()
-
