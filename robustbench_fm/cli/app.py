@@ -4,6 +4,7 @@ Kept apart from ``__main__`` so tests can compose a config and call :func:`plan`
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -369,24 +370,34 @@ def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None) 
     gone as interrupted.
     """
 
+    with recorded(out_dir):
+        job = plan(cfg, cli_overrides)
+        return _run(job, cfg, out_dir, cli_overrides)
+
+
+@contextlib.contextmanager
+def recorded(out_dir: Path, **fields):
+    """A job's bookkeeping around the block: ``out_dir/.lock`` held (a second job aimed at the
+    folder fails at once), ``status.json`` saying ``running``, then ``done``, ``failed`` with the
+    error or ``interrupted`` (Ctrl-C), with the wall-clock ``start`` and ``end`` and ``fields``
+    (e.g. a sweep's extraction job adds its pid and host). Used by :func:`run` and by a sweep's
+    panel-extraction jobs (:func:`.sweeps.run_extraction`)."""
     with FileLock(out_dir / ".lock", timeout=0):
         if _read_status(out_dir) == "running":  # we hold the lock, so whoever wrote that is gone
             log.warning("%s: the previous run there was interrupted; running it again", out_dir)
         started = time.time()
-        _status(out_dir, "running", start=started)
+        _status(out_dir, "running", start=started, **fields)
         try:
-            job = plan(cfg, cli_overrides)
-            summary = _run(job, cfg, out_dir, cli_overrides)
+            yield
         except KeyboardInterrupt as exc:
-            _status(out_dir, "interrupted", " ".join(str(exc).split()), start=started, end=time.time())
+            _status(out_dir, "interrupted", " ".join(str(exc).split()), start=started, end=time.time(), **fields)
             raise
         except BaseException as exc:
             text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError's str() quotes
             _status(out_dir, "failed", f"{type(exc).__name__}: {' '.join(str(text).split())}", start=started,
-                    end=time.time())
+                    end=time.time(), **fields)
             raise
-        _status(out_dir, "done", start=started, end=time.time())
-        return summary
+        _status(out_dir, "done", start=started, end=time.time(), **fields)
 
 
 def _read_status(out_dir: Path) -> str | None:
@@ -397,9 +408,10 @@ def _read_status(out_dir: Path) -> str | None:
 
 
 def _status(out_dir: Path, status: str, error: str = "", start: float | None = None,
-            end: float | None = None) -> None:
+            end: float | None = None, **fields) -> None:
     times = {k: v for k, v in (("start", start), ("end", end)) if v is not None}
-    write_text_atomic(out_dir / "status.json", json.dumps({"status": status, "error": error, **times}) + "\n")
+    write_text_atomic(out_dir / "status.json",
+                      json.dumps({"status": status, "error": error, **fields, **times}) + "\n")
 
 
 def run_stage_on_entries(job: Plan, cfg: DictConfig, manifest: pd.DataFrame, entries, skipped: list[str],

@@ -61,7 +61,7 @@ from .. import encoders
 from .. import methods as stages
 from ..core.atomic import write_atomic, write_text_atomic
 from ..core.errors import UserError
-from ..core.locking import FileLock, abandoned, read_holder
+from ..core.locking import abandoned, read_holder
 from ..core.redact import redacted_yaml
 from ..core.tables import SweepResults
 from ..report.compare import write_compare
@@ -470,10 +470,6 @@ def _describe(job: dict) -> str:
     return "; ".join(f"{', '.join(n for n, _ in p['encoders'])} on {p['dataset']}" for p in job["panels"])
 
 
-def _write_status(out: Path, status: str, **fields: Any) -> None:
-    write_text_atomic(out / "status.json", json.dumps({"status": status, **fields}) + "\n")
-
-
 def run_extraction(job: dict, sweep_dir: str) -> list[dict]:
     """One panel-extraction job (:func:`extraction_jobs`), in this process or a submitit job's:
     every panel's encoders embedded through the app's extraction (``app._extract_panel`` ->
@@ -483,6 +479,7 @@ def run_extraction(job: dict, sweep_dir: str) -> list[dict]:
     failed with the error), ``config.yaml`` (redacted), ``extract.log`` and ``panel.json`` (per
     panel: dataset, stage and each encoder's entry and cache use, as a job's ``entries.json``).
     Returns the ``panel.json`` records; raises what the extraction raised."""
+    from . import app  # lazy: imports torch
 
     out = Path(sweep_dir) / job["dir"]
     out.mkdir(parents=True, exist_ok=True)
@@ -492,24 +489,16 @@ def run_extraction(job: dict, sweep_dir: str) -> list[dict]:
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-    started = time.time()
     try:
-        with FileLock(out / ".lock", timeout=0):
-            where = {"pid": os.getpid(), "host": socket.gethostname(), "start": started}
-            _write_status(out, "running", **where)
+        with app.recorded(out, pid=os.getpid(), host=socket.gethostname()):
             write_text_atomic(out / "config.yaml", redacted_yaml(OmegaConf.create(
                 [p["settings"] for p in job["panels"]] if len(job["panels"]) > 1 else job["panels"][0]["settings"])))
             try:
                 records = [_extract(panel) for panel in job["panels"]]
-            except BaseException as exc:
-                text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-                error = f"{type(exc).__name__}: {' '.join(str(text).split())}"
-                log.error("extraction job %s failed: %s", job["dir"], error, exc_info=True)
-                _write_status(out, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed", error=error,
-                              **where, end=time.time())
+            except BaseException:
+                log.error("extraction job %s failed", job["dir"], exc_info=True)
                 raise
             write_text_atomic(out / "panel.json", json.dumps({"panels": records}, indent=1) + "\n")
-            _write_status(out, "done", **where, end=time.time())
         return records
     finally:
         logger.removeHandler(handler)
@@ -577,8 +566,10 @@ def _failed(sweep_dir: Path, job: dict, exc: BaseException, log_file: Path) -> N
         lines = [line for line in str(exc).splitlines() if line.strip()]
         error = f"{type(exc).__name__}: {_short(' '.join(lines[0].split()) if lines else '', 200)}"
         out.mkdir(parents=True, exist_ok=True)
-        _write_status(out, "failed", error=error, **{k: v for k, v in record.items()
-                                                    if k in ("pid", "host", "start")}, end=time.time())
+        from . import app  # lazy: imports torch
+
+        app._status(out, "failed", error, end=time.time(),
+                    **{k: v for k, v in record.items() if k in ("pid", "host", "start")})
     print(f"warning: panel extraction job {job['dir']} ({_describe(job)}) failed: {error}; log: {log_file}; "
           "its stage jobs extract what is missing themselves", file=sys.stderr)
 
