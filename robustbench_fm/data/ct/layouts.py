@@ -176,7 +176,7 @@ DATASET_LAYOUTS = {"word": "word", "lits": "lits", "totalsegmentator": "totalseg
                    "spar_phantom_word": "word", "spar_phantom_totalsegmentator": "totalsegmentator"}
 #: Options of build_samples, and the phantom-generation options it accepts and ignores (they
 #: arrive with the dataset config's ``options`` that ``generate`` also receives).
-SAMPLE_OPTIONS = {"lits_root": None, "n_lits": 20, "min_organs": 5, "size": 224}
+SAMPLE_OPTIONS = {"lits_root": None, "n_lits": 20, "min_organs": 5, "size": 224, "distance_questions": 1}
 GENERATOR_OPTIONS = ("n_subjects", "phantom_seed")
 
 
@@ -187,6 +187,8 @@ def sample_options(dataset: str, options: dict) -> dict:
         raise TypeError(f"dataset '{dataset}': unknown option(s) {unknown}; accepted: "
                         f"{', '.join([*SAMPLE_OPTIONS, *GENERATOR_OPTIONS])}")
     out = {**SAMPLE_OPTIONS, **{k: v for k, v in options.items() if k in SAMPLE_OPTIONS}}
-    if int(out["min_organs"]) < 1 or int(out["size"]) < 8 or int(out["n_lits"]) < 0:
-        raise ValueError(f"dataset '{dataset}': need min_organs >= 1, size >= 8, n_lits >= 0 (got {out})")
+    if (int(out["min_organs"]) < 1 or int(out["size"]) < 8 or int(out["n_lits"]) < 0
+            or int(out["distance_questions"]) < 1):
+        raise ValueError(f"dataset '{dataset}': need min_organs >= 1, size >= 8, n_lits >= 0, distance_questions >= 1 "
+                         f"(got {out})")
     return out

@@ -102,7 +102,7 @@ def undersample(labels: np.ndarray, groups: np.ndarray, rng: np.random.Generator
 
 def make_questions(slice_table: pd.DataFrame, present: np.ndarray, centroids: np.ndarray, areas: np.ndarray,
                    slice_pixels: np.ndarray, tumours: np.ndarray, rng: np.random.Generator,
-                   probes: tuple[str, ...] = L3_PROBES, size: int = 224) -> pd.DataFrame:
+                   probes: tuple[str, ...] = L3_PROBES, size: int = 224, distance_questions: int = 1) -> pd.DataFrame:
     """Level-3 questions over the slices (section 3.1 (i)-(vi)), one row per question.
 
     ``present`` (M, 16) bool, ``centroids`` (M, 16, 2) normalised display (x, y), ``areas`` (M, 16)
@@ -115,17 +115,23 @@ def make_questions(slice_table: pd.DataFrame, present: np.ndarray, centroids: np
       at least one pixel of the ``size`` frame horizontally, asked in original and h-flipped form;
     - orientation: one transform per slice, a shuffled cycle of the five so classes are balanced;
     - symmetry: slices with both kidneys present, undersampled to balance classes per split;
-    - distance: four distinct random present organs per slice, Euclidean distances in the
-      ``size`` x ``size`` resized frame, label 1 when d(A, B) > d(C, D); exact ties are skipped.
+    - distance: ``distance_questions`` draws per slice (default 1) of four distinct random present
+      organs, Euclidean distances in the ``size`` x ``size`` resized frame, label 1 when
+      d(A, B) > d(C, D); exact ties and a repeat of a drawn pair of pairs are skipped. spar.md
+      Section 3.1 (v): "Is the distance between one organ pair greater or less than another?
+      ... Distance compares organ pairs that change across slices" gives no count per slice; one
+      is our default (a real cohort has thousands of slices), more suit a small cohort, where a
+      head must see each organ pair often enough to read its distance (the demo asks 16).
     """
     rows: list[dict] = []
     split = slice_table["split"].to_numpy()
     sample_id = slice_table["sample_id"].to_numpy()
     lits = (slice_table["dataset"] == "lits").to_numpy()
 
-    def add(probe, m, label, transform="none", organs=()):
+    def add(probe, m, label, transform="none", organs=(), draw=0):
         names = [ORGANS[o] for o in organs] + [""] * (4 - len(organs))
-        rows.append({"question_id": f"{probe}:{sample_id[m]}:{transform}", "probe": probe, "slice_row": int(m),
+        qid = f"{probe}:{sample_id[m]}:{transform}" + (f":{draw}" if draw else "")
+        rows.append({"question_id": qid, "probe": probe, "slice_row": int(m),
                      "transform": transform, "organ_a": names[0], "organ_b": names[1], "organ_c": names[2],
                      "organ_d": names[3], "label": int(label), "n_classes": N_CLASSES[probe], "split": split[m]})
 
@@ -159,11 +165,14 @@ def make_questions(slice_table: pd.DataFrame, present: np.ndarray, centroids: np
             slots = np.flatnonzero(present[m])
             if len(slots) < 4:
                 continue
-            a, b, c, d = rng.choice(slots, size=4, replace=False)
-            px = centroids[m] * size
-            d_ab, d_cd = np.linalg.norm(px[a] - px[b]), np.linalg.norm(px[c] - px[d])
-            if d_ab != d_cd:
-                add("distance_compare", m, d_ab > d_cd, organs=(a, b, c, d))
+            px, seen = centroids[m] * size, set()
+            for draw in range(distance_questions):
+                a, b, c, d = rng.choice(slots, size=4, replace=False)
+                key = frozenset((frozenset((a, b)), frozenset((c, d))))
+                d_ab, d_cd = np.linalg.norm(px[a] - px[b]), np.linalg.norm(px[c] - px[d])
+                if d_ab != d_cd and key not in seen:
+                    seen.add(key)
+                    add("distance_compare", m, d_ab > d_cd, organs=(a, b, c, d), draw=draw)
     if "tumour_count" in probes:
         for m in np.flatnonzero(lits & (tumours >= 0)):
             add("tumour_count", m, tumour_count_class(tumours[m]), organs=(LIVER,))

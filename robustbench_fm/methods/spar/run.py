@@ -349,8 +349,9 @@ class EncoderRun:
         ``setup.lr_search`` (or ``setup.train.lr`` alone when it is empty), each from the same
         seeded initialisation, keep the one with the lowest validation loss (spar.md Section 3.2:
         "logarithmic search over 1e-3 to 1e-6"; the paper does not say per what it searched, we
-        search per configuration, level and seed), and score it: metric rows for the test split and
-        every transfer cohort, with the chosen ``lr``."""
+        search per configuration, level and seed; at a frozen Level 3, per probe head, see
+        :func:`_assemble`), and score it: metric rows for the test split and every transfer cohort,
+        with the chosen ``lr`` and the ``epochs`` trained (a Level 3 probe's own)."""
         s, setup = self.samples, self.setup
         table = s.table if level in TILE_LEVELS else s.questions
         source, view_of = self._inputs(mode, head, level, self.dataset, s)
@@ -359,17 +360,22 @@ class EncoderRun:
         if len(train_idx) == 0 or len(val_idx) == 0 or len(test_idx) == 0:
             raise ValueError(f"dataset '{self.dataset}': {level} needs train, val and test samples; got "
                              f"{len(train_idx)}/{len(val_idx)}/{len(test_idx)}")
-        best = None
+        # frozen Level 3: six heads sharing nothing, each early-stopped and given its learning rate
+        # on its own validation loss (train.fit's ``own``); else one model, one choice
+        own = ({p: f"head.heads.{p}." for p in range(len(L3_PROBES))}
+               if level not in TILE_LEVELS and mode == "frozen" and head != "combined" else None)
+        tried = []
         for lr in setup.lr_search or (setup.train.lr,):
             with seeded(seed, self.device):  # initialisation and dropout draw from `seed`; the caller's RNG is restored
                 model = self._model(mode, head, level)
                 info = fit(model, task.batch, task.loss, train_idx, val_idx,
                            TrainConfig(**{**setup.train.__dict__, "lr": float(lr), "seed": seed}), self.device,
-                           task.groups)
-            if best is None or info["val_loss"] < best[1]["val_loss"]:
-                best = (model, {**info, "lr": float(lr)})
+                           task.groups, own)
+            tried.append((model, {**info, "lr": float(lr)}))
+            if not own:  # keep only the best so far
+                tried = [min(tried, key=lambda t: t[1]["val_loss"])]
             del model
-        model, info = best
+        model, info = _assemble(tried, own)
         with seeded(seed, self.device):
             cohorts = [(self.dataset, task, test_idx)]
             for name, ts in self.transfers.items():
@@ -382,9 +388,31 @@ class EncoderRun:
                     continue
                 out = predict(model, t.batch, idx, setup.eval_batch_size, self.device, t.groups)
                 rows += [{**r, "eval_dataset": name} for r in t.score(out, idx)]
-        del model, best
-        return [{"head": head, "mode": mode, "seed": seed, "epochs": info["epochs"], "lr": info["lr"], **r}
-                for r in rows]
+        del model, tried
+        per = info.get("by_probe", {})
+        return [{"head": head, "mode": mode, "seed": seed, "epochs": info["epochs"], "lr": info["lr"], **r,
+                 **per.get(r["finding"], {})} for r in rows]
+
+
+def _assemble(tried: list, own: dict | None) -> tuple[torch.nn.Module, dict]:
+    """The model to score from ``tried`` [(model, fit info + lr)] of the learning-rate search
+    (spar.md Section 3.2: "logarithmic search over 1e-3 to 1e-6" on validation). Without ``own``:
+    the model with the lowest validation loss. With ``own`` (independent Level 3 heads): each
+    probe's head from the rate whose model gave THAT head the lowest validation loss, so
+    ``info["by_probe"]`` holds each probe's own ``lr`` and ``epochs``; the overall ``lr`` is the
+    rate every head chose, or NaN when they differ, and ``epochs`` the most any head trained."""
+    if not own:
+        return tried[0]
+    model = tried[0][0]
+    by_probe = {}
+    for p, prefix in own.items():
+        src, info = min(tried, key=lambda t: t[1]["by_group"][p]["val_loss"])
+        if src is not model:
+            model.load_state_dict({k: v for k, v in src.state_dict().items() if k.startswith(prefix)}, strict=False)
+        by_probe[L3_PROBES[p]] = {"lr": info["lr"], "epochs": info["by_group"][p]["epochs"]}
+    lrs = {v["lr"] for v in by_probe.values()}
+    return model, {"epochs": max(v["epochs"] for v in by_probe.values()),
+                   "lr": lrs.pop() if len(lrs) == 1 else float("nan"), "by_probe": by_probe}
 
 
 @contextlib.contextmanager

@@ -197,8 +197,9 @@ def build_samples(dataset: str, root: str | Path, cache_dir: str | Path, seed: i
     organ is cropped to its tightest bounding box from the windowed slice (level 50, width 400)
     and resized to ``size`` x ``size``, absent organs are black tiles, slots in ``ORGANS`` order.
     Level 3 uses every such slice whole, windowed and resized, with ``probes.make_questions``
-    (seeded by ``seed``). The counting probe uses the first ``n_lits`` LiTS volumes (by volume
-    number) with tumour on at least one of their selected liver slices, from ``lits_root``
+    (seeded by ``seed``; ``distance_questions`` distance questions per slice). The counting
+    probe uses the first ``n_lits`` LiTS volumes (by volume number) with tumour on at least one
+    of their selected liver slices, from ``lits_root``
     (``root/lits`` for ``spar_phantom_word``); LiTS slices carry only counting questions.
     The result lives in ``<cache_dir>/spar/<dataset>-<content key>/``; a second call with the
     same files, seed and options loads it without reading any NIfTI file.
@@ -258,7 +259,8 @@ def build_samples(dataset: str, root: str | Path, cache_dir: str | Path, seed: i
                  "slice_tumours": np.asarray(small["tumours"], np.int64)}
     questions = make_questions(slice_table, per_slice["slice_present"], per_slice["slice_centroids"],
                                per_slice["slice_areas"], (slice_table["height"] * slice_table["width"]).to_numpy(),
-                               per_slice["slice_tumours"], np.random.default_rng(seed), size=size)
+                               per_slice["slice_tumours"], np.random.default_rng(seed), size=size,
+                               distance_questions=int(opts["distance_questions"]))
     for name, n, shape in (("tiles", len(table), (n_slots, size, size)), ("slices", len(slice_table), (size, size))):
         out = np.lib.format.open_memmap(tmp / f"{name}.npy", mode="w+", dtype=np.uint8, shape=(n, *shape))
         start = 0

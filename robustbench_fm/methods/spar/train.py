@@ -4,7 +4,6 @@ weights restored at the end."""
 from __future__ import annotations
 
 import contextlib
-import copy
 from dataclasses import dataclass
 from typing import Callable
 
@@ -55,17 +54,34 @@ def batches(idx: np.ndarray, size: int, groups: np.ndarray | None, rng: np.rando
 
 
 def fit(model: torch.nn.Module, batch: BatchFn, loss: LossFn, train_idx: np.ndarray, val_idx: np.ndarray,
-        cfg: TrainConfig, device: torch.device, groups: np.ndarray | None = None) -> dict:
+        cfg: TrainConfig, device: torch.device, groups: np.ndarray | None = None,
+        own: dict[int, str] | None = None) -> dict:
     """Train the parameters of ``model`` that require gradients; returns the epochs run and the
     best validation loss, with the best-validation weights loaded back into ``model``. ``groups``
-    (per sample): batches of one group each (:func:`batches`), in training and validation."""
+    (per sample): batches of one group each (:func:`batches`), in training and validation.
+
+    ``own`` (group -> the name prefix of the parameters only that group trains, e.g. Level 3's
+    frozen ``{p: "head.heads.p."}``): the groups are independent models sharing one loop, and each
+    is early-stopped on ITS OWN validation loss (spar.md Section 3.2: early stopping on the
+    validation loss, patience 20; Section 3.1, Level 3: six heads, "cross-entropy loss per head"):
+    a group whose loss has not improved for ``patience`` epochs stops training, each group gets
+    back its own best-validation weights, and the result's ``by_group`` holds each group's best
+    validation loss and epochs trained. A group without validation samples trains every epoch
+    and keeps its last weights (its loss is reported as inf). Without ``own``, one early stop for
+    the whole model on the summed loss (:func:`evaluate_loss`)."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=cfg.lr)
     rng = np.random.default_rng(cfg.seed)
-    best, best_state, stale, epochs = float("inf"), None, 0, 0
+    keys = list(own) if own else [None]
+    best = dict.fromkeys(keys, float("inf"))
+    stale, trained, best_state = dict.fromkeys(keys, 0), dict.fromkeys(keys, 0), {}
+    stopped: set = set()
+    epochs = 0
     for epoch in range(cfg.max_epochs):
         model.train()
         for idx in batches(train_idx, cfg.batch_size, groups, rng):
+            if own and int(np.asarray(groups)[idx[0]]) in stopped:
+                continue
             x, q, target = batch(idx, rng)
             with _autocast(device):
                 out = model(x, q)
@@ -74,33 +90,60 @@ def fit(model: torch.nn.Module, batch: BatchFn, loss: LossFn, train_idx: np.ndar
             value.backward()
             opt.step()
         epochs = epoch + 1
-        val = evaluate_loss(model, batch, loss, val_idx, cfg.batch_size, device, groups)
-        if val < best:
-            best, stale = val, 0
-            best_state = copy.deepcopy({k: v.detach().clone() for k, v in model.state_dict().items()})
+        if own:
+            val = evaluate_losses(model, batch, loss, val_idx, cfg.batch_size, device, groups)
         else:
-            stale += 1
-            if stale >= cfg.patience:
-                break
-    if best_state is not None:
-        model.load_state_dict(best_state)
-    return {"epochs": epochs, "val_loss": best}
+            val = {None: evaluate_loss(model, batch, loss, val_idx, cfg.batch_size, device, groups)}
+        for key in keys:
+            if key in stopped:
+                continue
+            trained[key] = epochs
+            if key not in val:
+                continue  # no validation sample: trains on, keeps its last weights
+            if val[key] < best[key]:
+                best[key], stale[key] = val[key], 0
+                prefix = own[key] if own else ""
+                best_state[key] = {k: v.detach().clone() for k, v in model.state_dict().items()
+                                   if k.startswith(prefix)}
+            else:
+                stale[key] += 1
+                if stale[key] >= cfg.patience:
+                    stopped.add(key)
+        if len(stopped) == len(keys):
+            break
+    for state in best_state.values():
+        model.load_state_dict(state, strict=False)
+    out = {"epochs": epochs, "val_loss": sum(best.values())}
+    if own:
+        out["by_group"] = {k: {"val_loss": best[k], "epochs": trained[k]} for k in keys}
+    return out
 
 
 @torch.no_grad()
-def evaluate_loss(model, batch: BatchFn, loss: LossFn, idx: np.ndarray, batch_size: int,
-                  device: torch.device, groups: np.ndarray | None = None) -> float:
-    """Mean loss over ``idx`` (weighted by batch size) in eval mode; batches of one group each
-    when ``groups`` is given (then, for Level 3, the mean cross-entropy over the samples)."""
+def evaluate_losses(model, batch: BatchFn, loss: LossFn, idx: np.ndarray, batch_size: int,
+                    device: torch.device, groups: np.ndarray | None = None) -> dict:
+    """Mean loss over ``idx`` in eval mode, per group ({group: mean over its samples}; one key,
+    None, without ``groups``); batches of one group each."""
     model.eval()
-    total, count = 0.0, 0
+    total, count = {}, {}
     for part in batches(idx, batch_size, groups, None):
         x, q, target = batch(part, None)
         with _autocast(device):
             out = model(x, q)
-        total += float(loss(out.float(), target)) * len(part)
-        count += len(part)
-    return total / max(count, 1)
+        key = None if groups is None else int(np.asarray(groups)[part[0]])
+        total[key] = total.get(key, 0.0) + float(loss(out.float(), target)) * len(part)
+        count[key] = count.get(key, 0) + len(part)
+    return {k: total[k] / count[k] for k in total}
+
+
+def evaluate_loss(model, batch: BatchFn, loss: LossFn, idx: np.ndarray, batch_size: int,
+                  device: torch.device, groups: np.ndarray | None = None) -> float:
+    """Mean loss over ``idx`` (weighted by batch size) in eval mode. With ``groups`` (Level 3: the
+    probe of each question), the SUM over groups of each group's mean loss: the six heads' own
+    cross-entropies added (spar.md Section 3.1, Level 3: "cross-entropy loss per head"), so early
+    stopping and the learning-rate search of a jointly trained model (ViT-Combined, finetuned
+    backbones) weigh every probe alike however many questions it has."""
+    return sum(evaluate_losses(model, batch, loss, idx, batch_size, device, groups).values())
 
 
 @torch.no_grad()

@@ -14,10 +14,11 @@ from robustbench_fm.methods.spar.samples import L3_PROBES
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
 #: Level 3 probes the oracle answers near-perfectly (>= 0.9) in the demo's budget. Relative position
-#: is asserted >= 0.85 (0.89-0.96 in domain over our runs: the heads must select two organs' x ranks
-#: by the question) and distance above chance only: its answer needs the question's two organ pairs
-#: looked up in the planted pair table, a per-pair read-out that ~200 training questions do not
-#: cover (0.65-0.75 in domain). Open in issue 20.
+#: and distance are asserted >= 0.85 (0.89-0.99 and 0.90-0.94 over our runs: their heads must pick
+#: two organs' x ranks, or two organ pairs' distances, out of the planted tokens by the question;
+#: distance with the demo's 32 questions per slice, 0.71-0.80 with one), and distance must beat
+#: what the question alone allows: a random backbone's heads reach 0.76-0.83 on distance from the
+#: organ pairs asked (canonical anatomy, spar.md Section 4: "distance and organ size hold").
 ORACLE_PROBES = ("orientation", "kidney_symmetry", "liver_size", "tumour_count")
 
 
@@ -140,7 +141,10 @@ def test_the_planted_oracle_is_near_perfect_and_random_backbones_stay_at_their_b
             acc = _overall(run, "spar_oracle", probe).loc[label, "accuracy"]
             assert acc >= 0.9, (label, probe, acc)
         assert _overall(run, "spar_oracle", "relative_position").loc[label, "accuracy"] >= 0.85
-        assert _overall(run, "spar_oracle", "distance_compare").loc[label, "accuracy"] >= 0.6
+        for cohort in ("spar_phantom_word", "totalsegmentator"):
+            dist = _overall(run, "spar_oracle", "distance_compare", cohort).loc[label, "accuracy"]
+            prior = _overall(run, "random_vit_s", "distance_compare", cohort)["accuracy"].max()
+            assert dist >= 0.85 and dist >= prior + 0.05, (label, cohort, dist, prior)
     rand = _overall(run, "random_vit_s", "localization")
     assert (rand["med"] > 0.8 * baseline).all(), (rand["med"], baseline)
     assert (_overall(run, "random_vit_s", "permutation")["perm_acc"] < 0.1).all()

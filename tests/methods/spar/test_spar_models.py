@@ -210,26 +210,31 @@ def test_vit_combined_at_level3_reads_the_question_inside_the_vit():
     assert out.shape == (2, 5) and torch.isfinite(out[:, :2]).all() and torch.isinf(out[:, 2:]).all()
 
 
-def test_learning_rate_search_keeps_the_rate_with_the_lowest_validation_loss(monkeypatch):
-    """spar.md Section 3.2 (search over 1e-3...1e-6 on validation): every rate starts from the same
-    seeded initialisation; the one whose validation loss is lowest is the model scored."""
+def test_learning_rate_search_gives_each_level3_head_the_rate_with_its_own_lowest_validation_loss(monkeypatch):
+    """spar.md Section 3.2 (search over 1e-3...1e-6 on validation) with Level 3's six independent
+    heads (Section 3.1: "cross-entropy loss per head"): every rate starts from the same seeded
+    initialisation, and each probe's head is taken from the rate whose run gave THAT head the
+    lowest validation loss (here probe p prefers 1e-(3 + p mod 4)); each probe's rows carry its own
+    rate and epochs, the macro row NaN (the heads chose different rates)."""
     from robustbench_fm.methods.spar import run as spar_run
 
     assert SparParams().lr_search == (1e-3, 1e-4, 1e-5, 1e-6)
     s = _symmetry_samples(n_per_split=(6, 3, 3))
-    seen = {}
+    seen, owns = {}, []
 
-    def fake_fit(model, batch, loss, train_idx, val_idx, cfg, device, groups=None):
+    def fake_fit(model, batch, loss, train_idx, val_idx, cfg, device, groups=None, own=None):
         seen[cfg.lr] = torch.cat([p.detach().flatten() for p in model.parameters()])
+        owns.append(own)
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(np.log10(cfg.lr))  # mark the model with its rate
-        return {"epochs": 1, "val_loss": abs(np.log10(cfg.lr) + 5.0)}  # lowest at 1e-5
+        by_group = {p: {"val_loss": abs(np.log10(cfg.lr) + 3 + p % 4), "epochs": p + 1} for p in own}
+        return {"epochs": 6, "val_loss": sum(g["val_loss"] for g in by_group.values()), "by_group": by_group}
 
     scored = []
     monkeypatch.setattr(spar_run, "fit", fake_fit)
-    monkeypatch.setattr(spar_run, "predict", lambda model, *a: scored.append(
-        float(next(model.parameters()).detach().flatten()[0])) or np.zeros((len(a[1]), 5), np.float32))
+    monkeypatch.setattr(spar_run, "predict", lambda model, *a: scored.append(model) or np.zeros((len(a[1]), 5),
+                                                                                                  np.float32))
     views, _ = slice_views(s)
 
     class Run(spar_run.EncoderRun):
@@ -237,11 +242,60 @@ def test_learning_rate_search_keeps_the_rate_with_the_lowest_validation_loss(mon
             return np.ones((len(views), 2, 4), np.float16), slice_views(samples)[1], True
 
     run = Run("x", s, {}, spar_run.Setup(levels=("spatial_queries",), hidden=4), CPU, None, "word")
-    rows = run.run_config("mlp", "frozen", "spatial_queries", 42)
+    rows = pd.DataFrame(run.run_config("mlp", "frozen", "spatial_queries", 42))
     assert sorted(seen) == [1e-6, 1e-5, 1e-4, 1e-3]
     first = next(iter(seen.values()))
     assert all(torch.equal(v, first) for v in seen.values())  # one seeded initialisation for every rate
-    assert scored == [pytest.approx(-5.0)] and {r["lr"] for r in rows} == {1e-5}
+    assert owns[0] == {p: f"head.heads.{p}." for p in range(6)}
+    (model,) = {id(m): m for m in scored}.values()
+    for p, head in enumerate(model.head.heads):
+        assert all(torch.all(w == -(3 + p % 4)) for w in head.parameters()), p
+    for p, probe in enumerate(L3_PROBES):
+        part = rows[rows["finding"] == probe]
+        assert (part["lr"] == 10.0 ** -(3 + p % 4)).all() and (part["epochs"] == p + 1).all(), probe
+    macro = rows[rows["finding"] == "macro"]
+    assert macro["lr"].isna().all() and (macro["epochs"] == 6).all()
+
+
+def test_each_level3_head_stops_on_its_own_validation_loss_and_keeps_its_own_best_weights():
+    """train.fit with ``own``: two independent one-weight heads, each training step raising its
+    weight w by lr = 1 (Adam on a constant gradient). Head 0's validation loss |w - 2| + 1 is lowest
+    after epoch 2 and then rises (patience 3: it trains epochs 1-5, then stops); head 1's 10 - w
+    falls to the last epoch (8). Each gets back the weight of its own best epoch (2 and 8); one
+    early stop on the summed loss would have kept a single epoch for both."""
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Module()
+            self.head.heads = torch.nn.ModuleList([torch.nn.Linear(1, 1, bias=False) for _ in range(2)])
+            for h in self.head.heads:
+                torch.nn.init.zeros_(h.weight)
+
+        def forward(self, x, q):
+            return torch.cat([self.head.heads[int(g)](x[i:i + 1]) for i, g in enumerate(q)])
+
+    groups = np.array([0, 1, 0, 1])  # samples 0, 1 train; 2, 3 validate
+    steps = {0: 0, 1: 0}
+
+    def batch(rows, rng):
+        return torch.ones(len(rows), 1), torch.from_numpy(groups[rows]), torch.from_numpy(rows)
+
+    def loss(out, rows):
+        g = int(groups[int(rows[0])])
+        if int(rows[0]) >= 2:  # validation
+            return (out - 2).abs().mean() + 1 if g == 0 else (10 - out).mean()
+        steps[g] += 1
+        return -out.sum()
+
+    model = Model()
+    info = fit(model, batch, loss, np.array([0, 1]), np.array([2, 3]),
+               TrainConfig(lr=1.0, batch_size=1, max_epochs=8, patience=3, seed=0), CPU, groups,
+               {0: "head.heads.0.", 1: "head.heads.1."})
+    assert steps == {0: 5, 1: 8}  # head 0's batches stop after its fifth epoch
+    assert info["epochs"] == 8 and {g: v["epochs"] for g, v in info["by_group"].items()} == {0: 5, 1: 8}
+    assert [info["by_group"][g]["val_loss"] for g in (0, 1)] == pytest.approx([1.0, 2.0])
+    assert info["val_loss"] == pytest.approx(3.0)
+    assert [float(h.weight.detach()) for h in model.head.heads] == pytest.approx([2.0, 8.0])
 
 
 # ------------------------------------------------------------------ the planted oracle
@@ -380,6 +434,31 @@ def test_level3_batches_hold_one_probe_each_and_predictions_keep_their_order():
 
     out = predict(Times10(), batch, idx, 3, CPU, groups)
     assert np.array_equal(out[:, 0], idx * 10.0)
+
+
+def test_level3_validation_loss_adds_each_probes_mean_so_a_many_question_probe_does_not_outweigh_the_others():
+    """Closed form: probe 0 has 9 samples of loss 1, probe 1 one sample of loss 3. The validation
+    loss (early stopping, learning-rate search) is 1 + 3 = 4, the heads' own mean losses added;
+    the sample-weighted mean (1.2) would let the probe with most questions decide. Without groups
+    (Levels 1-2) it stays the sample-weighted mean."""
+    from robustbench_fm.methods.spar.train import evaluate_loss
+
+    groups = np.array([0] * 9 + [1])
+    value = np.array([1.0] * 9 + [3.0], np.float32)
+
+    def batch(rows, rng):
+        return torch.from_numpy(value[rows])[:, None], None, None
+
+    class Same(torch.nn.Module):
+        def forward(self, x, q):
+            return x
+
+    def loss(out, target):
+        return out.mean()
+
+    idx = np.arange(10)
+    assert evaluate_loss(Same(), batch, loss, idx, 4, CPU, groups) == pytest.approx(4.0)
+    assert evaluate_loss(Same(), batch, loss, idx, 4, CPU) == pytest.approx(1.2)
 
 
 def test_by_encoder_overrides_one_encoders_training_setup():

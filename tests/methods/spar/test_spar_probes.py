@@ -4,6 +4,7 @@ import itertools
 import nibabel as nib
 import numpy as np
 import pytest
+from pandas import testing as pd_testing
 from scipy import ndimage
 
 from robustbench_fm.data.ct import phantoms
@@ -126,6 +127,37 @@ def test_distance_compare_uses_varying_pairs(phantom):
     assert (q["label"].to_numpy() == (d_ab > d_cd)).all()
     assert all(len(set(r)) == 4 for r in idx) and s.slice_present[rows[:, None], idx].all()
     assert len({tuple(r) for r in idx}) > len(q) // 2 and 0.25 < q["label"].mean() < 0.75
+
+
+def test_distance_questions_draws_that_many_distinct_questions_per_slice_and_one_keeps_the_first_draw(phantom):
+    """``distance_questions=k``: up to k questions per slice, no pair of pairs asked twice (in
+    either order), labels from the centroids; k = 1 asks exactly the default questions, and every
+    other probe's questions are unchanged by k (spar.md 3.1 (v) gives no count; the demo asks 16)."""
+    _, s = phantom
+    pixels = (s.slice_table["height"] * s.slice_table["width"]).to_numpy()
+    args = (s.slice_table, s.slice_present, s.slice_centroids, s.slice_areas, pixels, s.slice_tumours)
+
+    def ask(k):
+        return probes.make_questions(*args, np.random.default_rng(7), size=SIZE, distance_questions=k)
+
+    one, many = ask(1), ask(8)
+    pd_testing.assert_frame_equal(one, s.questions)  # build_samples' default is one draw per slice
+    def of(q, probe):
+        return q[q["probe"] == probe].reset_index(drop=True)
+
+    for probe in L3_PROBES:
+        if probe != "distance_compare":
+            pd_testing.assert_frame_equal(of(one, probe), of(many, probe))
+    q = of(many, "distance_compare")
+    assert q["question_id"].is_unique
+    per_slice = q.groupby("slice_row").size()
+    assert per_slice.max() <= 8 and per_slice.mean() > 4 and len(q) > 4 * len(of(one, "distance_compare"))
+    idx = q[["organ_a", "organ_b", "organ_c", "organ_d"]].map(ORGANS.index).to_numpy()
+    keys = {(r, frozenset((frozenset(i[:2]), frozenset(i[2:])))) for r, i in zip(q["slice_row"], idx)}
+    assert len(keys) == len(q)
+    px = s.slice_centroids[q["slice_row"].to_numpy()[:, None], idx] * SIZE
+    d_ab, d_cd = np.linalg.norm(px[:, 0] - px[:, 1], axis=1), np.linalg.norm(px[:, 2] - px[:, 3], axis=1)
+    assert (q["label"].to_numpy() == (d_ab > d_cd)).all() and 0.3 < q["label"].mean() < 0.7
 
 
 def test_tumour_count_matches_connected_components_of_the_lits_labels(phantom):
