@@ -90,8 +90,9 @@ def fit(model: torch.nn.Module, batch: BatchFn, loss: LossFn, train_idx: np.ndar
             value.backward()
             opt.step()
         epochs = epoch + 1
-        if own:
-            val = evaluate_losses(model, batch, loss, val_idx, cfg.batch_size, device, groups)
+        if own:  # the groups still training
+            live = val_idx[~np.isin(np.asarray(groups)[val_idx], list(stopped))]
+            val = evaluate_losses(model, batch, loss, live, cfg.batch_size, device, groups)
         else:
             val = {None: evaluate_loss(model, batch, loss, val_idx, cfg.batch_size, device, groups)}
         for key in keys:
