@@ -10,7 +10,9 @@ there, ``outputs/`` is not).
   nothing the README shows escapes this test.
 * The two set-up commands (``python3 -m venv ... && pip install ... && <command>``): the install
   prefix is what ``.ci/run`` does on every submission (checked to be the same command); the demo
-  after the install runs here like any other command, the test command is this suite itself.
+  after the install runs as written in tests/cli/test_demo.py (:data:`RUN_BY`, which also asserts the
+  README's table of what it prints; here only the images it leaves are written, :data:`LEAVES`), the
+  test command is this suite itself.
 """
 from __future__ import annotations
 
