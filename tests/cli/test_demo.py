@@ -1,4 +1,5 @@
 """The embedded default end to end, as a user runs it: `python -m robustbench_fm`."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,10 +11,15 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cli(*args, cwd=ROOT):
+def run_cli(*args, cwd=ROOT) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "robustbench_fm", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def cli(*args, cwd=ROOT):
+    proc = run_cli(*args, cwd=cwd)
     return proc.stdout + proc.stderr
 
 
@@ -23,15 +29,18 @@ def latest_run(output_root: Path, kind="runs") -> Path:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
+    """The README's demo command (``HF_HUB_OFFLINE=1 python -m robustbench_fm``, tests/e2e/test_readme.py's
+    RUN_BY) as written, with only the output root appended; then the same again (the cache)."""
     out = tmp_path_factory.mktemp("demo")
-    first = cli(f"paths.output_root={out}")
+    proc = run_cli(f"paths.output_root={out}")
+    first = proc.stdout + proc.stderr
     run1 = latest_run(out)
     second = cli(f"paths.output_root={out}", "hydra.run.dir=" + str(out / "runs" / "z" / "second"))
-    return out, first, second, run1, out / "runs" / "z" / "second"
+    return out, first, second, run1, out / "runs" / "z" / "second", proc.stdout
 
 
 def test_demo_reproduces_the_calibration(demo):
-    out, first, _, run1, _ = demo
+    out, first, _, run1, *_ = demo
     summary = pd.read_parquet(run1 / "summary.parquet")
     pooled = summary[summary["acq_group"] == "__pooled__"].set_index("encoder")
     assert set(pooled.index) == {"planted_blur", "planted_sharp", "random_vit_s"}
@@ -45,8 +54,19 @@ def test_demo_reproduces_the_calibration(demo):
     assert len(per) == 100 and set(per.columns) >= {"sample_id", "c_pos", "c_neg", "dm", "discordant"}
 
 
+def test_readme_table_is_what_the_demo_prints(demo):
+    """README.md's ```text block under "What the demo shows" is the demo's printed table, line for
+    line (the README's demo command runs here, not in tests/e2e/test_readme.py: its RUN_BY)."""
+    stdout = demo[-1]
+    readme = (ROOT / "README.md").read_text()
+    shown = re.search(r"^```text\n(.*?)^```", readme, re.S | re.M).group(1)
+    assert shown.splitlines()[0].startswith("| encoder |") and len(shown.splitlines()) == 5
+    missing = [line for line in shown.splitlines() if line not in stdout.splitlines()]
+    assert not missing, f"README's demo table differs from the demo's output: {missing}\n{stdout[-2000:]}"
+
+
 def test_second_run_hits_the_cache_with_zero_forwards(demo):
-    out, first, second, run1, run2 = demo
+    out, first, second, run1, run2, _ = demo
     for name in ("planted_blur", "planted_sharp", "random_vit_s"):
         assert f"{name}: 200 images embedded" in first
         assert f"cache hit: 200 rows, 0 forward passes ({out / 'cache' / 'features' / name}/" in second
@@ -56,7 +76,7 @@ def test_second_run_hits_the_cache_with_zero_forwards(demo):
 
 
 def test_from_features_cli_matches_the_pipeline(demo, tmp_path):
-    out, _, _, run1, _ = demo
+    out, _, _, run1, *_ = demo
     cache = next((out / "cache" / "features" / "planted_sharp").iterdir())
     from robustbench_fm import data
 
