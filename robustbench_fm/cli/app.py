@@ -386,18 +386,19 @@ def recorded(out_dir: Path, **fields):
         if _read_status(out_dir) == "running":  # we hold the lock, so whoever wrote that is gone
             log.warning("%s: the previous run there was interrupted; running it again", out_dir)
         started = time.time()
-        _status(out_dir, "running", start=started, **fields)
+        write_status(out_dir, "running", start=started, **fields)
         try:
             yield
         except KeyboardInterrupt as exc:
-            _status(out_dir, "interrupted", " ".join(str(exc).split()), start=started, end=time.time(), **fields)
+            write_status(out_dir, "interrupted", " ".join(str(exc).split()), start=started, end=time.time(),
+                         **fields)
             raise
         except BaseException as exc:
             text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError's str() quotes
-            _status(out_dir, "failed", f"{type(exc).__name__}: {' '.join(str(text).split())}", start=started,
-                    end=time.time(), **fields)
+            write_status(out_dir, "failed", f"{type(exc).__name__}: {' '.join(str(text).split())}",
+                         start=started, end=time.time(), **fields)
             raise
-        _status(out_dir, "done", start=started, end=time.time(), **fields)
+        write_status(out_dir, "done", start=started, end=time.time(), **fields)
 
 
 def _read_status(out_dir: Path) -> str | None:
@@ -407,8 +408,11 @@ def _read_status(out_dir: Path) -> str | None:
         return None
 
 
-def _status(out_dir: Path, status: str, error: str = "", start: float | None = None,
-            end: float | None = None, **fields) -> None:
+def write_status(out_dir: Path, status: str, error: str = "", start: float | None = None,
+                 end: float | None = None, **fields) -> None:
+    """``out_dir/status.json``: the job's status (running, done, failed, interrupted), its error,
+    ``fields`` and wall-clock ``start`` / ``end`` (written by :func:`recorded`, and by a sweep
+    for an extraction job whose process died before it could write its own)."""
     times = {k: v for k, v in (("start", start), ("end", end)) if v is not None}
     write_text_atomic(out_dir / "status.json",
                       json.dumps({"status": status, "error": error, **fields, **times}) + "\n")

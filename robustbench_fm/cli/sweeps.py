@@ -568,7 +568,7 @@ def _failed(sweep_dir: Path, job: dict, exc: BaseException, log_file: Path) -> N
         out.mkdir(parents=True, exist_ok=True)
         from . import app  # lazy: imports torch
 
-        app._status(out, "failed", error, end=time.time(),
+        app.write_status(out, "failed", error, end=time.time(),
                     **{k: v for k, v in record.items() if k in ("pid", "host", "start")})
     print(f"warning: panel extraction job {job['dir']} ({_describe(job)}) failed: {error}; log: {log_file}; "
           "its stage jobs extract what is missing themselves", file=sys.stderr)

@@ -121,7 +121,7 @@ def make_questions(slice_table: pd.DataFrame, present: np.ndarray, centroids: np
       Section 3.1 (v): "Is the distance between one organ pair greater or less than another?
       ... Distance compares organ pairs that change across slices" gives no count per slice; one
       is our default (a real cohort has thousands of slices), more suit a small cohort, where a
-      head must see each organ pair often enough to read its distance (the demo asks 16).
+      head must see each organ pair often enough to read its distance (the demo asks 32).
     """
     rows: list[dict] = []
     split = slice_table["split"].to_numpy()

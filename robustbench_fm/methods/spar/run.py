@@ -372,7 +372,7 @@ class EncoderRun:
                            TrainConfig(**{**setup.train.__dict__, "lr": float(lr), "seed": seed}), self.device,
                            task.groups, own)
             tried.append((model, {**info, "lr": float(lr)}))
-            if not own:  # keep only the best so far
+            if not own:  # one model, one choice: keep only the best so far (a finetuned copy is large)
                 tried = [min(tried, key=lambda t: t[1]["val_loss"])]
             del model
         model, info = _assemble(tried, own)
@@ -397,9 +397,9 @@ class EncoderRun:
 def _assemble(tried: list, own: dict | None) -> tuple[torch.nn.Module, dict]:
     """The model to score from ``tried`` [(model, fit info + lr)] of the learning-rate search
     (spar.md Section 3.2: "logarithmic search over 1e-3 to 1e-6" on validation). Without ``own``:
-    the model with the lowest validation loss. With ``own`` (independent Level 3 heads): each
-    probe's head from the rate whose model gave THAT head the lowest validation loss, so
-    ``info["by_probe"]`` holds each probe's own ``lr`` and ``epochs``; the overall ``lr`` is the
+    the one model left (the search keeps only the best so far). With ``own`` (independent Level 3
+    heads): each probe's head from the rate whose model gave THAT head the lowest validation loss,
+    so ``info["by_probe"]`` holds each probe's own ``lr`` and ``epochs``; the overall ``lr`` is the
     rate every head chose, or NaN when they differ, and ``epochs`` the most any head trained."""
     if not own:
         return tried[0]
