@@ -178,6 +178,8 @@ DATASET_LAYOUTS = {"word": "word", "lits": "lits", "totalsegmentator": "totalseg
 #: arrive with the dataset config's ``options`` that ``generate`` also receives).
 SAMPLE_OPTIONS = {"lits_root": None, "n_lits": 20, "min_organs": 5, "size": 224, "distance_questions": 1}
 GENERATOR_OPTIONS = ("n_subjects", "phantom_seed")
+#: the lowest value each numeric sample option accepts
+_MINIMA = {"min_organs": 1, "size": 8, "n_lits": 0, "distance_questions": 1}
 
 
 def sample_options(dataset: str, options: dict) -> dict:
@@ -187,8 +189,8 @@ def sample_options(dataset: str, options: dict) -> dict:
         raise TypeError(f"dataset '{dataset}': unknown option(s) {unknown}; accepted: "
                         f"{', '.join([*SAMPLE_OPTIONS, *GENERATOR_OPTIONS])}")
     out = {**SAMPLE_OPTIONS, **{k: v for k, v in options.items() if k in SAMPLE_OPTIONS}}
-    if (int(out["min_organs"]) < 1 or int(out["size"]) < 8 or int(out["n_lits"]) < 0
-            or int(out["distance_questions"]) < 1):
-        raise ValueError(f"dataset '{dataset}': need min_organs >= 1, size >= 8, n_lits >= 0, distance_questions >= 1 "
-                         f"(got {out})")
+    bad = [f"dataset.options.{k}={out[k]} is out of range (need >= {low})"
+           for k, low in _MINIMA.items() if int(out[k]) < low]
+    if bad:
+        raise ValueError(f"dataset '{dataset}': {'; '.join(bad)}")
     return out

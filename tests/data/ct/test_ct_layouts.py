@@ -141,6 +141,18 @@ def test_word_adapter_reads_the_release_layout(tmp_path):
         data.build_manifest("word", tmp_path, lits_rot="x")
 
 
+def test_out_of_range_sample_options_are_refused_naming_each_override():
+    """One line naming the dataset, every option out of range, its value and bound, as the
+    override that sets it (dataset.options.<name>); in-range options come back with the defaults."""
+    from robustbench_fm.data.ct.layouts import SAMPLE_OPTIONS, sample_options
+
+    assert sample_options("word", {"distance_questions": 32}) == {**SAMPLE_OPTIONS, "distance_questions": 32}
+    with pytest.raises(ValueError) as err:
+        sample_options("spar_phantom_word", {"distance_questions": 0, "size": 4, "n_subjects": 3})
+    assert str(err.value) == ("dataset 'spar_phantom_word': dataset.options.size=4 is out of range (need >= 8); "
+                              "dataset.options.distance_questions=0 is out of range (need >= 1)")
+
+
 def test_lits_adapter_reads_original_and_msd_layouts(tmp_path):
     hu, labels = _hand_subject()
     seg = (labels == 1).astype(np.uint8)
