@@ -2,6 +2,7 @@
 acquisition confounders, before any head is trained (CANDOR, CRoMa, SPAR-Bench).
 
 Importing the package downloads nothing and imports no deep-learning library; see
+``robustbench_fm.run`` (an experiment from Python, as the command line runs it),
 ``robustbench_fm.embed`` (a manifest's images through an encoder and the feature cache),
 ``robustbench_fm.evaluate``, ``robustbench_fm.data.build_manifest`` and
 ``robustbench_fm.encoders``.
@@ -14,7 +15,7 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
-from .api import embed, evaluate  # noqa: E402
+from .api import embed, evaluate, run  # noqa: E402
 from .cli import configstore as _configstore  # noqa: E402
 from .cli import resolvers as _resolvers  # noqa: E402
 from .core.results import Results  # noqa: E402
@@ -22,4 +23,4 @@ from .core.results import Results  # noqa: E402
 _resolvers.register()  # ${launch_dir:} and ${sweep_values:...} of the shipped configs
 _configstore.register()  # the encoder= and stage= options, generated from the registries
 
-__all__ = ["Results", "embed", "evaluate", "__version__"]
+__all__ = ["Results", "embed", "evaluate", "run", "__version__"]

@@ -1,5 +1,7 @@
-"""The stable Python API (docs/architecture.md, "Contracts"): the two steps of a run without Hydra.
+"""The stable Python API (docs/architecture.md, "Contracts").
 
+* :func:`run`: an experiment (or any run the command line can do) from Python: the same pipeline,
+  jobs, folders and tables as ``python -m robustbench_fm experiment=<name> [overrides]``;
 * :func:`embed`: a manifest's images embedded by an encoder through the content-keyed feature
   cache, exactly as the command line's extraction does it (the same cache entry);
 * ``robustbench_fm.evaluate(stage, features, manifest, **params)``: one stage on features you
@@ -18,11 +20,27 @@ import pandas as pd
 from . import data
 from .encoders import generic
 from .methods.run import evaluate
+from .pipeline.experiment import Outcome, run_experiment
 
 if TYPE_CHECKING:  # the feature engine imports torch; importing the package does not
     from .features.extract import FeatureSet
 
-__all__ = ["embed", "evaluate"]
+__all__ = ["Outcome", "embed", "evaluate", "run"]
+
+
+def run(experiment: str = "demo", overrides: list[str] | tuple[str, ...] = (), *,
+        config_dir: str | Path | None = None, run_dir: str | Path | None = None) -> Outcome:
+    """Run ``experiment`` with the command line's ``overrides`` (``["paths.data_dir=/data",
+    "device=cuda"]``), as ``python -m robustbench_fm experiment=<experiment> <overrides>`` does
+    without ``-m``: a paper experiment's jobs one after another in this process, then the collect
+    step that writes its tables; a plain run (the demo) as one job. ``run_dir``: where (default
+    ``outputs/runs/<date>/<time>``, as the command line); ``config_dir``: your own config folder.
+
+    Returns an :class:`~robustbench_fm.pipeline.experiment.Outcome`: ``run_dir``, ``tables``
+    (name -> DataFrame, the files under ``<run_dir>/tables/``), ``summary`` (every job's summary
+    rows) and ``errors`` (one line per job or table that failed; ``ok`` when none). Bad input
+    raises :class:`~robustbench_fm.core.errors.UserError` with one line, before any job runs."""
+    return run_experiment(experiment, list(overrides), config_dir=config_dir, run_dir=run_dir)
 
 DEFAULT_CACHE = Path("outputs") / "cache" / "features"  # the command line's paths.cache_dir
 

@@ -1,6 +1,6 @@
 """CANDOR at chest scale from cached features: wall time of the full stage on this machine.
 
-The cohort is issue 3's performance case: 11 matched groups, 12 findings, d = 1,024, banks of
+The cohort is the original performance case: 11 matched groups, 12 findings, d = 1,024, banks of
 4,000 and 22,000 queries per finding (each group holds 8,000 images, every finding has 4,000
 positives and 4,000 negatives in it, so the 4,000-image query sample holds ~2,000 positives and
 the banks are full), 2 images per patient, 1,000 clustered bootstrap resamples (the margin AUROC's

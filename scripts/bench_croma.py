@@ -22,7 +22,7 @@ measured in one run is the figure that counts.
 The floor, measured in the "ours" child after the stage on the same device: one exact top-k
 pass (``core.neighbors.topk_similarity``, k = 91, the grid's largest) of every tile against
 every tile of the L2-normalised matrix; ``ratio_over_similarity_floor`` = stage wall / floor
-(issue 21: at most 2 on CPU, 3 on a GPU).
+(the targets: at most 2 on CPU, 3 on a GPU).
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ Run on a machine with CUDA; writes JSON (default ``outputs/bench/gpu_paths.json`
 * ``extraction``: ``random_vit_s`` features of the same PNG files on CUDA with the entry's AMP
   (bf16) and in fp32 vs CPU fp32 (min cosine, max |Δ|).
 
-Issue 21 (speed at the floor), in the same run:
+Speed at the floor, in the same run:
 
 * ``device_transform``: full-size grey JPEG films embedded by ``random_vit_s`` with the host
   transform and with the resize/normalise on the device (``extract_panel(device_transform=True)``):

@@ -1,4 +1,4 @@
-"""Panel extraction (one decode per image) vs one extraction per encoder (issue 21, section 1).
+"""Panel extraction (one decode per image) vs one extraction per encoder.
 
 N grey JPEG films (default 2,000 at 2,048 x 2,048 px, like chest films; smooth noise plus grain)
 are embedded by a panel of 5 encoders, all in this process (and its decode workers):

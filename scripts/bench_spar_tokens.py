@@ -1,4 +1,4 @@
-"""Memory and time of SPAR's full-sequence Transformer heads (issue 20, item 1): for each backbone,
+"""Memory and time of SPAR's full-sequence Transformer heads: for each backbone,
 a random-weight instance of the real architecture at its real input size (ResNet-50 224, ViT-B/32
 224, RadDINO 518 -> 37 x 37, BiomedCLIP 224 -> 14 x 14, SAM-Med2D 256 -> 16 x 16 when its package
 is installed) gives the native token sequence (``methods.spar.models.Backbone``), and we record

@@ -24,7 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from robustbench_fm import encoders
 
 #: The papers' sweeps: (panel, images per encoder) — CANDOR: 605,443 images over 22 encoders;
-#: CRoMa: ~150,000 tiles over its tile panel (issue 9).
+#: CRoMa: ~150,000 tiles over its tile panel.
 SWEEPS = {"candor_all": 605_443, "croma_tiles": 150_000}
 
 

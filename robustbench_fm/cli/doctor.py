@@ -2,8 +2,9 @@
 run offline on this machine now.
 
 Per encoder: the packages its loader imports (found or missing, without importing them), where
-its weights are (random/built-in, the local Hugging Face cache, torchxrayvision's cache, or
-outside the hub so ``encoder.weights=PATH`` is needed), whether it is gated and a Hugging Face
+its weights are (random/built-in, the local Hugging Face cache, torchxrayvision's cache, inside an
+installed Python package (``hub_id="package:<import name>/<file>"``), or outside the hub so
+``encoder.weights=PATH`` is needed), whether it is gated and a Hugging Face
 token is configured, and whether it needs ``trust_remote_code``. Nothing touches the network.
 After the table, one install line per missing package (its robustbench_fm extra, or the authors'
 repository for packages that are not on PyPI); packages one command installs share its line.
@@ -60,7 +61,7 @@ def _module_found(name: str) -> bool:
 def hub_repo(spec: EncoderSpec) -> str | None:
     """The Hugging Face repo holding the entry's weights (None when they live elsewhere)."""
     hub_id = spec.hub_id
-    if hub_id.startswith(("gdrive:", "planted:")) or spec.library == "torchxrayvision":
+    if hub_id.startswith(("gdrive:", "planted:", "package:")) or spec.library == "torchxrayvision":
         return None
     if ":" in hub_id:
         return hub_id.split(":", 1)[1].split("@")[0]
@@ -75,12 +76,26 @@ def _hf_token() -> bool:
     return bool(get_token())
 
 
+def _package_weights(spec: EncoderSpec) -> tuple[str, bool]:
+    """(where, found) for weights shipped in an installed package, found without importing it."""
+    package, _, resource = spec.hub_id.partition(":")[2].partition("/")
+    found = importlib.util.find_spec(package) if _module_found(package) else None
+    if found is None:
+        return f"package {package} not installed", False
+    folders = list(found.submodule_search_locations or [])
+    if not any((Path(folder) / resource).is_file() for folder in folders):
+        return f"package {package} lacks {Path(resource).name}", False
+    return f"package {package}", True
+
+
 def _weights(spec: EncoderSpec) -> tuple[str, bool]:
     """(where the weights are, found) without any network access."""
     if spec.library == "synthetic":
         return "built-in (no weights)", True
     if not spec.pretrained:
         return f"random (seed {spec.seed}, no download)", True
+    if spec.hub_id.startswith("package:"):
+        return _package_weights(spec)
     if spec.library == "torchxrayvision":
         if not _module_found("torchxrayvision"):  # its cache folder and file names come from the package
             return "unknown: torchxrayvision not installed", False

@@ -15,15 +15,17 @@ from pathlib import Path
 
 from .. import data, encoders, methods
 from .. import methods as stages
+from ..core.errors import message
 from ..core.redact import install_log_redaction, redacted_yaml
 from ..core.tables import SweepResults
 from ..data import cards
 from ..encoders import generic
+from ..pipeline.experiment import bug_line, expand, is_unit, log_traceback, run_jobs
 from ..report.compare import to_markdown, write_compare
 from ..report.tables import get
 from . import configstore
 from .configstore import GROUPS, group_options
-from .sweeps import collect_and_report, register_resolvers
+from .sweeps import collect_and_report, dry_run_sweep, register_resolvers
 
 #: the shipped configs: the source tree's ``configs/`` or the installed package data (data.cards.config_dir)
 CONFIG_DIR = cards.CONFIG_DIR
@@ -110,7 +112,7 @@ def collect(sweep_dir: str, show_compare: bool = False) -> int:
     result = collect_and_report(sweep_dir)
     if result is None or result.problems:
         return 2
-    rc = 1 if result.unfinished else 0
+    rc = 1 if result.unfinished or result.table_errors else 0
     if show_compare:
         shown = Path(sweep_dir) / "compare.md"
         print(shown.read_text() if shown.exists() else "compare: the sweep's experiment lists no paper tables "
@@ -163,6 +165,66 @@ def _remove_dry_run_folder(out: Path, output_root: Path) -> None:
     while folder != output_root and output_root in folder.parents and not any(folder.iterdir()):
         folder.rmdir()
         folder = folder.parent
+
+
+def unit_config(cfg):
+    """The job's config with its ``hydra`` node when it is an experiment run as a unit without
+    ``-m`` (:func:`robustbench_fm.pipeline.experiment.is_unit`), else None (one job, as always)."""
+    import copy
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    if HydraConfig.get().runtime.choices.get("experiment") == "collect":
+        return None
+    full = copy.deepcopy(cfg)
+    with open_dict(full):
+        full.hydra = HydraConfig.get()
+    return full if is_unit(full) else None
+
+
+def run_unit(full, cfg, run_dir: Path) -> int:
+    """Run an experiment's jobs here (:func:`robustbench_fm.pipeline.experiment.run_jobs`) into
+    ``run_dir``, or with ``dry_run=true`` list them; the exit code: 0, 1 when a job failed or a
+    requested table could not be built, 2 when nothing could be collected."""
+    if cfg.dry_run:
+        rc = dry_run_sweep(full, unit_dir=run_dir)
+        _remove_dry_run_folder(run_dir, Path(cfg.paths.output_root))
+        return rc
+    jobs = expand(full, with_configs=True)
+    if jobs is None:
+        print(f"error: the sweeper {full.hydra.sweeper.get('_target_')} lists its jobs only under -m; "
+              "run the experiment with -m", file=sys.stderr)
+        return 2
+    name = full.hydra.runtime.choices.get("experiment")
+    print(f"experiment {name}: {len(jobs)} jobs, one after another in this process, then the collect step, "
+          f"into {run_dir} (-m fans them out onto a launcher)", flush=True)
+    result = run_jobs(jobs, run_dir, debug=bool(cfg.get("debug")))
+    if result.collected is None:
+        return 2
+    return 0 if result.ok else 1
+
+
+def _log_traceback(out_dir: Path, hc) -> Path | None:
+    """The exception being handled, with its traceback, written to the job's log file (Hydra's
+    ``<run folder>/<job name>.log``, else ``<run folder>/traceback.log``) and not to the console;
+    returns the file."""
+    import logging as _logging
+
+    files = [h for h in _logging.root.handlers if isinstance(h, _logging.FileHandler)]
+    handler = files[0] if files else None
+    try:
+        if handler is None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            handler = _logging.FileHandler(out_dir / "traceback.log")
+            log_traceback(handler, f"{hc.job.name} failed with a bug")
+            handler.close()
+        else:
+            log_traceback(handler, f"{hc.job.name} failed with a bug")
+            handler.flush()
+    except OSError:
+        return None
+    return Path(handler.baseFilename)
 
 
 def doctor(selected: list[str]) -> int:
@@ -385,7 +447,10 @@ def main() -> None:
         multirun = hc.mode == RunMode.MULTIRUN
         out_dir = Path(hc.runtime.output_dir)
         where = f"job {out_dir.name}: " if multirun else ""
+        unit = None if multirun else unit_config(cfg)
         try:
+            if unit is not None:  # an experiment without -m: its jobs here, one after another
+                sys.exit(run_unit(unit, cfg, out_dir))
             if cfg.dry_run:
                 print(redacted_yaml(cfg))
                 print(app.plan(cfg, overrides).describe(cfg))
@@ -396,7 +461,9 @@ def main() -> None:
             if cfg.get("debug"):
                 traceback.print_exc()
             saved = f"{exc}; " if str(exc) else f"run folder {out_dir}; finished feature-cache shards are kept; "
-            print(f"interrupted: {saved}re-run the same command to resume", file=sys.stderr)
+            how = (f"re-run it with hydra.run.dir={out_dir} to resume (finished jobs are skipped)" if unit is not None
+                   else "re-run the same command to resume")
+            print(f"interrupted: {saved}{how}", file=sys.stderr)
             if multirun:
                 print(f"the sweep stopped at {out_dir.name}; python -m robustbench_fm collect {hc.sweep.dir} "
                       "merges the jobs that finished", file=sys.stderr)
@@ -406,15 +473,18 @@ def main() -> None:
                 if not multirun:
                     raise
                 traceback.print_exc()
-            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-            print(f"error: {where}{message}", file=sys.stderr)
+            print(f"error: {where}{message(exc)}", file=sys.stderr)
             if not multirun:
                 sys.exit(2)
-        except Exception:
-            if not multirun:
+        except Exception as exc:  # a bug, not the user's input: one line, the traceback in the log
+            if cfg.get("debug") and not multirun:
                 raise
-            traceback.print_exc()
-            print(f"error: {where}failed with the traceback above", file=sys.stderr)
+            log_file = _log_traceback(out_dir, hc)
+            if cfg.get("debug"):
+                traceback.print_exc()
+            print(bug_line(exc, log_file, where), file=sys.stderr)
+            if not multirun:
+                sys.exit(1)
 
     logging.getLogger("robustbench_fm").setLevel(logging.INFO)
     try:

@@ -14,6 +14,10 @@ have them before anything is resolved.
   the CSV's folder (the current directory while no CSV is set) and its 0/1 finding columns
   (:func:`robustbench_fm.data.csv_manifest.finding_columns`); neither raises: a missing CSV is
   reported in one line when the manifest is built.
+* ``${feature_set:${features_file},${features_encoder}}`` and
+  ``${feature_data:${manifest_file},${features_dataset}}`` (``experiment=from_features``): the names
+  of the user's feature set and data (:func:`robustbench_fm.pipeline.job.features_names`), so its
+  job folders are named after them.
 """
 from __future__ import annotations
 
@@ -51,9 +55,24 @@ def csv_findings(manifest) -> list[str]:
     return finding_columns(manifest)
 
 
+def feature_set(features_file, name=None) -> str:
+    """The name of a bring-your-own feature set: ``name`` when set, else its file's (a cache
+    entry: its encoder folder; :func:`robustbench_fm.pipeline.job.feature_set_name`)."""
+    from ..pipeline.job import feature_set_name  # lazy: the resolvers load with the package, the pipeline later
+
+    return str(name) if name else feature_set_name(features_file) if features_file else "features"
+
+
+def feature_data(manifest_file, name=None) -> str:
+    """The name of a bring-your-own feature set's data: ``name`` when set, else the manifest's stem."""
+    return str(name) if name else Path(str(manifest_file)).stem if manifest_file else "manifest"
+
+
 def register() -> None:
     """Register the resolvers (idempotent)."""
     OmegaConf.register_new_resolver("launch_dir", launch_dir, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("sweep_values", sweep_values, replace=True)
     OmegaConf.register_new_resolver("csv_root", csv_root, replace=True)
     OmegaConf.register_new_resolver("csv_findings", csv_findings, replace=True)
+    OmegaConf.register_new_resolver("feature_set", feature_set, replace=True)
+    OmegaConf.register_new_resolver("feature_data", feature_data, replace=True)

@@ -1,3 +1,4 @@
 """The base layer every other layer builds on: errors, the lazy registry, devices, atomic writes,
-redaction, results, locking, the one exact kNN engine and the statistics (bootstrap, intervals,
-BH, MH). Imports nothing above it (no data, encoders, features, methods, report, cli or Hydra)."""
+redaction, results, text (one-line messages), locking, the one exact kNN engine and the
+statistics (bootstrap, intervals, BH, MH, Spearman). Imports nothing above it (no data,
+encoders, features, methods, report, cli or Hydra)."""

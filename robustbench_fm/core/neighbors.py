@@ -1,7 +1,7 @@
 """The one exact cosine k-nearest-neighbour engine (torch; GPU when present) and the one L2
 normaliser, shared by CANDOR (candor.md Eq. 1 and Eq. 5) and CRoMa (croma_conventions.md A.1, A.3).
 
-Features are L2-normalised first (DESIGN.md, Conventions; :func:`l2_normalize`), so cosine
+Features are L2-normalised first (:func:`l2_normalize`), so cosine
 similarity is the inner product and cosine distance is ``1 − s`` (:func:`cosine_distance`).
 Similarities are computed tile by tile with a matmul and reduced to running top-k lists, so memory
 is bounded by one tile whatever the set sizes. The pieces:

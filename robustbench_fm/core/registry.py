@@ -4,6 +4,8 @@ from __future__ import annotations
 import difflib
 from typing import Generic, TypeVar
 
+from .errors import UnknownName
+
 T = TypeVar("T")
 
 
@@ -32,5 +34,5 @@ class Registry(Generic[T]):
             close = difflib.get_close_matches(name, self._entries, n=3)
             hint = (f"did you mean {', '.join(close)}?" if close
                     else f"run 'python -m robustbench_fm list {self.kind}s'")
-            raise KeyError(f"unknown {self.kind} '{name}'; {hint}")
+            raise UnknownName(f"unknown {self.kind} '{name}'; {hint}")
         return self._entries[name]

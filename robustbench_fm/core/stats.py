@@ -13,7 +13,8 @@ bootstrap with 1,000 resamples, 95% percentile intervals, BH FDR control at 0.05
 * intervals and tests on the replicates: :func:`percentile_ci`, :func:`summarize_bootstrap`,
   :func:`bootstrap_p`;
 * multiple testing: :func:`bh_adjust` (Benjamini-Hochberg);
-* stratified risk difference: :func:`mantel_haenszel_rd` (Mantel-Haenszel with Sato's variance).
+* stratified risk difference: :func:`mantel_haenszel_rd` (Mantel-Haenszel with Sato's variance);
+* rank agreement: :func:`spearman` (Spearman's ρ with one NaN policy for every table and figure).
 """
 from __future__ import annotations
 
@@ -306,3 +307,21 @@ def mantel_haenszel_rd(a1, n1, a0, n0) -> dict:
     q = (a1 * (n0 - a0) + a0 * (n1 - a1)) / (2 * t)
     var = (rd * p.sum() + q.sum()) / weight ** 2
     return dict(rd=float(rd), var=float(var), se=float(np.sqrt(max(var, 0.0))), n_strata=int(keep.sum()))
+
+
+def spearman(x, y) -> float:
+    """Spearman's ρ of two equally long sequences (``scipy.stats.spearmanr``), with one NaN policy:
+    pairs where either value is NaN are left out, and the result is NaN when fewer than 3 distinct
+    (x, y) points remain (two points always give ±1) or either side is constant (no ranking to
+    correlate). Used by the CRoMa tables
+    (Tables 7-9, 11) and the CANDOR figures."""
+    from scipy.stats import spearmanr
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"spearman: expected two 1-D sequences of one length, got shapes {x.shape} and {y.shape}")
+    keep = ~(np.isnan(x) | np.isnan(y))
+    x, y = x[keep], y[keep]
+    if len(set(zip(x.tolist(), y.tolist()))) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(spearmanr(x, y).statistic)

@@ -6,6 +6,7 @@ from . import (  # noqa: F401  (register the adapters)
     derm,
     fundus,
     mammo,
+    mnist,
     natural,
     pathology,
     pathorob,

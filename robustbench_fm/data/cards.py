@@ -1,4 +1,4 @@
-"""Dataset cards: what a complete copy of each dataset should contain (issue 7, item 4).
+"""Dataset cards: what a complete copy of each dataset should contain.
 
 Each ``configs/dataset/<name>.yaml`` holds a ``card`` with the access and licence notes, the
 citation and the ``expected`` counts (``images``, ``patients``, ``positives`` per finding) from the

@@ -1,4 +1,4 @@
-"""``dataset=csv``: your own images and a CSV of labels (issue 22, item 4).
+"""``dataset=csv``: your own images and a CSV of labels.
 
 ``dataset.manifest=<labels.csv> dataset.root=<images folder>`` (root defaults to the CSV's folder).
 The CSV has one row per image:

@@ -1,4 +1,4 @@
-"""Open one manifest row as a PIL image, whatever format its dataset ships (issue 7, item 2).
+"""Open one manifest row as a PIL image, whatever format its dataset ships.
 
 ``read_image(image_root, row)`` dispatches on the row's ``path`` (relative to ``image_root``):
 

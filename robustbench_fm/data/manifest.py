@@ -1,4 +1,4 @@
-"""The canonical manifest: one row per image, tile, slice or slide (DESIGN.md, "Manifest").
+"""The canonical manifest: one row per image, tile, slice or slide (docs/architecture.md, "Contracts").
 
 Every dataset adapter returns this table and every stage reads it. Validation fails loudly with
 one line naming the source file, the column, the first bad row and what to do about it.
@@ -44,11 +44,13 @@ def _first_bad(mask: pd.Series):
 
 
 def validate(df: pd.DataFrame, source: str = "<manifest>", findings: tuple[str, ...] | list[str] = (),
-             required: tuple[str, ...] = ("sample_id",), unique: tuple[str, ...] | None = None
-             ) -> pd.DataFrame:
+             required: tuple[str, ...] = ("sample_id",), unique: tuple[str, ...] | None = None,
+             labels: tuple[str, ...] | list[str] = ()) -> pd.DataFrame:
     """Check ``df`` against the canonical schema and return it with canonical dtypes.
 
-    ``findings`` names binary finding columns that must hold only 0, 1 or NaN. ``unique`` names
+    ``findings`` names binary finding columns that must hold only 0, 1 or NaN; ``labels`` names
+    categorical label columns (CRoMa's ``bio_label``: any strings or codes, NaN unlabelled), which
+    must exist and are kept as strings. ``unique`` names
     the column set that identifies a row; by default ``("sample_id", "subset")`` when the
     manifest has a ``subset`` column (paired designs list an image once per subset), else
     ``("sample_id",)``.
@@ -71,6 +73,13 @@ def validate(df: pd.DataFrame, source: str = "<manifest>", findings: tuple[str, 
         if col in NON_EMPTY_COLUMNS and missing.any():
             _fail(source, col, _first_bad(missing), "empty value", f"fill every '{col}'")
         out[col] = out[col].astype(object).where(missing, out[col].astype(str))
+    for col in labels:
+        if col not in out.columns:
+            _fail(source, col, None, "label column missing",
+                  f"add '{col}' (the categorical label of each row) or name another column with stage.findings=[...]")
+        if col not in STRING_COLUMNS:
+            missing = out[col].isna()
+            out[col] = out[col].astype(object).where(missing, out[col].astype(str))
     dup = out.duplicated(list(unique), keep="first")
     if dup.any():
         i = _first_bad(dup)
@@ -135,13 +144,15 @@ def header(path: str | Path) -> list[str]:
     return [str(c) for c in pd.read_csv(path, nrows=0).columns]
 
 
-def read(path: str | Path, findings: tuple[str, ...] | list[str] = ()) -> pd.DataFrame:
-    """Read a manifest from CSV or parquet and validate it, naming ``path`` in every error."""
+def read(path: str | Path, findings: tuple[str, ...] | list[str] = (),
+         labels: tuple[str, ...] | list[str] = ()) -> pd.DataFrame:
+    """Read a manifest from CSV or parquet and validate it (:func:`validate`: ``findings`` 0/1,
+    ``labels`` categorical), naming ``path`` in every error."""
     path = Path(path)
     if not path.exists():
         raise ManifestError(f"{path}: file not found; pass an existing manifest (CSV or parquet)")
     if path.suffix == ".parquet":
         df = pd.read_parquet(path)
     else:
-        df = pd.read_csv(path, dtype={c: str for c in STRING_COLUMNS})
-    return validate(df, source=str(path), findings=findings)
+        df = pd.read_csv(path, dtype={c: str for c in (*STRING_COLUMNS, *labels)})
+    return validate(df, source=str(path), findings=findings, labels=labels)

@@ -70,6 +70,7 @@ from ..core.atomic import write_atomic
 from ..core.devices import usable_cores
 from ..core.errors import UserError
 from ..core.locking import acquire_waiting
+from ..core.text import one_line
 from .images import CROP_COLUMNS, read_image
 
 log = logging.getLogger("robustbench_fm.data")
@@ -177,10 +178,6 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _one_line(text) -> str:
-    return " ".join(str(text).split())
-
-
 class PreparedStore:
     """One store entry ``<root>/<size>px/<key>/`` (module docstring). An existing entry keeps the
     ``shard_size`` it was started with."""
@@ -201,7 +198,7 @@ class PreparedStore:
                 self.shard_size = int(meta["shard_size"])
                 self._records = {int(r["index"]): r for r in meta["shards"]}
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise PreparedImageError(f"{self.meta_path}: unreadable or foreign ({_one_line(exc)}); delete the "
+                raise PreparedImageError(f"{self.meta_path}: unreadable or foreign ({one_line(exc)}); delete the "
                                          f"folder {self.path} to prepare the images again") from None
         if self.shard_size < 1:
             raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
@@ -234,7 +231,7 @@ class PreparedStore:
             try:
                 errors = pq.read_table(path, columns=["error"]).column("error").to_pylist()
             except Exception as exc:  # noqa: BLE001  (any pyarrow failure means a bad file)
-                raise PreparedImageError(f"{path}: unreadable shard ({_one_line(exc) or type(exc).__name__}); "
+                raise PreparedImageError(f"{path}: unreadable shard ({one_line(exc) or type(exc).__name__}); "
                                          "delete this file and run again to rewrite it") from None
             rec = self._records[i] = {"index": i, "file": path.name, "rows": len(errors), "sha256": _sha256(path),
                                       "failed": sum(bool(e) for e in errors)}
@@ -312,7 +309,7 @@ def _decode(job: tuple) -> tuple[bytes, str]:
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001  (reported by the caller, one line)
-        short = _one_line(exc) or type(exc).__name__
+        short = one_line(exc) or type(exc).__name__
         return b"", f"{type(exc).__name__}: {short.replace(f'{image_root}{os.sep}', '')}"
 
 

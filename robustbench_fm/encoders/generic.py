@@ -1,4 +1,4 @@
-"""Generic encoder entries: a model id instead of a registry entry (issue 22, item 3).
+"""Generic encoder entries: a model id instead of a registry entry.
 
 ``encoder=timm encoder.model=<timm name or hf-hub id>``, ``encoder=hf encoder.model=<repo or folder>``
 (transformers ``AutoModel`` + its image processor) and ``encoder=open_clip encoder.model=<hf-hub id,

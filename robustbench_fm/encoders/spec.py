@@ -106,10 +106,5 @@ class EncoderSpec:
                 "interpolation": self.interpolation, "mean": list(self.mean), "std": list(self.std),
                 "channels": self.channels}
 
-    def as_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["mean"], d["std"] = list(self.mean), list(self.std)
-        return d
-
     def replace(self, **changes) -> "EncoderSpec":
         return dataclasses.replace(self, **changes)

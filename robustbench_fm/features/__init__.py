@@ -1,4 +1,4 @@
-"""Extraction engine and the parquet feature cache (DESIGN.md, "Feature cache").
+"""Extraction engine and the parquet feature cache (docs/architecture.md, "Contracts").
 
 ``extract(encoder, manifest, image_root, cache_root)`` embeds a manifest once and reuses the
 cache afterwards; ``load_features(path_or_dir, manifest)`` reads any features parquet (a cache

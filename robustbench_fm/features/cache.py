@@ -1,4 +1,4 @@
-"""The parquet feature cache (DESIGN.md, "Feature cache").
+"""The parquet feature cache (docs/architecture.md, "Contracts").
 
 Layout of one entry::
 
@@ -69,6 +69,7 @@ import pyarrow.parquet as pq
 from ..core.atomic import write_atomic
 from ..core.errors import UserError
 from ..core.locking import FileLock
+from ..core.text import one_line
 from .key import CACHE_FORMAT, _canonical, cache_key, manifest_hash
 
 log = logging.getLogger("robustbench_fm.features")
@@ -127,10 +128,6 @@ def shard_index(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
 def skipped_csv_bytes(records: dict[int, dict]) -> bytes:
     """``skipped.csv`` for ``{row: {"sample_id", "path", "error"}}``, sorted by row."""
     buf = io.StringIO()
@@ -138,7 +135,7 @@ def skipped_csv_bytes(records: dict[int, dict]) -> bytes:
     w.writerow(SKIPPED_COLUMNS)
     for row in sorted(records):
         r = records[row]
-        w.writerow([str(r["sample_id"]), int(row), _one_line(r.get("path", "")), _one_line(r.get("error", ""))])
+        w.writerow([str(r["sample_id"]), int(row), one_line(r.get("path", "")), one_line(r.get("error", ""))])
     return buf.getvalue().encode()
 
 
@@ -151,7 +148,7 @@ def parse_skipped_csv(path: str | Path, n_rows: int | None = None) -> dict[int, 
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        raise FeatureCacheError(f"{path}: unreadable ({_one_line(exc)}); delete the cache entry folder "
+        raise FeatureCacheError(f"{path}: unreadable ({one_line(exc)}); delete the cache entry folder "
                                 f"{path.parent} to rebuild it") from None
     reader = csv.reader(io.StringIO(text))
     header = next(reader, None)
@@ -166,7 +163,7 @@ def parse_skipped_csv(path: str | Path, n_rows: int | None = None) -> dict[int, 
             if row < 0 or (n_rows is not None and row >= n_rows) or row in out:
                 raise ValueError(f"row {row} out of range or repeated")
         except ValueError as exc:
-            raise FeatureCacheError(f"{path}: line {line_no} is malformed ({_one_line(exc)}); the file is "
+            raise FeatureCacheError(f"{path}: line {line_no} is malformed ({one_line(exc)}); the file is "
                                     f"corrupted, delete the cache entry folder {path.parent} to rebuild it") from None
         out[row] = {"sample_id": sample_id, "row": row, "path": rel, "error": error}
     return out
@@ -308,7 +305,7 @@ class FeatureCache:
                         or not np.isnan(emb[listed]).all():
                     why = "its non-finite rows differ from its skipped rows"
         except Exception as exc:  # noqa: BLE001  (any unreadable file is discarded, never trusted)
-            why = f"unreadable ({_one_line(exc) or type(exc).__name__})"
+            why = f"unreadable ({one_line(exc) or type(exc).__name__})"
         if why is not None:
             log.info("%s: discarding the partial shard (%s); computing shard %d from its first row", path, why, i)
             path.unlink(missing_ok=True)
@@ -380,7 +377,7 @@ class FeatureCache:
             meta = json.loads(self.meta_path.read_text())
             fmt = meta.get("format")
         except (OSError, ValueError, AttributeError) as exc:
-            raise FeatureCacheError(f"{self.meta_path}: unreadable ({_one_line(exc)}); delete the folder "
+            raise FeatureCacheError(f"{self.meta_path}: unreadable ({one_line(exc)}); delete the folder "
                                     f"{self.path} to rebuild this entry") from None
         if fmt != CACHE_FORMAT:
             raise FeatureCacheError(f"{self.meta_path}: written in cache format {fmt!r}, this package uses "
@@ -398,7 +395,7 @@ class FeatureCache:
                                     "skipped": int(rec.get("skipped", 0))}
             int(meta["shard_size"]), int(meta["n_rows"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise FeatureCacheError(f"{self.meta_path}: malformed ({_one_line(exc)}); delete the folder "
+            raise FeatureCacheError(f"{self.meta_path}: malformed ({one_line(exc)}); delete the folder "
                                     f"{self.path} to rebuild this entry") from None
         return meta
 
@@ -415,7 +412,7 @@ class FeatureCache:
                 try:
                     rows = pq.ParquetFile(path).metadata.num_rows
                 except Exception as exc:  # noqa: BLE001
-                    raise FeatureCacheError(f"{path}: unreadable shard ({_one_line(exc) or type(exc).__name__}); "
+                    raise FeatureCacheError(f"{path}: unreadable shard ({one_line(exc) or type(exc).__name__}); "
                                             "delete this file and re-run extraction to recompute it") from None
                 self._records[i] = {"file": path.name, "rows": int(rows), "sha256": file_sha256(path),
                                     "skipped": sum(lo <= r < hi for r in skipped)}

@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..core.devices import usable_cores
 from ..core.errors import UserError
 from ..core.locking import acquire_waiting
+from ..core.text import one_line
 from ..data.images import read_image
 from .cache import FeatureCache, FeatureCacheError
 from .key import cache_key_fields
@@ -424,7 +425,7 @@ def _unwritable_error(exc: OSError, cache: FeatureCache, name: str) -> Exception
     if not _unwritable(exc, cache.root):
         return exc
     return FeatureCacheError(
-        f"feature cache '{cache.root}' is not writable ({_one_line(exc)}) and the entry of "
+        f"feature cache '{cache.root}' is not writable ({one_line(exc)}) and the entry of "
         f"'{name}' for this manifest needs writing ({len(cache.missing_shards())} of "
         f"{cache.n_shards} shards missing); set paths.cache_dir=<a writable folder>")
 
@@ -539,10 +540,6 @@ def _unwritable(exc: OSError, folder: Path) -> bool:
         return False
     path, folder = Path(os.fsdecode(exc.filename)).resolve(), Path(folder).resolve()
     return path.is_relative_to(folder) or path in folder.parents
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
 
 
 def lock_path(cache: FeatureCache, num_shards: int = 1, shard: int = 0) -> Path:

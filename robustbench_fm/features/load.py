@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from ..core.errors import InvalidSetting
 from .cache import (
     META_NAME,
     SHARD_NAME,
@@ -130,11 +131,11 @@ def align_features(sample_ids, embeddings: np.ndarray, manifest: pd.DataFrame, s
     """Rows of ``embeddings`` reordered to the manifest's ``sample_id`` order."""
     index = pd.Index(pd.Series(sample_ids).astype(str))
     if index.has_duplicates:
-        raise ValueError(f"{source}: duplicated sample_id '{index[index.duplicated()][0]}'; "
+        raise InvalidSetting(f"{source}: duplicated sample_id '{index[index.duplicated()][0]}'; "
                          "each feature row needs a unique sample_id")
     pos = index.get_indexer(manifest["sample_id"].astype(str))
     if (pos < 0).any():
         missing = manifest["sample_id"].to_numpy()[pos < 0]
-        raise ValueError(f"{source}: {len(missing)} manifest rows have no features, first sample_id "
+        raise InvalidSetting(f"{source}: {len(missing)} manifest rows have no features, first sample_id "
                          f"'{missing[0]}'; extract them or drop them from the manifest")
     return np.asarray(embeddings, dtype=np.float32)[pos]

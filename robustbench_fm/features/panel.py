@@ -1,4 +1,4 @@
-"""Panel extraction: one pass over the images for every encoder of a panel (issue 21, section 1).
+"""Panel extraction: one pass over the images for every encoder of a panel.
 
 A paper experiment embeds the same images with every encoder of its panel (CANDOR: 22 encoders
 x 605,443 chest films; CRoMa: 21 x 150,000 tiles). :func:`extract` decodes each image once per

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from ..core.text import one_line
 from ..data import manifest as mf
 from .cache import (
     META_NAME,
@@ -30,7 +31,6 @@ from .cache import (
     TEMP_GLOB,
     FeatureCacheError,
     _embedding_matrix,
-    _one_line,
     file_sha256,
     parse_skipped_csv,
     shard_index,
@@ -103,7 +103,7 @@ def verify_entry(path: str | Path, manifest: pd.DataFrame | str | Path | None = 
         if not isinstance(meta, dict):
             raise ValueError(f"top level is {type(meta).__name__}, expected an object")
     except (OSError, ValueError) as exc:
-        problems.append(f"{meta_path}: unreadable ({_one_line(exc)}); delete the folder {path} and re-run "
+        problems.append(f"{meta_path}: unreadable ({one_line(exc)}); delete the folder {path} and re-run "
                         "extraction")
         return rep
     fmt = meta.get("format")
@@ -126,7 +126,7 @@ def verify_entry(path: str | Path, manifest: pd.DataFrame | str | Path | None = 
         if shard_size < 1 or n_rows < 0:
             raise ValueError(f"shard_size {shard_size}, n_rows {n_rows}")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        problems.append(f"{meta_path}: malformed ({_one_line(exc)}); delete the folder {path} and re-run "
+        problems.append(f"{meta_path}: malformed ({one_line(exc)}); delete the folder {path} and re-run "
                         "extraction")
         return rep
     rep.key, rep.n_rows, rep.n_shards = key, n_rows, n_shards
@@ -190,7 +190,7 @@ def verify_entry(path: str | Path, manifest: pd.DataFrame | str | Path | None = 
         try:
             sha = file_sha256(sp)
         except OSError as exc:
-            problems.append(f"{sp}: unreadable ({_one_line(exc)}); delete it and re-run extraction")
+            problems.append(f"{sp}: unreadable ({one_line(exc)}); delete it and re-run extraction")
             continue
         if rec is None:
             problems.append(f"{sp}: present but not recorded in meta.json (a run was killed right after "
@@ -207,7 +207,7 @@ def verify_entry(path: str | Path, manifest: pd.DataFrame | str | Path | None = 
             problems.append(str(exc))
             continue
         except Exception as exc:  # noqa: BLE001  (any pyarrow failure means a bad file)
-            problems.append(f"{sp}: unreadable parquet ({_one_line(exc) or type(exc).__name__}); delete it and "
+            problems.append(f"{sp}: unreadable parquet ({one_line(exc) or type(exc).__name__}); delete it and "
                             "re-run extraction")
             continue
         if len(ids) != hi - lo:

@@ -13,6 +13,12 @@ that drives the encoder itself (occluded re-extraction, token sequences) defines
 ``run_job(job: JobContext) -> list[pd.DataFrame]`` instead and asks ``job.embedder`` for images
 embedded; it never sees the Hydra config.
 
+Everything the console, the long format and the reports know of a stage is in its :class:`Method`
+declaration, one per stage: its display name, headline metrics with their direction
+(:class:`Metric`), how its summary's columns are read (group, setting and count columns), whether it
+takes all findings in one call, its "How to read this" text and its figure maker. A method
+outside the package gets the same report as a shipped one.
+
 Methods are found without editing any central file: every subpackage of ``robustbench_fm.methods``,
 every module named by the ``robustbench_fm.methods`` entry point group of an installed package,
 and every module a run names in ``plugins=[my_pkg.my_method]`` (:func:`load_plugins`) is imported
@@ -22,36 +28,125 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from dataclasses import dataclass
+from functools import cache
 from importlib.metadata import entry_points
 from types import ModuleType
 
+from ..core.errors import InvalidSetting, message
 from ..core.registry import Registry
 from .params import StageParams
+
+#: a ``guide`` that names where its text is, ``package.module:ATTRIBUTE`` (imported on first use)
+_REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+BETTER = ("higher", "lower")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A headline metric of a stage and which way is better (``"higher"`` or ``"lower"``)."""
+
+    name: str
+    better: str
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.better} is better)"
 
 
 @dataclass(frozen=True)
 class Method:
-    """What a stage is, for the registry, the console, the reports and ``list stages``.
+    """What a stage is, for the registry, the console, the long format, the reports and
+    ``list stages``: the one declaration of a stage (``name``, ``description`` and ``module`` are
+    required; every other field has a default that a plugin may leave).
 
-    ``module``: the stage module (imported on first :func:`get`). ``console_columns``: the columns
-    the console table shows (all are saved). ``tables``: the module whose ``TABLES`` lists the
-    paper-table builders of the paper (functions of that module). ``figures``: ``"module:function"``
-    drawing the paper's figures for a report (:func:`robustbench_fm.report.html.figures`).
-    ``tables_after_run``: a single (non-sweep) run builds the experiment's ``report.tables`` too.
-    ``params``: the stage's parameters (its module's ``PARAMS``; importable without the stage).
-    ``findings``: the command line's default ``stage.findings`` (an interpolation or a list).
+    ``module``: the stage module (imported on first :func:`get`). ``display_name``: how reports
+    name the stage in titles and in "How to read this" (default: ``name``). ``headline``: the
+    metrics of the per-encoder summary, each a :class:`Metric` or a ``(name, "higher"|"lower")``
+    pair (empty: every metric). ``guide``: the "How to read this" text, or a
+    ``"package.module:ATTRIBUTE"`` naming a string loaded on first use; paragraphs are separated by
+    a blank line, line breaks inside one are spaces, and ``{param}`` is the value the run gave the
+    stage's parameter ``param`` (its default otherwise; ``{{`` for a brace). Without one, a report
+    lists the headline metrics and their direction.
+
+    How the stage's ``summary`` is read (:mod:`robustbench_fm.report.long_format`):
+    ``group_columns`` are joined into the row's group (e.g. CANDOR's matched group and target),
+    ``param_columns`` are settings, not metrics (e.g. ``k``), ``count_column`` is the row's ``n``;
+    ``integer_columns`` are further columns printed as integers where they hold whole numbers.
+    ``multi_finding``: the stage's ``run`` takes every finding at once (``finding`` a list).
+
+    ``console_columns``: the columns the console table shows (all are saved). ``tables``: the
+    module whose ``TABLES`` lists the paper-table builders of the paper (functions of that
+    module). ``figures``: ``"module:function"`` drawing the paper's figures for a report
+    (:func:`robustbench_fm.report.html.figures`). ``tables_after_run``: a single (non-sweep) run
+    builds the experiment's ``report.tables`` too. ``params``: the stage's parameters (its
+    module's ``PARAMS``; importable without the stage). ``findings``: the command line's default
+    ``stage.findings`` (an interpolation or a list).
     """
 
     name: str
     description: str
     module: str
+    display_name: str = ""
+    headline: tuple[Metric, ...] = ()
+    guide: str = ""
+    group_columns: tuple[str, ...] = ()
+    param_columns: tuple[str, ...] = ()
+    count_column: str = "n"
+    integer_columns: tuple[str, ...] = ()
+    multi_finding: bool = False
     console_columns: tuple[str, ...] = ()
     tables: str | None = None
     figures: str | None = None
     tables_after_run: bool = False
     params: type[StageParams] | None = None
     findings: str | tuple[str, ...] = "${dataset.findings}"
+
+    def __post_init__(self) -> None:
+        headline = []
+        for m in (self.headline,) if isinstance(self.headline, (str, Metric)) else self.headline:
+            if not isinstance(m, Metric):
+                if isinstance(m, str) or len(m) != 2:
+                    raise InvalidSetting(f"method {self.name}: headline entry {m!r} must be a Metric or a pair "
+                                    f"(name, 'higher'|'lower'), e.g. ('auroc', 'higher')")
+                m = Metric(*m)
+            if m.better not in BETTER:
+                raise InvalidSetting(f"method {self.name}: headline metric '{m.name}' has better='{m.better}'; "
+                                f"use 'higher' or 'lower'")
+            headline.append(m)
+        headline = tuple(headline)
+        object.__setattr__(self, "headline", headline)
+        for key in ("group_columns", "param_columns", "integer_columns", "console_columns"):
+            value = getattr(self, key)
+            if isinstance(value, str):
+                raise InvalidSetting(f"method {self.name}: {key}={value!r} must be a tuple of column names, "
+                                f"e.g. ({value!r},)")
+            object.__setattr__(self, key, tuple(value))
+
+    @property
+    def title(self) -> str:
+        """The name reports give the stage: ``display_name``, else ``name``."""
+        return self.display_name or self.name
+
+    def how_to_read(self) -> str:
+        """The "How to read this" text, paragraphs joined by one newline and each on one line, its
+        ``{param}`` fields not yet filled; without a ``guide``, one sentence naming the headline
+        metrics and their direction ("" without those either)."""
+        if not self.guide:
+            return f"Headline: {', '.join(map(str, self.headline))}." if self.headline else ""
+        return _guide_text(self.name, self.guide)
+
+
+@cache
+def _guide_text(name: str, guide: str) -> str:
+    if _REFERENCE.fullmatch(guide):
+        module, attr = guide.split(":")
+        try:
+            guide = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise InvalidSetting(f"method {name}: guide '{module}:{attr}' cannot be loaded ({exc})") from None
+    paragraphs = re.split(r"\n\s*\n", str(guide).strip())
+    return "\n".join(" ".join(p.split()) for p in paragraphs)
 
 
 METHODS: Registry[Method] = Registry("stage")
@@ -85,7 +180,8 @@ def load_plugins(modules) -> None:
         try:
             importlib.import_module(str(name))
         except ImportError as exc:
-            raise ValueError(f"plugins: cannot import '{name}' ({exc}); install it or put it on PYTHONPATH") from None
+            raise InvalidSetting(f"plugins: cannot import '{name}' ({exc}); install it or put it on PYTHONPATH") \
+                from None
 
 
 def names() -> list[str]:
@@ -100,6 +196,12 @@ def method(name: str) -> Method:
     return METHODS.get(name)
 
 
+def find(name: str) -> Method | None:
+    """The registered stage ``name``, None if no stage is registered under it (a report of results
+    whose plugin is not loaded names the stage as it is)."""
+    return method(name) if name in names() else None
+
+
 def get(name: str) -> ModuleType:
     """The stage module registered as ``name`` (imported now); unknown names get close matches."""
     return importlib.import_module(method(name).module)
@@ -108,14 +210,20 @@ def get(name: str) -> ModuleType:
 def check(name: str, params: dict) -> StageParams | None:
     """The parameters of stage ``name`` validated (unknown names, types, values: one line naming
     ``stage.params.<key>``) before any heavy work; a stage without a ``params`` class runs its
-    module's ``check_params(**params)`` when it has one."""
+    module's ``check_params(**params)`` when it has one. A ``ValueError`` of these checks (a
+    plugin's ``check`` raises the built-in type) is the user's setting: :class:`InvalidSetting`."""
     cls = method(name).params
-    if cls is None:
-        own = getattr(get(name), "check_params", None)
-        if callable(own):
-            own(**params)
-        return None
-    return cls.parse(params)
+    try:
+        if cls is None:
+            own = getattr(get(name), "check_params", None)
+            if callable(own):
+                own(**params)
+            return None
+        return cls.parse(params)
+    except InvalidSetting:
+        raise
+    except ValueError as exc:
+        raise InvalidSetting(message(exc)) from exc
 
 
 def descriptions() -> dict[str, str]:
@@ -137,18 +245,25 @@ def figure_makers() -> list[str]:
     return sorted({m.figures for m in METHODS.values() if m.figures}, key=_shipped_first)
 
 
+def integer_columns() -> set[str]:
+    """The columns any registered stage prints as integers: its ``count_column`` and
+    ``integer_columns`` (a report's tables mix stages, so the union)."""
+    _discover()
+    return {c for m in METHODS.values() for c in (m.count_column, *m.integer_columns)}
+
+
 def _shipped_first(module: str) -> tuple[bool, str]:
     return not module.startswith(f"{__name__}."), module
 
 
-def missing_column(stage: str, column: str, param: str, columns) -> ValueError:
+def missing_column(stage: str, column: str, param: str, columns) -> InvalidSetting:
     """The one-line error of a stage whose manifest lacks ``column`` (the value of parameter
     ``param``): the command-line override that names another column (``stage.findings=[...]`` for
     the finding, ``stage.params.<param>=...`` otherwise; ``param=`` in Python) and the columns
     the manifest has."""
     override = "stage.findings=[<column>]" if param == "finding" else f"stage.params.{param}=<column>"
     names = [str(c) for c in columns]
-    return ValueError(f"{stage}: the manifest has no column '{column}' ({param}); add it, or name one of its "
+    return InvalidSetting(f"{stage}: the manifest has no column '{column}' ({param}); add it, or name one of its "
                       f"columns with {override} ({param}= in Python; columns: {', '.join(names[:12])}"
                       f"{', ...' if len(names) > 12 else ''})")
 

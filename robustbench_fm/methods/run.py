@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..core.errors import InvalidSetting
 from ..core.results import Results
 from ..data import manifest as mf
-from . import get
+from . import get, method
 
 
 def evaluate(stage: str, features, manifest, **params) -> Results:
@@ -38,7 +39,7 @@ def evaluate(stage: str, features, manifest, **params) -> Results:
         # float64 stays float64 (CRoMa computes distances in the input precision); all else float32
         features = features.astype(np.float64 if features.dtype == np.float64 else np.float32, copy=False)
         if features.ndim != 2 or features.shape[0] != len(manifest):
-            raise ValueError(f"features: shape {features.shape} does not match the manifest's "
+            raise InvalidSetting(f"features: shape {features.shape} does not match the manifest's "
                              f"{len(manifest)} rows; pass an (N, D) matrix aligned with the manifest")
     return module.run(features, manifest, **params)
 
@@ -47,11 +48,12 @@ def score_and_save(stage: str, features, manifest: pd.DataFrame, findings, param
                    encoder: str, dataset: str) -> list[pd.DataFrame]:
     """Run ``stage`` for every finding and save ``results/<encoder>/<dataset>/<stage>/<finding>/``.
 
-    A stage whose module sets ``MULTI_FINDING`` gets all findings in one call (CANDOR shares one
-    similarity pass per matched group across them); its results are saved per finding alike.
+    A stage declared ``multi_finding`` (its ``Method``, :mod:`robustbench_fm.methods`) gets all
+    findings in one call (CANDOR shares one similarity pass per matched group across them); its
+    results are saved per finding alike.
     """
     findings = [str(f) for f in findings]
-    if getattr(get(stage), "MULTI_FINDING", False):
+    if method(stage).multi_finding:
         res = evaluate(stage, features, manifest, finding=findings, **params)
         # rows pooled across findings (e.g. CANDOR's severity-weighted chest rate) keep their own name
         findings = findings + sorted(set(res.summary["finding"].astype(str)) - set(findings))

@@ -16,8 +16,10 @@ collapsed.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import importlib
 import json
+import string
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -29,10 +31,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from .. import methods
 from ..core.atomic import write_text_atomic
+from ..core.errors import InvalidSetting
 from ..core.results import cell_text
 from ..core.results import not_scored as summary_reasons
 from ..core.results import to_markdown as frame_markdown
 from ..core.tables import PaperTable, SweepResults
+from ..methods.params import default
 from . import compare as cmp_mod
 from .long_format import stage_conventions
 from .render import ranks
@@ -48,17 +52,9 @@ STYLE = ("body{font-family:sans-serif;max-width:70em;margin:2em auto;color:#222}
 #: result tables longer than this (or any report with paper tables) show a per-encoder summary
 #: first and the full table last, collapsed
 MAX_INLINE_ROWS = 40
-#: how a stage is named in titles and in "How to read this"
-STAGE_NAMES = {"candor": "CANDOR", "croma": "CRoMa", "spar": "SPAR-Bench", "retention": "occlusion retention",
-               "linear_head": "linear heads", "mlp_head": "MLP heads", "candor_heads": "CANDOR and head errors",
-               "error_detection": "error detection", "logme": "LogME", "shortcut": "shortcut test"}
-#: the metrics of the per-encoder summary (median over the encoder's tasks); other stages: all
-HEADLINE = {"candor": ["d", "d_all", "margin_auroc"], "croma": ["croma", "f0", "ltm", "ri", "mari"],
-            "retention": ["retention", "retention_std", "control_minus_box"], "linear_head": ["auroc"],
-            "mlp_head": ["auroc"], "candor_heads": ["auroc", "d", "miss_discordant", "miss_other"],
-            "error_detection": ["auroc"], "logme": ["logme"], "shortcut": ["apd", "nipd"], "spar": ["accuracy"]}
-#: count columns besides ``n_*`` (printed as integers when they hold whole numbers)
-COUNT_COLUMNS = {"n", "support", "images", "embedded", "cached", "bank_size", "k", "tasks"}
+#: the report's own count columns (printed as integers when they hold whole numbers), besides
+#: ``n_*`` and the count and integer columns the stages declare (:func:`methods.integer_columns`)
+COUNT_COLUMNS = {"n", "images", "embedded", "cached", "tasks"}
 POOLED = "__pooled__"
 CONFIG_NOTE = ("The encoders that ran are listed at the top (a panel's are the config's `encoders`); "
                "`encoder` is the default entry of the encoder group.")
@@ -92,7 +88,14 @@ class Report:
 
 
 def _is_count(name) -> bool:
-    return str(name) in COUNT_COLUMNS or str(name).startswith("n_")
+    return str(name) in COUNT_COLUMNS or str(name).startswith("n_") or str(name) in methods.integer_columns()
+
+
+def stage_title(stage: str) -> str:
+    """How reports name ``stage``: its declared ``display_name`` (the name itself for a stage no
+    loaded method declares)."""
+    method = methods.find(stage)
+    return stage if method is None else method.title
 
 
 def counts_as_int(df: pd.DataFrame) -> pd.DataFrame:
@@ -196,9 +199,9 @@ def _shown(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def encoder_summary(long: pd.DataFrame) -> pd.DataFrame:
-    """Per stage and encoder: the number of tasks scored and the median of the stage's
-    :data:`HEADLINE` metrics over them (task-level rows; pools across tasks such as CANDOR's
-    ``__chest__`` left out)."""
+    """Per stage and encoder: the number of tasks scored and the median of the stage's declared
+    ``headline`` metrics over them (every metric but counts and ``_sd`` where it declares none;
+    task-level rows; pools across tasks such as CANDOR's ``__chest__`` left out)."""
     if long.empty:
         return pd.DataFrame()
     wide = _wide(long)
@@ -207,8 +210,10 @@ def encoder_summary(long: pd.DataFrame) -> pd.DataFrame:
     wide = wide[~pool]
     out = []
     for (stage, encoder), rows in wide.groupby(["stage", "encoder"], sort=False):
-        metrics = [m for m in HEADLINE.get(stage, [m for m in dict.fromkeys(long.loc[long["stage"] == stage, "metric"])
-                                                    if not m.endswith("_sd") and not _is_count(m)])
+        method = methods.find(stage)
+        headline = [m.name for m in method.headline] if method is not None else []
+        metrics = [m for m in headline or [m for m in dict.fromkeys(long.loc[long["stage"] == stage, "metric"])
+                                           if not m.endswith("_sd") and not _is_count(m)]
                    if m in rows.columns]
         rec = {"stage": stage, "encoder": encoder, "tasks": len(rows)}
         rec.update({f"median {m}": float(rows[m].median()) for m in metrics})
@@ -229,70 +234,41 @@ def not_scored(results: SweepResults, stages) -> list[str]:
 
 
 def how_to_read(stages, cfg: DictConfig | None = None) -> list[tuple[str, str]]:
-    """One or two sentences per stage present on what its numbers mean (candor.md "The
-    Discordance Rate and Its Chance Level", "Unequal Candidate Sets", "Reporting", "Baselines";
-    croma.md §2.5; spar.md §3)."""
-    def param(stage, name, default):
-        if cfg is None or OmegaConf.select(cfg, "stage.name", default=None) != stage:
-            return default
-        return OmegaConf.select(cfg, f"stage.params.{name}", default=default)
+    """Per stage present, its display name and what its numbers mean: the ``guide`` of its
+    :class:`~robustbench_fm.methods.Method` declaration (:meth:`~robustbench_fm.methods.Method.how_to_read`),
+    each ``{param}`` filled with the value ``cfg`` gave the stage's parameter where ``cfg`` ran that
+    stage, else the parameter's default. A stage without a text, or that no loaded method
+    declares, is left out."""
+    out = []
+    for stage in stages:
+        method = methods.find(stage)
+        text = method.how_to_read() if method is not None else ""
+        if text:
+            out.append((method.title, _fill(text, method, cfg)))
+    return out
 
-    texts = {
-        "candor": lambda: (
-            f"D (discordance rate) is the share of positive queries whose k = {param('candor', 'k', 5)} nearest "
-            "positives are on average less similar to them than their k nearest negatives, both drawn from the "
-            "query's matched group (images acquired the same way). With positive and negative candidate sets of "
-            "equal size, D = 0.5 (chance) by construction for features that carry no information about the "
-            "label; lower is better: D = 0 means every positive is nearer to positives, D above 0.5 that "
-            "positives are nearer to negatives than to each other.\n"
-            "D_all takes every positive and negative of the group as candidates, so with more negatives than "
-            "positives it lies above 0.5 even for uninformative features (compare encoders on D); the margin "
-            "AUROC ranks every image by c+ − c− (chance 0.5, higher is better). [low, high] is the 95% interval "
-            f"of {int(param('candor', 'n_boot', 1000)):,} bootstrap resamples clustered by patient, with the "
-            "candidate sets held fixed."),
-        "croma": lambda: (
-            "CRoMa of a sample is (d_OS − d_SO)/(d_OS + d_SO), with d_SO its mean distance to the 5 nearest "
-            "samples of the same label but another confounder value (e.g. another site) and d_OS to the 5 "
-            "nearest of another label but the same confounder value: from −1 to 1, above 0 the biology "
-            "dominates the neighbourhood, below 0 the confounder. croma is the median over samples (higher is "
-            "better), f0 the share below 0, ltm the mean of the worst 10%; RI and MaRI are the share of "
-            "biological matches among the nearest cross-confounder neighbours (0 to 1, higher is better)."),
-        "retention": lambda: (
-            "Retention is the cosine similarity between an image's features and those of the same image with "
-            "the finding's box filled in; it has no fixed reference level, and lower means the features moved "
-            "more when the evidence was removed. retention_std = (retention − c)/(1 − c) removes the encoder's "
-            "similarity c of random image pairs; the control fills a box of the same size elsewhere "
-            "(control_minus_box > 0: the expert box mattered more)."),
-        "linear_head": lambda: (
-            "auroc is the test AUROC of a head trained on the frozen features (chance 0.5, higher is better), "
-            "with the 95% interval of bootstrap resamples clustered by patient; the threshold is the operating "
-            "point with 0.8 sensitivity on the validation split."),
-        "candor_heads": lambda: (
-            "miss_discordant and miss_other are the shares of discordant positives (D's flag) and of the other "
-            "positives that the trained head misses at its operating point; fpr_near and fpr_far the "
-            "false-positive rates of the negatives nearer to the positives and of the others."),
-        "error_detection": lambda: (
-            "auroc measures how well a score ranks the head's errors above its correct predictions (chance 0.5); "
-            "diff_vs_msp is its difference from the maximum softmax probability, q_value BH-corrected."),
-        "logme": lambda: "logme is the log evidence of a linear model on the frozen features (higher is better); "
-                         "it has no fixed chance level.",
-        "spar": lambda: (
-            "accuracy is the share of correct answers of a probe head, chance is 1 / the number of classes "
-            "(column chance); a probe that falls to chance on the zero-shot cohort (eval_dataset other than the "
-            "training data) was answered from the usual layout of anatomy rather than from the image; the majority "
-            "class rate (column majority) is the bar where labels are imbalanced. Distance can be answered well "
-            "above 0.5 from which organ pairs are asked alone (their usual spacing), so compare it with the random "
-            "or weakest rows, not with chance. spar_oracle (Oracle-* rows) is a "
-            "planted reference whose tokens are computed from the organ masks: near 1 means the samples, heads and "
-            "scoring can learn, so a real encoder near chance lacks the information, not the pipeline."),
-    }
-    texts["mlp_head"] = texts["linear_head"]
-    return [(STAGE_NAMES.get(s, s), texts[s]()) for s in stages if s in texts]
+
+def _fill(text: str, method: methods.Method, cfg: DictConfig | None) -> str:
+    """``text`` with each ``{param}`` (format spec allowed, e.g. ``{n_boot:,}``) set to the stage's
+    parameter: ``cfg``'s ``stage.params.<param>`` where ``cfg`` ran this stage, else its default."""
+    ran = cfg is not None and OmegaConf.select(cfg, "stage.name", default=None) == method.name
+    fields = {f.name for f in dataclasses.fields(method.params)} if method.params is not None else set()
+    values = {}
+    for _, name, _, _ in string.Formatter().parse(text):
+        if name is None or name in values:
+            continue
+        if name not in fields:
+            raise InvalidSetting(f"method {method.name}: its guide names {{{name}}}, which is not one of its "
+                                 f"parameters ({', '.join(sorted(fields)) or 'none'}); write {{{{ and }}}} for a "
+                                 "literal brace")
+        value = default(method.params, name)
+        values[name] = OmegaConf.select(cfg, f"stage.params.{name}", default=value) if ran else value
+    return text.format_map(values)
 
 
 def report_title(experiment: str | None, stages, datasets, encoders, jobs: int | None = None) -> str:
     """E.g. ``demo: CANDOR on planted (3 encoders)``; a sweep: ``demo sweep: ... (2 encoders, 2 jobs)``."""
-    what = " + ".join(STAGE_NAMES.get(s, s) for s in stages) or "no results"
+    what = " + ".join(stage_title(s) for s in stages) or "no results"
     where = f" on {', '.join(datasets)}" if len(datasets) else ""
     count = f"{len(encoders)} encoder{'s' if len(encoders) != 1 else ''}"
     if jobs is not None:

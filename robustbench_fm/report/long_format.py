@@ -3,13 +3,14 @@
 Columns (:data:`LONG_COLUMNS`): ``encoder, dataset, task, stage, group, metric, value, ci_low,
 ci_high, n, seed, config_hash, job``; numbers stay numbers (NaN where a stage reports none).
 
-How a stage's wide ``summary`` is read (the summary-column conventions of the stage contract):
+How a stage's wide ``summary`` is read (the summary-column conventions its
+:class:`~robustbench_fm.methods.Method` declaration states):
 
 * ``task`` is the ``finding`` column ("" when absent);
-* ``group``: the values of the stage module's ``GROUP_COLUMNS`` (e.g. CANDOR's ``acq_group``)
+* ``group``: the values of the stage's ``group_columns`` (e.g. CANDOR's ``acq_group``)
   joined by ``" / "``; "" when the stage declares none;
-* ``n``: the stage's ``COUNT_COLUMN`` (default ``n``), NaN when the summary has no such column;
-* metrics: every other numeric column, except the stage's ``PARAM_COLUMNS`` (settings such as
+* ``n``: the stage's ``count_column`` (default ``n``), NaN when the summary has no such column;
+* metrics: every other numeric column, except the stage's ``param_columns`` (settings such as
   ``k``) and the interval columns; ``<metric>_ci_low`` / ``<metric>_ci_high`` become the
   metric's ``ci_low`` / ``ci_high``;
 * ``seed``: the job config's ``stage.params.seed``, else its top-level ``seed``;
@@ -63,12 +64,12 @@ def config_seed(cfg: DictConfig | None) -> float:
 
 
 def stage_conventions(stage: str) -> tuple[list[str], list[str], str]:
-    """``(GROUP_COLUMNS, PARAM_COLUMNS, COUNT_COLUMN)`` of a registered stage module (empty lists
-    and ``"n"`` for a stage that declares nothing, or a name no stage is registered under)."""
-
-    module = stages.get(stage) if stage in stages.names() else None
-    return (list(getattr(module, "GROUP_COLUMNS", [])), list(getattr(module, "PARAM_COLUMNS", [])),
-            str(getattr(module, "COUNT_COLUMN", "n")))
+    """``(group_columns, param_columns, count_column)`` of a registered stage's declaration (empty
+    lists and ``"n"`` for a name no stage is registered under); the stage module is not imported."""
+    method = stages.find(stage)
+    if method is None:
+        return [], [], "n"
+    return list(method.group_columns), list(method.param_columns), method.count_column
 
 
 def to_long(summary: pd.DataFrame, stage: str, cfg: DictConfig | None = None, job: str = "") -> pd.DataFrame:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import methods
+from ..core.errors import UnknownName
 from ..core.tables import PaperTable, SweepResults
 from .render import render
 
@@ -46,7 +47,7 @@ def get(name: str) -> Builder:
     if name not in builders:
         known = sorted(builders)
         close = difflib.get_close_matches(name, known, n=3)
-        raise KeyError(f"unknown table '{name}'" + (f"; did you mean {', '.join(close)}?" if close else
+        raise UnknownName(f"unknown table '{name}'" + (f"; did you mean {', '.join(close)}?" if close else
                                                     f"; known tables: {', '.join(known)}"))
     return getattr(builders[name], name)
 

@@ -1,6 +1,7 @@
 """A method defined outside the package (tests/fixtures/toy_method.py) runs from the command line
 once named in ``plugins=[...]``: its ``stage=toy_gap`` config is generated from its parameter
-class, its console columns and results are the app's, and no file of the package is edited."""
+class, its console columns, results and report (display name, guide) are the app's, and no file of
+the package is edited."""
 import os
 import subprocess
 import sys
@@ -46,6 +47,11 @@ def test_a_plugin_method_runs_from_the_command_line(own_features):
     assert row["gap"] == pytest.approx(expected, rel=1e-6)
     assert row["encoder"] == "feats" and row["n"] == 30
     assert "| feats | lesion |" in proc.stdout  # the plugin's console columns
+    # its report: the display name, headline and guide of its declaration, scale from the run
+    md = (summary.parent / "report.md").read_text()
+    assert md.startswith("# from_features: toy gap on manifest (1 encoder)\n"), md[:200]
+    assert "**toy gap.** gap is the mean of the first feature, times scale = 3.0, over a finding's positives" in md
+    assert "<p><b>toy gap.</b> gap is the mean" in (summary.parent / "report.html").read_text()
 
 
 def test_a_plugin_stage_checks_its_parameters_in_one_line(own_features):

@@ -16,6 +16,7 @@ from robustbench_fm.cli import app
 from robustbench_fm.cli.main import CONFIG_DIR
 from robustbench_fm.data import prepared
 from robustbench_fm.features.load import load_features
+from robustbench_fm.pipeline import job
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "methods" / "candor"))
 from test_chest_candor_e2e import write_chexpert  # noqa: E402
@@ -132,7 +133,7 @@ def test_resolution_ablation_stores_its_fixed_sample_at_224_and_512(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (sweep / "missing.txt").read_text() == ""
     cfg = _cfg(tmp_path, root, "fixed_sample=6")
-    full = app._full_manifest(app.plan(cfg), cfg)
+    full = job._full_manifest(job.plan(cfg), cfg)
     sample = fixed_sample(full, list(cfg.stage.findings), 6)
     rows = pd.concat(pd.read_parquet(f) for f in sweep.glob("*/summary.parquet"))
     rows = rows[rows["acq_group"] != "__pooled__"]

@@ -1,5 +1,7 @@
 """``JobContext.sweep_first``: in a multirun, rows that do not depend on the swept encoder (SPAR's
 planted oracle) are computed by the first job of the encoder fan-out only, not once per job."""
+import dataclasses
+
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -22,7 +24,8 @@ def _first(encoder: str, mode: RunMode | None) -> bool:
             with open_dict(cfg):
                 cfg.hydra.mode = mode
             instance.set_config(cfg)
-        return app._sweep_first(job, cfg)
+        # the command line's job reads the mode from Hydra once (app.hydra_mode) into the plan
+        return app._sweep_first(dataclasses.replace(job, multirun=app.hydra_mode()[0]), cfg)
     finally:
         instance.cfg = before
 

@@ -67,14 +67,14 @@ def test_a_failed_job_is_recorded_and_the_sweep_runs_every_other_job(tmp_path, l
     assert [j["dir"] for j in json.loads((sweep / "jobs.json").read_text())["jobs"]] == [failed, ok]
     status = json.loads((sweep / failed / "status.json").read_text())
     assert {k: status[k] for k in ("status", "error")} == {
-        "status": "failed", "error": "ValueError: candor: n_boot=-1 must be 0 or more"}
+        "status": "failed", "error": "InvalidSetting: candor: n_boot=-1 must be 0 or more"}
     assert status["start"] <= status["end"]
     assert json.loads((sweep / ok / "status.json").read_text())["status"] == "done"
     assert set(pd.read_parquet(sweep / "combined.parquet")["job"]) == {ok}
     assert (sweep / "missing.txt").read_text() == (f"{failed}: failed "
-                                                   "(ValueError: candor: n_boot=-1 must be 0 or more)\n")
+                                                   "(InvalidSetting: candor: n_boot=-1 must be 0 or more)\n")
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"1 of 2 jobs failed: {failed} (failed: ValueError: candor: n_boot=-1 must be 0 or more); "
+        f"1 of 2 jobs failed: {failed} (failed: InvalidSetting: candor: n_boot=-1 must be 0 or more); "
         f"see {sweep / 'missing.txt'}")
     assert "Traceback" not in proc.stderr
 

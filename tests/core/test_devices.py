@@ -1,4 +1,4 @@
-"""GPU code paths are chosen only when CUDA is there (issue 9, "GPU paths"); the CPU suite checks
+"""GPU code paths are chosen only when CUDA is there; the CPU suite checks
 the choices themselves: device, decode workers, prefetch bound, autocast."""
 from __future__ import annotations
 

@@ -186,3 +186,20 @@ def test_cluster_bootstrap_ratio_and_resampled_ratio_share_the_cluster_totals():
                              for c in stats.cluster_count_chunks(len(clusters), 4000, np.random.default_rng(2))])
     assert boot.mean() == pytest.approx(shared.mean(), abs=0.002)
     assert boot.std() == pytest.approx(shared.std(), rel=0.05)
+
+
+def test_spearman_equals_scipy_and_has_one_nan_policy():
+    """One Spearman ρ for every table and figure: scipy's value on the complete pairs; pairs with a
+    NaN on either side left out; NaN with fewer than 3 pairs or a constant side."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=12), rng.normal(size=12)
+    assert stats.spearman(x, y) == pytest.approx(sps.spearmanr(x, y).statistic, abs=1e-15)
+    x[[2, 5]], y[7] = np.nan, np.nan
+    keep = ~(np.isnan(x) | np.isnan(y))
+    assert stats.spearman(x, y) == pytest.approx(sps.spearmanr(x[keep], y[keep]).statistic, abs=1e-15)
+    assert stats.spearman([1, 2, 3], [3, 1, 2]) == pytest.approx(-0.5)  # closed form: 1 - 6·6/(3·8)
+    assert np.isnan(stats.spearman([1, 2], [2, 1]))  # fewer than 3 pairs
+    assert np.isnan(stats.spearman([1, 2, np.nan], [1, 2, 3]))  # 2 complete pairs
+    assert np.isnan(stats.spearman([1, 1, 1, 1], [1, 2, 3, 4]))  # constant side: no ranking
+    with pytest.raises(ValueError, match="one length"):
+        stats.spearman([1, 2, 3], [1, 2])

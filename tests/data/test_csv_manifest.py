@@ -1,4 +1,4 @@
-"""``dataset=csv`` (issue 22, item 4): a CSV of labels and an image folder become the canonical
+"""``dataset=csv``: a CSV of labels and an image folder become the canonical
 manifest; a CSV without a needed column is refused in one line naming the file, the column and the fix."""
 import pandas as pd
 import pytest

@@ -1,4 +1,4 @@
-"""A label file missing a finding's column (issue 16, item 4): the finding would silently read as
+"""A label file missing a finding's column: the finding would silently read as
 "0 positives". A finding the run scores (stage.findings) is refused in one line naming the file,
 the missing column(s) and the fix; a finding it does not score gets one warning line."""
 import gzip

@@ -1,4 +1,4 @@
-"""A non-editable install (issue 22, item 2): the wheel built from this tree, installed into a fresh
+"""A non-editable install: the wheel built from this tree, installed into a fresh
 virtual environment and run from another folder, finds its configs (package data
 ``robustbench_fm/_configs``), lists the encoders, runs the planted-data CANDOR job, and takes a
 user's own config folder through Hydra's ``hydra.searchpath`` (an encoder card of a generic entry).

@@ -1,13 +1,15 @@
-"""Every command in README.md's fenced code blocks, run exactly as written, in order, in one
-scratch working directory (a newcomer's shell after ``cd`` into a fresh clone: ``scripts/`` is
-there, ``outputs/`` is not).
+"""Every command in the fenced code blocks of README.md and of every page under docs/, run exactly
+as written, in order (README.md first, then the pages in :data:`PAGES` order: later pages read what
+earlier ones wrote), in one scratch working directory (a newcomer's shell after ``cd`` into a
+fresh clone: ``scripts/`` is there, ``outputs/`` is not). No command is shown twice, so none runs
+twice; README.md stays at most 200 lines and every relative link of these pages resolves.
 
 * ``bash`` blocks: each command (``\\`` continuations joined) runs through ``bash -c``; it must exit 0.
   Where a command needs data or weights that cannot ship with the repository, :data:`SUBSTITUTES`
   appends overrides to it (never edits it) and says why; nothing else is changed.
 * ``python`` blocks run as scripts with ``python -``, in the same folder.
 * ``text`` blocks are output or layouts, not commands; a block without a language is refused, so
-  nothing the README shows escapes this test.
+  nothing the README or the docs show escapes this test.
 * The two set-up commands (``python3 -m venv ... && pip install ... && <command>``): the install
   prefix is what ``.ci/run`` does on every submission (checked to be the same command); the demo
   after the install runs as written in tests/cli/test_demo.py (:data:`RUN_BY`, which also asserts the
@@ -29,13 +31,26 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-README = (REPO / "README.md").read_text()
+#: the pages whose blocks run, in the order they run: the README first (the demo's images and
+#: ``my_labels.csv``, which later pages read), then docs/ (encoders.md fills the feature-cache entry
+#: python-api.md's ``embed`` reads back); every page under docs/ must be listed
+PAGES = ("README.md", "docs/encoders.md", "docs/python-api.md", "docs/datasets.md",
+         "docs/sweeps-and-clusters.md", "docs/methods/candor.md", "docs/methods/croma.md",
+         "docs/methods/spar.md", "docs/outputs.md", "docs/development.md", "docs/architecture.md")
+README_MAX_LINES = 200
 BLOCK = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
 SETUP = re.compile(r"^python3 -m venv \.venv && \. \.venv/bin/activate && pip install (?P<what>.+?) && (?P<cmd>.+)$")
 
 
-def blocks() -> list[tuple[str, str]]:
-    return [(lang.strip(), body) for lang, body in BLOCK.findall(README)]
+def blocks() -> list[tuple[str, str, str]]:
+    """(page, language, body) of every fenced block of :data:`PAGES`, in running order."""
+    return [(page, lang.strip(), body) for page in PAGES
+            for lang, body in BLOCK.findall((REPO / page).read_text())]
+
+
+def shown_commands() -> list[str]:
+    """Every command of every ``bash`` block of :data:`PAGES`, in order."""
+    return [c for _, lang, body in blocks() if lang == "bash" for c in commands(body)]
 
 
 def commands(body: str) -> list[str]:
@@ -96,7 +111,7 @@ NO_DATA = "the datasets cannot ship: the same layouts, generated under ./data"
 NO_WEIGHTS = "no weights can be downloaded here: cheap encoders of the same interface instead"
 SLURM = "no Slurm here: the dry run lists the jobs and launcher settings it would submit"
 SUBSTITUTES: dict[str, tuple[str, str]] = {
-    "python -m robustbench_fm -m experiment=chest_candor paths.data_dir=/data":
+    "python -m robustbench_fm experiment=chest_candor paths.data_dir=/data":
         ("paths.data_dir=data encoders=[planted_blur,planted_sharp]", f"{NO_DATA}; {NO_WEIGHTS}"),
     "python -m robustbench_fm panel=candor_chest dataset=chexpert dataset.root=/data/CheXpert-v1.0-small":
         ("dataset.root=data/CheXpert-v1.0-small encoders=[planted_blur,random_vit_s]", f"{NO_DATA}; {NO_WEIGHTS}"),
@@ -122,6 +137,9 @@ RUN_BY: dict[str, str] = {
     "python -m robustbench_fm experiment=spar_demo": "tests/methods/spar/test_spar_demo.py",
     # the demo (and the README's ```text table of what it prints: test_readme_table_is_what_the_demo_prints)
     DEMO: "tests/cli/test_demo.py",
+    # the real-encoder demo (its README table: test_the_readme_shows_what_it_prints there)
+    "pip install -e '.[real]' -c constraints.txt && HF_HUB_OFFLINE=1 python -m robustbench_fm experiment=real_demo":
+        "tests/cli/test_real_demo.py",
 }
 
 
@@ -163,16 +181,75 @@ def _env() -> dict:
     return env
 
 
+def test_pages_are_the_readme_and_every_docs_page():
+    docs = {p.relative_to(REPO).as_posix() for p in (REPO / "docs").rglob("*.md")}
+    assert PAGES[0] == "README.md" and len(set(PAGES)) == len(PAGES)
+    assert set(PAGES[1:]) == docs, (sorted(docs - set(PAGES)), sorted(set(PAGES) - docs))
+
+
+def test_readme_is_short():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, len(lines)
+
+
 def test_every_block_has_a_language():
-    langs = [lang for lang, _ in blocks()]
-    assert langs and all(lang in ("bash", "python", "text") for lang in langs), langs
+    langs = [(page, lang) for page, lang, _ in blocks()]
+    assert langs and all(lang in ("bash", "python", "text") for _, lang in langs), langs
+
+
+def test_no_command_is_shown_twice():
+    """Each command runs once: one shown on two pages (or twice on one) would run twice."""
+    shown = shown_commands()
+    assert len(shown) == len(set(shown)), sorted({c for c in shown if shown.count(c) > 1})
+
+
+def _prose(text: str) -> str:
+    """``text`` without its fenced blocks and inline code spans (links live outside them)."""
+    return re.sub(r"`[^`\n]*`", "", BLOCK.sub("", text))
+
+
+def _anchors(text: str) -> set[str]:
+    """GitHub's heading anchors of a page: lower case, punctuation dropped, spaces to hyphens, a
+    repeated heading suffixed -1, -2, ..."""
+    out: set[str] = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *$", BLOCK.sub("", text), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.replace("`", "").lower()).replace(" ", "-")
+        n = sum(1 for a in out if a == slug or re.fullmatch(re.escape(slug) + r"-\d+", a))
+        out.add(f"{slug}-{n}" if n else slug)
+    return out
+
+
+def test_anchors_follow_githubs_rule():
+    text = ("# A\n## Images stored at 224 × 224 (`resolution`)\n## Data\n```text\n# not a heading\n```\n"
+            "## Data\n")
+    assert _anchors(text) == {"a", "images-stored-at-224--224-resolution", "data", "data-1"}
+
+
+def test_every_relative_link_resolves():
+    """Each ``[text](target)`` of the pages names an existing file of the repository and, for a
+    page, an existing heading."""
+    broken = []
+    for page in PAGES:
+        here = (REPO / page).parent
+        for target in re.findall(r"\]\(([^)\s]+)\)", _prose((REPO / page).read_text())):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            file = (here / path).resolve() if path else REPO / page
+            if not file.exists():
+                broken.append((page, target))
+            elif anchor and file.suffix == ".md" and anchor not in _anchors(file.read_text()):
+                broken.append((page, target, sorted(_anchors(file.read_text()))))
+    assert not broken, broken
 
 
 def test_readme_shows_exactly_two_setup_commands_and_ci_runs_the_test_one():
-    setup = [c for lang, body in blocks() if lang == "bash" for c in commands(body) if SETUP.match(c)]
+    setup = [c for c in shown_commands() if SETUP.match(c)]
     assert len(setup) == 2, setup
+    readme = [c for page, lang, body in blocks() if page == "README.md" and lang == "bash" for c in commands(body)]
+    assert set(setup) <= set(readme), setup  # both on the README, a newcomer's first screen
     demo, tests = (SETUP.match(c) for c in setup)
-    # the exact torch pair comes from constraints.txt; pyproject.toml declares only the range (issue 22)
+    # the exact torch pair comes from constraints.txt; pyproject.toml declares only the range
     assert demo["what"] == "-e . -c constraints.txt" and demo["cmd"] == "HF_HUB_OFFLINE=1 python -m robustbench_fm"
     assert tests["what"] == "-e '.[dev]' -c constraints.txt" and tests["cmd"] == "HF_HUB_OFFLINE=1 python -m pytest -q"
     ci = (REPO / ".ci" / "run").read_text()
@@ -192,13 +269,13 @@ def test_torch_is_a_range_in_pyproject_and_an_exact_pair_in_the_constraints():
     assert version("torch").split("+")[0] == "2.14.1" and version("torchvision").split("+")[0] == "0.29.1"
 
 
-def test_substitutes_name_commands_the_readme_shows():
-    shown = {c for lang, body in blocks() if lang == "bash" for c in commands(body)}
+def test_substitutes_name_commands_the_pages_show():
+    shown = set(shown_commands())
     assert set(SUBSTITUTES) <= shown, set(SUBSTITUTES) - shown
 
 
 def test_commands_run_by_another_test_are_shown_and_run_there():
-    shown = {c for lang, body in blocks() if lang == "bash" for c in commands(body)}
+    shown = set(shown_commands())
     for cmd, test in RUN_BY.items():
         assert cmd in shown, cmd
         # that test's subprocess runs the command's arguments as written, in this order
@@ -206,17 +283,17 @@ def test_commands_run_by_another_test_are_shown_and_run_there():
         assert ", ".join(f'"{a}"' for a in args) in (REPO / test).read_text(), (cmd, test)
 
 
-def test_every_readme_command_runs_as_written(workspace):
+def test_every_command_of_the_readme_and_the_docs_runs_as_written(workspace):
     env = _env()
     ran = []
-    for lang, body in blocks():
+    for page, lang, body in blocks():
         if lang == "text":
             continue
         if lang == "python":
             proc = subprocess.run([sys.executable, "-"], input=body, cwd=workspace, env=env, capture_output=True,
                                   text=True, timeout=600)
-            assert proc.returncode == 0, f"python block failed:\n{body}\n{proc.stderr[-3000:]}"
-            ran.append("python block")
+            assert proc.returncode == 0, f"{page}: python block failed:\n{body}\n{proc.stderr[-3000:]}"
+            ran.append(f"{page}: python block")
             continue
         for cmd in commands(body):
             setup = SETUP.match(cmd)
@@ -232,7 +309,7 @@ def test_every_readme_command_runs_as_written(workspace):
                 _data(workspace / "data")
             proc = subprocess.run(["bash", "-c", f"{run} {extra}".strip()], cwd=workspace, env=env,
                                   capture_output=True, text=True, timeout=900)
-            assert proc.returncode == 0, (f"{cmd!r} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                                          f"{proc.stderr[-3000:]}")
+            assert proc.returncode == 0, (f"{page}: {cmd!r} failed ({proc.returncode}):\n"
+                                          f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
             ran.append(cmd)
     assert len(ran) >= 20, ran

@@ -1,4 +1,4 @@
-"""Generic encoder entries (issue 22, item 3): ``encoder=timm|hf|open_clip`` take a model id and read
+"""Generic encoder entries: ``encoder=timm|hf|open_clip`` take a model id and read
 the preprocessing from the library that owns the model; ``weights=random`` builds the architecture
 offline. Each entry's features are compared with the library called directly (an independent
 reference), and the cache keys of the three kinds and of a registry entry all differ."""

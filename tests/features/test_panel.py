@@ -1,4 +1,4 @@
-"""Panel extraction (issue 21, section 1): one decode per image for a whole panel, each encoder's
+"""Panel extraction: one decode per image for a whole panel, each encoder's
 cache entry byte-identical to the entry ``extract`` writes for it alone, resumable per encoder.
 
 The panel has three encoders that differ in everything a batch depends on: input size, resize
@@ -155,7 +155,7 @@ def test_resume_per_encoder_after_a_kill(data, singles, tmp_path):
 
 
 def test_single_extract_resumes_from_a_flushed_partial_shard(data, singles, tmp_path):
-    """Issue 21 section 3: a kill in the middle of shard 2 loses only the batch being computed."""
+    """A kill in the middle of shard 2 loses only the batch being computed."""
     root, manifests = data
     manifest, ref = manifests["skip"], singles["skip"][1]  # batch 4, row 18 unreadable (shard 2)
     enc = _panel()[1]
@@ -213,7 +213,7 @@ def test_a_partial_shard_that_does_not_validate_is_recomputed(damage, data, tmp_
 
 
 def test_device_transform_within_cosine_of_the_host_transform(tmp_path):
-    """Issue 21 section 1: resize/normalise of uint8 tensors on the device (here the CPU, the same
+    """Resize/normalise of uint8 tensors on the device (here the CPU, the same
     code) agrees with the host transform to cosine 0.9999; such an entry is keyed apart."""
     from robustbench_fm import encoders
 

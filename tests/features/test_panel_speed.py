@@ -1,4 +1,4 @@
-"""The panel pass's speed work (issue 21, section 1) changes where and when the work runs, never a
+"""The panel pass's speed work changes where and when the work runs, never a
 value: each claim here is an exact equivalence (byte for byte) or a scheduling fact.
 
 * ``_ToMode`` hands an image already in the encoder's mode through (no copy) and the transform's

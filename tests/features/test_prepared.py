@@ -1,4 +1,4 @@
-"""The prepared-image stage (robustbench_fm/data/prepared.py; issue 18 item 5; candor.md "Scope":
+"""The prepared-image stage (robustbench_fm/data/prepared.py; candor.md "Scope":
 "Every image is stored at 224x224 pixels. The image processor of each encoder then resizes it"):
 pixels equal an independent Pillow resize, a killed run resumes byte-identically, a panel prepares
 once for all encoders, and the store's and the feature cache's keys follow the settings."""

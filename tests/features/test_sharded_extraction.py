@@ -1,4 +1,4 @@
-"""Sharded extraction (issue 9, "Sharded extraction"): parts cover every row exactly once, fill
+"""Sharded extraction: parts cover every row exactly once, fill
 one content-keyed entry concurrently without corrupting it, and an incomplete entry is refused
 with the missing shards named."""
 from __future__ import annotations

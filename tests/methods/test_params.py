@@ -32,8 +32,9 @@ def old_yaml(name: str) -> dict:
 
 
 #: parameters added after 5fcc8da, by stage: {name: default}, appended in this order
-ADDED = {"croma": {"on_incomplete": "error"},  # issue 19: refuse incomplete 2x2 subsets as croma 1.0.1 does
-         # issue 18: the cross-site failure-detection study
+ADDED = {"croma": {"on_incomplete": "error"},  # refuse incomplete 2x2 subsets as croma 1.0.1 does
+         "spar": {"lr_selection": "fixed"},  # spar.md's one learning rate for all models (params.py)
+         # the cross-site failure-detection study
          "error_detection": {"train_on": None, "site_col": "dataset", "view_col": "view"}}
 
 
@@ -107,9 +108,9 @@ def test_parse_round_trips(name):
      "candor: unknown parameter stage.params.kk; did you mean k?"),
     (lambda: methods.check("spar", {"seeds": "42"}),
      "spar: stage.params.seeds=42 must be a list, e.g. [1,2] (default: [42,123,1234])"),
-    (lambda: methods.check("spar", {"by_encoder": {"spar_oracle": {"lr": 1}}}),
-     "stage.params.by_encoder.spar_oracle: unknown ['lr']; use batch_size, max_epochs, patience, lr_search, hidden, "
-     "d_model, head_layers"),
+    (lambda: methods.check("spar", {"by_encoder": {"spar_oracle": {"lr_x": 1}}}),
+     "stage.params.by_encoder.spar_oracle: unknown ['lr_x']; use batch_size, max_epochs, patience, lr, lr_search, "
+     "hidden, d_model, head_layers"),
 ])
 def test_an_unknown_or_mistyped_parameter_is_one_line(call, message):
     with pytest.raises(ValueError) as err:

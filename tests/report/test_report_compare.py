@@ -1,4 +1,4 @@
-"""Ours beside the published values (issue 10, "Published values"): matching by (table, section,
+"""Ours beside the published values: matching by (table, section,
 row label through the alias map, column header), the half-unit / 1.96-sd interval, and the flag
 on a planted out-of-interval cell."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The report (issue 10, "One report per run"): report.md links the figures, report.html is one
+"""The report: report.md links the figures, report.html is one
 file that opens offline (every image inlined, no external URL), with the config, the tables, the
 comparison, the runtime and the feature-cache hits."""
 from __future__ import annotations

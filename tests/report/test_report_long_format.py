@@ -1,4 +1,4 @@
-"""The long-format collector (issue 10, "Collector"): stage conventions (group, count, params,
+"""The long-format collector: stage conventions (group, count, params,
 intervals), seed and config hash from the job config, and collect() writing results_long.* with
 numbers as numbers next to combined.* and missing.txt."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ def test_candor_summary_to_long_and_back():
     assert list(long.columns) == LONG_COLUMNS
     metrics = ["n_pos", "n_neg", "d", "d_sd", "d_all", "d_all_sd", "margin_auroc"]  # not k, bank_size, n_queries
     assert sorted(long["metric"].unique()) == sorted(metrics) and len(long) == 2 * len(metrics)
-    assert set(long["group"]) == {"AP / marker", "__pooled__ / marker"}  # GROUP_COLUMNS acq_group, target
+    assert set(long["group"]) == {"AP / marker", "__pooled__ / marker"}  # its declared group_columns: acq_group, target
     assert (long["n"] == 40).all() and (long["seed"] == 7).all() and (long["task"] == "marker").all()
     d = long[(long["metric"] == "d")].iloc[0]
     assert (d["value"], d["ci_low"], d["ci_high"]) == (0.3, 0.3 - 0.04, 0.3 + 0.04)

@@ -1,4 +1,4 @@
-"""CANDOR and SPAR figures (issue 10, "Plots"): PNG and PDF are written and non-empty, and what
+"""CANDOR and SPAR figures: PNG and PDF are written and non-empty, and what
 they draw is the data (Spearman in the legend against scipy, chance lines at 1/k, seed means)."""
 from __future__ import annotations
 

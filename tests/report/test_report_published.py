@@ -1,4 +1,4 @@
-"""The shipped published values (issue 10, "Published values"): every file parses, every value is
+"""The shipped published values: every file parses, every value is
 a number in its unit's range, the row counts are the README's, and the papers' internal
 identities hold on the parsed numbers."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 16 ("A newcomer's first hour"), items 8, 12-14: reports a newcomer can read. Blank rows say
+"""Reports a newcomer can read. Blank rows say
 why; the run report's title names the experiment, its top the panel that ran and how to read D;
 intervals and integer counts; no pooled copy of a single matched group; figures with labelled
 points and whole 0-1 axes; the sweep report with paper tables and a per-encoder summary first,
@@ -19,6 +19,7 @@ from report_fixtures import job_config, write_job
 from robustbench_fm.api import evaluate
 from robustbench_fm.cli import app
 from robustbench_fm.core import results
+from robustbench_fm.core.stats import spearman
 from robustbench_fm.core.tables import PaperTable, SweepResults
 from robustbench_fm.methods.candor import plots as candor_plots
 from robustbench_fm.report import html
@@ -173,8 +174,10 @@ def test_positives_figure_labels_points_and_shows_the_whole_rate_axis():
 
 
 def test_spearman_needs_three_distinct_points():
-    assert np.isnan(candor_plots._rho([100, 100, 200, 200], [0.5, 0.5, 0.4, 0.4]))  # 2 distinct points
-    assert candor_plots._rho([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    # the CANDOR figures' rho is core.stats.spearman (one NaN policy for every table and figure)
+    assert candor_plots.spearman is spearman
+    assert np.isnan(spearman([100, 100, 200, 200], [0.5, 0.5, 0.4, 0.4]))  # 2 distinct points
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
 
 
 def test_collapse_figure_puts_tasks_on_x_and_is_left_out_with_one_task(tmp_path):

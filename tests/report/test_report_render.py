@@ -1,4 +1,4 @@
-"""Paper-layout rendering (issue 10, "Paper tables"): from a synthetic collected table in each
+"""Paper-layout rendering: from a synthetic collected table in each
 paper table's layout, markdown, LaTeX and CSV carry exactly the paper's columns in printed order,
 with the best value bold and the second underlined per block."""
 from __future__ import annotations

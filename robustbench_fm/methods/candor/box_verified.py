@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 
 from ...core.devices import resolve_device
+from ...core.errors import InvalidSetting
 from ...core.neighbors import l2_normalize
 from ...core.results import Results
 from ...core.stats import cluster_bootstrap_ratio, summarize_bootstrap
@@ -39,9 +40,6 @@ from .params import BoxVerifiedParams
 from .stage import POOLED, draw_group, group_rng, masked_mean_topk
 
 PARAMS = BoxVerifiedParams
-MULTI_FINDING = True
-COUNT_COLUMN = "n_queries"
-GROUP_COLUMNS = ["acq_group", "arm"]
 PER_SAMPLE_COLUMNS = ["sample_id", "finding", "arm", "acq_group", "c_pos", "c_neg", "dm", "discordant"]
 
 
@@ -65,13 +63,13 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
                        (p.cluster_col, "cluster_col"), *((f, "finding") for f in findings)):
         if col not in manifest.columns:
             if col == "dataset":
-                raise ValueError("candor_box_verified: the manifest has no 'dataset' column; run it on a pool "
+                raise InvalidSetting("candor_box_verified: the manifest has no 'dataset' column; run it on a pool "
                                  "of the reference and the arms (dataset=pool, e.g. experiment="
                                  "candor_ablation_box_verified)")
             raise missing_column("candor_box_verified", col, param, manifest.columns)
     member = manifest["dataset"].astype(str).to_numpy()
     if p.reference not in set(member):
-        raise ValueError(f"candor_box_verified: stage.params.reference={p.reference} is not a member of the pool "
+        raise InvalidSetting(f"candor_box_verified: stage.params.reference={p.reference} is not a member of the pool "
                          f"(members: {', '.join(sorted(set(member)))}); add it to dataset.options.members")
     feats = torch.as_tensor(l2_normalize(features), device=resolve_device(p.device))
     # one "cluster" per image file: a query never meets its own image among the candidates

@@ -21,8 +21,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullFormatter
-from scipy.stats import spearmanr
 
+from ...core.stats import spearman
 from ..croma.plots import _require, save_figure
 
 CHANCE = 0.5
@@ -35,12 +35,6 @@ OFFSET = 1.08
 MAX_LABELS = 12
 
 
-def _rho(x, y) -> float:
-    """Spearman's ρ, NaN with fewer than 3 distinct points or a constant axis (no ranking to correlate)."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if len(set(zip(x.tolist(), y.tolist()))) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return float("nan")
-    return float(spearmanr(x, y).statistic)
 
 
 def _rate_axis(ax, label: str) -> None:
@@ -69,7 +63,7 @@ def positives_figure(df: pd.DataFrame) -> Figure:
         colour = enc.map(colours)
         ax.scatter(n * shift, df[col], s=28, marker=marker, zorder=3, linewidths=1.2,
                    facecolors="none" if col == "d_all" else colour, edgecolors=colour)
-        rho = _rho(n, df[col])
+        rho = spearman(n, df[col])
         shown.append(Line2D([], [], ls="", marker=marker, color="0.3", mfc="none" if col == "d_all" else "0.3",
                             label=label if np.isnan(rho) else f"{label}: Spearman ρ = {rho:.3f}"))
         if col == "d" and len(df) <= MAX_LABELS and encoders != [""]:
@@ -125,7 +119,7 @@ def retention_figure(df: pd.DataFrame) -> Figure:
     for _, row in df.iterrows():
         ax.annotate(str(row["encoder"]), (row["d"], row["retention"]), fontsize=7, xytext=(4, 3),
                     textcoords="offset points")
-    rho = _rho(df["d"], df["retention"])
+    rho = spearman(df["d"], df["retention"])
     if not np.isnan(rho):  # no ρ from fewer than 3 distinct points
         ax.set_title(f"Spearman ρ = {rho:.2f}", fontsize=9)
     ax.set_xlabel("collapse rate $D$")

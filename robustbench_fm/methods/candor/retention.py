@@ -59,7 +59,7 @@ import numpy as np
 import pandas as pd
 
 from ... import data
-from ...core.errors import UserError
+from ...core.errors import InvalidSetting, UserError
 from ...core.neighbors import l2_normalize
 from ...core.results import Results
 from ...core.stats import cluster_bootstrap_ratio, summarize_bootstrap
@@ -74,8 +74,6 @@ PARAMS = RetentionParams
 
 log = logging.getLogger("robustbench_fm.retention")
 
-#: ``run`` takes the list of findings (it adds the pooled row).
-MULTI_FINDING = True
 POOLED = "pooled"
 VARIANT_COLUMN, OF_COLUMN, FINDING_COLUMN = "occlusion", "occlusion_of", "occlusion_finding"
 PLACEMENT_COLUMN = "occlusion_placement"
@@ -262,7 +260,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding, **params) -> Resu
     findings = [finding] if isinstance(finding, str) else [str(f) for f in finding]
     for col in (VARIANT_COLUMN, OF_COLUMN, FINDING_COLUMN, *occ.OCCLUSION_BOX_COLUMNS):
         if col not in manifest.columns:
-            raise ValueError(f"retention: manifest has no '{col}' column; it needs the original rows and the "
+            raise InvalidSetting(f"retention: manifest has no '{col}' column; it needs the original rows and the "
                              "occluded rows (robustbench_fm.methods.candor.retention.derived_manifest writes them)")
     manifest = manifest.reset_index(drop=True)
     if cluster_col != "patient_id" and cluster_col in manifest.columns:

@@ -63,6 +63,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from ...core.devices import resolve_device
+from ...core.errors import InvalidSetting
 from ...core.neighbors import Shortlist, l2_normalize, topk_similarity
 from ...core.results import Results
 from ...core.stats import (
@@ -89,12 +90,6 @@ POOLED = "__pooled__"
 BOOT_CHUNK = 262_144
 #: Matched group of every query under ``unmatched=True`` for the pooled banks' draw.
 UNMATCHED = "__unmatched__"
-#: ``run`` takes a list of findings and scores them from one similarity pass per matched group.
-MULTI_FINDING = True
-COUNT_COLUMN = "n_queries"
-#: A row is one task (``target``) in one matched group (or the pool).
-GROUP_COLUMNS = ["acq_group", "target"]
-PARAM_COLUMNS = ["bank_size", "k"]
 METRICS = ("d", "d_all", "margin_auroc")
 PER_SAMPLE_COLUMNS = ["sample_id", "finding", "target", "acq_group", "c_pos", "c_neg", "dm", "discordant",
                       "c_pos_all", "c_neg_all", "dm_all", "discordant_all"]
@@ -251,9 +246,9 @@ def check_manifest(manifest: pd.DataFrame, finding: str | list[str], **params) -
     _, pos, neg, f, group = best
     where = "over all groups (unmatched)" if unmatched else f"{group_col} '{group}'"
     fix = f"at most stage.params.k={best[0] - 1}" if best[0] >= 2 else "more labelled images"
-    raise ValueError(f"candor: stage.params.k={k} needs k+1={k + 1} positives and k+1 negatives in a matched group, "
-                     f"but the best one has {pos} positives and {neg} negatives (finding '{f}', {where}); "
-                     f"every row would be blank: use {fix}")
+    raise InvalidSetting(f"candor: stage.params.k={k} needs k+1={k + 1} positives and k+1 negatives in a matched "
+                         f"group, but the best one has {pos} positives and {neg} negatives (finding '{f}', {where}); "
+                         f"every row would be blank: use {fix}")
 
 
 def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], **params) -> Results:

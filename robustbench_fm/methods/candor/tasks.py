@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ...core.errors import InvalidSetting
 from ...data.manifest import BOX_COLUMNS, CHEST_FINDINGS
 
 TASKS = ("auto", "binary", "family_one_vs_rest")
@@ -62,7 +63,7 @@ def eligible_classes(classes, families) -> list[str]:
     table = pd.DataFrame({"cls": classes, "fam": families}).dropna().drop_duplicates()
     if table.duplicated("cls").any():
         first = table.loc[table.duplicated("cls"), "cls"].iloc[0]
-        raise ValueError(f"candor: class {first!r} lies in several matched groups; a one-vs-rest class "
+        raise InvalidSetting(f"candor: class {first!r} lies in several matched groups; a one-vs-rest class "
                          "must belong to one family (check the class and group columns)")
     per_family = table.groupby("fam")["cls"].transform("size")
     return sorted(table.loc[per_family >= 2, "cls"].astype(str))
@@ -98,13 +99,13 @@ def build_tasks(manifest: pd.DataFrame, findings: list[str], task: str, group_co
             labels = pd.to_numeric(manifest[f], errors="coerce").to_numpy(dtype=float)
             bad = ~np.isnan(labels) & ~np.isin(labels, (0, 1)) | manifest[f].notna().to_numpy() & np.isnan(labels)
             if bad.any():
-                raise ValueError(f"candor: column '{f}' holds {manifest[f].iloc[np.flatnonzero(bad)[0]]}; a binary "
+                raise InvalidSetting(f"candor: column '{f}' holds {manifest[f].iloc[np.flatnonzero(bad)[0]]}; a binary "
                                  "finding takes 1, 0 or NaN (a column of class names takes task=family_one_vs_rest)")
             tasks.append(Task(f, f, labels))
             continue
         classes = one_vs_rest_tasks(manifest, f, group_col)
         if not classes:
-            raise ValueError(f"candor: no class of '{f}' shares its '{group_col}' with another class; "
+            raise InvalidSetting(f"candor: no class of '{f}' shares its '{group_col}' with another class; "
                              "task=family_one_vs_rest needs groups holding at least 2 classes")
         tasks += classes
     return tasks
@@ -129,7 +130,7 @@ def box_verified(labels: np.ndarray, manifest: pd.DataFrame) -> np.ndarray:
     """Ablation 1: positives without an expert box (any of box_x0..box_y1 NaN) become unlabelled."""
     missing = [c for c in BOX_COLUMNS if c not in manifest.columns]
     if missing:
-        raise ValueError(f"candor: box_verified needs the manifest box columns; '{missing[0]}' is missing "
+        raise InvalidSetting(f"candor: box_verified needs the manifest box columns; '{missing[0]}' is missing "
                          "(use a dataset with boxes, e.g. ms_cxr, or set box_verified=false)")
     has_box = manifest[list(BOX_COLUMNS)].notna().all(axis=1).to_numpy()
     return np.where((labels == 1) & ~has_box, np.nan, labels)

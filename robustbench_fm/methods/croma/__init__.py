@@ -4,22 +4,28 @@
 * :mod:`.stage`: RI, MaRI, CRoMa with its F(0) / Q_alpha / LTM tail (§2.3-2.7), :mod:`.scores`;
 * :mod:`.panel`: the panel median-k protocol and the m / alpha sweeps (the collect step's k policy
   and roster refusal live in :mod:`.tables`);
-* :mod:`.pairs`: paired 2×2 quartets (every complete label pair × confounder pair) from a manifest;
 * :mod:`.shortcut`, :mod:`.shortcut_metrics`: the confounder-biased linear probe (APD, nIPD);
-* :mod:`.tables`, :mod:`.plots`: the paper's tables and figures.
+* :mod:`.tables`, :mod:`.plots`: the paper's tables and figures;
+* :mod:`.guide`: what each stage's numbers mean (a report's "How to read this").
 """
 from .. import Method, register
 from .params import CromaParams, ShortcutParams
 
 register(Method(
     "croma", "CRoMa, RI and MaRI: is local geometry organised by biology or by the centre?",
-    f"{__name__}.stage",
+    f"{__name__}.stage", display_name="CRoMa",
+    headline=(("croma", "higher"), ("f0", "lower"), ("ltm", "higher"), ("ri", "higher"), ("mari", "higher")),
+    guide=f"{__name__}.guide:CROMA", param_columns=("k", "tau", "n_subsets", "n_short", "n_floor"),
+    integer_columns=("support", "k"),
     console_columns=("encoder", "dataset", "finding", "bio_knn_bacc", "conf_knn_bacc", "ri", "mari", "croma", "f0",
                      "ltm", "support", "k"),
     tables=f"{__name__}.tables", figures=f"{__name__}.plots:report_figures", params=CromaParams,
     findings=("bio_label",)))  # the column holding the biological label
 register(Method(
     "shortcut", "PathoROB's confounder-biased linear probe: APD and nIPD", f"{__name__}.shortcut",
+    display_name="shortcut test", headline=(("apd", "higher"), ("nipd", "higher")), guide=f"{__name__}.guide:SHORTCUT",
+    # one row per test set (in-domain, out-of-domain); the schedule's settings apart from metrics
+    group_columns=("test_set",), param_columns=("chance", "n_splits", "iterations"), count_column="n_test",
     console_columns=("encoder", "benchmark", "test_set", "apd", "nipd", "acc_balanced", "acc_confounded"),
     tables=f"{__name__}.tables", params=ShortcutParams,
     findings=("bio_label",)))  # the column holding the biological class the probe predicts

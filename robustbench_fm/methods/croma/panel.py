@@ -27,11 +27,13 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 import torch
-from scipy.stats import rankdata, spearmanr
+from scipy.stats import rankdata
 
 from ...core.devices import resolve_device
 from ...core.neighbors import l2_normalize
+from ...core.stats import spearman
 from . import stage as croma
+from .knn import distinct_rows
 from .params import CromaParams
 
 PROTOCOLS = ("median-k", "k-star")
@@ -115,7 +117,7 @@ def sweeps(preps: Mapping[str, croma.Prepared], ms=range(1, 21), alphas=(0.05, 0
 
 
 def _rho(wide: pd.DataFrame, a, b) -> float:
-    return float(spearmanr(wide[a], wide[b]).statistic)
+    return spearman(wide[a], wide[b])
 
 
 def m_sensitivity(by_m: pd.DataFrame, pairs=((1, 5), (5, 20), (1, 20))) -> dict:
@@ -154,8 +156,8 @@ def typed_ranks(features, manifest: pd.DataFrame, label_col: str = "bio_label", 
                 exclude_col: str = "slide_id", block_size: int = 2048, device="auto") -> pd.DataFrame:
     """Per unit: ``rank_so`` / ``rank_os`` = the 1-indexed position of its nearest SO match / OS
     distractor among **all other samples** ordered by cosine distance, and ``rank_typed`` = the
-    smaller of the two (the first typed neighbour); NaN without such a candidate. One blocked pass
-    over the similarity matrix (design ``all``).
+    smaller of the two (the first typed neighbour); NaN for an anchor the reference leaves out
+    (below, "Defined anchors"). One blocked pass over the similarity matrix (design ``all``).
 
     Paper (Table 12): "Median SO and OS ranks summarize [...] the rank of the nearest
     cross-confounder biological match and same-confounder biological distractor [...] the first SO
@@ -169,9 +171,19 @@ def typed_ranks(features, manifest: pd.DataFrame, label_col: str = "bio_label", 
     Tie rule: the reference sorts with a stable argsort, so samples tied with the nearest typed
     candidate count when their row comes first; here they never count (the competition "min"
     rank), which makes the rank independent of row order and equal to the reference's wherever
-    no other sample ties with the nearest typed one (untied data)."""
+    no other sample ties with the nearest typed one (untied data).
 
-    x = torch.as_tensor(l2_normalize(features, "croma: features", dtype=None)).to(resolve_device(device))
+    Defined anchors: as the reference (``defined = np.isfinite(croma) & (so_d >
+    0)``: an anchor needs an SO and an OS candidate and a nearest SO match at a positive cosine
+    distance), an anchor without either type, or whose nearest SO match is at distance 0, gets NaN
+    in all three columns and so drops out of the medians. Identical rows are at distance exactly 0
+    (cosine set to 1, whatever the rounding of their product); the reference computes that
+    distance in float32 and keeps such an anchor when the rounding happens to leave it positive."""
+
+    x_np = l2_normalize(features, "croma: features", dtype=None)
+    vid = torch.as_tensor(distinct_rows(x_np)[1])
+    x = torch.as_tensor(x_np).to(resolve_device(device))
+    vid = vid.to(x.device)
     codes = [torch.as_tensor(pd.factorize(croma._strings(manifest, c, p))[0], device=x.device)
              for c, p in ((label_col, "label_col"), (confounder_col, "confounder_col"), (exclude_col, "exclude_col"))]
     lab, con, grp = codes
@@ -179,13 +191,16 @@ def typed_ranks(features, manifest: pd.DataFrame, label_col: str = "bio_label", 
     for lo in range(0, len(x), block_size):
         hi = min(lo + block_size, len(x))
         sim = x[lo:hi] @ x.T
+        sim[vid[lo:hi, None] == vid[None, :]] = 1.0  # identical rows: cosine exactly 1
         rows = torch.arange(hi - lo, device=x.device)
         sim[rows, rows + lo] = -torch.inf  # self is never a candidate nor ahead of one
         other = grp[lo:hi, None] != grp[None, :]
         same_lab, same_con = lab[lo:hi, None] == lab[None, :], con[lo:hi, None] == con[None, :]
-        for t, typed in enumerate((same_lab & ~same_con, ~same_lab & same_con)):
-            nearest = sim.masked_fill(~(typed & other), -torch.inf).max(dim=1).values
-            closer = (sim > nearest[:, None]).sum(dim=1).double() + 1  # every other sample, same slide included
-            ranks[lo:hi, t] = torch.where(torch.isfinite(nearest), closer, torch.nan).cpu().numpy()
+        nearest = [sim.masked_fill(~(typed & other), -torch.inf).max(dim=1).values
+                   for typed in (same_lab & ~same_con, ~same_lab & same_con)]
+        defined = torch.isfinite(nearest[0]) & torch.isfinite(nearest[1]) & (nearest[0] < 1)  # d_SO > 0
+        for t in range(2):
+            closer = (sim > nearest[t][:, None]).sum(dim=1).double() + 1  # every other sample, same slide included
+            ranks[lo:hi, t] = torch.where(defined, closer, torch.nan).cpu().numpy()
     return pd.DataFrame({"sample_id": manifest["sample_id"].astype(str).to_numpy(), "rank_so": ranks[:, 0],
                          "rank_os": ranks[:, 1], "rank_typed": np.fmin(ranks[:, 0], ranks[:, 1])})

@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.path import Path as PolygonPath
 from scipy.stats import gaussian_kde, spearmanr, t
 
 from ...core.atomic import write_atomic
@@ -154,15 +153,6 @@ def hdr_outline(x, y, mass: float = 0.75, grid: int = 160) -> list[np.ndarray]:
     gx, gy = np.meshgrid(xs, ys)
     density = kde(np.vstack([gx.ravel(), gy.ravel()])).reshape(gx.shape)
     return [line for line in contourpy.contour_generator(gx, gy, density).lines(level) if len(line) > 2]
-
-
-def enclosed_share(x, y, polygons: list[np.ndarray]) -> float:
-    """Share of the points (x, y) inside any of ``polygons``."""
-    pts = np.column_stack([x, y])
-    inside = np.zeros(len(pts), bool)
-    for poly in polygons:
-        inside |= PolygonPath(poly).contains_points(pts)
-    return float(inside.mean())
 
 
 def typed_distance_figure(per_sample: pd.DataFrame, mass: float = 0.75) -> Figure:

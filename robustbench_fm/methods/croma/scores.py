@@ -77,8 +77,9 @@ def so_share(log_so: np.ndarray, log_os: np.ndarray) -> np.ndarray:
 
 
 def pooled_share(log_so: np.ndarray, log_os: np.ndarray) -> float:
-    """Pooled evidence ratio over all units (conventions A.6); 0.5 without any evidence."""
-    value = so_share(logsumexp(log_so), logsumexp(log_os))
+    """Pooled evidence ratio over all units (conventions A.6); 0.5 without any evidence. The
+    terms are summed in sorted order, so the value does not depend on the order of the units."""
+    value = so_share(logsumexp(np.sort(log_so)), logsumexp(np.sort(log_os)))
     return 0.5 if np.isnan(value) else float(value)
 
 
@@ -103,8 +104,9 @@ def croma_values(so_dist: np.ndarray, os_dist: np.ndarray, m: int) -> tuple[np.n
 
 def tail(values: np.ndarray, alpha: float) -> tuple[float, float, float]:
     """F(0) = share ≤ 0, Q_α = numpy linear percentile, LTM_α = mean of values ≤ Q_α (Q_α when
-    the tail is empty), over the finite values (conventions A.7)."""
-    v = values[np.isfinite(values)]
+    the tail is empty), over the finite values (conventions A.7), summed in sorted order (the same
+    values in any order give the same bits)."""
+    v = np.sort(values[np.isfinite(values)])
     if v.size == 0:
         return np.nan, np.nan, np.nan
     q = float(np.percentile(v, 100 * alpha))

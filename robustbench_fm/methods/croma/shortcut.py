@@ -41,6 +41,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import balanced_accuracy_score
 
+from ...core.errors import InvalidSetting
 from ...core.results import Results
 from .. import missing_column
 from . import shortcut_metrics as sm
@@ -48,10 +49,6 @@ from .params import ShortcutParams
 
 PARAMS = ShortcutParams
 
-#: the long-format collector's contract: one row per test set, settings apart from metrics
-GROUP_COLUMNS = ["test_set"]
-PARAM_COLUMNS = ["chance", "n_splits", "iterations"]
-COUNT_COLUMN = "n_test"
 
 
 def check_params(**params) -> ShortcutParams:
@@ -139,6 +136,22 @@ def _arrange(cells, rng: random.Random, slide_ids: np.ndarray | None, case_split
                 slides.append(slides.pop(first))
 
 
+def _check_validation_rows(bm: sm.Benchmark, rps: int, chosen: bool) -> None:
+    """Each split validates on int(training rows / max_train_slides) rows per cell (conventions
+    F.14); a ``rows_per_slide`` so small that a split keeps none is refused in one line (croma
+    refuses it too) instead of failing inside sklearn."""
+    empty = [s for s in range(bm.n_splits)
+             if not (sm.training_slides(bm.name, s) * rps // bm.max_train_slides).any()]
+    if empty:
+        most = [int(sm.training_slides(bm.name, s).max()) for s in range(bm.n_splits)]
+        need = max(-(-bm.max_train_slides // max(m, 1)) for m in most)
+        setting = f"rows_per_slide={rps}" + ("" if chosen else " (the benchmark's)")
+        raise InvalidSetting(f"shortcut: {setting} leaves split {empty[0]} of '{bm.name}' ({len(empty)} of "
+                             f"{bm.n_splits} splits) without validation rows (int(training rows / "
+                             f"max_train_slides={bm.max_train_slides}) is 0 in every cell); set "
+                             f"rows_per_slide to at least {need} (the benchmark's is {bm.rows_per_slide})")
+
+
 def run(features: np.ndarray, manifest: pd.DataFrame, finding: str = "bio_label", **params) -> Results:
     """APD and nIPD of a confounder-biased probe sweep on ``features`` (see module doc);
     ``params``: :class:`~robustbench_fm.methods.croma.params.ShortcutParams`.
@@ -169,6 +182,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str = "bio_label"
     frame = pd.DataFrame({site_col: sites, finding: labels})
     if slide_col in manifest.columns:
         frame[slide_col] = manifest[slide_col].astype(str)
+    _check_validation_rows(bm, rps, rows_per_slide is not None)
     cells = _cells(frame, bm, finding, site_col, slide_col, rps)
     splits = _case_splits(cells, frame, y, bm, site_col, slide_col, rps)
     slide_ids = frame[slide_col].to_numpy() if splits is not None else None

@@ -17,10 +17,14 @@ sharing the anchor's ``exclude_col`` group (slide) and the anchor itself are nev
   SO / OS candidates over the whole scope (A.7); ``croma`` = median (paired: median of subset
   medians); ``f0`` = share ≤ 0; ``q_alpha`` = numpy linear percentile α; ``ltm`` = mean of the
   values ≤ q_alpha.
-* **Ties**: candidates at exactly the same cosine distance are taken in sample_id order
-  (:mod:`robustbench_fm.methods.croma.knn`, "Tie rule"), so RI, MaRI, τ, support and the kNN
-  accuracies never depend on the manifest's row order; the reference breaks such ties
-  arbitrarily (sklearn's argpartition), so on tied (quantised) features it may differ from us.
+* **Ties**: candidates at exactly the same cosine distance are taken in sample_id order, and
+  identical feature rows are one vector, so they tie exactly (:mod:`robustbench_fm.methods.croma.knn`,
+  "Identical rows are one vector" and "Tie rule"): at a given k, RI, MaRI, τ, support and CRoMa never
+  depend on the manifest's row order. The kNN accuracies follow croma's vote-tie convention
+  (smallest first-appearance code, A.5), so they, and k* through them, may change with the row
+  order where votes tie (even k, three or more classes), by design. The reference breaks distance
+  ties arbitrarily (sklearn's argpartition), so on tied (quantised, duplicated) features it may
+  differ from us.
 * **bio_knn_bacc** / **conf_knn_bacc**: kNN balanced accuracy of the label / the confounder at
   the operating k (A.5, F.13).
 * ``design="paired_2x2"``: one manifest row per (sample, subset) occurrence; a subset that is not
@@ -28,10 +32,12 @@ sharing the anchor's ``exclude_col`` group (slide) and the anchor itself are nev
   croma 1.0.1's ``validate_subset_manifest`` does (``on_incomplete="skip"``: they are skipped
   with a warning and the complete ones scored); every neighbourhood stays inside its subset;
   RI/MaRI/support/F(0)/Q/LTM pool the occurrences (A.8).
-* **Collapsed embeddings**: a unit whose margin denominator d_SO + d_OS is zero up to the
-  features' rounding (:func:`zero_margin_tolerance`) stops the stage, as the reference's "zero
-  margin denominator" error does (it tests ``== 0`` on sklearn's clipped float distances; here
-  the tolerance fits the dtype, so identical rows are refused whatever their rounding).
+* **Rounding floor**: a unit whose m nearest SO and OS candidates are all
+  identical rows has d_SO + d_OS = 0 exactly; its CRoMa_i is NaN (0/0), and only when every unit
+  is so does the stage stop (croma 1.0.1 raises "zero margin denominator" for any such unit). A
+  unit of distinct rows whose denominator is within the features' rounding
+  (:func:`zero_margin_tolerance`) is scored; the summary counts these units in ``n_floor`` (present
+  when non-zero) and a warning names float64 as the fix.
 * **F(0)** = share of units with CRoMa_i ≤ 0 (the reference's closed boundary); the paper's
   Eq. 12 writes F(0) = P[CRoMa_m(i) < 0]. The two differ only by units at exactly 0.
 
@@ -40,10 +46,10 @@ label × confounder cells (as the reference does), unless ``on_short="skip"``: t
 NaN CRoMa and the summary records ``n_short`` and ``short_cells``.
 
 ``summary`` (one row): ``ri, mari, tau, k, support, croma, f0, q_alpha, ltm, bio_knn_bacc,
-conf_knn_bacc, n`` (+ ``croma_std, n_subsets`` paired; + ``n_short, short_cells`` with
-``on_short="skip"``; ``finding`` first when the app loop passes one). ``per_sample`` (manifest
-order): ``sample_id, croma, d_so, d_os, ri, mari`` (+ ``subset`` paired); ``ri``/``mari`` are NaN
-where the unit has no typed neighbour in its top-k.
+conf_knn_bacc, n`` (+ ``croma_std, n_subsets`` paired; + ``n_floor`` when units are at the rounding
+floor; + ``n_short, short_cells`` with ``on_short="skip"``; ``finding`` first when the app loop
+passes one). ``per_sample`` (manifest order): ``sample_id, croma, d_so, d_os, ri, mari``
+(+ ``subset`` paired); ``ri``/``mari`` are NaN where the unit has no typed neighbour in its top-k.
 """
 from __future__ import annotations
 
@@ -74,8 +80,6 @@ from .scores import (
 )
 
 PARAMS = CromaParams
-#: summary columns that are settings or counts, not metrics (the long-format collector's contract)
-PARAM_COLUMNS = ["k", "tau", "n_subsets", "n_short"]
 
 
 @dataclass
@@ -249,22 +253,54 @@ def prepare(features, manifest: pd.DataFrame, label_col: str = "bio_label", conf
 
 
 def zero_margin_tolerance(dtype, dim: int) -> float:
-    """The largest d_SO + d_OS that is still zero up to rounding: cosine distances of unit rows
-    computed in ``dtype`` carry an error of about eps·sqrt(D) (a dot product of D terms), so a
-    margin denominator at or below 4·eps·sqrt(D) (float32, D = 1,536: 1.9e-5; float64: 3.5e-14)
-    means the m nearest typed candidates coincide with the unit (a collapsed embedding or
-    duplicated rows; croma 1.0.1 raises "zero margin denominator")."""
+    """The rounding floor of a margin denominator d_SO + d_OS: cosine distances of unit rows
+    computed in ``dtype`` carry an error of about eps·sqrt(D) (a dot product of D terms), so at or
+    below 4·eps·sqrt(D) (float32, D = 1,536: 1.9e-5; float64: 3.5e-14) a unit's CRoMa_i is
+    dominated by rounding. Such units are scored and counted (``n_floor``, :func:`margin_floor`)."""
     return float(4 * np.finfo(dtype).eps * np.sqrt(max(int(dim), 1)))
 
 
-def refuse_collapsed(d_so: np.ndarray, d_os: np.ndarray, dtype, dim: int) -> None:
-    """One line naming how many units have a zero margin denominator (see :func:`zero_margin_tolerance`)."""
-    tol = zero_margin_tolerance(dtype, dim)
-    zero = np.isfinite(d_so) & np.isfinite(d_os) & (d_so + d_os <= tol)
-    if zero.any():
-        raise ValueError(f"croma: {int(zero.sum())}/{len(d_so)} units have a zero margin denominator "
-                         f"(d_OS + d_SO <= {tol:.2g}, zero at {np.dtype(dtype).name} rounding) although m typed "
-                         "candidates exist: a collapsed embedding or duplicated rows; check the features")
+def margin_floor(d_so: np.ndarray, d_os: np.ndarray, dtype, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """(units whose margin denominator is exactly 0, units at the rounding floor) of one scope.
+
+    A denominator is exactly 0 only when the unit's m nearest SO and m nearest OS candidates are
+    copies of it (identical rows are at distance exactly 0, :mod:`~robustbench_fm.methods.croma.knn`):
+    its CRoMa_i is 0/0 and is left NaN (croma 1.0.1 refuses the whole call, "zero margin
+    denominator"). A positive denominator at or below :func:`zero_margin_tolerance` is computed
+    (the rows are distinct) but carries rounding error."""
+    total = d_so + d_os
+    finite = np.isfinite(total)
+    return finite & (total == 0), finite & (total <= zero_margin_tolerance(dtype, dim))
+
+
+def _margins(prep: Prepared, s: Scope, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """d_SO, d_OS, CRoMa_i (NaN where the denominator is exactly 0) and the floor mask of a scope."""
+    d_so, d_os, c = croma_values(s.nb.so_dist, s.nb.os_dist, m)
+    zero, floor = margin_floor(d_so, d_os, prep.dtype, prep.dim)
+    c[zero] = np.nan
+    return d_so, d_os, c, floor
+
+
+def check_margins(prep: Prepared, m: int) -> int:
+    """Units at the rounding floor (:func:`margin_floor`) over all scopes; refuses, in one line,
+    only when no unit can be scored, and warns (naming float64) when some are at the floor."""
+    n = sum(s.size for s in prep.scopes)
+    zero = floor = 0
+    for s in prep.scopes:
+        d_so, d_os, _ = croma_values(s.nb.so_dist, s.nb.os_dist, m)
+        z, f = margin_floor(d_so, d_os, prep.dtype, prep.dim)
+        zero, floor = zero + int(z.sum()), floor + int(f.sum())
+    name, tol = np.dtype(prep.dtype).name, zero_margin_tolerance(prep.dtype, prep.dim)
+    if zero and zero == n:
+        raise ValueError(f"croma: {zero}/{n} units have a zero margin denominator (d_OS + d_SO = 0: their m "
+                         "nearest SO and OS candidates are identical rows, a collapsed embedding); no CRoMa "
+                         "can be computed, check the features")
+    if floor:
+        warnings.warn(f"croma: {floor}/{n} units have d_OS + d_SO <= {tol:.2g}, the {name} rounding floor "
+                      f"(n_floor in the summary; {zero} of them exactly 0, identical rows, left NaN): their "
+                      "CRoMa_i carry rounding error; pass float64 features to compute them exactly",
+                      RuntimeWarning, stacklevel=3)
+    return floor
 
 
 def _mean_over_scopes(prep: Prepared, codes_of, ks) -> dict[int, float]:
@@ -304,7 +340,7 @@ def croma_by_m(prep: Prepared, ms, alpha: float = 0.10) -> pd.DataFrame:
             raise ValueError(f"croma: m={m} is outside 1..{prep.m_max} prepared; prepare with m={m}")
         values, medians = [], []
         for s in prep.scopes:
-            _, _, c = croma_values(s.nb.so_dist, s.nb.os_dist, m)
+            _, _, c, _ = _margins(prep, s, m)
             values.append(c)
             finite = c[np.isfinite(c)]
             medians.append(float(np.median(finite)) if finite.size else np.nan)
@@ -339,11 +375,11 @@ def score(prep: Prepared, k: int, m: int = 5, alpha: float = 0.10, tau: float | 
     if k not in bio:
         raise ValueError(f"croma: k={k} is not below any scope size or no unit has a cross-group neighbour")
 
+    n_floor = check_margins(prep, m)
     curves = croma_by_m(prep, [m], alpha).iloc[0]
     parts = []
     for s, (so, os_, _), (mso, mos) in zip(prep.scopes, slots, mari_ev):
-        d_so, d_os, c = croma_values(s.nb.so_dist, s.nb.os_dist, m)
-        refuse_collapsed(d_so, d_os, prep.dtype, prep.dim)
+        d_so, d_os, c, _ = _margins(prep, s, m)
         part = pd.DataFrame({"sample_id": prep.sample_ids[s.rows], "croma": c, "d_so": d_so, "d_os": d_os,
                              "ri": count_share(so, os_)[0], "mari": so_share(mso, mos), "_row": s.rows})
         if prep.design == "paired_2x2":
@@ -358,6 +394,8 @@ def score(prep: Prepared, k: int, m: int = 5, alpha: float = 0.10, tau: float | 
                conf_knn_bacc=conf.get(k, np.nan), n=int(len(per_sample)))
     if prep.design == "paired_2x2":
         row.update(croma_std=curves["croma_std"], n_subsets=len(prep.scopes))
+    if n_floor:
+        row.update(n_floor=n_floor)
     if on_short == "skip":
         n_short, cells = _short_units(prep.scopes, m, prep.columns["label_col"], prep.columns["confounder_col"])
         row.update(n_short=n_short, short_cells=cells)

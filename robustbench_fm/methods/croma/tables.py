@@ -10,7 +10,7 @@ whole panel of each benchmark from the jobs' feature-cache entries (``SweepResul
 * ``k-star`` (the slide-level PCaBiop panel, ``report.croma_protocol: k-star``): each encoder at
   its own k*; Table 14's confounder accuracy is the maximum over the k grid.
 
-**Operating k** (``report.croma_k``; issue 19): ``median`` (default) is the protocol above, the
+**Operating k** (``report.croma_k``): ``median`` (default) is the protocol above, the
 lower median taken over a **roster** of encoders: ``report.croma_roster`` null (default) = every
 encoder the sweep launched on the benchmark (its ``jobs.json`` and job folders), which for the
 ``croma_*`` experiments is the paper's panel (``configs/panel/croma_tiles.yaml``), ``paper`` =
@@ -45,10 +45,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
-from scipy.stats import spearmanr
 
 from ...core.atomic import write_atomic, write_text_atomic
 from ...core.errors import UserError
+from ...core.stats import spearman
 from ...core.tables import PaperTable, SweepResults
 from ...report import published
 from .params import CONTROLS, K_POLICIES, PUBLISHED_K, PUBLISHED_KSTAR_SECTION, CromaParams
@@ -95,12 +95,16 @@ class Panel:
 def _jobs(results: SweepResults) -> list[tuple[object, dict]]:
     """(resolved config, entries.json record) of every job folder that recorded its cache
     entries; a folder without its own config.yaml (a sweep's collect/<dataset>-<stage>) uses the
-    sweep's."""
+    sweep's. A bring-your-own-features job (``features_file``) is named by its record (its data's
+    name, e.g. ``features_dataset=pathorob_camelyon``), not by the config's unused dataset."""
     out = []
     for d in results.job_dirs:
         if (d / "entries.json").exists():
             cfg = OmegaConf.load(d / "config.yaml") if (d / "config.yaml").exists() else results.config.copy()
-            out.append((cfg, json.loads((d / "entries.json").read_text())))
+            rec = json.loads((d / "entries.json").read_text())
+            if cfg.get("features_file"):
+                cfg.dataset.name = rec["dataset"]
+            out.append((cfg, rec))
     return out
 
 
@@ -233,7 +237,10 @@ def sweep_jobs(results: SweepResults) -> list[dict]:
         if stage not in ("croma", "shortcut"):
             continue
         view = _view(cfg)
-        key = benchmark_key(str(cfg.dataset.name), "ri" if stage == "shortcut" and view is not None else view)
+        dataset = str(cfg.dataset.name)
+        if (d / "entries.json").exists() and cfg.get("features_file"):  # named by its record (_jobs)
+            dataset = json.loads((d / "entries.json").read_text())["dataset"]
+        key = benchmark_key(dataset, "ri" if stage == "shortcut" and view is not None else view)
         status, detail = _job_status(d)
         if (d / "entries.json").exists():
             names = [e["encoder"] for e in json.loads((d / "entries.json").read_text())["entries"]]
@@ -376,11 +383,11 @@ def croma_panel(results: SweepResults) -> Panel:
     out = results.root / PANEL_DIR
     groups = _groups(results)
     if not groups:
-        raise ValueError(f"croma tables: no croma or shortcut job with recorded cache entries (entries.json) in "
-                         f"{results.root}; run the experiment's sweep first")
+        raise UserError(f"croma tables: no croma or shortcut job with recorded cache entries (entries.json) in "
+                        f"{results.root}; run the experiment's sweep first")
     protocol = str((results.config.get("report") or {}).get("croma_protocol", "median-k"))
     if protocol not in PROTOCOLS:
-        raise ValueError(f"report.croma_protocol={protocol!r} is unknown; use one of {', '.join(PROTOCOLS)}")
+        raise UserError(f"report.croma_protocol={protocol!r} is unknown; use one of {', '.join(PROTOCOLS)}")
     policy = KPolicy.from_config(results.config)
     jobs = sweep_jobs(results)
     stamp = json.dumps({"protocol": protocol, "k_policy": policy.stamp(),
@@ -427,7 +434,7 @@ def _benchmark_rows(results: SweepResults, key: str) -> dict[str, pd.DataFrame]:
     summary = croma_panel(results).summary
     rows = summary[summary["benchmark"] == key]
     if rows.empty:
-        raise ValueError(f"croma tables: the sweep {results.root} has no {BENCHMARKS.get(key, key)} ({key}) "
+        raise UserError(f"croma tables: the sweep {results.root} has no {BENCHMARKS.get(key, key)} ({key}) "
                          f"results; benchmarks present: {', '.join(sorted(summary['benchmark'].unique()))}")
     return {str(f): _ordered(g) for f, g in rows.groupby("finding", sort=False)}
 
@@ -484,7 +491,7 @@ def croma_table14(results: SweepResults) -> list[PaperTable]:
         frame.insert(2, "k⋆", rows["k"].to_numpy())
         parts.append(frame)
     if not parts:
-        raise ValueError(f"croma_table14: the sweep {results.root} has no PCaBiop results (dataset pcabiop, "
+        raise UserError(f"croma_table14: the sweep {results.root} has no PCaBiop results (dataset pcabiop, "
                          "view binary or isup); run experiment=croma_pcabiop")
     return [PaperTable("croma_table14", pd.concat(parts, ignore_index=True),
                        "Table 14: slide-level encoders on PCaBiop (a) and PCaBiop-ISUP (b), each at its own k*.",
@@ -493,10 +500,6 @@ def croma_table14(results: SweepResults) -> list[PaperTable]:
 
 def _pathology(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[~frame["encoder"].isin(CONTROLS)]
-
-
-def _rho(a, b) -> float:
-    return float(spearmanr(a, b).statistic) if len(a) > 2 else np.nan
 
 
 def _benchmark_label(key: str, table: str) -> str:
@@ -586,7 +589,7 @@ def croma_table10(results: SweepResults) -> list[PaperTable]:
             chosen = (key, part.assign(_tcga=tcga.to_numpy()))
             break
     if chosen is None:
-        raise ValueError(f"croma_table10: the sweep {results.root} has no Tolkach-ESCA CRoMa results with both the "
+        raise UserError(f"croma_table10: the sweep {results.root} has no Tolkach-ESCA CRoMa results with both the "
                          f"original cohorts and the held-out TCGA cases (site {TCGA_SITE}); the default view "
                          "(tolkach_esca_reduced) has no TCGA rows: score the larger cohort (tolkach_esca.csv)")
     key, part = chosen
@@ -622,7 +625,7 @@ def typed_rank_medians(results: SweepResults, key: str) -> pd.DataFrame:
     if not (path.exists() and path.with_name(f"typed_first_{key}.parquet").exists()):
         group = _groups(results).get(key)
         if group is None:
-            raise ValueError(f"croma_table12: the sweep {results.root} has no {BENCHMARKS.get(key, key)} "
+            raise UserError(f"croma_table12: the sweep {results.root} has no {BENCHMARKS.get(key, key)} "
                              f"({key}) results")
         params = _croma_params(group["cfg"], group["stage"])
         manifest = _manifest(results, group["cfg"], group["entries"])
@@ -665,7 +668,7 @@ def _apd(results: SweepResults) -> pd.DataFrame:
     """encoder, benchmark, apd_id, apd_ood from the sweep's shortcut summaries."""
     shortcut = results.summaries("shortcut")
     if shortcut.empty:
-        raise ValueError(f"croma_table11: the sweep {results.root} has no shortcut results; "
+        raise UserError(f"croma_table11: the sweep {results.root} has no shortcut results; "
                          "run experiment=croma_shortcut")
     wide = shortcut.pivot_table(index=["encoder", "dataset"], columns="test_set", values="apd").reset_index()
     wide.columns = [c if c in ("encoder", "dataset") else f"apd_{c}" for c in wide.columns]
@@ -684,9 +687,9 @@ def croma_table11(results: SweepResults) -> list[PaperTable]:
             for key in ("pathorob_camelyon", "pathorob_tcga4x4", "pathorob_tolkach"):
                 part = merged[merged["benchmark"] == key]
                 ok = part.dropna(subset=[f"apd_{test_set}"]) if f"apd_{test_set}" in part else part.iloc[:0]
-                row[BENCHMARKS[key]] = _rho(ok[col], ok[f"apd_{test_set}"]) if len(ok) else np.nan
+                row[BENCHMARKS[key]] = spearman(ok[col], ok[f"apd_{test_set}"]) if len(ok) else np.nan
             pooled = merged.dropna(subset=[f"apd_{test_set}"]) if f"apd_{test_set}" in merged else merged.iloc[:0]
-            row["pooled"] = _rho(pooled[col], pooled[f"apd_{test_set}"]) if len(pooled) else np.nan
+            row["pooled"] = spearman(pooled[col], pooled[f"apd_{test_set}"]) if len(pooled) else np.nan
             rows.append(row)
     return [PaperTable("croma_table11", pd.DataFrame(rows),
                        "Table 11: Spearman ρ of robustness metrics with downstream shortcut susceptibility (APD).",

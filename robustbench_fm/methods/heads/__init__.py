@@ -9,8 +9,9 @@
 * :mod:`.operating_point`: the threshold at 0.800 validation sensitivity;
 * :mod:`.fit`: one finding end to end (draw → train → threshold → scores);
 * :mod:`.failure`: failure-detection scores (confidence, ensemble, Mahalanobis, k-NN, DM proxy);
-* :mod:`.combine`: rules that combine a panel's heads (Table 4) and the oracle selector;
-* :mod:`.logme`: LogME evidence (You et al. 2021).
+* :mod:`.combine`: rules that combine a panel's heads (Table 4);
+* :mod:`.logme`: LogME evidence (You et al. 2021);
+* :mod:`.guide`: what each stage's numbers mean (a report's "How to read this").
 
 Their statistics live in :mod:`robustbench_fm.core.stats`: the patient-clustered bootstrap of
 AUROCs (paired across scores) with its percentile interval and p-value, BH, and the
@@ -21,21 +22,26 @@ from .params import CandorHeadsParams, ErrorDetectionParams, HeadParams, LogmePa
 
 _HEAD_COLUMNS = ("encoder", "finding", "auroc", "auroc_ci_low", "auroc_ci_high", "threshold", "test_sensitivity",
                  "test_specificity", "n")
+_AUROC = (("auroc", "higher"),)
 register(Method("linear_head", "a linear head per finding: AUROC, operating point at 0.8 sensitivity",
-                f"{__name__}.stage", console_columns=_HEAD_COLUMNS, tables=f"{__name__}.tables",
-                params=HeadParams))
+                f"{__name__}.stage", display_name="linear heads", headline=_AUROC, guide=f"{__name__}.guide:HEADS",
+                console_columns=_HEAD_COLUMNS, tables=f"{__name__}.tables", params=HeadParams))
 register(Method("mlp_head", "a 256-unit MLP head per finding: AUROC, operating point at 0.8 sensitivity",
-                f"{__name__}.stage", console_columns=_HEAD_COLUMNS, tables=f"{__name__}.tables",
-                params=MlpHeadParams))
+                f"{__name__}.stage", display_name="MLP heads", headline=_AUROC, guide=f"{__name__}.guide:HEADS",
+                console_columns=_HEAD_COLUMNS, tables=f"{__name__}.tables", params=MlpHeadParams))
 register(Method("logme", "LogME transferability score per finding", f"{__name__}.logme_stage",
+                display_name="LogME", headline=(("logme", "higher"),), guide=f"{__name__}.guide:LOGME",
                 console_columns=("encoder", "finding", "logme", "n"), params=LogmeParams))
 register(Method("error_detection", "failure detection: MSP, energy, kNN, Mahalanobis, impurity r, DM proxy",
-                f"{__name__}.error_detection",
+                f"{__name__}.error_detection", display_name="error detection", headline=_AUROC,
+                guide=f"{__name__}.guide:ERROR_DETECTION", group_columns=("stratum", "method"),
                 console_columns=("encoder", "finding", "stratum", "method", "auroc", "diff_vs_msp", "q_value", "n",
                                  "n_errors"),
                 tables=f"{__name__}.tables", params=ErrorDetectionParams))
 register(Method("candor_heads", "head errors joined with CANDOR discordance per sample (Table 4)",
-                f"{__name__}.candor_heads",
+                f"{__name__}.candor_heads", display_name="CANDOR and head errors",
+                headline=(("auroc", "higher"), ("d", "lower"), ("miss_discordant", "lower"), ("miss_other", "lower")),
+                guide=f"{__name__}.guide:CANDOR_HEADS", multi_finding=True,
                 console_columns=("encoder", "finding", "auroc", "d", "miss_discordant", "miss_other", "fpr_near",
                                  "fpr_far", "n"),
                 tables=f"{__name__}.tables", params=CandorHeadsParams))

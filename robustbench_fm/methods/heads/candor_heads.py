@@ -1,7 +1,7 @@
 """CANDOR discordance joined with the linear head's errors, per sample (candor.md "Discordance and
 Head Errors", Table 4; candor_v1.md Table 4).
 
-For one encoder and a list of findings (``MULTI_FINDING``):
+For one encoder and a list of findings (declared ``multi_finding``):
 
 1. :func:`robustbench_fm.methods.candor.stage.run` scores the findings (positive queries, banks R±_s of
    each matched group, seed ``seed``);
@@ -45,7 +45,6 @@ from .rows import draw_rows
 
 PARAMS = CandorHeadsParams
 
-MULTI_FINDING = True
 PER_SAMPLE_COLUMNS = ["sample_id", "patient_id", "finding", "split", "acq_group", "label", "prob", "logit", "pred",
                       "in_sample", "query", "c_pos", "c_neg", "dm", "discordant", "near_pos"]
 

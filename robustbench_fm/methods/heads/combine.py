@@ -13,7 +13,8 @@ and, for the rules fitted on validation, the heads' validation probabilities and
   L2, C = 1), its probability thresholded at 0.800 validation sensitivity;
 * OR rule: positive iff any head predicts positive;
 * oracle selector: per image whichever head is right, i.e. right iff any head is right (it needs
-  the label: an upper bound, not a rule).
+  the label: an upper bound, not a rule); scored in :func:`.tables.table4_errors`, where it errs
+  only where every head errs.
 """
 from __future__ import annotations
 
@@ -34,11 +35,6 @@ def majority_vote(pred: np.ndarray) -> np.ndarray:
 def or_rule(pred: np.ndarray) -> np.ndarray:
     """Positive iff any head predicts positive."""
     return np.asarray(pred, bool).any(axis=1)
-
-
-def oracle_correct(pred: np.ndarray, labels) -> np.ndarray:
-    """True where at least one head is right about the image."""
-    return (np.asarray(pred, bool) == (np.asarray(labels) == 1)[:, None]).any(axis=1)
 
 
 def choose_on_validation(val_prob: np.ndarray, val_labels) -> int:

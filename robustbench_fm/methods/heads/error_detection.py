@@ -48,6 +48,7 @@ from scipy.special import expit
 from sklearn.metrics import roc_auc_score
 
 from ...core.devices import resolve_device
+from ...core.errors import InvalidSetting
 from ...core.neighbors import l2_normalize
 from ...core.results import Results
 from ...core.stats import bh_adjust, bootstrap_aurocs, bootstrap_p, percentile_ci
@@ -62,7 +63,6 @@ from .train import train_head
 PARAMS = ErrorDetectionParams
 
 METHODS = (*CONFIDENCE, "ensemble", "mahalanobis", "knn", "impurity", "dm_proxy")
-GROUP_COLUMNS = ["stratum", "method"]
 SUMMARY_COLUMNS = ["finding", "stratum", "method", "auroc", "auroc_ci_low", "auroc_ci_high", "diff_vs_msp",
                    "diff_ci_low", "diff_ci_high", "p_value", "q_value", "confidence_max_diff", "n", "n_errors",
                    "reason"]
@@ -128,7 +128,7 @@ def cross_site_rows(manifest: pd.DataFrame, rows: HeadRows, train_on: str, site_
     The paper's "tested on at most 20,000 images of its domain" is read per test site."""
     sites = manifest[site_col].astype(str).to_numpy()
     if not (sites == train_on).any():
-        raise ValueError(f"error_detection: train_on='{train_on}' names no row of column '{site_col}' "
+        raise InvalidSetting(f"error_detection: train_on='{train_on}' names no row of column '{site_col}' "
                          f"(sites: {', '.join(sorted(set(sites)))}); set stage.params.train_on to one of them")
     ids = manifest["sample_id"].astype(str).to_numpy()
     home = sites == train_on
@@ -175,7 +175,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, **params) ->
     needed = [p.site_col, p.view_col] if p.train_on is not None else []
     for col in [finding] + ([stratify_col] if stratify_col else []) + needed:
         if col not in manifest.columns:
-            raise ValueError(f"error_detection: manifest has no column '{col}'; add it or change the setting")
+            raise InvalidSetting(f"error_detection: manifest has no column '{col}'; add it or change the setting")
     rows = draw_rows(manifest, max_train, max_test, seed, cluster_col, p.val_fraction, p.test_fraction)
     if p.train_on is not None:
         rows = cross_site_rows(manifest, rows, p.train_on, p.site_col, max_train, max_test, seed)

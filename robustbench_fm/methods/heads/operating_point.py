@@ -13,12 +13,14 @@ import math
 
 import numpy as np
 
+from ...core.errors import InvalidSetting
+
 
 def threshold_at_sensitivity(labels, scores, target: float = 0.8) -> float:
     """The largest t with mean(scores[labels == 1] ≥ t) ≥ ``target`` (module doc)."""
     pos = np.sort(np.asarray(scores, np.float64)[np.asarray(labels) == 1])[::-1]
     if len(pos) == 0:
-        raise ValueError("operating point: no positive validation row; the finding needs labelled "
+        raise InvalidSetting("operating point: no positive validation row; the finding needs labelled "
                          "positives in the validation split")
     need = max(1, math.ceil(round(target * len(pos), 9)))
     return float(pos[need - 1])

@@ -3,11 +3,16 @@
 Parameters: ``params`` (one typed structure with the paper's defaults). Samples: ``samples``
 (slice selection, organ tiles, cached sample tables) and ``probes`` (probe
 labels), over the CT volumes of :mod:`robustbench_fm.data.ct` (NIfTI in RAS, the WORD / LiTS /
-TotalSegmentator layouts, phantoms).
+TotalSegmentator layouts, phantoms). What the numbers mean (a report's "How to read this"):
+``guide``.
 """
 from .. import Method, register
 from .params import FINDINGS, SparParams
 
 register(Method("spar", "SPAR-Bench spatial probes (Levels 1-3) on token sequences, frozen or finetuned",
-                f"{__name__}.stage", tables=f"{__name__}.tables", figures=f"{__name__}.plots:report_figures",
-                tables_after_run=True, params=SparParams, findings=FINDINGS))
+                f"{__name__}.stage", display_name="SPAR-Bench", headline=(("accuracy", "higher"),),
+                guide=f"{__name__}.guide:SPAR",
+                group_columns=("label", "section", "head", "mode", "eval_dataset", "organ", "seed"),
+                param_columns=("epochs", "lr", "chance", "majority", "prior"), tables=f"{__name__}.tables",
+                figures=f"{__name__}.plots:report_figures", tables_after_run=True, params=SparParams,
+                findings=FINDINGS))

@@ -38,6 +38,7 @@ from .probes import (
     transform_points,
     tumour_count_class,
 )
+from .samples import slice_frame_mm
 
 
 def _grid(patches: torch.Tensor) -> torch.Tensor:
@@ -194,14 +195,6 @@ def _signed(v: np.ndarray) -> np.ndarray:
     return np.concatenate([v, -v], axis=-1)
 
 
-def _point(xy: np.ndarray) -> np.ndarray:
-    """(x, y) in [0, 1] -> ``_signed([x, y, sqrt(2 - x² - y²)])``: 6 values of constant norm, so a
-    LayerNorm over tokens built from such blocks is an affine map of x and y."""
-    xy = np.clip(np.asarray(xy, np.float64), 0.0, 1.0)
-    r = np.sqrt(2.0 - (xy ** 2).sum(-1, keepdims=True))
-    return _signed(np.concatenate([xy, r], axis=-1))
-
-
 def _one_hot(index: np.ndarray, n: int, valid: np.ndarray | None = None) -> np.ndarray:
     """Signed one-hot [..., 2n] of ``index`` (all zero where ``valid`` is False)."""
     index = np.asarray(index)
@@ -264,7 +257,9 @@ def oracle_view_tokens(samples, views) -> np.ndarray:
     tumour-count classes the masks give (zeros where the slice has no such label) as one-hots, each
     organ's presence, the rank of each present organ's (presented) x among the present organs
     (relative position, probe (i), is the order of two of them) and the rank of every present
-    organ pair's distance (in the 224 frame) among the slice's present pairs, one entry per
+    organ pair's distance (in mm where the spacing is known, else in the resized frame: as the
+    labels measure it, :func:`~robustbench_fm.methods.spar.probes.make_questions`) among the slice's
+    present pairs, one entry per
     unordered pair (distance comparison, probe (v), is the order of two of them); tokens 1-16 hold
     one organ each: identity, presence, x rank and its row of the pair-distance ranks, for
     Transformer heads, and repeat the slice's class one-hots (so a question token finds them in
@@ -276,9 +271,11 @@ def oracle_view_tokens(samples, views) -> np.ndarray:
     areas = np.asarray(samples.slice_areas, float)[rows]
     pixels = (samples.slice_table["height"] * samples.slice_table["width"]).to_numpy(float)[rows]
     tumours = np.asarray(samples.slice_tumours)[rows]
-    xy = np.nan_to_num(np.asarray(samples.slice_centroids, np.float64)[rows])
-    xy = np.stack([transform_points(xy[i], t) for i, t in enumerate(transforms)])
+    raw = np.nan_to_num(np.asarray(samples.slice_centroids, np.float64)[rows])
+    xy = np.stack([transform_points(raw[i], t) for i, t in enumerate(transforms)])
     xy[~present] = 0.0
+    mm = slice_frame_mm(samples.slice_table)[rows]  # distances as the labels measure them (probes.make_questions)
+    frame = np.where(np.isfinite(mm).all(-1, keepdims=True), mm, 1.0)
     t_idx = np.array([TRANSFORMS.index(t) for t in transforms])
     both = present[:, LEFT_KIDNEY] & present[:, RIGHT_KIDNEY]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -287,7 +284,7 @@ def oracle_view_tokens(samples, views) -> np.ndarray:
     n_view, n_org = present.shape
     x_rank = _ranks(xy[..., 0], present)
     i, j = _PAIRS
-    dist = np.linalg.norm(xy[:, i] - xy[:, j], axis=-1)
+    dist = np.linalg.norm((raw[:, i] - raw[:, j]) * frame[:, None, :], axis=-1)  # a transform moves no distance
     pair_ok = present[:, i] & present[:, j]
     d_rank = _ranks(dist, pair_ok)
     table = np.zeros((n_view, n_org, n_org))

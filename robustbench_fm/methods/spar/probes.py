@@ -26,30 +26,46 @@ LIVER, LEFT_KIDNEY, RIGHT_KIDNEY = ORGANS.index("liver"), ORGANS.index("left_kid
 def grid_cells(centroids: np.ndarray, present: np.ndarray) -> np.ndarray:
     """Level-2 target cell of every slot, (N, 16) int64, each row a permutation of 0..15.
 
-    Present organs are assigned to distinct cells of the 4 x 4 grid by the Hungarian algorithm
-    (``scipy.optimize.linear_sum_assignment``), minimising the summed Euclidean distance from
-    each centroid to its cell centre; absent organs then fill the remaining cells in slot order.
-
     spar.md 3.1 Level 2: "The original ordering places each organ in the grid cell matching its
-    centroid, so the model must recover a spatial arrangement, not a fixed class order." Our
-    reading (the paper gives no rule): the grid is 4 x 4 over the slice (16 cells for 16 slots),
-    an organ's cell is the one containing its centroid (``row * 4 + col``), and organs whose
-    centroids share a cell are separated by the minimum-total-distance assignment above
-    (tests/methods/spar/test_spar_scoring.py, test_spar_probes.py).
+    centroid, so the model must recover a spatial arrangement, not a fixed class order." The paper
+    gives no grid and no rule for two organs whose centroids fall in one cell. Our reading: the
+    grid is 4 x 4 over the slice (16 cells for 16 slots), and an organ's cell is the one that
+    contains its centroid (``row * 4 + col``) whenever no other present organ's centroid falls in
+    it. Where several centroids share a cell, one of them keeps it and the others move to free
+    cells. Which organ keeps it, and which free cells the others take, is chosen to minimise the
+    summed Euclidean distance from each centroid to its cell centre. Absent organs then fill the
+    remaining cells in slot order.
+
+    One Hungarian assignment (``scipy.optimize.linear_sum_assignment``) does this. Its cost is the
+    distance to the cell centre plus a penalty larger than any sum of distances for every organ not
+    in its centroid's cell. The penalty makes the assignment keep as many organs in their own cells
+    as possible, which keeps every uncontested organ in its cell. The distances then settle the
+    rest. With the distance alone (the rule before issue 29), organs were pushed out of free cells to
+    make room for crowded neighbours, and 42% of the present organs in the phantom demo sat in a cell
+    that did not hold their centroid (tests/methods/spar/test_spar_scoring.py, test_spar_probes.py).
     """
     from scipy.optimize import linear_sum_assignment
 
     n_slots = centroids.shape[1]
     centres = (np.stack(np.meshgrid(np.arange(GRID), np.arange(GRID)), -1).reshape(-1, 2) + 0.5) / GRID  # (x, y)
+    penalty = 2.0 * n_slots  # > any summed distance (each < sqrt(2) in the unit square)
     out = np.empty(present.shape, dtype=np.int64)
     for i in range(len(present)):
         slots = np.flatnonzero(present[i])
-        cost = np.linalg.norm(centroids[i, slots, None, :] - centres[None], axis=-1)
+        xy = centroids[i, slots]
+        cost = np.linalg.norm(xy[:, None, :] - centres[None], axis=-1)
+        cost += penalty * (np.arange(GRID * GRID)[None] != centroid_cell(xy)[:, None])
         rows, cells = linear_sum_assignment(cost)
         out[i, slots[rows]] = cells
         free = np.setdiff1d(np.arange(GRID * GRID), cells)
         out[i, np.setdiff1d(np.arange(n_slots), slots)] = free[: n_slots - len(slots)]
     return out
+
+
+def centroid_cell(xy: np.ndarray) -> np.ndarray:
+    """The 4 x 4 grid cell (``row * 4 + col``) that holds each normalised (x, y) point [..., 2]."""
+    col, row = (np.clip(np.floor(np.asarray(xy, float)[..., k] * GRID), 0, GRID - 1).astype(np.int64) for k in (0, 1))
+    return row * GRID + col
 
 
 def transform_points(xy: np.ndarray, transform: str) -> np.ndarray:
@@ -84,9 +100,36 @@ def liver_size_class(fraction: np.ndarray) -> np.ndarray:
     return np.where(fraction < LIVER_SIZE_BINS[0], 0, np.where(fraction > LIVER_SIZE_BINS[1], 2, 1)).astype(np.int64)
 
 
+def count_tumours(mask: np.ndarray) -> int:
+    """Probe (vi): tumour instances on one slice, the connected components of its 2-D tumour mask
+    with 8-connectivity (pixels touching at an edge or a corner belong to one lesion). spar.md 3.1
+    (vi) says "tumor instances" and names no connectivity. With 4-connectivity (scipy's default,
+    used before issue 29) a lesion whose outline touches itself only at a corner, as resampled or
+    hand-drawn masks often do, counted as two."""
+    from scipy import ndimage
+
+    return int(ndimage.label(np.asarray(mask, bool), structure=np.ones((3, 3), bool))[1])
+
+
 def tumour_count_class(n_components: np.ndarray) -> np.ndarray:
     """Probe (vi): number of tumour connected components on the slice, 0, 1 or 2 (meaning >= 2)."""
     return np.minimum(np.asarray(n_components), 2).astype(np.int64)
+
+
+def question_key(probe: str, organs) -> tuple[tuple, bool]:
+    """(key, flipped) of one Level 3 question as the question-only prior looks it up
+    (:func:`~robustbench_fm.methods.spar.metrics.reference_answers`): equal keys ask the same thing.
+    Relative position "Is A left or right of B?" with (A, B) sorted; distance "is d(A, B) greater
+    than d(C, D)?" with each pair sorted and the two pairs sorted. ``flipped`` is True when sorting
+    swapped the two sides, so the stored answer is 1 - label (both probes have 2 classes). The
+    other probes ask about fixed organs: the key is the probe and its organs."""
+    a, b, c, d = (str(o) for o in organs)
+    if probe == "relative_position":
+        return (probe, *sorted((a, b))), a > b
+    if probe == "distance_compare":
+        ab, cd = tuple(sorted((a, b))), tuple(sorted((c, d)))
+        return (probe, *sorted((ab, cd))), ab > cd
+    return (probe, a, b, c, d), False
 
 
 def undersample(labels: np.ndarray, groups: np.ndarray, rng: np.random.Generator, n_classes: int) -> np.ndarray:
@@ -102,12 +145,15 @@ def undersample(labels: np.ndarray, groups: np.ndarray, rng: np.random.Generator
 
 def make_questions(slice_table: pd.DataFrame, present: np.ndarray, centroids: np.ndarray, areas: np.ndarray,
                    slice_pixels: np.ndarray, tumours: np.ndarray, rng: np.random.Generator,
-                   probes: tuple[str, ...] = L3_PROBES, size: int = 224, distance_questions: int = 1) -> pd.DataFrame:
+                   probes: tuple[str, ...] = L3_PROBES, size: int = 224, distance_questions: int = 1,
+                   frame_mm: np.ndarray | None = None) -> pd.DataFrame:
     """Level-3 questions over the slices (section 3.1 (i)-(vi)), one row per question.
 
     ``present`` (M, 16) bool, ``centroids`` (M, 16, 2) normalised display (x, y), ``areas`` (M, 16)
     organ pixel counts in the original slice, ``slice_pixels`` (M,) pixels of the original slice,
-    ``tumours`` (M,) tumour components per slice (-1 where the volume has no tumour labels).
+    ``tumours`` (M,) tumour components per slice (-1 where the volume has no tumour labels),
+    ``frame_mm`` (M, 2) each slice's (width, height) in mm (NaN or None where the pixel spacing is
+    unknown).
     Only slices of ``slice_table.dataset == 'lits'`` carry tumour questions, and only they lack
     the others. Rules where the paper is silent:
 
@@ -116,8 +162,12 @@ def make_questions(slice_table: pd.DataFrame, present: np.ndarray, centroids: np
     - orientation: one transform per slice, a shuffled cycle of the five so classes are balanced;
     - symmetry: slices with both kidneys present, undersampled to balance classes per split;
     - distance: ``distance_questions`` draws per slice (default 1) of four distinct random present
-      organs, Euclidean distances in the ``size`` x ``size`` resized frame, label 1 when
-      d(A, B) > d(C, D); exact ties and a repeat of a drawn pair of pairs are skipped. spar.md
+      organs, label 1 when d(A, B) > d(C, D); exact ties and a repeat of a drawn pair of pairs are
+      skipped. Distances are Euclidean in mm where the slice's pixel spacing is known (``frame_mm``):
+      the anatomy's own geometry. Where it is unknown they are in the ``size`` x ``size`` resized
+      frame, which squashes a non-square slice (a 512 x 400 slice shrinks x by 224/512 and y by
+      224/400), so a pair across the slice and one along it may swap order. Before issue 29 every
+      label used the resized frame. spar.md
       Section 3.1 (v): "Is the distance between one organ pair greater or less than another?
       ... Distance compares organ pairs that change across slices" gives no count per slice; one
       is our default (a real cohort has thousands of slices), more suit a small cohort, where a
@@ -165,7 +215,8 @@ def make_questions(slice_table: pd.DataFrame, present: np.ndarray, centroids: np
             slots = np.flatnonzero(present[m])
             if len(slots) < 4:
                 continue
-            px, seen = centroids[m] * size, set()
+            scale = frame_mm[m] if frame_mm is not None and np.isfinite(frame_mm[m]).all() else (size, size)
+            px, seen = centroids[m] * np.asarray(scale, np.float64), set()
             for draw in range(distance_questions):
                 a, b, c, d = rng.choice(slots, size=4, replace=False)
                 key = frozenset((frozenset((a, b)), frozenset((c, d))))

@@ -3,9 +3,11 @@
 A configuration is (head, mode): head ``mlp`` | ``transformer`` | ``combined`` (ViT-Combined),
 mode ``frozen`` (heads only, on cached token sequences) or ``finetuned`` (the whole encoder).
 Each is trained independently per level (localization, permutation, Level 3 with one head and
-one loss per probe), seed and learning rate of the search on the dataset's train split,
-early-stopped on its val split; the learning rate with the lowest validation loss is scored on the
-test split and, without retraining, on every transfer dataset (all of its samples).
+one loss per probe) and seed on the dataset's train split, early-stopped on its val split, at the
+one learning rate of spar.md Section 3.2 (``lr_selection="fixed"``, the default) or at every rate
+of the search, keeping the one with the lowest validation loss (``"per_configuration"``; see
+:class:`~robustbench_fm.methods.spar.params.SparParams`); it is scored on the test split and,
+without retraining, on every transfer dataset (all of its samples).
 """
 from __future__ import annotations
 
@@ -54,6 +56,7 @@ class Setup:
     heads: tuple[str, ...] = SparParams.heads
     seeds: tuple[int, ...] = SparParams.seeds
     train: TrainConfig = field(default_factory=TrainConfig)
+    lr_selection: str = SparParams.lr_selection
     lr_search: tuple[float, ...] = SparParams.lr_search
     token_grid: int = SparParams.token_grid
     tile_token_grid: int = SparParams.tile_token_grid
@@ -186,17 +189,17 @@ class TileTask:
         perm = self.eval_perm[idx]
         rows = np.arange(len(idx))[:, None]
         present = np.asarray(self.s.present[idx])
-        if self.level == "localization":  # MED / SDR in the native slice frame, the resized one beside
+        if self.level == "localization":  # MED / SDR in the 224 frame, the native slice frame beside
             pred = np.empty_like(out)
             pred[rows, perm] = 1.0 / (1.0 + np.exp(-out))
             native = metrics.native_frame(self.s.table["sample_id"].to_numpy()[idx], self.s.slice_table)
             resized = np.array(self.s.slices.shape[-1:-3:-1], np.float32)  # (W, H) of the resized slices
-            m, m_r = (metrics.localization(pred, self.centroids[idx], present, self.setup.sdr_px, scale=sc)
-                      for sc in (native, resized))
-            overall = {"med": m["med"], "sdr": m["sdr"], "med_resized": m_r["med"], "sdr_resized": m_r["sdr"],
+            m, m_n = (metrics.localization(pred, self.centroids[idx], present, self.setup.sdr_px, scale=sc)
+                      for sc in (resized, native))
+            overall = {"med": m["med"], "sdr": m["sdr"], "med_native": m_n["med"], "sdr_native": m_n["sdr"],
                        "n": m["n"]}
-            per = [{"organ": o, "med": v, "med_resized": v_r, "n": int(present[:, j].sum())} for j, (o, v, v_r) in
-                   enumerate(zip(ORGANS, m["per_slot_med"], m_r["per_slot_med"]))]
+            per = [{"organ": o, "med": v, "med_native": v_n, "n": int(present[:, j].sum())} for j, (o, v, v_n) in
+                   enumerate(zip(ORGANS, m["per_slot_med"], m_n["per_slot_med"]))]
         else:
             shown = present[rows, perm]  # present slots only (spar.md Level 2: missing slots are ignored)
             p = sinkhorn(torch.from_numpy(out), self.setup.sinkhorn_tau, self.setup.sinkhorn_iters,
@@ -213,9 +216,11 @@ class TileTask:
 class QueryTask:
     """Level 3: a whole (possibly transformed) slice and its question, routed to its probe's own
     head (:class:`~robustbench_fm.methods.spar.heads.ProbeHeads`), which answers with its own
-    number of classes and is trained on its own cross-entropy."""
+    number of classes and is trained on its own cross-entropy. ``train``: the training questions
+    (of the in-domain cohort, also for a transfer cohort) that the majority-class and question-only
+    reference answers are taken from (:func:`metrics.reference_answers`)."""
 
-    def __init__(self, samples: SparSamples, source, view_of: np.ndarray, device):
+    def __init__(self, samples: SparSamples, source, view_of: np.ndarray, device, train: pd.DataFrame | None = None):
         q = samples.questions
         self.s, self.source, self.view_of, self.device = samples, source, view_of, device
         self.cond = encode_questions(q)
@@ -223,6 +228,7 @@ class QueryTask:
         self.groups = self.probe  # batches of one probe: each step trains the head its batch routes to
         self.label = q["label"].to_numpy(np.int64)
         self.n_classes = q["n_classes"].to_numpy(np.int64)
+        self.reference = None if train is None else metrics.reference_answers(train, q)
 
     def batch(self, idx, rng):
         x = torch.from_numpy(np.asarray(self.source(self.view_of[idx]))).to(self.device)
@@ -240,7 +246,9 @@ class QueryTask:
         k = self.n_classes[idx]
         pred = np.where(np.arange(MAX_CLASSES)[None] < k[:, None], out, -np.inf).argmax(-1)
         probes = np.array(L3_PROBES)[self.probe[idx]]
-        return [{**r, "organ": "all"} for r in metrics.probe_rows(pred, self.label[idx], probes, self.n_classes[idx])]
+        ref = (None, None) if self.reference is None else (self.reference[0][idx], self.reference[1][idx])
+        return [{**r, "organ": "all"} for r in metrics.probe_rows(pred, self.label[idx], probes, self.n_classes[idx],
+                                                                  *ref)]
 
 
 # ------------------------------------------------------------------ configurations
@@ -305,7 +313,8 @@ class EncoderRun:
     def _task(self, level, samples, source, view_of, seed):
         if level in TILE_LEVELS:
             return TileTask(level, samples, source, self.device, self.setup, seed)
-        return QueryTask(samples, source, view_of, self.device)
+        q = self.samples.questions
+        return QueryTask(samples, source, view_of, self.device, train=q[q["split"] == "train"])
 
     def _inputs(self, mode: str, head: str, level: str, name: str, samples: SparSamples):
         """(source, view_of) for a task: cached tokens (frozen) or images (finetuned)."""
@@ -345,13 +354,16 @@ class EncoderRun:
                          backbone).to(self.device)
 
     def run_config(self, head: str, mode: str, level: str, seed: int) -> list[dict]:
-        """Train one configuration at one level and seed at every learning rate of
-        ``setup.lr_search`` (or ``setup.train.lr`` alone when it is empty), each from the same
-        seeded initialisation, keep the one with the lowest validation loss (spar.md Section 3.2:
-        "logarithmic search over 1e-3 to 1e-6"; the paper does not say per what it searched, we
-        search per configuration, level and seed; at a frozen Level 3, per probe head, see
-        :func:`_assemble`), and score it: metric rows for the test split and every transfer cohort,
-        with the chosen ``lr`` and the ``epochs`` trained (a Level 3 probe's own)."""
+        """Train one configuration at one level and seed, and score it: metric rows for the test
+        split and every transfer cohort, with the ``lr`` used and the ``epochs`` trained (a Level 3
+        probe's own).
+
+        ``setup.lr_selection="fixed"`` (default): one training run at ``setup.train.lr`` (spar.md
+        Section 3.2: "learning rate 10^-4"). ``"per_configuration"``: one run per rate of
+        ``setup.lr_search``, each from the same seeded initialisation, keeping the one with the
+        lowest validation loss ("logarithmic search over 10^-3 to 10^-6", repeated for this
+        configuration, level and seed; at a frozen Level 3, for each probe head, see
+        :func:`_assemble`)."""
         s, setup = self.samples, self.setup
         table = s.table if level in TILE_LEVELS else s.questions
         source, view_of = self._inputs(mode, head, level, self.dataset, s)
@@ -365,7 +377,9 @@ class EncoderRun:
         own = ({p: f"head.heads.{p}." for p in range(len(L3_PROBES))}
                if level not in TILE_LEVELS and mode == "frozen" and head != "combined" else None)
         tried = []
-        for lr in setup.lr_search or (setup.train.lr,):
+        rates = setup.lr_search if setup.lr_selection == "per_configuration" and setup.lr_search \
+            else (setup.train.lr,)
+        for lr in rates:
             with seeded(seed, self.device):  # initialisation and dropout draw from `seed`; the caller's RNG is restored
                 model = self._model(mode, head, level)
                 info = fit(model, task.batch, task.loss, train_idx, val_idx,

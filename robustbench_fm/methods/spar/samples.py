@@ -9,7 +9,7 @@ import pandas as pd
 
 from ...data.ct.layouts import DATASET_LAYOUTS, ORGANS, list_volumes, load_labels, sample_options
 from ...data.ct.volumes import load_ras, to_display, window
-from .probes import L3_PROBES, TRANSFORMS, grid_cells, make_questions
+from .probes import L3_PROBES, TRANSFORMS, count_tumours, grid_cells, make_questions
 
 __all__ = ["ORGANS", "L3_PROBES", "TRANSFORMS", "SparSamples", "apply_transform", "build_samples"]
 
@@ -18,7 +18,8 @@ __all__ = ["ORGANS", "L3_PROBES", "TRANSFORMS", "SparSamples", "apply_transform"
 class SparSamples:
     """One dataset's SPAR samples; row i of ``table`` is tile set i, row j of ``slice_table`` is slice j.
 
-    ``slice_table`` also has the original slice ``height`` and ``width`` in pixels.
+    ``slice_table`` also has the original slice ``height`` and ``width`` in pixels and its pixel
+    spacing ``spacing_x`` (columns) and ``spacing_y`` (rows) in mm, NaN where the header gives none.
     """
 
     table: pd.DataFrame        # sample_id, subject_id, split, dataset, z, n_present
@@ -60,9 +61,19 @@ def apply_transform(image: np.ndarray, transform: str) -> np.ndarray:
 # Building the samples (spar.md section 3.1)
 
 #: Bumped whenever sample construction changes, so old caches are rebuilt.
-SAMPLES_VERSION = 2  # 2: relative-position labels in the patient's side convention
+SAMPLES_VERSION = 3  # 2: relative-position labels in the patient's side convention; 3: issue 29
+# (grid cells keep uncontested centroid cells, 8-connected tumour counts, distances in mm)
 _ARRAYS = ("tiles", "present", "centroids", "centroids_px", "grid_cells", "slices", "slice_present",
            "slice_centroids", "slice_areas", "slice_tumours")
+
+
+def slice_frame_mm(slice_table: pd.DataFrame) -> np.ndarray:
+    """(width, height) of every slice in mm [M, 2] (pixels times spacing); NaN where the spacing is
+    unknown (a table without spacing columns: all NaN)."""
+    if not {"spacing_x", "spacing_y"} <= set(slice_table.columns):
+        return np.full((len(slice_table), 2), np.nan)
+    return np.stack([slice_table["width"] * slice_table["spacing_x"], slice_table["height"] * slice_table["spacing_y"]],
+                    -1).astype(np.float64)
 
 
 def _resize(image: np.ndarray, size: int) -> np.ndarray:
@@ -115,10 +126,8 @@ def slice_measurements(labels2d: np.ndarray, present: np.ndarray):
 
 def _volume_samples(volume, size: int, min_organs: int) -> dict:
     """Tile sets and Level-3 slices of one volume (section 3.1)."""
-    from scipy import ndimage
-
-
-    hu = to_display(load_ras(volume.image))
+    hu_ras, spacing = load_ras(volume.image, spacing=True)
+    hu = to_display(hu_ras)
     organ_ras, tumour_ras = load_labels(volume)
     labels = to_display(organ_ras)
     if labels.shape != hu.shape:
@@ -136,7 +145,7 @@ def _volume_samples(volume, size: int, min_organs: int) -> dict:
         out["present"].append(present[z])
         out["centroids"].append(centroids)
         out["areas"].append(areas[z])
-        out["tumours"].append(-1 if tumour is None else ndimage.label(tumour[z])[1])
+        out["tumours"].append(-1 if tumour is None else count_tumours(tumour[z]))
         if present[z].sum() >= min_organs:
             tiles = np.zeros((len(ORGANS), size, size), np.uint8)
             for o, box in enumerate(boxes):
@@ -147,6 +156,7 @@ def _volume_samples(volume, size: int, min_organs: int) -> dict:
             out["tile_present"].append(present[z])
             out["tile_centroids"].append(centroids)
     out["shape"] = (int(hu.shape[1]), int(hu.shape[2]))
+    out["spacing"] = spacing[:2]  # mm per display column (x) and row (y)
     return out
 
 
@@ -233,7 +243,8 @@ def build_samples(dataset: str, root: str | Path, cache_dir: str | Path, seed: i
         rows += [{"sample_id": f"{volume.subject_id}_z{z:04d}", **ids, "z": int(z),
                   "n_present": int(p.sum())} for z, p in zip(part["z"], part["tile_present"])]
         l3_rows += [{"sample_id": f"{volume.subject_id}_z{z:04d}", **ids, "z": int(z), "height": part["shape"][0],
-                     "width": part["shape"][1]} for z in part["l3_z"]]
+                     "width": part["shape"][1], "spacing_x": part["spacing"][0], "spacing_y": part["spacing"][1]}
+                    for z in part["l3_z"]]
         np.save(tmp / f"tiles-{shard:05d}.npy",
                 np.asarray(part["tiles"], np.uint8).reshape(-1, len(ORGANS), size, size))
         np.save(tmp / f"slices-{shard:05d}.npy", np.asarray(part["slices"], np.uint8).reshape(-1, size, size))
@@ -251,8 +262,8 @@ def build_samples(dataset: str, root: str | Path, cache_dir: str | Path, seed: i
     centroids = np.asarray(small["centroids"], np.float32).reshape(-1, n_slots, 2)
     table_cols = ["sample_id", "subject_id", "split", "dataset", "z", "n_present"]
     table = pd.DataFrame(rows, columns=table_cols).astype({"z": np.int64, "n_present": np.int64})
-    slice_table = pd.DataFrame(l3_rows, columns=[*table_cols[:5], "height", "width"]).astype(
-        {"z": np.int64, "height": np.int64, "width": np.int64})
+    slice_table = pd.DataFrame(l3_rows, columns=[*table_cols[:5], "height", "width", "spacing_x", "spacing_y"]).astype(
+        {"z": np.int64, "height": np.int64, "width": np.int64, "spacing_x": np.float64, "spacing_y": np.float64})
     per_slice = {"slice_present": np.asarray(small["l3_present"], bool).reshape(-1, n_slots),
                  "slice_centroids": np.asarray(small["l3_centroids"], np.float32).reshape(-1, n_slots, 2),
                  "slice_areas": np.asarray(small["areas"], np.int64).reshape(-1, n_slots),
@@ -260,7 +271,7 @@ def build_samples(dataset: str, root: str | Path, cache_dir: str | Path, seed: i
     questions = make_questions(slice_table, per_slice["slice_present"], per_slice["slice_centroids"],
                                per_slice["slice_areas"], (slice_table["height"] * slice_table["width"]).to_numpy(),
                                per_slice["slice_tumours"], np.random.default_rng(seed), size=size,
-                               distance_questions=int(opts["distance_questions"]))
+                               distance_questions=int(opts["distance_questions"]), frame_mm=slice_frame_mm(slice_table))
     for name, n, shape in (("tiles", len(table), (n_slots, size, size)), ("slices", len(slice_table), (size, size))):
         out = np.lib.format.open_memmap(tmp / f"{name}.npy", mode="w+", dtype=np.uint8, shape=(n, *shape))
         start = 0

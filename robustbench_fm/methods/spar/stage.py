@@ -27,8 +27,6 @@ from .run import Setup, TrainConfig, configurations, run_encoder
 from .samples import build_samples
 from .vqa import run_vqa
 
-GROUP_COLUMNS = ["label", "section", "head", "mode", "eval_dataset", "organ", "seed"]
-PARAM_COLUMNS = ["epochs", "lr", "chance", "majority"]
 PARAMS = SparParams
 HEAD_LABELS = {"mlp": "MLP", "transformer": "Trans", "combined": "Combined"}
 SECTIONS = ("Trained from scratch", "Frozen foundation models", "Finetuned foundation models")
@@ -92,7 +90,8 @@ def _save(rows: pd.DataFrame, encoder: str, dataset: str, out_dir: Path, params:
 
 def setup_for(setup: Setup, own: dict) -> Setup:
     """``setup`` with one encoder's ``by_encoder`` fields (training ones into ``setup.train``)."""
-    train = {k: int(v) for k, v in own.items() if k in ("batch_size", "max_epochs", "patience")}
+    train = {k: (float(v) if k == "lr" else int(v)) for k, v in own.items()
+             if k in ("lr", "batch_size", "max_epochs", "patience")}
     rest = {k: (tuple(float(x) for x in v) if k == "lr_search" else int(v)) for k, v in own.items() if k not in train}
     return dataclasses.replace(setup, train=dataclasses.replace(setup.train, **train), **rest)
 
@@ -117,7 +116,7 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
     device = resolve_device(p.device)
     transfers = _transfer_samples(p.transfer or {}, cache_dir, int(job.seed))
     setup = Setup(levels=tuple(p.levels), heads=tuple(p.heads), seeds=tuple(p.seeds),
-                  lr_search=tuple(float(lr) for lr in p.lr_search),
+                  lr_selection=p.lr_selection, lr_search=tuple(float(lr) for lr in p.lr_search),
                   train=TrainConfig(lr=p.lr, batch_size=p.batch_size, max_epochs=p.max_epochs, patience=p.patience),
                   **{k: getattr(p, k) for k in ("token_grid", "tile_token_grid", "sinkhorn_tau", "sinkhorn_iters",
                                                 "smoothing", "sdr_px", "d_model", "head_layers", "hidden",

@@ -1,6 +1,18 @@
 """SPAR-Bench tables (spar.md Tables 1-5) from the ``spar`` stage's results, with the published
 row labels (``CNN-MLP``, ``RadDINO-Trans†``, ``Chance``), sections and column headers, accuracies
-as fractions and MED in pixels, each the mean over seeds (Table 2 also the std, ``<col>_sd``)."""
+as fractions and MED in pixels, each the mean over seeds (Table 2 also the std, ``<col>_sd``).
+
+MED frame: ``MED`` is in pixels of the 224 x 224 frame the models see, the frame the published
+values are compared against; the native slice frame (512 px on WORD) is shown beside it, as the
+``MED (native)`` column of Table 1 and the ``native`` block of Table 3, whose sections carry
+"(native slice frame)" so no published cell is matched to them. See
+:func:`~robustbench_fm.methods.spar.metrics.localization` for why the default is the 224 frame.
+
+Reference rows under the configurations: ``Chance`` (1 / classes, the paper's), ``Majority class``
+(always the most frequent TRAINING label) and ``Question-only prior`` (the most frequent training
+label of the same question, e.g. the same pair of organ pairs for distance:
+:func:`~robustbench_fm.methods.spar.metrics.reference_answers`). Table 2 also has an ``n=`` row, the
+number of items per probe, as the published header prints it."""
 from __future__ import annotations
 
 import pandas as pd
@@ -18,6 +30,11 @@ ORGAN_COLUMNS = {"liver": "Liver", "spleen": "Spln", "left_kidney": "K-L", "righ
 COHORTS = {"word": "WORD", "totalsegmentator": "TotalSegmentator", "lits": "LiTS"}
 SECTIONS = ("Trained from scratch", "Frozen foundation models", "Finetuned foundation models")
 MAJORITY = "Majority class"
+PRIOR = "Question-only prior"
+N_ROW = "n="
+#: Table 3's frame column: the default 224 frame, then the native slice frame
+FRAMES = {"med": "224 px", "med_native": "native px"}
+NATIVE_SECTION = " (native slice frame)"
 ROW_ORDER = ("CNN-MLP", "CNN-Trans", "ViT-MLP", "ViT-Trans", "ViT-Combined", "RadDINO-MLP", "RadDINO-Trans",
              "BiomedCLIP-MLP", "BiomedCLIP-Trans", "SAM-Med2D-MLP", "SAM-Med2D-Trans")
 
@@ -47,7 +64,7 @@ def _reference_rows(frame: pd.DataFrame) -> tuple:
         return ()
     model = frame["Model"].astype(str)
     planted = tuple(f"{DEFAULT_LABELS[p]}-" for p in PLANTED)
-    return tuple(frame.index[model.isin(["Chance", MAJORITY]) | model.str.startswith(planted)])
+    return tuple(frame.index[model.isin(["Chance", MAJORITY, PRIOR, N_ROW]) | model.str.startswith(planted)])
 
 
 def _order(frame: pd.DataFrame) -> pd.DataFrame:
@@ -70,9 +87,10 @@ def _cohort(name: str, in_domain: bool) -> str:
 
 
 def _level_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """Per configuration: MED, Perm and the three Table 1 probes (means over seeds)."""
+    """Per configuration: MED (224 frame), MED (native), Perm and the Level 3 probes (means over seeds)."""
     overall = df[df["organ"] == "all"]
-    parts = [_means(overall[overall["finding"] == "localization"], "med", "MED"),
+    loc = overall[overall["finding"] == "localization"]
+    parts = [_means(loc, "med", "MED"), _means(loc, "med_native", "MED (native)"),
              _means(overall[overall["finding"] == "permutation"], "perm_acc", "Perm")]
     parts += [_means(overall[overall["finding"] == p], "accuracy", c) for p, c in PROBE_COLUMNS.items()]
     out = None
@@ -83,8 +101,9 @@ def _level_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 def _chance(df: pd.DataFrame, columns, metric: str = "chance") -> dict:
     """Per probe column: its chance (``metric='chance'``: 1 / number of classes, recorded with the
-    results) or its majority-class rate (``'majority'``: the share of the most frequent label
-    among the scored items, the mean over the rows, which share their items)."""
+    results), its majority-class rate (``'majority'``: the accuracy of the most frequent training
+    label on the scored items) or its question-only prior (``'prior'``), each the mean over the
+    rows, which share their items and training labels."""
     out = {}
     for probe, col in PROBE_COLUMNS.items():
         part = df[(df["finding"] == probe) & df[metric].notna()] if metric in df else df.iloc[:0]
@@ -95,12 +114,15 @@ def _chance(df: pd.DataFrame, columns, metric: str = "chance") -> dict:
 
 def _baselines(df: pd.DataFrame, columns, **fields) -> pd.DataFrame:
     """The Chance row (uniform, the paper's 1 / classes) and, beside it, the Majority class row
-    (always answering a probe's most frequent label), which differ where labels are imbalanced
-    (organ size, distance); the second is left out for results recorded without it."""
+    (always answering a probe's most frequent training label), which differ where labels are
+    imbalanced (organ size, distance), and the Question-only prior row (the most frequent training
+    label of the same question), which a head reading the image must beat; each is left out for
+    results recorded without it."""
     rows = [{**fields, "label": "Chance", **_chance(df, columns)}]
-    majority = _chance(df, columns, "majority")
-    if majority:
-        rows.append({**fields, "label": MAJORITY, **majority})
+    for metric, label in (("majority", MAJORITY), ("prior", PRIOR)):
+        values = _chance(df, columns, metric)
+        if values:
+            rows.append({**fields, "label": label, **values})
     return pd.DataFrame(rows)
 
 
@@ -118,40 +140,53 @@ def spar_table1(results: SweepResults) -> list[PaperTable]:
             table["section"] = cohort + " / " + table["section"]
             frames.append(pd.concat([table, _baselines(part, ("RelPos", "Orient", "Symm"), Cohort=cohort,
                                                        section=cohort)], ignore_index=True))
-    cols = ["Cohort", "Section", "Model", "MED", "Perm", "RelPos", "Orient", "Symm"]
+    cols = ["Cohort", "Section", "Model", "MED", "MED (native)", "Perm", "RelPos", "Orient", "Symm"]
     frame = (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()) \
         .rename(columns={"section": "Section", "label": "Model"}).reindex(columns=cols)
     frame = frame.reset_index(drop=True)
     return [PaperTable("spar_table1", frame,
-                       caption="SPAR Table 1: spatial reasoning, mean over seeds (MED px; accuracies as fractions)",
-                       best={"MED": "min", "Perm": "max", "RelPos": "max", "Orient": "max"}, group_by="Cohort",
+                       caption="SPAR Table 1: spatial reasoning, mean over seeds (MED in px of the 224 frame, "
+                               "MED (native) in px of the original slice; accuracies as fractions)",
+                       best={"MED": "min", "MED (native)": "min", "Perm": "max", "RelPos": "max", "Orient": "max"},
+                       group_by="Cohort",
                        unranked=_reference_rows(frame))]
 
 
-def _per_organ(results: SweepResults, finding: str, metric: str, name: str, caption: str, best: str):
+def _per_organ(results: SweepResults, finding: str, metrics: dict, name: str, caption: str, best: str):
+    """Per-organ means over seeds in domain. ``metrics`` maps each metric to its block's Frame
+    label; with more than one, a ``Frame`` column names the block and every block after the first
+    has "(native slice frame)" appended to its sections, so only the first is compared with the
+    published values."""
     df = _rows(results)
     df = df[(df["eval_dataset"] == df["dataset"]) & (df["finding"] == finding) & df["organ"].isin(ORGAN_COLUMNS)]
-    if df.empty:
-        frame = pd.DataFrame(columns=["Section", "Model", *ORGAN_COLUMNS.values()])
-    else:
+    lead = ["Section", "Model"] + (["Frame"] if len(metrics) > 1 else [])
+    blocks = []
+    for k, (metric, frame_label) in enumerate(metrics.items()):
+        if df.empty or metric not in df:
+            continue
         wide = df.groupby(["label", "section", "organ"], sort=False)[metric].mean().unstack("organ").reset_index()
         wide = _order(wide).rename(columns={"section": "Section", "label": "Model", **ORGAN_COLUMNS})
         wide["Model"] = wide["Model"].str.replace("-Combined", "-Comb", regex=False)
-        frame = wide.reindex(columns=["Section", "Model", *ORGAN_COLUMNS.values()])
-    frame = frame.reset_index(drop=True)
+        if k:
+            wide["Section"] = wide["Section"] + NATIVE_SECTION
+        blocks.append(wide.assign(Frame=frame_label))
+    frame = (pd.concat(blocks, ignore_index=True) if blocks else pd.DataFrame()) \
+        .reindex(columns=[*lead, *ORGAN_COLUMNS.values()]).reset_index(drop=True)
     return [PaperTable(name, frame, caption=caption, best={c: best for c in ORGAN_COLUMNS.values()},
-                       unranked=_reference_rows(frame))]
+                       group_by="Frame" if "Frame" in lead else None, unranked=_reference_rows(frame))]
 
 
 def spar_table3(results: SweepResults) -> list[PaperTable]:
-    """Table 3: per-organ localization error (MED, px) in domain."""
-    return _per_organ(results, "localization", "med", "spar_table3",
-                      "SPAR Table 3: per-organ localization error (MED, px, mean over seeds)", "min")
+    """Table 3: per-organ localization error (MED, px) in domain, in the 224 frame and, below it,
+    in the native slice frame (``Frame``)."""
+    return _per_organ(results, "localization", FRAMES, "spar_table3",
+                      "SPAR Table 3: per-organ localization error (MED, px, mean over seeds; 224 frame, then the "
+                      "native slice frame)", "min")
 
 
 def spar_table4(results: SweepResults) -> list[PaperTable]:
     """Table 4: per-organ permutation patch accuracy in domain."""
-    return _per_organ(results, "permutation", "patch_acc", "spar_table4",
+    return _per_organ(results, "permutation", {"patch_acc": ""}, "spar_table4",
                       "SPAR Table 4: per-organ patch accuracy (fraction, mean over seeds)", "max")
 
 
@@ -163,7 +198,7 @@ def spar_table5(results: SweepResults) -> list[PaperTable]:
     if df.empty:
         frame = pd.DataFrame(columns=cols)
     else:
-        table = _order(_level_frame(df)).drop(columns=["MED", "Perm"])
+        table = _order(_level_frame(df)).drop(columns=["MED", "MED (native)", "Perm"])
         table["label"] = table["label"].str.replace("-Combined", "-Comb", regex=False)
         frame = pd.concat([table, _baselines(df, PROBE_COLUMNS.values(), section="")], ignore_index=True) \
             .rename(columns={"section": "Section", "label": "Model"}).reindex(columns=cols)
@@ -203,13 +238,31 @@ def spar_table2(results: SweepResults) -> list[PaperTable]:
                 for tag, r in (("best", best), ("worst", worst)):
                     rows.append({"Section": "encoder reference (from Table 1 configurations)",
                                  "Model": f"{r['label']} ({tag} enc.)", **{c: r[c] for c in ["Macro", *probes]}})
-        base = vqa if len(vqa) else enc  # the majority class of the items the chat models answered
+        base = vqa if len(vqa) else enc  # the reference rows and n of the items the chat models answered
         if _chance(base, PROBE_COLUMNS.values()):
             rows += [{"Section": "", "Model": r.pop("label"), **r}
                      for r in _baselines(base, PROBE_COLUMNS.values()).to_dict("records")]
+        counts = _item_counts(base)
+        if counts:
+            rows.insert(0, {"Section": "", "Model": N_ROW, **counts})
     order = ["Section", "Model"] + [x for c in cols for x in (c, f"{c}_sd")]
-    frame = pd.DataFrame(rows).reindex(columns=order)
-    return [PaperTable("spar_table2", frame.reset_index(drop=True),
-                       caption="SPAR Table 2: SPAR-VQA accuracy (fraction; mean and std over seeds)",
-                       best={c: "max" for c in cols})]
+    frame = pd.DataFrame(rows).reindex(columns=order).reset_index(drop=True)
+    return [PaperTable("spar_table2", frame,
+                       caption="SPAR Table 2: SPAR-VQA accuracy (fraction; mean and std over seeds); n= items "
+                               "per probe",
+                       best={c: "max" for c in cols}, unranked=_reference_rows(frame))]
+
+
+def _item_counts(df: pd.DataFrame) -> dict:
+    """Table 2's ``n=`` row: items per probe column, the mean of ``n`` over the rows (a chat
+    model's seeds each draw the same number of items; the encoder rows all score the same test
+    split), and for Macro the sum over the probes shown. spar.md Table 2 prints "(n=1162)" under
+    each probe's header."""
+    if "n" not in df:
+        return {}
+    out = {col: float(df.loc[df["finding"] == probe, "n"].mean()) for probe, col in PROBE_COLUMNS.items()
+           if (df["finding"] == probe).any()}
+    if out:
+        out["Macro"] = float(sum(out.values()))
+    return out
 

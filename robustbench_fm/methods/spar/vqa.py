@@ -282,7 +282,9 @@ def run_vqa(model: str, samples: SparSamples, seeds=(42, 123, 1234), device="aut
             replies += backend.answer(images, prompts[start:start + batch_size], max_new_tokens)
         pred = np.array([parse_answer(p, r) for p, r in zip(items["probe"], replies)])
         probes = items["probe"].to_numpy()
-        for r in metrics.probe_rows(pred, items["label"].to_numpy(), probes, items["n_classes"].to_numpy()):
+        train = samples.questions[samples.questions["split"] == "train"]
+        ref = metrics.reference_answers(train, items) if len(train) else (None, None)
+        for r in metrics.probe_rows(pred, items["label"].to_numpy(), probes, items["n_classes"].to_numpy(), *ref):
             sel = probes == r["finding"] if r["finding"] != "macro" else np.ones(len(probes), bool)
             rows.append({"label": display, "section": "MLLM", "model": model, "head": "chat", "mode": "vqa",
                          "organ": "all", "eval_dataset": "", "seed": seed, **r,

@@ -65,7 +65,7 @@ def test_association_family_is_bh_corrected_together():
 
 
 def test_too_few_encoders_get_no_p_value_and_a_note():
-    """Issue 16 item 13: with n = 3 a perfect ranking has p = 0 (scipy), which read as significant."""
+    """With n = 3 a perfect ranking has p = 0 (scipy), which read as significant."""
     from robustbench_fm.methods.candor.ranks import MIN_TEST_N
 
     assert MIN_TEST_N == 5

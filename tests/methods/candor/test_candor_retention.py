@@ -96,7 +96,7 @@ def test_brought_features_score_in_closed_form():
 
 
 def test_one_reference_c_per_encoder_and_domain():
-    """Issue 18 item 8 (candor.md "Occlusion Retention and Discordance": (ρ − c)/(1 − c), c the mean
+    """Standardised retention (candor.md "Occlusion Retention and Discordance": (ρ − c)/(1 − c), c the mean
     cosine of random pairs of the boxed images): every row of a job, each finding's and the pooled
     one, is standardised with the same c, the mean cosine of all pairs of all the job's boxed images
     (brute force). Findings from different sources have different within-source similarity (here

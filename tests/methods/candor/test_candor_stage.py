@@ -244,7 +244,7 @@ def test_default_margin_auroc_interval_is_the_percentile_of_reranked_resamples()
 
 def test_a_group_row_resamples_exactly_the_patients_of_its_queries():
     """The bootstrap draws as many patients as the group's queries have, from those patients only
-    (issue 18 item 9), not every patient of the manifest: 3 query patients, one discordant, give
+   , not every patient of the manifest: 3 query patients, one discordant, give
     D-replicates Binomial(3, 1/3)/3, SD √(2/27) = 0.272. Resampling all 2,003 patients of the
     manifest would draw a Poisson(3) number of them (SD ≈ 0.31, and no D at all in 5% of the
     resamples; 0.308 measured before the change)."""

@@ -198,7 +198,7 @@ def test_table3_natural_task_is_the_mean_over_classes_and_overlaps_align_on_clas
 
 
 def test_table3_per_class_overlap_is_near_chance_when_encoders_share_only_class_difficulty(tmp_path):
-    """Issue 18 item 1 (candor.md Table 3, "Sig." for birds and aircraft): 8 encoders whose
+    """Significance (candor.md Table 3, "Sig." for birds and aircraft): 8 encoders whose
     discordance depends only on the class (hard classes: P = 0.8, easy: 0.05), independently
     across encoders within a class. Per class each test is null: Sig. ≈ 0 and ΔJ ≈ 0 (E[ΔJ] = 0
     under the null); pooling the classes makes every pair overlap "above chance" (Sig. 1.0,
@@ -274,7 +274,7 @@ def test_chest_overlap_is_corrected_over_the_whole_chest_family(tmp_path):
 
 
 def test_table2_caption_names_the_datasets_that_ran_and_labels_untrained_encoders(tmp_path):
-    """Issue 16 item 13: a CheXpert-only sweep is not titled "MIMIC-CXR and CheXpert"; the planted
+    """A CheXpert-only sweep is not titled "MIMIC-CXR and CheXpert"; the planted
     references are "synthetic (calibration)", a random ViT "random init", neither "SSL"."""
     for enc in ("planted_blur", "planted_sharp", "random_vit_s", "dinov3_s"):
         for finding in FINDINGS:
@@ -294,7 +294,7 @@ def test_table2_caption_names_the_datasets_that_ran_and_labels_untrained_encoder
 
 
 def test_associations_refuse_a_rank_test_over_three_encoders(tmp_path):
-    """Issue 16 item 13: n = 3 encoders gave "Significant: True" with p = 0.000; now no p-value,
+    """N = 3 encoders gave "Significant: True" with p = 0.000; now no p-value,
     no verdict, and a note, rendered as "—"."""
     from robustbench_fm.report.render import to_markdown
 
@@ -315,7 +315,7 @@ def test_associations_refuse_a_rank_test_over_three_encoders(tmp_path):
 
 
 def test_standardised_retention_association_uses_one_c_per_encoder(tmp_path):
-    """Issue 18 item 8: the retention stage standardises every row of an encoder's job with one c
+    """The retention stage standardises every row of an encoder's job with one c
     (all boxed images of the domain), and the association test "standardised retention vs D"
     ranks that pooled value. Brute force: ρ̄ over the boxed positives of both findings, c over all
     pairs of their images, (ρ̄ − c)/(1 − c), Spearman with the chest D. The findings' images differ

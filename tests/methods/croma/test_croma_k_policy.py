@@ -1,4 +1,4 @@
-"""The collect step's operating k (issue 19 item 2): ``report.croma_k`` median over a roster the user
+"""The collect step's operating k: ``report.croma_k`` median over a roster the user
 can name, the paper's published k, or a fixed k (a ``stage.params.k`` is kept too); a panel median is
 refused, naming the encoders, when a roster encoder's job failed or never ran, unless
 ``report.croma_partial_roster=true``."""

@@ -1,5 +1,5 @@
 """Agreement with the reference package croma 1.0.1 (the oracle) on synthetic cohorts, designs
-``all`` and ``paired_2x2``, float32 and float64 (issue 4, "Tests"): RI, support, k, F(0) and both
+``all`` and ``paired_2x2``, float32 and float64: RI, support, k, F(0) and both
 kNN balanced accuracies identical; MaRI, τ, CRoMa, Q, LTM and every per-sample value within 1e-6."""
 import warnings
 

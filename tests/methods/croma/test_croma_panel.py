@@ -126,7 +126,7 @@ def reference_typed_ranks(x, manifest):
 
 
 def test_typed_ranks_equal_the_reference_positions_among_all_other_samples():
-    """Table 12 (issue 19 item 1): same-slide tiles ahead of the nearest typed candidate count, so on
+    """Table 12: same-slide tiles ahead of the nearest typed candidate count, so on
     60 tiles per slide the ranks are far above a cross-slide-only count."""
     from robustbench_fm.methods.croma.panel import typed_ranks
 
@@ -161,4 +161,48 @@ def test_typed_ranks_do_not_depend_on_row_order_and_ties_take_the_min_rank():
     for i in range(len(x)):  # competition (min) rank: 1 + other samples strictly closer, whatever their row
         typed = (lab == lab[i]) & (con != con[i]) & (grp != grp[i])
         others = np.arange(len(x)) != i
+        if dist[i][typed].min() == 0:  # the reference drops the anchor (d_SO = 0)
+            assert np.isnan(got.at[i, "rank_so"])
+            continue
         assert got.at[i, "rank_so"] == (dist[i][others] < dist[i][typed].min()).sum() + 1
+
+
+def reference_defined(x, manifest):
+    """The anchors croma's typed_neighbor_rank_experiment.py keeps, transcribed: float32 rows
+    scaled by ``1 / (norm + 1e-12)``, D = 1 − X Xᵀ, nearest cross-slide SO / OS distances, and
+    ``defined = np.isfinite(os_d / so_d) & (so_d > 0)``."""
+    X = x.astype(np.float32)
+    X = X / (np.linalg.norm(X, axis=1, keepdims=True) + 1e-12)
+    D = 1.0 - X @ X.T
+    lab, con, grp = (pd.factorize(manifest[c])[0] for c in ("bio_label", "site", "slide_id"))
+    valid = (grp[:, None] != grp[None, :]) & ~np.eye(len(x), dtype=bool)
+    so = valid & (lab[:, None] == lab[None, :]) & (con[:, None] != con[None, :])
+    os_ = valid & (lab[:, None] != lab[None, :]) & (con[:, None] == con[None, :])
+    so_d = np.where(so.any(1), np.where(so, D, np.inf).min(1), np.nan)
+    os_d = np.where(os_.any(1), np.where(os_, D, np.inf).min(1), np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.isfinite(os_d / so_d) & (so_d > 0)
+
+
+def test_typed_ranks_drop_anchors_whose_nearest_so_match_is_at_distance_zero():
+    """the reference drops anchors with d_SO = 0 (a copy of the anchor under the
+    other confounder value); so do the typed ranks (NaN in every column, out of the medians).
+    Rows of four ±0.5 entries have norm 1 exactly, so the reference's float32 distances between
+    copies are exactly 0 and its kept set is well defined."""
+    from robustbench_fm.methods.croma.panel import typed_ranks
+
+    _, manifest = cohort(slides_per_cell=2, tiles_per_slide=8, seed=5, dtype=np.float64)
+    rng = np.random.default_rng(5)
+    x = np.zeros((len(manifest), 8))
+    for row in x:
+        row[rng.choice(8, 4, replace=False)] = rng.choice([-0.5, 0.5], 4)
+    site = manifest["site"].to_numpy()
+    a, b = np.flatnonzero((manifest["bio_label"] == "class0").to_numpy() & (site == "centre0"))[:5], \
+        np.flatnonzero((manifest["bio_label"] == "class0").to_numpy() & (site == "centre1"))[:5]
+    x[b] = x[a]  # five SO copies: each of these ten anchors has d_SO = 0
+    keep = reference_defined(x, manifest)
+    assert (~keep).sum() >= 10 and not keep[a].any() and not keep[b].any()
+    got = typed_ranks(x, manifest, block_size=13, device="cpu")
+    np.testing.assert_array_equal(got["rank_so"].notna().to_numpy(), keep)
+    assert (got["rank_os"].notna() == got["rank_so"].notna()).all()
+    assert (got["rank_typed"].notna() == got["rank_so"].notna()).all()

@@ -96,7 +96,7 @@ def incomplete_quartets():
 
 
 def test_incomplete_subsets_stop_the_stage_naming_them():
-    """croma 1.0.1 refuses a paired manifest with an incomplete 2x2 subset (issue 19 item 3)."""
+    """croma 1.0.1 refuses a paired manifest with an incomplete 2x2 subset."""
     from croma import RI
     from croma_cohorts import reference_manifest
 
@@ -125,8 +125,9 @@ def test_incomplete_subsets_are_skipped_with_a_warning_on_request():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("jitter", [0.0, 1e-3])
 def test_collapsed_embeddings_are_refused_in_one_line(dtype, jitter):
-    """All rows (nearly) identical: d_SO + d_OS is zero at the dtype's rounding; croma 1.0.1 raises
-    "zero margin denominator" and so does the stage (issue 19 item 3), instead of CRoMa 0 and F(0) 1."""
+    """All rows identical (up to a jitter below the dtype's resolution): every margin denominator
+    is exactly 0; croma 1.0.1 raises "zero margin denominator" and so does the stage,
+    instead of CRoMa 0 and F(0) 1."""
     _, manifest = cohort(slides_per_cell=2, tiles_per_slide=10)
     rng = np.random.default_rng(0)
     base = rng.standard_normal(24)
@@ -136,13 +137,50 @@ def test_collapsed_embeddings_are_refused_in_one_line(dtype, jitter):
         stage.run(x, manifest, device="cpu")
     message = str(err.value)
     assert "\n" not in message and "80/80 units have a zero margin denominator" in message
-    tol = stage.zero_margin_tolerance(dtype, 24)
-    assert tol == pytest.approx(4 * eps * np.sqrt(24)) and f"<= {tol:.2g}" in message
+    assert "duplicated" not in message
+    assert stage.zero_margin_tolerance(dtype, 24) == pytest.approx(4 * eps * np.sqrt(24))
     from croma import CRoMa
     from croma_cohorts import reference_manifest
 
     with pytest.raises(RuntimeError, match="80/80 sample.* zero margin denominator"):  # the reference's refusal
         CRoMa.compute(x, reference_manifest(manifest), confounder_column="site")
+
+
+def test_units_at_the_rounding_floor_are_scored_and_counted():
+    """distinct, structured rows whose distances sit at the float32 rounding floor
+    (D = 768, rows 1 + small·signal: most units have d_SO + d_OS <= 4·eps·sqrt(D)) used to refuse
+    the whole stage. They are scored now, counted in n_floor with a warning that names float64, and the
+    float32 median stays close to the float64 truth."""
+    signal, manifest = cohort(slides_per_cell=3, tiles_per_slide=19, dim=768, label_shift=1.5, seed=2,
+                              dtype=np.float64)
+    x = 1 + 0.04 * signal  # every unit's d_SO + d_OS (about 4e-6) under the float32 floor (1.3e-5)
+    truth = stage.run(x, manifest, k=5, device="cpu")
+    assert "n_floor" not in truth.summary  # float64: far above its floor
+    with pytest.warns(RuntimeWarning, match="rounding floor.*pass float64 features") as caught:
+        res = stage.run(x.astype(np.float32), manifest, k=5, device="cpu")
+    assert "duplicated" not in str(caught[0].message)
+    row = res.summary.iloc[0]
+    tol = stage.zero_margin_tolerance(np.float32, 768)
+    d = res.per_sample["d_so"] + res.per_sample["d_os"]
+    assert row["n_floor"] == int((d <= tol).sum()) > len(x) / 2  # most units: the issue's case
+    assert res.per_sample["croma"].notna().all()  # distinct rows: every unit scored
+    assert abs(row["croma"] - truth.summary["croma"][0]) < 0.02  # measured: 0.4938 vs 0.4834
+
+
+def test_only_units_whose_typed_candidates_are_copies_are_left_out():
+    """A unit whose m nearest SO and OS candidates are all copies of it has d_SO + d_OS = 0
+    exactly: its CRoMa_i is NaN; every other unit is scored (croma 1.0.1 refuses the whole call)."""
+    x, manifest = cohort(slides_per_cell=6, tiles_per_slide=4, seed=4, dtype=np.float32)
+    cells = manifest["bio_label"] + "/" + manifest["site"]
+    v = np.random.default_rng(5).standard_normal(x.shape[1]).astype(np.float32)  # a vector no row had
+    picks = {c: np.flatnonzero(cells == c)[::4][:6] for c in ("class0/centre0", "class0/centre1", "class1/centre0")}
+    for rows in picks.values():
+        x[rows] = v
+    with pytest.warns(RuntimeWarning, match="6 of them exactly 0"):
+        res = stage.run(x, manifest, k=5, device="cpu")
+    nan = res.per_sample["croma"].isna().to_numpy()
+    assert set(np.flatnonzero(nan)) == set(picks["class0/centre0"])
+    assert res.summary["n_floor"][0] >= 6 and np.isfinite(res.summary["croma"][0])
 
 
 def test_collapse_guard_leaves_ordinary_features_alone():

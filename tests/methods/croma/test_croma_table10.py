@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from robustbench_fm.core.errors import UserError
 from robustbench_fm.methods.croma import tables as tc
 from robustbench_fm.report import published
 from robustbench_fm.report.compare import compare_table
@@ -79,5 +80,5 @@ def test_table10_needs_the_tcga_cases(monkeypatch, tmp_path):
     per_sample = fake_per_sample(["uni"])
     per_sample = per_sample[per_sample["site"] != "VALSET3_TCGA"]
     monkeypatch.setattr(tc, "croma_panel", lambda results: tc.Panel(None, per_sample, None, None))
-    with pytest.raises(ValueError, match="TCGA"):
+    with pytest.raises(UserError, match="TCGA"):
         tc.croma_table10(SimpleNamespace(root=tmp_path))

@@ -1,4 +1,4 @@
-"""Exact distance ties at the k boundary (issue 19 item 3): candidates at the same cosine distance
+"""Exact distance ties at the k boundary: candidates at the same cosine distance
 are taken in sample_id order, so RI, MaRI, τ, support, k* and the kNN accuracies do not depend on
 the manifest's row order (the reference leaves such ties to sklearn's unstable argpartition)."""
 import numpy as np

@@ -126,3 +126,24 @@ def test_tolkach_runs_end_to_end():
     assert res.per_sample["cramers_v"].unique().tolist() == pytest.approx([0, 1 / 3, 2 / 3, 1])
     with pytest.raises(ValueError, match="no set of 2..12 cases holding exactly 6 rows"):
         shortcut.run(x, m.assign(slide_id="one_case"), benchmark="tolkach_esca", iterations=1, rows_per_slide=3)
+
+
+def test_rows_per_slide_without_validation_rows_is_refused_in_one_line():
+    """TCGA with rows_per_slide=2 keeps int(2·2 / 8) = 0 validation rows per cell
+    at split 0; one line naming the setting and the smallest value that works, not sklearn's
+    "Found array with 0 sample(s)"."""
+    from robustbench_fm.core.errors import InvalidSetting
+
+    bm = sm.benchmark("tcga")
+    rows = [dict(site=c, bio_label=k, slide_id=f"{c}_{k}_{s}") for c in bm.centres for k in bm.classes
+            for s in range(bm.max_train_slides + 2) for _ in range(2)]  # enough rows for rows_per_slide=2
+    m = pd.DataFrame(rows)
+    m.insert(0, "sample_id", [f"t{i}" for i in range(len(m))])
+    x = np.random.default_rng(0).normal(size=(len(m), 4))
+    with pytest.raises(InvalidSetting) as err:
+        shortcut.run(x, m, benchmark="tcga", rows_per_slide=2, iterations=1)
+    message = str(err.value)
+    assert "\n" not in message and "rows_per_slide=2" in message and "without validation rows" in message
+    assert "at least 4" in message  # split 0 trains at most 2 slides per cell: 2·4 // 8 = 1
+    assert "at least 4" in message and all(
+        (sm.training_slides("tcga", s) * 4 // bm.max_train_slides).any() for s in range(bm.n_splits))

@@ -18,7 +18,10 @@ ROOT = Path(__file__).resolve().parents[3]
 #: two organs' x ranks, or two organ pairs' distances, out of the planted tokens by the question;
 #: distance with the demo's 32 questions per slice, 0.71-0.80 with one), and distance must beat
 #: what the question alone allows: a random backbone's heads reach 0.74-0.83 on distance from the
-#: organ pairs asked (canonical anatomy, spar.md Section 4: "distance and organ size hold").
+#: organ pairs asked (canonical anatomy, spar.md Section 4: "distance and organ size hold"). The
+#: question-only prior itself (a lookup of the pair of organ pairs in the training labels, the
+#: tables' "Question-only prior" row) reaches 0.92 in domain and 0.94 zero-shot, above the oracle's
+#: heads (0.88-0.91): the demo does not yet show distance read from the image (issue 29 item 8, open).
 ORACLE_PROBES = ("orientation", "kidney_symmetry", "liver_size", "tumour_count")
 
 
@@ -39,36 +42,38 @@ def run(tmp_path_factory):
 
 def test_every_table_is_written_in_the_published_layout(run):
     tables = {n: pd.read_csv(run / "tables" / f"spar_table{n}.csv") for n in range(1, 6)}
-    for n, table in tables.items():
+    for n, table in tables.items():  # ours beside the published columns: the native-frame MED (issue 29 item 7)
         published = _published(n)
-        ours = set(table.columns) - {"Cohort", "Section", "Model"}
+        ours = set(table.columns) - {"Cohort", "Section", "Model", "Frame", "MED (native)"}
         assert ours <= set(published["column"]), (n, ours - set(published["column"]))
     for n, table in tables.items():  # every cell of every model row filled (sd columns: one seed, none)
-        models = table[~table["Model"].isin(["Chance", "Majority class"])]
+        models = table[~table["Model"].isin(["Chance", "Majority class", "Question-only prior", "n="])]
         values = models.drop(columns=[c for c in models.columns if c in ("Cohort", "Section", "Model")
                                       or c.endswith("_sd")])
         assert not values.isna().any().any(), (n, values.columns[values.isna().any()].tolist())
     t1 = tables[1]
     want = ["CNN-MLP", "CNN-Trans", "ViT-MLP", "ViT-Trans", "ViT-Combined", "Oracle-MLP", "Oracle-Trans",
-            "random_vit_s-MLP", "random_vit_s-Trans", "Chance", "Majority class"]
+            "random_vit_s-MLP", "random_vit_s-Trans", "Chance", "Majority class", "Question-only prior"]
     for cohort in ("spar_phantom_word (in domain)", "TotalSegmentator (zero-shot)"):
         part = t1[t1["Cohort"] == cohort]
         assert part["Model"].tolist() == want
         assert set(want[:5]) <= set(_published(1)["row"])
         chance = part.set_index("Model").loc["Chance"]
         assert chance["RelPos"] == 0.5 and chance["Orient"] == 0.2
-        majority = part.set_index("Model").loc["Majority class"]  # beside chance: >= it, equal when balanced
-        both = chance[["RelPos", "Orient", "Symm"]].astype(float).dropna().index
-        assert (majority[both].astype(float) >= chance[both].astype(float) - 1e-12).all()
-        assert majority["RelPos"] == 0.5
-        models = part[~part["Model"].isin(["Chance", "Majority class"])]
+        majority = part.set_index("Model").loc["Majority class"]  # the training majority: chance on balanced probes
+        assert majority["RelPos"] == 0.5 and float(majority["Symm"]) == pytest.approx(1 / 3)
+        assert abs(float(majority["Orient"]) - 0.2) < 0.05
+        models = part[~part["Model"].isin(["Chance", "Majority class", "Question-only prior"])]
         assert (models["MED"] > 0).all() and models["Perm"].between(0, 1).all()
+        assert (models["MED (native)"] < models["MED"]).all()            # 96 px phantom slices, 224 frame
     assert t1["Section"].iloc[0] == "spar_phantom_word (in domain) / Trained from scratch"
     assert tables[3]["Model"].tolist()[:5] == ["CNN-MLP", "CNN-Trans", "ViT-MLP", "ViT-Trans", "ViT-Comb"]
-    assert list(tables[3].columns[2:]) == list(_published(3)["column"].drop_duplicates())
+    assert list(tables[3].columns[3:]) == list(_published(3)["column"].drop_duplicates())
+    assert tables[3]["Frame"].value_counts().to_dict() == {"224 px": 9, "native px": 9}
     assert tables[4].drop(columns=["Section", "Model"]).stack().dropna().between(0, 1).all()
-    assert tables[5]["Model"].tolist()[-2:] == ["Chance", "Majority class"]
+    assert tables[5]["Model"].tolist()[-3:] == ["Chance", "Majority class", "Question-only prior"]
     assert tables[2]["Model"].str.endswith(("(best enc.)", "(worst enc.)")).sum() == 2
+    assert tables[2]["Model"].iloc[0] == "n=" and tables[2]["Dist"].iloc[0] >= 100
 
 
 def test_results_per_finding_and_summary_columns(run):
@@ -125,6 +130,53 @@ def test_every_probe_has_test_items_in_both_cohorts(run):
         assert (s.table["split"] == "test").sum() >= 10
 
 
+def _distance_prior(train: pd.DataFrame, asked: pd.DataFrame) -> float:
+    """Accuracy on ``asked`` of the most frequent training label of the same pair of organ pairs
+    (either order: a swapped question votes with its label flipped; ties: 0 in the order with the
+    alphabetically first pair ahead), else the training majority: counted here by hand."""
+    def canon(a, b, c, d):
+        p, q = tuple(sorted((a, b))), tuple(sorted((c, d)))
+        return (min(p, q), max(p, q)), p > q
+
+    cols = ["organ_a", "organ_b", "organ_c", "organ_d", "label"]
+    votes: dict = {}
+    for *organs, label in train[cols].itertuples(index=False):
+        key, swapped = canon(*organs)
+        votes.setdefault(key, []).append(1 - label if swapped else label)
+    counts = train["label"].value_counts()
+    fallback = int(counts[counts == counts.max()].index.min())
+    right = []
+    for *organs, label in asked[cols].itertuples(index=False):
+        key, swapped = canon(*organs)
+        if key in votes:
+            v = np.bincount(votes[key], minlength=2)
+            guess = int(v.argmax())
+            guess = 1 - guess if swapped else guess
+        else:
+            guess = fallback
+        right.append(guess == label)
+    return float(np.mean(right))
+
+
+def test_reference_rows_come_from_the_training_labels(run):
+    """Issue 29 items 8-9: the Majority class and Question-only prior the run records equal an
+    independent count over the cached samples' TRAINING questions, in domain and zero-shot. The
+    training majority of liver size is not the test one (0.18 in domain, where the test labels'
+    own majority share was 0.82), and the distance prior is what the organ pairs asked allow
+    (0.92 in domain, 0.94 zero-shot in our runs)."""
+    word, ts = _samples(run, "spar_phantom_word"), _samples(run, "spar_phantom_totalsegmentator")
+    train = word.questions[word.questions["split"] == "train"]
+    for cohort, s in (("spar_phantom_word", word), ("totalsegmentator", ts)):
+        q = s.questions[s.questions["split"] == "test"] if cohort == "spar_phantom_word" else s.questions
+        size_train = train.loc[train["probe"] == "liver_size", "label"].value_counts().idxmax()
+        size = q[q["probe"] == "liver_size"]
+        assert np.allclose(_overall(run, "random_vit_s", "liver_size", cohort)["majority"],
+                           (size["label"] == size_train).mean())
+        prior = _distance_prior(train[train["probe"] == "distance_compare"], q[q["probe"] == "distance_compare"])
+        recorded = _overall(run, "random_vit_s", "distance_compare", cohort)["prior"]
+        assert np.allclose(recorded, prior) and 0.85 <= prior <= 0.99, (cohort, recorded, prior)
+
+
 def test_the_planted_oracle_is_near_perfect_and_random_backbones_stay_at_their_baselines(run):
     """The calibration (issue 20): heads on the oracle's mask-derived tokens reach near-perfect
     Levels 1-3 (MED below half the mean-centroid baseline, itself 3.2 px in the 96-px native
@@ -135,7 +187,7 @@ def test_the_planted_oracle_is_near_perfect_and_random_backbones_stay_at_their_b
     loc = _overall(run, "spar_oracle", "localization")
     perm = _overall(run, "spar_oracle", "permutation")
     for label in ("Oracle-MLP", "Oracle-Trans"):
-        assert loc.loc[label, "med"] < min(3.0, baseline / 2), (label, loc.loc[label, "med"], baseline)
+        assert loc.loc[label, "med_native"] < min(3.0, baseline / 2), (label, loc.loc[label, "med_native"], baseline)
         assert perm.loc[label, "perm_acc"] >= 0.9, (label, perm.loc[label, "perm_acc"])
         for probe in ORACLE_PROBES:
             acc = _overall(run, "spar_oracle", probe).loc[label, "accuracy"]
@@ -146,7 +198,7 @@ def test_the_planted_oracle_is_near_perfect_and_random_backbones_stay_at_their_b
             prior = _overall(run, "random_vit_s", "distance_compare", cohort)["accuracy"].max()
             assert dist >= 0.85 and dist >= prior + 0.05, (label, cohort, dist, prior)
     rand = _overall(run, "random_vit_s", "localization")
-    assert (rand["med"] > 0.8 * baseline).all(), (rand["med"], baseline)
+    assert (rand["med_native"] > 0.8 * baseline).all(), (rand["med_native"], baseline)
     assert (_overall(run, "random_vit_s", "permutation")["perm_acc"] < 0.1).all()
     symm = _overall(run, "random_vit_s", "kidney_symmetry")
     assert (symm["accuracy"] <= symm["chance"] + 0.25).all()

@@ -168,28 +168,80 @@ def test_tumour_count_matches_connected_components_of_the_lits_labels(phantom):
     for sid, z in zip(table["subject_id"], table["z"]):  # read back independently of the package's loader
         seg = nib.as_closest_canonical(nib.load(str(root / "lits" / f"segmentation-{int(sid[5:])}.nii.gz")))
         slice_ = to_display(np.asanyarray(seg.dataobj))[z]
-        expected.append(min(ndimage.label(slice_ == 2)[1], 2))
+        expected.append(min(ndimage.label(slice_ == 2, structure=np.ones((3, 3)))[1], 2))  # 8-connected
     assert q["label"].tolist() == expected and set(expected) == {0, 1, 2}
     used = table["subject_id"].unique()
     assert len(used) <= 4 and all((q["label"][table["subject_id"].to_numpy() == u] > 0).any() for u in used)
 
 
+def test_tumours_are_counted_with_8_connectivity():
+    """Issue 29 item 9: a lesion whose pixels touch only at a corner is one tumour (4-connectivity,
+    scipy's default and the rule before, counted two); two lesions a pixel apart stay two."""
+    mask = np.zeros((8, 8), bool)
+    mask[1:3, 1:3] = True
+    mask[3:5, 3:5] = True                                                # corner contact with the first block
+    assert ndimage.label(mask)[1] == 2 and probes.count_tumours(mask) == 1
+    mask[6:8, 6:8] = True                                                # a gap of one pixel: a second lesion
+    assert probes.count_tumours(mask) == 2 and probes.tumour_count_class([probes.count_tumours(mask)]) == [2]
+
+
+def test_distance_labels_are_measured_in_mm_when_the_spacing_is_known():
+    """Issue 29 item 9: one 400 x 200 px slice of 1 mm pixels. d(liver, spleen) runs half the
+    width (200 mm), d(left kidney, right kidney) three quarters of the height (150 mm), so the first
+    pair is the longer one. In the squashed 224 frame the same pairs measure 112 and 168 px, the
+    other order. With unknown spacing (NaN, or no frame given) the 224 frame is used, as before."""
+    import pandas as pd
+
+    from robustbench_fm.methods.spar.samples import slice_frame_mm
+
+    table = pd.DataFrame({"sample_id": ["s"], "split": ["train"], "dataset": ["word"], "height": [200],
+                          "width": [400], "spacing_x": [1.0], "spacing_y": [1.0]})
+    assert slice_frame_mm(table).tolist() == [[400.0, 200.0]]
+    assert np.isnan(slice_frame_mm(table.drop(columns=["spacing_x", "spacing_y"]))).all()
+    present = np.zeros((1, 16), bool)
+    present[0, :4] = True
+    centroids = np.full((1, 16, 2), np.nan)
+    centroids[0, :4] = [(0.2, 0.1), (0.7, 0.1), (0.1, 0.1), (0.1, 0.85)]  # liver, spleen, left / right kidney
+    pair = {"liver", "spleen"}
+    for frame, longer in ((slice_frame_mm(table), 1), (np.full((1, 2), np.nan), 0), (None, 0)):
+        q = probes.make_questions(table, present, centroids, np.zeros((1, 16), np.int64), np.array([80000]),
+                                  np.array([-1]), np.random.default_rng(0), probes=("distance_compare",), size=224,
+                                  distance_questions=40, frame_mm=frame)
+        first = q[[{a, b} == pair for a, b in zip(q["organ_a"], q["organ_b"])]]
+        second = q[[{c, d} == pair for c, d in zip(q["organ_c"], q["organ_d"])]]
+        assert len(first) + len(second) == 1, q                            # the pairing is asked once
+        assert (first["label"] == longer).all() and (second["label"] == 1 - longer).all(), frame
+
+
 def test_grid_cells_match_a_brute_force_assignment():
+    """probes.grid_cells against a brute force over every assignment of 4 present organs to 16
+    cells: most organs in the cell holding their centroid first, then the least summed distance
+    to the cell centres. Half the draws crowd the organs into the upper-left quarter, so cells are
+    shared; every organ whose cell no other centroid falls in keeps it."""
     rng = np.random.default_rng(0)
     centres = np.array([((c + 0.5) / 4, (r + 0.5) / 4) for r in range(4) for c in range(4)])
     perms = np.array(list(itertools.permutations(range(16), 4)))
-    for _ in range(5):
+    shared = 0
+    for trial in range(12):
         present = np.zeros(16, bool)
         present[rng.choice(16, 4, replace=False)] = True
         centroids = np.full((16, 2), np.nan)
-        centroids[present] = rng.random((4, 2))
+        centroids[present] = rng.random((4, 2)) * (0.5 if trial % 2 else 1.0)
         cells = probes.grid_cells(centroids[None], present[None])[0]
-        cost = np.linalg.norm(centroids[present][:, None] - centres[None], axis=-1)   # (4, 16)
-        best = cost[np.arange(4), perms].sum(1).min()
+        xy = centroids[present]
+        own = (np.floor(xy[:, 1] * 4) * 4 + np.floor(xy[:, 0] * 4)).astype(int)
+        cost = np.linalg.norm(xy[:, None] - centres[None], axis=-1)   # (4, 16)
+        kept, dist = (perms == own).sum(1), cost[np.arange(4), perms].sum(1)
+        best = dist[kept == kept.max()].min()
+        assert (cells[present] == own).sum() == kept.max()
         assert np.isclose(cost[np.arange(4), cells[present]].sum(), best)
+        alone = np.array([(own == c).sum() == 1 for c in own])
+        assert (cells[present][alone] == own[alone]).all()
+        shared += int((~alone).any())
         assert sorted(cells) == list(range(16))
         free = sorted(set(range(16)) - set(cells[present]))
         assert cells[~present].tolist() == free                        # absent slots fill free cells in order
+    assert shared >= 4
 
 
 def test_grid_cells_of_the_phantom_tiles_are_permutations(phantom):

@@ -129,12 +129,25 @@ def test_grid_cell_target_is_the_cell_holding_the_centroid():
     assert probes.grid_cells(centroids, present)[0, :2].tolist() == [0, 1]
 
 
+def test_an_organ_alone_in_its_cell_keeps_it_when_a_neighbour_is_crowded():
+    """Issue 29 item 9: organs 0 and 1 share cell 5, organ 2 is alone in cell 6, near its right
+    edge. Least summed distance alone (the old rule) shifts 1 into 6 and 2 into the free cell 7
+    (0.27 against 0.38), so organ 2 leaves a cell only it occupies. Now 2 keeps cell 6, 0 keeps 5
+    (the centre) and 1 moves to the nearest free cell, 1 above it."""
+    present = np.zeros((1, N), bool)
+    present[0, :3] = True
+    centroids = np.full((1, N, 2), np.nan)
+    centroids[0, :3] = [(0.375, 0.375), (0.49, 0.36), (0.74, 0.375)]
+    assert probes.centroid_cell(centroids[0, :3]).tolist() == [5, 5, 6]
+    assert probes.grid_cells(centroids, present)[0, :3].tolist() == [5, 1, 6]
+
+
 # ------------------------------------------------------------------ item 3: MED / SDR frame
 
 def test_localization_in_the_native_slice_frame():
-    """MED and SDR@10 in pixels of the original slice (spar.md 3.1 Level 1), the resized 224
-    frame beside it: a 448 x 448 slice doubles every distance, a 512 x 256 one scales x by
-    512/224 and y by 256/224."""
+    """MED and SDR@10 in pixels of the original slice (spar.md 3.1 Level 1) beside the 224 frame
+    (the tables' MED since issue 29): a 448 x 448 slice doubles every distance, a 512 x 256 one
+    scales x by 512/224 and y by 256/224."""
     present = np.zeros((2, N), bool)
     present[:, :3] = True
     centroids = np.full((2, N, 2), 0.5)
@@ -147,11 +160,11 @@ def test_localization_in_the_native_slice_frame():
     d448 = np.hypot(0.01 * 448, 0.02 * 448)                             # 10.02 px: not a success at 10 px
     d512 = np.hypot(0.01 * 512, 0.02 * 256)                             # 7.24 px: a success
     d224 = np.hypot(0.01 * 224, 0.02 * 224)                             # 5.01 px
-    assert rows["all"]["med"] == pytest.approx((d448 + d512) / 2, rel=1e-4)
-    assert rows["all"]["sdr"] == pytest.approx(0.5)
-    assert rows["all"]["med_resized"] == pytest.approx(d224, rel=1e-4) and rows["all"]["sdr_resized"] == 1.0
-    assert rows["liver"]["med"] == pytest.approx((d448 + d512) / 2, rel=1e-4)
-    assert rows["liver"]["med_resized"] == pytest.approx(d224, rel=1e-4)
+    assert rows["all"]["med_native"] == pytest.approx((d448 + d512) / 2, rel=1e-4)
+    assert rows["all"]["sdr_native"] == pytest.approx(0.5)
+    assert rows["all"]["med"] == pytest.approx(d224, rel=1e-4) and rows["all"]["sdr"] == 1.0
+    assert rows["liver"]["med_native"] == pytest.approx((d448 + d512) / 2, rel=1e-4)
+    assert rows["liver"]["med"] == pytest.approx(d224, rel=1e-4)
     m = metrics.localization(centroids[:1] + offset, centroids[:1], present[:1], scale=(448, 448))
     assert m["med"] == pytest.approx(2 * d224)                           # the exact factor 448 / 224
 
@@ -271,3 +284,115 @@ def test_reference_rows_are_shown_but_never_marked_best():
     assert marks["Symm"].tolist() == [2, 1, 0, 0, 0, 0]
     # without the reference rows declared, the oracle and the majority rate would take the marks
     assert ranks(PaperTable("t", frame, best={"Symm": "max"}))["Symm"].tolist() == [0, 0, 1, 1, 0, 2]
+
+
+# ------------------------------------------------------------------ issue 29: reference rows, frames, n=
+
+def _questions(rows) -> pd.DataFrame:
+    cols = ["probe", "organ_a", "organ_b", "organ_c", "organ_d", "label", "split"]
+    q = pd.DataFrame(rows, columns=cols)
+    return q.assign(question_id=[f"q{i}" for i in range(len(q))], slice_row=range(len(q)), transform="none",
+                    n_classes=q["probe"].map({"liver_size": 3, "distance_compare": 2, "relative_position": 2}))
+
+
+def test_majority_class_comes_from_the_training_labels():
+    """Issue 29 item 9: organ size is class 2 in 3 of 4 training items and class 0 in 3 of 4 test
+    items. Always answering the TRAINING majority (2) scores 1/4 on test; the old rate, the test
+    labels' own majority share, was 3/4."""
+    q = _questions([("liver_size", "liver", "", "", "", lab, split) for lab, split in
+                    [(2, "train"), (2, "train"), (2, "train"), (1, "train"), (0, "test"), (0, "test"), (0, "test"),
+                     (2, "test")]])
+    s = SparSamples(pd.DataFrame(), np.zeros((0, N, 1, 1), np.uint8), np.zeros((0, N), bool),
+                    np.zeros((0, N, 2), np.float32), np.zeros((0, N, 2), np.float32), np.zeros((0, N), np.int64),
+                    np.zeros((8, 4, 4), np.uint8), pd.DataFrame({"sample_id": range(8)}), q)
+    test = np.arange(4, 8)
+    task = QueryTask(s, None, np.arange(8), CPU, train=q[q["split"] == "train"])
+    rows = {r["finding"]: r for r in task.score(np.zeros((4, MAX_CLASSES), np.float32), test)}
+    assert rows["liver_size"]["majority"] == 0.25 and rows["liver_size"]["prior"] == 0.25
+    old = {r["finding"]: r for r in QueryTask(s, None, np.arange(8), CPU).score(np.zeros((4, MAX_CLASSES)), test)}
+    assert old["liver_size"]["majority"] == 0.75 and np.isnan(old["liver_size"]["prior"])
+
+
+def test_question_only_prior_looks_up_the_pair_of_organ_pairs_in_the_training_labels():
+    """The distance prior (issue 29 item 8): the training label of the same pair of organ pairs,
+    in whichever order it was asked (a swapped question counts with its label flipped), else the
+    training majority. Relative position, asked in both forms, gets no help from it."""
+    train = [("distance_compare", "liver", "spleen", "colon", "stomach", 1, "train"),
+             ("distance_compare", "colon", "stomach", "spleen", "liver", 0, "train"),   # the same question swapped
+             ("distance_compare", "liver", "spleen", "colon", "stomach", 0, "train"),
+             ("distance_compare", "liver", "colon", "spleen", "stomach", 0, "train"),
+             ("distance_compare", "pancreas", "colon", "spleen", "stomach", 0, "train"),
+             ("relative_position", "liver", "spleen", "", "", 0, "train"),
+             ("relative_position", "liver", "spleen", "", "", 1, "train")]
+    asked = [("distance_compare", "spleen", "liver", "stomach", "colon", 1, "test"),  # 2 of 3 votes say AB longer
+             ("distance_compare", "stomach", "colon", "liver", "spleen", 0, "test"),  # the same, swapped: 0
+             ("distance_compare", "liver", "duodenum", "spleen", "colon", 0, "test"),  # unseen: majority 0
+             ("relative_position", "spleen", "liver", "", "", 1, "test")]
+    q = _questions(train + asked)
+    majority, prior = metrics.reference_answers(q[q["split"] == "train"], q[q["split"] == "test"])
+    assert prior.tolist() == [1, 0, 0, 1] and majority.tolist() == [0, 0, 0, 0]
+    rows = {r["finding"]: r for r in metrics.probe_rows(np.zeros(4), q["label"][-4:], q["probe"][-4:],
+                                                        q["n_classes"][-4:], majority, prior)}
+    assert rows["distance_compare"]["prior"] == 1.0 and rows["distance_compare"]["majority"] == pytest.approx(2 / 3)
+    (key, flip), (key2, flip2) = (probes.question_key("distance_compare", o) for o in
+                                  (("colon", "stomach", "spleen", "liver"), ("liver", "spleen", "stomach", "colon")))
+    assert key == key2 and flip != flip2
+
+
+def _loc_rows() -> pd.DataFrame:
+    rows = []
+    for label, med, native in (("CNN-MLP", 7.1, 16.2), ("ViT-MLP", 11.5, 26.3)):
+        common = {"label": label, "section": "Trained from scratch", "seed": 1, "dataset": "word",
+                  "eval_dataset": "word", "finding": "localization"}
+        rows += [{**common, "organ": "all", "med": med, "med_native": native},
+                 {**common, "organ": "left_kidney", "med": med, "med_native": native}]
+    return pd.DataFrame(rows)
+
+
+def test_med_is_tabled_in_both_frames_and_the_published_value_meets_the_224_one():
+    """Issue 29 item 7: Table 1 has MED (224 frame) and MED (native) side by side, Table 3 a 224 block
+    then a native block (Frame column); the comparison with the paper matches MED and each organ
+    to the 224 values only (CNN-MLP's published K-L 7.2 px against our 7.1, never 16.2)."""
+    from robustbench_fm.report.compare import compare_table
+
+    t1 = tables.spar_table1(_Results(_loc_rows()))[0]
+    part = t1.frame.set_index("Model")
+    assert part.loc["CNN-MLP", "MED"] == 7.1 and part.loc["CNN-MLP", "MED (native)"] == 16.2
+    t3 = tables.spar_table3(_Results(_loc_rows()))[0]
+    assert t3.frame["Frame"].tolist() == ["224 px", "224 px", "native px", "native px"]
+    assert t3.frame["K-L"].tolist() == [7.1, 11.5, 16.2, 26.3]
+    cmp = compare_table(t3)
+    kl = cmp[(cmp["row"] == "CNN-MLP") & (cmp["column"] == "K-L")]
+    assert kl["ours"].tolist() == [7.1] and kl["published"].tolist() == [7.2]
+    cmp1 = compare_table(t1)
+    assert set(cmp1["column"]) == {"MED"} and cmp1["ours"].tolist() == [7.1, 11.5]
+
+
+def test_localization_rows_hold_both_frames():
+    """TileTask's rows: ``med`` / ``sdr`` in the 224 frame (the tables' MED), ``med_native`` /
+    ``sdr_native`` in the original slice's pixels."""
+    present = np.zeros((1, N), bool)
+    present[0, :2] = True
+    centroids = np.full((1, N, 2), 0.5)
+    centroids[0, :2] = [(0.3, 0.3), (0.6, 0.5)]
+    s = _tile_samples(present, centroids, [(512, 512)])
+    task = TileTask("localization", s, None, CPU, Setup(), seed=0)
+    out = _logit(np.clip(centroids + [0.02, 0.0], 1e-3, 1 - 1e-3)).astype(np.float32)
+    row = task.score(out, np.arange(1))[0]
+    assert row["med"] == pytest.approx(0.02 * 224, rel=1e-4)
+    assert row["med_native"] == pytest.approx(0.02 * 512, rel=1e-4)
+    assert row["sdr"] == 1.0 and row["sdr_native"] == 0.0 and "med_resized" not in row
+
+
+def test_tables_show_the_question_only_prior_and_table2_an_n_row():
+    df = _summary()
+    df["prior"] = np.where(df["finding"] == "liver_size", 0.9, 0.5)
+    df["n"] = np.where(df["finding"] == "liver_size", 55, 216)
+    t5 = tables.spar_table5(_Results(df))[0].frame.set_index("Model")
+    assert t5.index[-3:].tolist() == ["Chance", "Majority class", "Question-only prior"]
+    assert t5.loc["Question-only prior", "Size"] == 0.9
+    t2 = tables.spar_table2(_Results(df))[0]
+    frame = t2.frame.set_index("Model")
+    assert frame.index[0] == "n=" and frame.loc["n=", "Size"] == 55 and frame.loc["n=", "RelPos"] == 216
+    assert frame.loc["n=", "Macro"] == 55 + 216
+    assert {0, len(t2.frame) - 1} <= set(t2.unranked)                     # n= and the prior row are never marked best

@@ -1,0 +1,13 @@
+"""What the numbers of SPAR-Bench mean, for a report's "How to read this" (``Method(guide=...)``
+names the text here). spar.md §3 (probes, chance, the zero-shot cohort).
+"""
+
+SPAR = """
+accuracy is the share of correct answers of a probe head, chance is 1 / the number of classes (column chance);
+a probe that falls to chance on the zero-shot cohort (eval_dataset other than the training data) was answered
+from the usual layout of anatomy rather than from the image; the majority class rate (column majority) is the
+bar where labels are imbalanced. Distance can be answered well above 0.5 from which organ pairs are asked alone
+(their usual spacing), so compare it with the random or weakest rows, not with chance. spar_oracle (Oracle-*
+rows) is a planted reference whose tokens are computed from the organ masks: near 1 means the samples, heads
+and scoring can learn, so a real encoder near chance lacks the information, not the pipeline.
+"""

@@ -1,0 +1,625 @@
+"""What one job does: dataset → manifest → (per encoder) features → stage → results.
+
+The pipeline below the command line (docs/architecture.md, "One run"): :func:`plan` checks a
+resolved config once and returns the job's typed run configuration (:class:`Plan`: what to read,
+which encoders, which stage with which parameters, and how the job runs: alone or as one job of a
+sweep, under which experiment); :func:`run_planned` does the work. The command line
+(:mod:`robustbench_fm.cli`) parses, composes the config with Hydra and prints; a sweep's or an
+experiment's jobs come here one by one (:mod:`.experiment`). Imports no Hydra.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+if TYPE_CHECKING:  # the feature engine imports torch: a plan, a dry run and its one-line errors do not
+    from ..features.embed import Embedder
+    from ..methods.job import JobContext
+
+from .. import data, encoders, methods
+from .. import methods as stages
+from ..core.atomic import write_atomic, write_text_atomic
+from ..core.errors import InvalidSetting, UserError
+from ..core.locking import FileLock
+from ..core.redact import redact_config, redacted_yaml
+from ..core.results import not_scored, to_markdown, without_single_group_pools
+from ..core.tables import SweepResults
+from ..data import cards, prepared
+from ..data import manifest as mf
+from ..data.sample import fixed_sample
+from ..encoders import generic
+from ..methods.run import score_and_save
+from ..report.html import run_report, write_report
+from ..report.long_format import to_long
+from ..report.tables import build_tables
+
+log = logging.getLogger("robustbench_fm")
+
+#: Errors caused by the user's input (names, files, options, an unreadable folder): the CLI prints
+#: them as one line; anything else is a bug: one line saying so, the traceback in the log file
+#: (``debug=true`` shows it on the console too).
+USER_ERRORS = (UserError, PermissionError)
+
+@dataclass(frozen=True)
+class Plan:
+    """The typed run configuration of one job, built once from the resolved config (:func:`plan`)
+    and checked before any heavy step starts.
+
+    ``dataset``: the dataset name (with ``features_file``: the name of the user's data, see
+    :func:`features_names`); ``encoders``: the panel (with ``features_file``: the feature set's
+    name); ``multirun``: one job of a sweep or of an experiment run as a unit (its paper tables
+    wait for the collect step); ``experiment``: the experiment's name for the report."""
+
+    dataset: str | None
+    root: Path | None
+    encoders: list[str]
+    stage: str
+    findings: list[str]
+    features_file: Path | None
+    resolution: int | None = None  # every image stored at this side first (``resolution``); None: native
+    multirun: bool = False
+    experiment: str | None = None
+
+    def describe(self, cfg: DictConfig) -> str:
+        """The plan in words, as ``dry_run=true`` prints it."""
+        params = OmegaConf.to_container(cfg.stage.params, resolve=True)
+        if self.features_file is not None:
+            source = f"features {self.features_file}, manifest {cfg.manifest_file}"
+        else:
+            generated = "" if self.root.is_dir() else " (generated on the first run)"
+            source = f"{self.dataset} at {self.root}{generated}"
+        rows = [("data", source),
+                ("encoders", f"{', '.join(self.encoders)} ({len(self.encoders)})" if self.encoders else "-"),
+                ("stage", f"{self.stage} on {', '.join(self.findings)}"),
+                ("params", ", ".join(f"{k}={v}" for k, v in params.items())),
+                ("images", "native (the files as shipped)" if self.resolution is None else
+                 f"stored at {self.resolution} x {self.resolution} px once in {resolved_prepared_dir(cfg)}, then "
+                 "each encoder's own resize (resolution=native reads the files as shipped)"),
+                ("cache", str(cfg.paths.cache_dir)),
+                ("device", str(cfg.device))]
+        return "\n".join(["plan (dry_run=true: nothing was read, embedded or written):"]
+                         + [f"  {k:9s}{v}" for k, v in rows])
+
+
+def panel(cfg: DictConfig, cli_overrides: list[str] | None = None) -> list[str]:
+    """The encoders of this job: an explicit ``encoder=`` override wins over a panel. A generic
+    entry (``encoder=timm|hf|open_clip encoder.model=...``) is named by its resolved spec
+    (:func:`generic_entry`)."""
+    if cli_overrides and any(o.split("=")[0].lstrip("+~") == "encoder" for o in cli_overrides):
+        names = [str(cfg.encoder.name)]
+    else:
+        names = [str(n) for n in cfg.encoders] if cfg.get("encoders") else [str(cfg.encoder.name)]
+    return [_resolved_name(cfg, n) for n in names]
+
+
+def generic_entry(cfg: DictConfig) -> tuple[encoders.EncoderSpec, str | None] | None:
+    """The resolved spec and local weights of ``encoder=timm|hf|open_clip`` (None for a registry
+    entry): ``encoder.model``, ``encoder.pretrained``, ``encoder.weights`` (``random``, a file or a
+    folder), ``encoder.embedding`` (robustbench_fm/encoders/generic.py)."""
+    enc = cfg.encoder
+    if not generic.is_generic(str(enc.name)):
+        return None
+    return generic.resolve(str(enc.name), enc.get("model"), enc.get("pretrained"), enc.get("weights"),
+                           enc.get("embedding"))
+
+
+def _resolved_name(cfg: DictConfig, name: str) -> str:
+    if not generic.is_generic(name):
+        return name
+    if str(cfg.encoder.name) != name:
+        raise UserError(f"the generic encoder '{name}' needs its model: run it as encoder={name} "
+                        f"encoder.model=<id>, or put a card for it in your config folder (README)")
+    return generic_entry(cfg)[0].name
+
+
+def _require_settings(cfg: DictConfig) -> None:
+    """The settings an experiment lists under ``required`` (``experiment=from_features``:
+    features_file, manifest_file, stage.findings) must be set: one line naming the first unset one
+    and an override that sets it (for stage.findings, one of the manifest's own columns)."""
+    for key, hint in (cfg.get("required") or {}).items():
+        if OmegaConf.select(cfg, key) is not None:
+            continue
+        if key == "stage.findings" and cfg.get("manifest_file") and Path(cfg.manifest_file).is_file():
+            columns = [c for c in mf.header(cfg.manifest_file) if c not in mf.STRING_COLUMNS + mf.BOX_COLUMNS]
+            if columns:
+                hint = (hint.replace("[<column>]", f"[{columns[0]}]")
+                        + f" (the non-canonical columns of {cfg.manifest_file}: {', '.join(columns[:12])})")
+        raise UserError(f"{key} is not set: {hint}")
+
+
+def _refuse_encoder_field(cfg: DictConfig, cli_overrides: list[str] | None) -> None:
+    """``encoder.name=<x>`` does not choose the encoder (the group does, and only ``encoder=``
+    overrides an experiment's panel): one line saying to use ``encoder=<x>``, with the registry's
+    closest names when <x> is unknown."""
+    if not any(o.split("=")[0].lstrip("+~") == "encoder.name" for o in cli_overrides or ()):
+        return
+
+    name = str(cfg.encoder.name)
+    try:
+        encoders.get(name)
+    except KeyError as exc:
+        import difflib
+
+        close = difflib.get_close_matches(name, encoders.names(), n=1)
+        how = f" Choose it with encoder={close[0]}" if close else " and choose one with encoder=<name>"
+        raise UserError(f"encoder.name={name}: {exc.args[0]}{how}, not encoder.name=") from None
+    raise UserError(f"encoder.name={name} does not choose the encoder (the experiment's panel would run); "
+                    f"use encoder={name}")
+
+
+#: a feature-cache entry's metadata file (``features.cache.META_NAME``; that package imports torch)
+CACHE_META = "meta.json"
+
+
+def feature_set_name(path) -> str:
+    """The name of a feature set: a feature-cache entry folder (``<cache>/<encoder>/<key>/``) is
+    named by its encoder, a parquet file by its stem, another folder by its name."""
+    p = Path(str(path))
+    if p.is_dir() and (p / CACHE_META).exists():
+        return p.parent.name
+    return p.stem if p.suffix == ".parquet" else p.name
+
+
+def features_names(cfg: DictConfig) -> tuple[str, str]:
+    """``(feature set, data)`` names of a bring-your-own-features job (``experiment=from_features``):
+    ``features_encoder`` / ``features_dataset`` when set, else the feature file's name (a
+    feature-cache entry: its encoder folder) and the manifest file's stem. They name the results'
+    ``encoder`` and ``dataset`` columns, the job folders and the benchmark a paper table looks for
+    (``features_dataset=pathorob_camelyon`` for ``report.tables=[croma_table3]``)."""
+    encoder = cfg.get("features_encoder") or feature_set_name(cfg.features_file)
+    dataset = cfg.get("features_dataset") or Path(str(cfg.manifest_file)).stem
+    return str(encoder), str(dataset)
+
+
+def label_columns(stage: str, findings) -> tuple[list[str], list[str]]:
+    """``(binary, categorical)``: the job's findings split into 0/1 finding columns and categorical
+    labels. A stage whose default finding is the canonical categorical column ``bio_label``
+    (CRoMa, the shortcut probe: ``Method.findings``) reads its findings as categorical labels (any
+    strings or codes); every other stage's are 0/1 finding columns."""
+    default = stages.method(stage).findings
+    categorical = not isinstance(default, str) and bool(default) and set(default) <= set(mf.STRING_COLUMNS)
+    names = [str(f) for f in findings]
+    return ([], names) if categorical else (names, [])
+
+
+def read_manifest_file(cfg: DictConfig, findings) -> pd.DataFrame:
+    """``manifest_file`` read and validated, its findings as the stage reads them
+    (:func:`label_columns`)."""
+    binary, labels = label_columns(str(cfg.stage.name), findings)
+    return mf.read(cfg.manifest_file, findings=binary, labels=labels)
+
+
+def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool = False,
+         experiment: str | None = None) -> Plan:
+    """Validate names and options (one-line errors) without touching data or models."""
+
+    stages.load_plugins(cfg.get("plugins") or [])  # a sweep's job processes import them again
+    _require_settings(cfg)
+    _refuse_encoder_field(cfg, cli_overrides)
+    stages.method(cfg.stage.name)  # the name; its module (torch) is imported when the stage runs
+    findings = list(cfg.stage.findings)
+    params = OmegaConf.to_container(cfg.stage.params, resolve=True)
+    stages.check(cfg.stage.name, params)  # names, types (k=abc: one line naming the type) and values, once
+    if cfg.get("features_file"):
+        encoder, dataset = features_names(cfg)
+        return Plan(dataset, None, [encoder], cfg.stage.name, findings, Path(cfg.features_file),
+                    multirun=multirun, experiment=experiment)
+    data.get(cfg.dataset.name)
+    root = Path(cfg.dataset.root)
+    if not root.is_dir() and not (cfg.dataset.get("generate") and data.get(cfg.dataset.name).generate):
+        raise UserError(f"dataset '{cfg.dataset.name}': root '{root}' does not exist; "
+                        "set dataset.root=<folder holding the dataset>")
+    shards, shard = int(cfg.extract.get("num_shards", 1)), int(cfg.extract.get("shard", 0))
+    if shards > 1 and any(encoders.get(n).is_slide for n in panel(cfg, cli_overrides)):
+        raise UserError("extract.num_shards > 1 is for tile/image encoders; slide encoders read a complete "
+                        "tile-encoder cache entry: extract the tiles sharded first, then run the slide panel")
+    if shards < 1 or not 0 <= shard < shards:
+        raise UserError(f"extract.shard={shard} must be in [0, extract.num_shards={shards}); "
+                        "sweep one job per part with extract.shard=range(N)")
+    names = panel(cfg, cli_overrides)
+    for name in names:
+        encoders.get(name)
+    fixed_sample_size(cfg)
+    return Plan(cfg.dataset.name, root, names, cfg.stage.name, findings, None, resolution(cfg), multirun, experiment)
+
+
+def resolution(cfg: DictConfig) -> int | None:
+    """The top-level ``resolution`` (``native`` or a side in pixels; one-line error otherwise)."""
+    return prepared.parse_resolution(cfg.get("resolution", prepared.NATIVE))
+
+
+def fixed_sample_size(cfg: DictConfig) -> int | None:
+    """The top-level ``fixed_sample`` (null or a positive count; one-line error otherwise)."""
+    value = cfg.get("fixed_sample")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidSetting(f"fixed_sample={value!r}: use null (every image) or the number of positives and of "
+                         "negatives to draw per matched group and finding, e.g. fixed_sample=500")
+    return value
+
+
+def resolved_prepared_dir(cfg: DictConfig) -> Path:
+    """``paths.prepared_dir``, else ``prepared`` beside the feature cache."""
+    where = OmegaConf.select(cfg, "paths.prepared_dir", default=None)
+    return Path(where) if where else Path(cfg.paths.cache_dir).parent / "prepared"
+
+
+def _stage_results(stage: str, features, manifest: pd.DataFrame, cfg: DictConfig, out: Path,
+                   encoder: str, dataset: str) -> list[pd.DataFrame]:
+    """Run ``stage`` for every finding of the job and save its results
+    (:func:`robustbench_fm.methods.run.score_and_save`)."""
+    return score_and_save(stage, features, manifest, cfg.stage.findings, _params(cfg), out, encoder, dataset)
+
+
+def _params(cfg: DictConfig) -> dict:
+    """The stage's parameters, resolved."""
+    return OmegaConf.to_container(cfg.stage.params, resolve=True)
+
+
+def embedder(cfg: DictConfig) -> Embedder:
+    """The run's extraction service: ``extract.*``, ``device``, the cache folder, the remote-code
+    policy, the options the user gave the chosen encoder (``encoder.weights``, ...) and the
+    ``resolution`` every image is stored at first (``paths.prepared_dir``)."""
+    from ..features.embed import Embedder  # lazy: imports torch
+
+    name, options = encoder_options(cfg)
+    x = cfg.extract
+    return Embedder(Path(cfg.paths.cache_dir), device=str(cfg.device), batch_size=int(x.batch_size),
+                    num_workers=x.num_workers, shard_size=int(x.shard_size), on_bad_image=str(x.on_bad_image),
+                    num_shards=int(x.get("num_shards", 1)), shard=int(x.get("shard", 0)),
+                    allow_remote_code=bool(cfg.security.allow_remote_code), options={name: options},
+                    resolution=resolution(cfg), prepared_dir=resolved_prepared_dir(cfg))
+
+
+def encoder_options(cfg: DictConfig):
+    """``(name, EncoderOptions)`` of the job's ``encoder``: the options the user gave it (weights,
+    embedding, batch size); a generic entry is named by its resolved spec (:func:`generic_entry`)."""
+    from ..features.embed import EncoderOptions  # lazy: imports torch
+
+    enc, name = cfg.encoder, str(cfg.encoder.name)
+    options = EncoderOptions(weights=enc.get("weights"), tile_weights=enc.get("tile_weights"),
+                             embedding=enc.get("embedding"), batch_size=enc.get("batch_size"))
+    resolved = generic_entry(cfg)
+    if resolved is not None:  # the spec holds the model, preprocessing and pooling; weights: a path or None
+        name = resolved[0].name
+        options = EncoderOptions(weights=resolved[1], batch_size=enc.get("batch_size"))
+    return name, options
+
+
+def _overrides(cfg: DictConfig) -> dict[str, str]:
+    """Stage parameters set through a top-level key (``sources: ${oc.select:retention_sources,[]}``)
+    -> that key, for error messages that name the override to use."""
+    raw = OmegaConf.to_container(cfg.stage.params, resolve=False)
+    out = {}
+    for name, value in raw.items():
+        if isinstance(value, str):
+            m = re.fullmatch(r"\$\{(?:oc\.select:)?([A-Za-z_][\w]*)(?:,.*)?\}", value)
+            if m and m.group(1) in cfg:
+                out[name] = m.group(1)
+    return out
+
+
+def job_context(job: Plan, cfg: DictConfig, manifest: pd.DataFrame, out_dir: Path) -> JobContext:
+    """What a ``run_job`` stage receives (:class:`robustbench_fm.methods.job.JobContext`)."""
+    from ..methods.job import JobContext  # lazy: imports torch
+
+    return JobContext(stage=job.stage, dataset=job.dataset, root=job.root, encoders=list(job.encoders),
+                      findings=[str(f) for f in job.findings], params=_params(cfg), manifest=manifest,
+                      out_dir=Path(out_dir), embedder=embedder(cfg), seed=int(cfg.seed),
+                      dataset_options=_dataset_options(cfg), verify_images=bool(cfg.dataset.get("verify_images", True)),
+                      overrides=_overrides(cfg), sweep_first=_sweep_first(job, cfg))
+
+
+def _sweep_first(job: Plan, cfg: DictConfig) -> bool:
+    """False in a multirun job whose encoder is not the first of the swept panel (``encoders``,
+    what ``-m`` fans out: ``robustbench_fm.cli.resolvers.sweep_values``); True otherwise."""
+    if not job.multirun:
+        return True
+    swept = [str(e) for e in (cfg.get("encoders") or [])]
+    return not swept or not job.encoders or str(job.encoders[0]) == swept[0]
+
+
+def _dataset_options(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg.dataset.get("options") or OmegaConf.create(), resolve=True)
+
+
+def job_manifest(cfg: DictConfig) -> pd.DataFrame:
+    """The manifest of the job whose resolved config is ``cfg`` (a sweep's collect step re-scores
+    cached features with it: :meth:`robustbench_fm.core.tables.SweepResults.manifest`); a
+    bring-your-own-features job's is its ``manifest_file``."""
+    if cfg.get("features_file"):
+        return read_manifest_file(cfg, cfg.stage.findings)
+    plan = Plan(cfg.dataset.name, Path(cfg.dataset.root), [], cfg.stage.name, [str(f) for f in cfg.stage.findings],
+                None)
+    return load_manifest(plan, cfg)
+
+
+def load_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
+    """The dataset's canonical manifest (generated first for synthetic datasets), or the one in
+    ``manifest_file`` (paths relative to ``dataset.root``); counts that differ from the dataset
+    card's expected ones are logged as warnings. With ``fixed_sample: N`` only the fixed sample of
+    at most N positives and N negatives per matched group and finding
+    (:func:`robustbench_fm.data.sample.fixed_sample`)."""
+    manifest = _full_manifest(job, cfg)
+    per_class = fixed_sample_size(cfg)
+    if per_class is None:
+        return manifest
+    group_col = str(OmegaConf.select(cfg, "stage.params.group_col", default=None) or "acq_group")
+    sampled = fixed_sample(manifest, [str(f) for f in job.findings], per_class, seed=int(cfg.seed),
+                           group_col=group_col)
+    log.info("fixed_sample=%d: %d of %d images (at most %d positives and %d negatives per %s and finding)",
+             int(per_class), len(sampled), len(manifest), int(per_class), int(per_class), group_col)
+    return sampled
+
+
+def _full_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
+    if cfg.get("manifest_file"):  # e.g. the manifest scripts/prepare_dataset.py wrote beside its images
+        manifest = read_manifest_file(cfg, job.findings)
+        log.info("dataset %s: %d rows from %s, images under %s", job.dataset, len(manifest), cfg.manifest_file,
+                 job.root)
+        return manifest
+    adapter = data.get(job.dataset)
+    options = _dataset_options(cfg)
+    if cfg.dataset.get("generate") and adapter.generate is not None:
+
+        # parallel sweep jobs share the generated folder: one writes it, the others wait
+        with FileLock(job.root.parent / f".{job.root.name}.generate.lock", timeout=None):
+            adapter.generate(job.root, **options)
+    manifest = data.build_manifest(job.dataset, job.root, verify_images=cfg.dataset.verify_images,
+                                   findings=job.findings, **options)
+    log.info("dataset %s: %d rows from %s", job.dataset, len(manifest), job.root)
+    card = cfg.dataset.get("card")
+    if card:
+        for warning in cards.check(manifest, OmegaConf.to_container(card, resolve=True), job.dataset):
+            log.warning(warning)
+    return manifest
+
+
+def _extract_panel(job: Plan, cfg: DictConfig, manifest: pd.DataFrame,
+                   service: Embedder | None = None) -> tuple[list, list[str], dict]:
+    """Fill the feature cache for every encoder (only part ``extract.shard`` of
+    ``extract.num_shards`` when sharded), the image encoders in one decode pass
+    (:meth:`Embedder.embed_panel`); returns (encoder, cache entry, missing shards) triples,
+    the sample_ids any encoder had to skip (unreadable images under ``on_bad_image=skip``) and
+    the cache use per encoder (images, embedded now, read from the cache, hit, seconds).
+    ``service``: the Embedder to use (a sweep's panel extraction job, :mod:`.sweeps`, gives one
+    holding every encoder's options); default :func:`embedder` of ``cfg``."""
+
+    service = embedder(cfg) if service is None else service
+    entries, skipped, cache = [], set(), {}
+    images = manifest.drop_duplicates("sample_id")  # paired designs list an image once per subset
+    # image encoders: one decode per image for the whole panel (those that fit in memory together)
+    image_encoders = [name for name in job.encoders if not encoders.get(name).is_slide]
+    panel = dict(zip(image_encoders, service.embed_panel(images, job.root, image_encoders, sharded=True)))
+    for name in job.encoders:
+        if encoders.get(name).is_slide:  # slide aggregators (croma_slides): tiles -> tile encoder -> slide embedding
+            entries.append((name, service.embed_slides(images, job.root, name), []))
+            continue
+        feats = panel.pop(name)
+        if feats.n_images_embedded:  # a full cache hit is logged by the cache ("cache hit: N rows, ...")
+            log.info("%s: %d images embedded, %d forward passes, %.1f images/s, cache %s", name,
+                     feats.n_images_embedded, feats.n_forward, feats.images_per_s, feats.path)
+        entries.append((name, feats.path, feats.missing_shards))
+        cache[name] = {"images": len(images), "embedded": feats.n_images_embedded,
+                       "cached": max(len(images) - feats.n_images_embedded, 0), "hit": feats.n_forward == 0,
+                       "seconds": round(feats.seconds, 3)}
+        skipped.update(feats.skipped)
+        del feats
+    return entries, sorted(skipped), cache
+
+
+def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None, multirun: bool = False,
+        experiment: str | None = None) -> pd.DataFrame:
+    """Run the job, write everything under ``out_dir`` and return the combined summary.
+
+    The output folder is locked for the run (a second run aimed at it fails at once). Rows that
+    any encoder skipped are dropped for every encoder, so comparisons stay paired.
+    ``status.json`` says ``running``, then ``done``, ``failed`` with the error (a bad option
+    too) or ``interrupted`` (Ctrl-C), with the job's wall-clock ``start`` and ``end`` (a sweep's
+    report takes its runtime from the earliest start to the last end); the collect step of a
+    sweep lists the jobs that did not finish, and reports a ``running`` job whose process is
+    gone as interrupted.
+    """
+
+    with recorded(out_dir):
+        job = plan(cfg, cli_overrides, multirun=multirun, experiment=experiment)
+        return run_planned(job, cfg, out_dir, cli_overrides)
+
+
+@contextlib.contextmanager
+def recorded(out_dir: Path, **fields):
+    """A job's bookkeeping around the block: ``out_dir/.lock`` held (a second job aimed at the
+    folder fails at once), ``status.json`` saying ``running``, then ``done``, ``failed`` with the
+    error or ``interrupted`` (Ctrl-C), with the wall-clock ``start`` and ``end`` and ``fields``
+    (e.g. a sweep's extraction job adds its pid and host). Used by :func:`run` and by a sweep's
+    panel-extraction jobs (:func:`.sweeps.run_extraction`)."""
+    with FileLock(out_dir / ".lock", timeout=0):
+        if _read_status(out_dir) == "running":  # we hold the lock, so whoever wrote that is gone
+            log.warning("%s: the previous run there was interrupted; running it again", out_dir)
+        started = time.time()
+        write_status(out_dir, "running", start=started, **fields)
+        try:
+            yield
+        except KeyboardInterrupt as exc:
+            write_status(out_dir, "interrupted", " ".join(str(exc).split()), start=started, end=time.time(),
+                         **fields)
+            raise
+        except BaseException as exc:
+            text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError's str() quotes
+            write_status(out_dir, "failed", f"{type(exc).__name__}: {' '.join(str(text).split())}",
+                         start=started, end=time.time(), **fields)
+            raise
+        write_status(out_dir, "done", start=started, end=time.time(), **fields)
+
+
+def _read_status(out_dir: Path) -> str | None:
+    try:
+        return json.loads((out_dir / "status.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def write_status(out_dir: Path, status: str, error: str = "", start: float | None = None,
+                 end: float | None = None, **fields) -> None:
+    """``out_dir/status.json``: the job's status (running, done, failed, interrupted), its error,
+    ``fields`` and wall-clock ``start`` / ``end`` (written by :func:`recorded`, and by a sweep
+    for an extraction job whose process died before it could write its own)."""
+    times = {k: v for k, v in (("start", start), ("end", end)) if v is not None}
+    write_text_atomic(out_dir / "status.json",
+                      json.dumps({"status": status, "error": error, **fields, **times}) + "\n")
+
+
+def run_stage_on_entries(job: Plan, cfg: DictConfig, manifest: pd.DataFrame, entries, skipped: list[str],
+                         out_dir: Path) -> list[pd.DataFrame]:
+    """Run the stage on complete cache entries ``[(encoder, entry folder), ...]`` of one manifest,
+    after dropping for every encoder the rows any encoder skipped (listed in ``skipped.csv``)."""
+    from ..features.load import align_features, load_features  # lazy: imports torch
+
+    if skipped:
+        log.warning("%d unreadable images skipped for every encoder (listed in %s)", len(skipped),
+                    out_dir / "skipped.csv")
+        write_text_atomic(out_dir / "skipped.csv", pd.DataFrame({"sample_id": skipped}).to_csv(index=False))
+        manifest = manifest[~manifest["sample_id"].isin(skipped)].reset_index(drop=True)
+    summaries = []
+    for name, entry in entries:
+        ids, emb = load_features(entry)
+        features = align_features(ids, emb, manifest, str(entry))
+        summaries += _stage_results(job.stage, features, manifest, cfg, out_dir, name, job.dataset)
+    return summaries
+
+
+def run_planned(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFrame:
+    """The work of planned job ``job`` (:func:`plan`) under ``out_dir`` (held by :func:`recorded`)."""
+    write_text_atomic(out_dir / "config.yaml", redacted_yaml(cfg))
+    if cli_overrides:
+        write_text_atomic(out_dir / "overrides.yaml", redacted_yaml(OmegaConf.create(cli_overrides)))
+    started = time.perf_counter()
+    if job.features_file is not None:
+        manifest = read_manifest_file(cfg, job.findings)
+        _check_scorable(job, cfg, manifest)
+        # entries.json names the user's features, so a collect step can re-score them (CRoMa's panel k)
+        _record_entries(out_dir, job, [(job.encoders[0], job.features_file, [])], {})
+        summaries = _stage_results(job.stage, str(job.features_file), manifest, cfg, out_dir,
+                                   encoder=job.encoders[0], dataset=job.dataset)
+    else:
+
+        manifest = load_manifest(job, cfg)
+        _check_scorable(job, cfg, manifest)  # before any image is read
+        module = stages.get(job.stage)
+        if hasattr(module, "run_job"):  # the stage drives the encoder itself (methods/__init__.py)
+            summaries = module.run_job(job_context(job, cfg, manifest, out_dir))
+            _tables_after_run(job, cfg, out_dir)
+        else:
+            entries, skipped, cache = _extract_panel(job, cfg, manifest)
+            if cfg.extract.num_shards > 1:
+                return _record_part(job, cfg, entries, out_dir)
+            _record_entries(out_dir, job, entries, cache)
+            summaries = run_stage_on_entries(job, cfg, manifest, [(n, e) for n, e, _ in entries], skipped,
+                                             out_dir)
+    summary = pd.concat(summaries, ignore_index=True)
+    write_atomic(out_dir / "summary.parquet", lambda f: summary.to_parquet(f, index=False))
+    table = console_table(summary, job.stage)
+    write_text_atomic(out_dir / "summary.md", table)
+    seconds = time.perf_counter() - started
+    report = _write_report(job, cfg, summary, out_dir, seconds)
+    print(f"\n{job.stage} on {job.dataset or job.features_file} ({seconds:.1f} s) -> {out_dir}\n\n{table}"
+          f"\nreport: {report}")
+    _refuse_all_blank(job.stage, summary)  # after the table, its reasons and the report are out
+    return summary
+
+
+#: at most this many "not scored" lines under the console table (all of them are in the report)
+MAX_REASONS = 20
+
+
+def _tables_after_run(job: Plan, cfg: DictConfig, out_dir: Path) -> None:
+    """A stage whose method sets ``tables_after_run`` (SPAR) builds the experiment's
+    ``report.tables`` at the end of a single run; a sweep's collect step builds them over every job."""
+    tables = list(cfg.get("report", {}).get("tables") or [])
+    if tables and not job.multirun and methods.method(job.stage).tables_after_run:
+        build_tables(tables, SweepResults(out_dir, load_manifest=job_manifest), out_dir / "tables")
+
+
+def console_table(summary: pd.DataFrame, stage: str) -> str:
+    """The console's (and ``summary.md``'s) table: the stage's ``console_columns``, pooled
+    rows only where they pool two or more matched groups, then one line per row the stage left
+    blank, with its ``reason`` (:func:`.results.not_scored`)."""
+
+    shown = without_single_group_pools(summary)
+    columns = methods.method(stage).console_columns if stage in methods.names() else ()
+    table = to_markdown(shown[[c for c in (columns or shown.columns) if c in shown.columns]])
+    reasons = not_scored(summary)
+    if reasons:
+        rows = f"{len(reasons)} row" + ("s" if len(reasons) != 1 else "")
+        table += (f"\nNot scored ({rows}, blank above):\n"
+                  + "".join(f"- {line}\n" for line in reasons[:MAX_REASONS])
+                  + (f"- ... and {len(reasons) - MAX_REASONS} more (report.md, summary.parquet column reason)\n"
+                     if len(reasons) > MAX_REASONS else ""))
+    return table
+
+
+def _check_scorable(job: Plan, cfg: DictConfig, manifest: pd.DataFrame) -> None:
+    """The stage's ``check_manifest(manifest, findings, **params)`` (CANDOR: a k no matched group
+    can satisfy) refuses a run whose every row would be blank, before any image is read."""
+
+    check = getattr(stages.get(job.stage), "check_manifest", None)
+    if check is not None:
+        check(manifest, [str(f) for f in job.findings], **OmegaConf.to_container(cfg.stage.params, resolve=True))
+
+
+def _refuse_all_blank(stage: str, summary: pd.DataFrame) -> None:
+    """A run none of whose rows could be scored (every ``reason`` set) fails with one line naming
+    the first row's reason, after the summary, its table and the report are written."""
+    if summary.empty or "reason" not in summary.columns:
+        return
+    reasons = summary["reason"].fillna("").astype(str)
+    if (reasons == "").any():
+        return
+    first = summary.iloc[0]
+    where = ", ".join(f"{c} '{first[c]}'" for c in ("encoder", "finding", "acq_group")
+                      if c in summary.columns and pd.notna(first[c]))
+    raise UserError(f"{stage}: none of the {len(summary)} result rows could be scored; {where}: {reasons.iloc[0]}; "
+                    "check stage.params and stage.findings")
+
+
+def _write_report(job: Plan, cfg: DictConfig, summary: pd.DataFrame, out_dir: Path, seconds: float) -> Path:
+    """``results_long.parquet``/``.csv`` (:mod:`.report.long_format`) and ``report.md`` /
+    ``report.html`` (:mod:`.report.html`) of this run; returns the HTML path."""
+
+    long = to_long(summary, job.stage, OmegaConf.create(redact_config(cfg)), out_dir.name)
+    write_atomic(out_dir / "results_long.parquet", lambda f: long.to_parquet(f, index=False))
+    write_text_atomic(out_dir / "results_long.csv", long.to_csv(index=False))
+    return write_report(run_report(out_dir, redacted_yaml(cfg), long, seconds, experiment=job.experiment),
+                        out_dir)[1]
+
+
+def _record_entries(out_dir: Path, job: Plan, entries, cache: dict) -> None:
+    """``entries.json``: the cache entry of every encoder of this job, so a sweep's collect step
+    can re-score the same features (e.g. CRoMa's panel median-k) without re-extracting, and the
+    feature-cache use of the extraction (the reports' "Feature cache" table)."""
+    record = {"dataset": job.dataset, "stage": job.stage,
+              "entries": [{"encoder": n, "entry": str(e), "cache": cache.get(n)} for n, e, _ in entries]}
+    write_text_atomic(out_dir / "entries.json", json.dumps(record, indent=1) + "\n")
+
+
+def _record_part(job: Plan, cfg: DictConfig, entries, out_dir: Path) -> pd.DataFrame:
+    """A sharded-extraction job stops after its part: ``extracted.json`` names the cache
+    entries; the sweep's collect step runs the stage once every part is in."""
+    record = {"dataset": job.dataset, "stage": job.stage, "part": cfg.extract.shard,
+              "num_parts": cfg.extract.num_shards,
+              "entries": [{"encoder": n, "entry": str(e), "missing_shards": m} for n, e, m in entries]}
+    write_text_atomic(out_dir / "extracted.json", json.dumps(record, indent=1) + "\n")
+    for name, entry, missing in entries:
+        print(f"{name}: part {cfg.extract.shard} of {cfg.extract.num_shards} extracted into {entry}; "
+              + (f"{len(missing)} shards still missing (other parts)" if missing else "entry complete"))
+    return pd.DataFrame()
