@@ -59,7 +59,10 @@ SCENARIOS = {
 
 
 def _pause(marker: str) -> None:
-    Path(marker).write_text(str(os.getpid()))
+    # written aside, then renamed: the parent never reads a half-written marker (it saw an empty
+    # file once under load)
+    Path(marker + ".tmp").write_text(str(os.getpid()))
+    os.replace(marker + ".tmp", marker)
     time.sleep(600)
 
 
