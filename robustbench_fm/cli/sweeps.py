@@ -4,9 +4,9 @@
 ``${sweep_values:${encoders},${encoder.name}}``); with ``extract.num_shards=N`` and
 ``extract.shard=range(N)`` each (encoder, part) is a job that only extracts its part.
 
-With ``extract.panel_jobs=N`` (issue 21, "one decode for a whole panel": "a panel experiment can
-run as one extraction job per device followed by the stage jobs over cached features, on the
-local launcher and on Slurm through submitit"), :class:`CollectCallback` first embeds the sweep's
+With ``extract.panel_jobs=N`` (one decode for a whole panel: a panel experiment runs as one
+extraction job per device followed by the stage jobs over cached features, on the local
+launcher and on Slurm through submitit), :class:`CollectCallback` first embeds the sweep's
 image encoders in at most N extraction jobs (:func:`extraction_jobs`: encoders dealt round-robin
 by weight size, so the jobs' panels are of like size; each job runs the app's panel extraction,
 ``app._extract_panel`` -> ``Embedder.embed_panel``, which decodes every image once per pass). They

@@ -31,7 +31,7 @@ def localization(pred: np.ndarray, true: np.ndarray, present: np.ndarray, thresh
     organs usually lie"). (2) The 224 frame is common to both cohorts, so Table 1's in-domain
     MED and zero-shot MED (66-71 px) share a unit; the native frames of WORD and
     TotalSegmentator differ. (3) SDR's 10 px radius is then a fixed share of the slice (4.5%).
-    Before issue 29 the tables showed the native frame.
+    Earlier versions tabled the native frame only.
     """
     pred, true = np.asarray(pred, float), np.asarray(true, float)
     if scale is not None:
@@ -150,7 +150,7 @@ def probe_rows(pred, label, probe, n_classes, majority_pred=None, prior_pred=Non
 
     ``majority``: the accuracy of answering the TRAINING majority label (``majority_pred``, from
     :func:`reference_answers`). Without it, the share of the most frequent label among the scored
-    labels (the rule before issue 29, which read the test labels; chat models, which have no
+    labels (the earlier rule read the test labels; chat models, which have no
     training, still use it where no training questions are given). ``prior``: the accuracy of the
     question-only prior ``prior_pred`` (NaN without it)."""
     label, probe, n_classes = np.asarray(label), np.asarray(probe), np.asarray(n_classes)

@@ -75,7 +75,7 @@ class SparParams(StageParams):
     """``fixed`` (default): every model trains once at ``lr``. ``per_configuration``: the search
     over ``lr_search`` is run for every configuration, level and seed, and the rate with the
     lowest validation loss is kept; at a frozen Level 3 that is done for each probe head on its own
-    validation loss. This was the default before issue 29."""
+    validation loss. This was the default before the one-rate reading."""
     lr_search: tuple[float, ...] = (1e-3, 1e-4, 1e-5, 1e-6)
     """The rates ``lr_selection="per_configuration"`` tries (spar.md Section 3.2: "logarithmic
     search over 10^-3 to 10^-6"); ``fixed`` does not read it."""

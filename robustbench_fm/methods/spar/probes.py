@@ -40,7 +40,7 @@ def grid_cells(centroids: np.ndarray, present: np.ndarray) -> np.ndarray:
     distance to the cell centre plus a penalty larger than any sum of distances for every organ not
     in its centroid's cell. The penalty makes the assignment keep as many organs in their own cells
     as possible, which keeps every uncontested organ in its cell. The distances then settle the
-    rest. With the distance alone (the rule before issue 29), organs were pushed out of free cells to
+    rest. With the distance alone (the earlier rule), organs were pushed out of free cells to
     make room for crowded neighbours, and 42% of the present organs in the phantom demo sat in a cell
     that did not hold their centroid (tests/methods/spar/test_spar_scoring.py, test_spar_probes.py).
     """
@@ -104,7 +104,7 @@ def count_tumours(mask: np.ndarray) -> int:
     """Probe (vi): tumour instances on one slice, the connected components of its 2-D tumour mask
     with 8-connectivity (pixels touching at an edge or a corner belong to one lesion). spar.md 3.1
     (vi) says "tumor instances" and names no connectivity. With 4-connectivity (scipy's default,
-    used before issue 29) a lesion whose outline touches itself only at a corner, as resampled or
+    used earlier) a lesion whose outline touches itself only at a corner, as resampled or
     hand-drawn masks often do, counted as two."""
     from scipy import ndimage
 
@@ -166,7 +166,7 @@ def make_questions(slice_table: pd.DataFrame, present: np.ndarray, centroids: np
       skipped. Distances are Euclidean in mm where the slice's pixel spacing is known (``frame_mm``):
       the anatomy's own geometry. Where it is unknown they are in the ``size`` x ``size`` resized
       frame, which squashes a non-square slice (a 512 x 400 slice shrinks x by 224/512 and y by
-      224/400), so a pair across the slice and one along it may swap order. Before issue 29 every
+      224/400), so a pair across the slice and one along it may swap order. Earlier, every
       label used the resized frame. spar.md
       Section 3.1 (v): "Is the distance between one organ pair greater or less than another?
       ... Distance compares organ pairs that change across slices" gives no count per slice; one

@@ -61,8 +61,8 @@ def apply_transform(image: np.ndarray, transform: str) -> np.ndarray:
 # Building the samples (spar.md section 3.1)
 
 #: Bumped whenever sample construction changes, so old caches are rebuilt.
-SAMPLES_VERSION = 3  # 2: relative-position labels in the patient's side convention; 3: issue 29
-# (grid cells keep uncontested centroid cells, 8-connected tumour counts, distances in mm)
+SAMPLES_VERSION = 3  # 2: relative-position labels in the patient's side convention; 3: grid cells keep
+# uncontested centroid cells, 8-connected tumour counts, distances in mm
 _ARRAYS = ("tiles", "present", "centroids", "centroids_px", "grid_cells", "slices", "slice_present",
            "slice_centroids", "slice_areas", "slice_tumours")
 
