@@ -15,10 +15,13 @@ from omegaconf import DictConfig
 from ..pipeline.job import (  # noqa: F401  (re-exported: the sweeps and the tests use them from here)
     MAX_REASONS,
     USER_ERRORS,
+    EncoderSettings,
+    ExtractOptions,
+    Paths,
     Plan,
+    ReportOptions,
     _check_scorable,
     _extract_panel,
-    _params,
     _record_entries,
     _record_part,
     _refuse_all_blank,
@@ -58,7 +61,7 @@ def hydra_mode() -> tuple[bool, str | None]:
 
 
 def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None) -> pd.DataFrame:
-    """Run the job under ``out_dir`` (:func:`robustbench_fm.pipeline.job.run`: locked, with
+    """Run the job under ``out_dir`` (as :func:`robustbench_fm.pipeline.job.run`: locked, with
     ``status.json``) and return the combined summary."""
     with recorded(out_dir):
         job = plan(cfg, cli_overrides)
@@ -66,6 +69,9 @@ def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None) 
 
 
 def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFrame:
+    """The planned job, told what only the Hydra job knows (:func:`hydra_mode`: one job of a
+    multirun, the experiment); ``cfg`` and ``cli_overrides`` are in the plan already (kept in the
+    signature for the callers that replace this step)."""
     multirun, experiment = hydra_mode()
     job = dataclasses.replace(job, multirun=job.multirun or multirun, experiment=job.experiment or experiment)
-    return run_planned(job, cfg, out_dir, cli_overrides)
+    return run_planned(job, out_dir)

@@ -453,7 +453,7 @@ def main() -> None:
                 sys.exit(run_unit(unit, cfg, out_dir))
             if cfg.dry_run:
                 print(redacted_yaml(cfg))
-                print(app.plan(cfg, overrides).describe(cfg))
+                print(app.plan(cfg, overrides).describe())
                 _remove_dry_run_folder(Path(hc.runtime.output_dir), Path(cfg.paths.output_root))
                 return
             app.run(cfg, out_dir, overrides)

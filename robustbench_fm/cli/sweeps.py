@@ -104,8 +104,10 @@ def dry_run_sweep(config: DictConfig, unit_dir: Path | None = None) -> int:
     """``-m ... dry_run=true`` (and an experiment's run as a unit without ``-m``, ``unit_dir``: its
     run folder): print the jobs the sweep would launch, both ways to run them (one after another
     in this process without ``-m``, or fanned out with ``-m`` onto the launcher, with its
-    settings), each job's plan checked (:func:`.app.plan`: names, data folders, options); launch
-    nothing and write nothing. Returns the exit code: 0, or 2 when a job's plan fails."""
+    settings), each job's plan checked (:func:`.app.plan`: names, data folders, options) and its
+    verdict, then each distinct problem once with the jobs it stops (:func:`problem_lines`: a
+    missing dataset folder is one line, not one per job); launch nothing and write nothing.
+    Returns the exit code: 0, or 2 when a job's plan fails."""
     from . import app  # lazy: imports torch
 
     jobs = plan_jobs(config, with_configs=True)
@@ -133,18 +135,48 @@ def dry_run_sweep(config: DictConfig, unit_dir: Path | None = None) -> int:
         return 2
     for job in extraction_jobs(jobs, n) if n else []:
         print(f"  {job['dir']}: panel extraction first ({_describe(job)})")
-    bad = 0
+    problems: dict[str, list[int]] = {}  # one-line error -> the jobs it stops, in launch order
     for job in jobs:
         try:
             app.plan(job["config"], job["overrides"])
             verdict = "ok"
         except app.USER_ERRORS as exc:
-            bad += 1
-            verdict = "error: " + message(exc)
+            stopped = problems.setdefault(message(exc), [])
+            stopped.append(job["num"])
+            verdict = f"error (problem {list(problems).index(message(exc)) + 1})"
         print(f"  #{job['num']} {job['dir']}: {verdict}")
-    print(f"nothing was launched (dry_run=true); {bad} of {len(jobs)} jobs would fail their checks" if bad
-          else "nothing was launched (dry_run=true); every job's names, data folders and options check out")
-    return 2 if bad else 0
+    for line in problem_lines(problems):
+        print(line)
+    bad = sum(len(nums) for nums in problems.values())
+    if not bad:
+        print("nothing was launched (dry_run=true); every job's names, data folders and options check out")
+        return 0
+    distinct = f"{len(problems)} distinct problem{'s' if len(problems) != 1 else ''} above"
+    print(f"nothing was launched (dry_run=true); {bad} of {len(jobs)} jobs would fail their checks ({distinct})")
+    return 2
+
+
+#: at most this many runs of job numbers are listed per problem (the count is always exact)
+MAX_RUNS = 12
+
+
+def problem_lines(problems: dict[str, list[int]]) -> list[str]:
+    """One line per distinct problem of a dry run, in the order first met: its number (the job
+    lines say ``error (problem N)``), how many jobs it stops and which (runs of job numbers:
+    ``#0-2, #6-8``), and the one-line error itself, once."""
+    lines = []
+    for i, (text, nums) in enumerate(problems.items(), 1):
+        runs: list[list[int]] = []
+        for n in sorted(nums):
+            if runs and n == runs[-1][1] + 1:
+                runs[-1][1] = n
+            else:
+                runs.append([n, n])
+        shown = [f"#{a}" if a == b else f"#{a}-{b}" for a, b in runs[:MAX_RUNS]]
+        more = f", ... ({len(runs) - MAX_RUNS} more runs)" if len(runs) > MAX_RUNS else ""
+        jobs = f"{len(nums)} job{'s' if len(nums) != 1 else ''}"
+        lines.append(f"problem {i}, {jobs} ({', '.join(shown)}{more}): {text}")
+    return lines
 
 
 
@@ -278,12 +310,12 @@ def _extract(panel: dict) -> dict:
 
     names = [name for name, _ in panel["encoders"]]
     configs = [OmegaConf.create({**panel["settings"], "encoder": node}) for _, node in panel["encoders"]]
-    cfg = configs[0]
-    plan = dataclasses.replace(app.plan(cfg, [f"encoder={cfg.encoder.name}"]), encoders=names)
-    manifest = app.load_manifest(plan, cfg)
-    service = dataclasses.replace(app.embedder(cfg), options=dict(app.encoder_options(c) for c in configs))
+    plans = [app.plan(c, [f"encoder={c.encoder.name}"]) for c in configs]  # each encoder's own options
+    plan = dataclasses.replace(plans[0], encoders=names)
+    manifest = app.load_manifest(plan)
+    service = dataclasses.replace(app.embedder(plan), options=dict(app.encoder_options(p) for p in plans))
     log.info("panel extraction of %d encoders (%s) on %s", len(names), ", ".join(names), plan.dataset)
-    entries, skipped, cache = app._extract_panel(plan, cfg, manifest, service)
+    entries, skipped, cache = app._extract_panel(plan, manifest, service)
     return {"dataset": plan.dataset, "stage": plan.stage, "skipped": len(skipped),
             "entries": [{"encoder": n, "entry": str(e), "cache": cache.get(n)} for n, e, _ in entries]}
 

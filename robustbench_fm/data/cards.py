@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..core.errors import InvalidSetting, MissingInput, UnknownName
+
 
 def config_dir() -> Path:
     """The shipped ``configs/`` folder: the source tree's in a checkout (an editable install, or the
@@ -28,8 +30,8 @@ def config_dir() -> Path:
         return source
     shipped = Path(str(importlib.resources.files("robustbench_fm") / "_configs"))
     if not (shipped / "config.yaml").is_file():
-        raise FileNotFoundError(f"robustbench_fm's configs are missing (looked in '{source}' and '{shipped}'); "
-                                "reinstall the package: pip install robustbench_fm")
+        raise MissingInput(f"robustbench_fm's configs are missing (looked in '{source}' and '{shipped}'); "
+                           "reinstall the package: pip install robustbench_fm")
     return shipped
 
 
@@ -44,11 +46,11 @@ def load_card(name: str) -> dict:
 
     path = CONFIG_DIR / "dataset" / f"{name}.yaml"
     if not path.is_file():
-        raise FileNotFoundError(f"dataset card '{path}' not found; add configs/dataset/{name}.yaml "
-                                "or check the dataset name")
+        raise MissingInput(f"dataset card '{path}' not found; add configs/dataset/{name}.yaml "
+                           "or check the dataset name")
     card = OmegaConf.load(path).get("card")
     if card is None:
-        raise ValueError(f"{path}: no 'card' section; add card: {{access, licence, citation, expected, source}}")
+        raise InvalidSetting(f"{path}: no 'card' section; add card: {{access, licence, citation, expected, source}}")
     return OmegaConf.to_container(card, resolve=False)
 
 
@@ -65,7 +67,7 @@ def card_field(name: str, field: str) -> str:
     """``card.<field>`` (one of :data:`CARD_FIELDS`) of dataset ``name``, "" without a card: the one
     home of the registry adapters' ``access``, ``licence`` and ``citation`` (read once per dataset)."""
     if field not in CARD_FIELDS:
-        raise KeyError(f"'{field}' is not a card text field; one of {', '.join(CARD_FIELDS)}")
+        raise UnknownName(f"'{field}' is not a card text field; one of {', '.join(CARD_FIELDS)}")
     return _card_text(name).get(field) or ""
 
 

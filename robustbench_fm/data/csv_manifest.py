@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import manifest as mf
+from .files import DatasetFileMissing
 from .registry import Adapter, register
 
 REQUIRED = ("path",)
@@ -53,11 +54,11 @@ def build_csv(root: Path, manifest: str | Path | None = None, finding_columns: l
     """The canonical manifest of a user's CSV (the module docstring): ``path`` required, the
     other canonical columns defaulted, every requested finding column present and binary."""
     if manifest is None:
-        raise FileNotFoundError("dataset=csv needs dataset.manifest=<labels.csv> (one row per image: path and "
-                                "one 0/1 column per finding)")
+        raise DatasetFileMissing("dataset=csv needs dataset.manifest=<labels.csv> (one row per image: path and "
+                                 "one 0/1 column per finding)")
     path = Path(str(manifest))
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: file not found; set dataset.manifest=<labels.csv>")
+        raise DatasetFileMissing(f"{path}: file not found; set dataset.manifest=<labels.csv>")
     table = _read(path)
     columns = [str(c) for c in table.columns]
     for col in REQUIRED:

@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 import numpy as np
 import pandas as pd
 
-from .files import read_table
+from .files import DatasetError, read_table
 from .registry import Adapter, register
 
 log = logging.getLogger("robustbench_fm.data")
@@ -38,9 +38,9 @@ def build_fitzpatrick17k(root: Path, image_dir: str = "images") -> pd.DataFrame:
     part = table["three_partition_label"].astype(str).str.strip().str.lower()
     unknown = ~part.isin(list(FITZPATRICK_MALIGNANT))
     if unknown.any():
-        raise ValueError(f"dataset 'fitzpatrick17k': {csv}: column 'three_partition_label', row "
-                         f"{int(np.flatnonzero(unknown)[0])}: {table['three_partition_label'][unknown].iloc[0]!r} "
-                         f"is not one of {', '.join(FITZPATRICK_MALIGNANT)}; use the official file")
+        raise DatasetError(f"dataset 'fitzpatrick17k': {csv}: column 'three_partition_label', row "
+                           f"{int(np.flatnonzero(unknown)[0])}: {table['three_partition_label'][unknown].iloc[0]!r} "
+                           f"is not one of {', '.join(FITZPATRICK_MALIGNANT)}; use the official file")
     malignant = part.map(FITZPATRICK_MALIGNANT)
     if "qc" in table.columns:
         malignant = malignant.where(table["qc"].astype(str).str.strip() != FITZPATRICK_WRONG_LABEL)
@@ -76,8 +76,8 @@ def build_isic2019(root: Path) -> pd.DataFrame:
     bad = onehot.sum(axis=1) != 1
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"dataset 'isic2019': {gt_csv}: row {i} ({gt['image'][i]}) has {onehot[i].sum():g} "
-                         "classes set; each image needs exactly one 1.0 among MEL..UNK")
+        raise DatasetError(f"dataset 'isic2019': {gt_csv}: row {i} ({gt['image'][i]}) has {onehot[i].sum():g} "
+                           "classes set; each image needs exactly one 1.0 among MEL..UNK")
     diagnosis = pd.Series(np.asarray(classes)[onehot.argmax(axis=1)])
     ids = "isic_" + gt["image"]
     patient = ids.copy()
@@ -108,8 +108,8 @@ def build_ddi(root: Path) -> pd.DataFrame:
     raw = table["malignant"].astype(str).str.strip().str.lower()
     if not raw.isin(list(_BOOL)).all():
         i = int(np.flatnonzero(~raw.isin(list(_BOOL)))[0])
-        raise ValueError(f"dataset 'ddi': {csv}: column 'malignant', row {i}: {table['malignant'][i]!r} "
-                         "is not True/False; use the official file")
+        raise DatasetError(f"dataset 'ddi': {csv}: column 'malignant', row {i}: {table['malignant'][i]!r} "
+                           "is not True/False; use the official file")
     ids = "ddi_" + table["DDI_ID"].str.strip()
     return pd.DataFrame({
         "sample_id": ids,

@@ -30,6 +30,11 @@ class DatasetFileMissing(DatasetError, FileNotFoundError):
     """A file the dataset's official layout holds is not there."""
 
 
+class UnknownOption(DatasetError, TypeError):
+    """``dataset.options`` names an option the adapter does not take (a ``TypeError``, as an
+    unexpected keyword argument would be)."""
+
+
 def require(path: Path, dataset: str, fix: str) -> Path:
     """``path`` if it exists, else FileNotFoundError naming the dataset, the file and ``fix``."""
     if not path.exists():

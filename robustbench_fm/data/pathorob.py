@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from .files import DatasetError, DatasetFileMissing
 from .parquet_images import LOCATOR_SEPARATOR, parse_locator, read_parquet_image  # noqa: F401
 from .registry import Adapter, register
 
@@ -53,8 +54,8 @@ SOURCES = {
 def _pick(names: list[str], candidates: tuple[str, ...], file: Path, what: str) -> str:
     found = next((c for c in candidates if c in names), None)
     if found is None:
-        raise ValueError(f"{file}: no {what} column (looked for {', '.join(candidates)}; present: "
-                         f"{', '.join(names)}); use the bifold-pathomics/PathoROB-* parquet snapshot")
+        raise DatasetError(f"{file}: no {what} column (looked for {', '.join(candidates)}; present: "
+                           f"{', '.join(names)}); use the bifold-pathomics/PathoROB-* parquet snapshot")
     return found
 
 
@@ -62,8 +63,8 @@ def parquet_index(root: Path) -> pd.Series:
     """PathoROB feature id ``"<slide_id>-<patch_id>"`` -> locator, over ``root/data/*.parquet``."""
     files = sorted((root / "data").glob("*.parquet"))
     if not files:
-        raise FileNotFoundError(f"{root / 'data'}: no *.parquet files; download the dataset's HF snapshot "
-                                "(data/*.parquet) into the dataset root")
+        raise DatasetFileMissing(f"{root / 'data'}: no *.parquet files; download the dataset's HF snapshot "
+                                 "(data/*.parquet) into the dataset root")
     parts = []
     for file in files:
         names = pq.ParquetFile(file).schema_arrow.names
@@ -79,13 +80,13 @@ def parquet_index(root: Path) -> pd.Series:
 def read_metadata(file: Path) -> pd.DataFrame:
     """One PathoROB metadata CSV, every value a string, with its five columns checked."""
     if not file.is_file():
-        raise FileNotFoundError(f"{file}: metadata file missing; copy it from the PathoROB repository's "
-                                "data/metadata/ (or set the dataset option metadata_dir)")
+        raise DatasetFileMissing(f"{file}: metadata file missing; copy it from the PathoROB repository's "
+                                 "data/metadata/ (or set the dataset option metadata_dir)")
     meta = pd.read_csv(file, dtype=str, keep_default_na=False)
     missing = [c for c in _METADATA_COLUMNS if c not in meta.columns]
     if missing:
-        raise ValueError(f"{file}: columns {', '.join(missing)} missing; expected PathoROB's "
-                         f"{', '.join(_METADATA_COLUMNS)}")
+        raise DatasetError(f"{file}: columns {', '.join(missing)} missing; expected PathoROB's "
+                           f"{', '.join(_METADATA_COLUMNS)}")
     return meta
 
 
@@ -94,10 +95,10 @@ def _build(name: str, root: Path, view: str = "ri", metadata_dir: str | Path | N
     each joined to its tile's parquet locator (module doc)."""
     repo, ri_file, id_only, apd_file = SOURCES[name]
     if view not in ("ri", "apd"):
-        raise ValueError(f"{name}: option view='{view}' unknown; use 'ri' (RI/CRoMa rows) or 'apd' (shortcut stage)")
+        raise DatasetError(f"{name}: option view='{view}' unknown; use 'ri' (RI/CRoMa rows) or 'apd' (shortcut stage)")
     if view == "apd" and apd_file is None:
-        raise ValueError(f"{name}: no APD view (PathoROB's TCGA shortcut protocol uses TCGA-4x4); "
-                         "use dataset pathorob_tcga4x4 with view=apd")
+        raise DatasetError(f"{name}: no APD view (PathoROB's TCGA shortcut protocol uses TCGA-4x4); "
+                           "use dataset pathorob_tcga4x4 with view=apd")
     meta_dir = Path(metadata_dir) if metadata_dir else root / "metadata"
     file = meta_dir / (ri_file if view == "ri" else apd_file)
     meta = read_metadata(file)
@@ -106,9 +107,9 @@ def _build(name: str, root: Path, view: str = "ri", metadata_dir: str | Path | N
     ids = meta["slide_id"] + "-" + meta["patch_id"]
     locator = ids.map(parquet_index(root))
     if locator.isna().any():
-        raise FileNotFoundError(f"{name}: {int(locator.isna().sum())} of {len(meta)} rows of {file} have no tile in "
-                                f"{root / 'data'}/*.parquet, first '{ids[locator.isna()].iloc[0]}'; download the "
-                                f"complete {repo} snapshot into {root}")
+        raise DatasetFileMissing(f"{name}: {int(locator.isna().sum())} of {len(meta)} rows of {file} have no tile in "
+                                 f"{root / 'data'}/*.parquet, first '{ids[locator.isna()].iloc[0]}'; download the "
+                                 f"complete {repo} snapshot into {root}")
     tcga = "tcga" in name
     out = pd.DataFrame({
         "sample_id": ids, "path": locator, "slide_id": meta["slide_id"],
@@ -128,13 +129,13 @@ def isup_pair_occurrences(manifest: pd.DataFrame, label_col: str = "bio_label", 
     0–5), ready for the ``croma`` stage's ``design="paired_2x2"``."""
     for col in (label_col, site_col):
         if col not in manifest.columns:
-            raise ValueError(f"isup pairs: manifest has no column '{col}'; add it or pass {col}=<column>")
+            raise DatasetError(f"isup pairs: manifest has no column '{col}'; add it or pass {col}=<column>")
     sites = manifest[site_col].dropna().unique()
     if len(sites) != 2:
-        raise ValueError(f"isup pairs: column '{site_col}' must hold exactly 2 centres, found {len(sites)}")
+        raise DatasetError(f"isup pairs: column '{site_col}' must hold exactly 2 centres, found {len(sites)}")
     grades = sorted(manifest[label_col].dropna().unique())
     if len(grades) < 2:
-        raise ValueError(f"isup pairs: column '{label_col}' holds fewer than 2 grades")
+        raise DatasetError(f"isup pairs: column '{label_col}' holds fewer than 2 grades")
     parts = [manifest[manifest[label_col].isin((a, b))].assign(subset=f"{a}_vs_{b}")
              for a, b in combinations(grades, 2)]
     return pd.concat(parts, ignore_index=True)
@@ -159,27 +160,27 @@ PCABIOP_VIEWS = ("binary", "isup")
 
 def _read_slide_table(file: Path, id_col: str, grade_col: str, centre_col: str) -> pd.DataFrame:
     if not file.is_file():
-        raise FileNotFoundError(f"pcabiop: slide table '{file}' not found; put PANDA's train.csv there "
-                                "(kaggle.com/competitions/prostate-cancer-grade-assessment) or set slides_csv")
+        raise DatasetFileMissing(f"pcabiop: slide table '{file}' not found; put PANDA's train.csv there "
+                                 "(kaggle.com/competitions/prostate-cancer-grade-assessment) or set slides_csv")
     table = pd.read_csv(file, dtype={id_col: str, centre_col: str})
     missing = [c for c in (id_col, grade_col, centre_col) if c not in table.columns]
     if missing:
-        raise ValueError(f"pcabiop: {file} has no column(s) {', '.join(missing)} (present: "
-                         f"{', '.join(table.columns)}); pass id_col / grade_col / centre_col")
+        raise DatasetError(f"pcabiop: {file} has no column(s) {', '.join(missing)} (present: "
+                           f"{', '.join(table.columns)}); pass id_col / grade_col / centre_col")
     grades = pd.to_numeric(table[grade_col], errors="coerce")
     bad = grades.isna() | ~grades.isin(range(6))
     if bad.any():
-        raise ValueError(f"pcabiop: {file} column '{grade_col}' holds '{table[grade_col][bad].iloc[0]}' at row "
-                         f"{int(np.flatnonzero(bad)[0])}; ISUP grade groups are integers 0-5")
+        raise DatasetError(f"pcabiop: {file} column '{grade_col}' holds '{table[grade_col][bad].iloc[0]}' at row "
+                           f"{int(np.flatnonzero(bad)[0])}; ISUP grade groups are integers 0-5")
     centres = table[centre_col].dropna().unique()
     if len(centres) != 2:
-        raise ValueError(f"pcabiop: {file} column '{centre_col}' holds {len(centres)} centres; the design needs 2")
+        raise DatasetError(f"pcabiop: {file} column '{centre_col}' holds {len(centres)} centres; the design needs 2")
     return pd.DataFrame({"slide_id": table[id_col], "isup_grade": grades.astype(int), "site": table[centre_col]})
 
 
 def _draw(frame: pd.DataFrame, n: int, rng: np.random.Generator, what: str) -> pd.DataFrame:
     if len(frame) < n:
-        raise ValueError(f"pcabiop: {what} has {len(frame)} slides, fewer than per_cell={n}; lower per_cell")
+        raise DatasetError(f"pcabiop: {what} has {len(frame)} slides, fewer than per_cell={n}; lower per_cell")
     return frame.iloc[np.sort(rng.choice(len(frame), n, replace=False))]
 
 
@@ -198,8 +199,8 @@ def pcabiop_cohorts(slides: pd.DataFrame, per_cell: int | None = 250, seed: int 
     isup = pd.concat(cells).sort_index()
     missing = {(g, s) for g in range(6) for s in slides["site"].unique()} - set(zip(isup["isup_grade"], isup["site"]))
     if missing:
-        raise ValueError(f"pcabiop: no slide of ISUP grade {min(missing)[0]} at centre '{min(missing)[1]}'; "
-                         "the design needs all 6 grade groups at both centres")
+        raise DatasetError(f"pcabiop: no slide of ISUP grade {min(missing)[0]} at centre '{min(missing)[1]}'; "
+                           "the design needs all 6 grade groups at both centres")
     parts = []
     for site, rows in isup.groupby("site", sort=True):
         benign = rows[rows["isup_grade"] == 0]
@@ -227,7 +228,7 @@ def build_pcabiop(root: Path, view: str = "binary", slides_csv: str = "train.csv
     patient_id = the slide id, path, site = acq_group = centre, isup_grade, bio_label (+ subset).
     """
     if view not in PCABIOP_VIEWS:
-        raise ValueError(f"pcabiop: option view='{view}' unknown; use one of {', '.join(PCABIOP_VIEWS)}")
+        raise DatasetError(f"pcabiop: option view='{view}' unknown; use one of {', '.join(PCABIOP_VIEWS)}")
     slides = _read_slide_table(Path(root) / slides_csv, id_col, grade_col, centre_col)
     binary, isup = pcabiop_cohorts(slides, per_cell, seed)
     cohort = binary if view == "binary" else isup

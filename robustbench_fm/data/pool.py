@@ -28,6 +28,7 @@ import pandas as pd
 
 from ..core.errors import UserError
 from . import manifest as mf
+from .files import DatasetFileMissing
 from .registry import Adapter, get, register
 
 #: Columns whose values are made unique across members by the member's name as a prefix.
@@ -75,8 +76,8 @@ def build(root: str | Path, members: list | None = None) -> pd.DataFrame:
             member_root = root / member_root
         adapter = get(name)
         if not member_root.is_dir():
-            raise FileNotFoundError(f"dataset pool: member {name}'s root '{member_root}' does not exist; "
-                                    f"set its root in dataset.options.members")
+            raise DatasetFileMissing(f"dataset pool: member {name}'s root '{member_root}' does not exist; "
+                                     f"set its root in dataset.options.members")
         df = mf.validate(adapter.build(member_root, **options), source=f"{name}@{member_root}",
                          findings=adapter.findings).copy()
         for col in PREFIXED:

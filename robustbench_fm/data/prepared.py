@@ -68,10 +68,10 @@ from PIL import Image
 
 from ..core.atomic import write_atomic
 from ..core.devices import usable_cores
-from ..core.errors import UserError
+from ..core.errors import InvalidSetting, UserError
 from ..core.locking import acquire_waiting
 from ..core.text import one_line
-from .images import CROP_COLUMNS, read_image
+from .images import BAD_IMAGE_POLICIES, CROP_COLUMNS, read_image
 
 log = logging.getLogger("robustbench_fm.data")
 
@@ -105,11 +105,11 @@ def parse_resolution(value, key: str = "resolution") -> int | None:
     if value is None or (isinstance(value, str) and value.strip().lower() == NATIVE):
         return None
     if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit())):
-        raise ValueError(f"{key}={value!r}: use {NATIVE} (the images as shipped) or a side in pixels, "
-                         f"e.g. {key}=224 (candor.md: every image stored at 224 x 224)")
+        raise InvalidSetting(f"{key}={value!r}: use {NATIVE} (the images as shipped) or a side in pixels, "
+                             f"e.g. {key}=224 (candor.md: every image stored at 224 x 224)")
     size = int(value)
     if size < MIN_SIZE:
-        raise ValueError(f"{key}={size}: too small; use {NATIVE}, 224 (the paper) or 512 (the resolution ablation)")
+        raise InvalidSetting(f"{key}={size}: too small; use {NATIVE}, 224 (the paper) or 512 (the resolution ablation)")
     return size
 
 
@@ -137,7 +137,7 @@ def source_locators(manifest: pd.DataFrame) -> tuple[list[dict], np.ndarray]:
     """(unique sources in order of first use, each ``{"source", "path", crop columns, "first_row"}``;
     for every manifest row the index of its source). A source is ``path`` plus the row's crop."""
     if "path" not in manifest.columns:
-        raise ValueError("manifest has no 'path' column; prepared images need each row's image locator")
+        raise InvalidSetting("manifest has no 'path' column; prepared images need each row's image locator")
     crops = [c for c in CROP_COLUMNS if c in manifest.columns]
     records = manifest[["path", *crops]].to_dict("records")
     seen: dict[str, int] = {}
@@ -201,7 +201,7 @@ class PreparedStore:
                 raise PreparedImageError(f"{self.meta_path}: unreadable or foreign ({one_line(exc)}); delete the "
                                          f"folder {self.path} to prepare the images again") from None
         if self.shard_size < 1:
-            raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
+            raise InvalidSetting(f"shard_size={self.shard_size}: use at least 1 image per shard")
 
     @property
     def n_shards(self) -> int:
@@ -330,9 +330,9 @@ def prepare(manifest: pd.DataFrame, image_root: str | Path, store_root: str | Pa
     them (module docstring). ``workers`` > 1 decodes in that many forked processes."""
     size = parse_resolution(size)
     if size is None:
-        raise ValueError("prepare needs a side in pixels; resolution=native reads the images as shipped")
-    if on_bad_image not in ("error", "skip"):
-        raise ValueError(f"on_bad_image must be error or skip, got {on_bad_image!r}")
+        raise InvalidSetting("prepare needs a side in pixels; resolution=native reads the images as shipped")
+    if on_bad_image not in BAD_IMAGE_POLICIES:
+        raise InvalidSetting(f"on_bad_image must be one of {', '.join(BAD_IMAGE_POLICIES)}, got {on_bad_image!r}")
     manifest = manifest.reset_index(drop=True)
     sources, index = source_locators(manifest)
     image_root = Path(image_root)

@@ -1,6 +1,7 @@
 """Dataset adapter registry: registry name -> function(root, **options) -> manifest."""
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -10,7 +11,7 @@ import pandas as pd
 from ..core.registry import Registry
 from . import manifest as mf
 from .cards import card_field
-from .files import check_label_gaps, collect_label_gaps
+from .files import DatasetFileMissing, UnknownOption, check_label_gaps, collect_label_gaps
 from .images import locator_file
 
 
@@ -66,6 +67,23 @@ def register(adapter: Adapter) -> Adapter:
     return ADAPTERS.register(adapter.name, adapter)
 
 
+def _check_options(name: str, build: Callable, options: dict) -> None:
+    """``dataset.options`` the adapter's ``build`` does not take fail with one line naming the
+    first one and the options it takes (instead of Python's "unexpected keyword argument")."""
+    try:
+        params = list(inspect.signature(build).parameters.values())[1:]  # after root
+    except (TypeError, ValueError):  # no signature to read (a builtin): the call reports it
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    accepted = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = [k for k in options if k not in accepted]
+    if unknown:
+        takes = f"it takes {', '.join(accepted)}" if accepted else "it takes no options"
+        raise UnknownOption(f"dataset '{name}': no option dataset.options.{unknown[0]}; {takes}; "
+                            "remove it or fix its name")
+
+
 def build_manifest(name: str, root: str | Path, verify_images: bool = True,
                    findings: Iterable[str] | None = None, **options) -> pd.DataFrame:
     """Build and validate the canonical manifest of dataset ``name`` stored under ``root``.
@@ -80,8 +98,9 @@ def build_manifest(name: str, root: str | Path, verify_images: bool = True,
     adapter = get(name)
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"dataset '{name}': root '{root}' does not exist; "
-                                f"set dataset.root to the folder holding the dataset")
+        raise DatasetFileMissing(f"dataset '{name}': root '{root}' does not exist; "
+                                 f"set dataset.root to the folder holding the dataset")
+    _check_options(name, adapter.build, options)
     with collect_label_gaps() as gaps:
         built = adapter.build(root, **options)
     check_label_gaps(gaps, findings)
@@ -93,6 +112,6 @@ def build_manifest(name: str, root: str | Path, verify_images: bool = True,
         exists = df["path"].map(locator_file).isin(found)
         if not exists.all():
             first = df["path"][~exists].iloc[0]
-            raise FileNotFoundError(f"dataset '{name}': {int((~exists).sum())} of {len(df)} images missing "
-                                    f"under '{root}', first '{first}'; fix dataset.root or pass verify_images=False")
+            raise DatasetFileMissing(f"dataset '{name}': {int((~exists).sum())} of {len(df)} images missing "
+                                     f"under '{root}', first '{first}'; fix dataset.root or pass verify_images=False")
     return df

@@ -20,6 +20,8 @@ import hashlib
 import numpy as np
 import pandas as pd
 
+from ..core.errors import InvalidSetting
+
 
 def _rank(seed: int, finding: str, ids: pd.Series) -> np.ndarray:
     return np.array([int.from_bytes(hashlib.sha256(f"{seed}|{finding}|{s}".encode()).digest()[:8], "big")
@@ -32,19 +34,19 @@ def fixed_sample(manifest: pd.DataFrame, findings: list[str], per_class: int, se
     kept only on the rows drawn for it (module docstring). ``key`` names the setting in errors."""
     per_class = int(per_class)
     if per_class < 1:
-        raise ValueError(f"{key}={per_class}: draw at least 1 positive and 1 negative per group and finding")
+        raise InvalidSetting(f"{key}={per_class}: draw at least 1 positive and 1 negative per group and finding")
     if group_col not in manifest.columns:
-        raise ValueError(f"{key}: the manifest has no '{group_col}' column (the matched group); "
-                         f"set {key}=null or build the manifest with its groups")
+        raise InvalidSetting(f"{key}: the manifest has no '{group_col}' column (the matched group); "
+                             f"set {key}=null or build the manifest with its groups")
     out = manifest.reset_index(drop=True).copy()
     keep = np.zeros(len(out), dtype=bool)
     for finding in findings:
         if finding not in out.columns:
-            raise ValueError(f"{key}: finding '{finding}' is not a column of the manifest; fix stage.findings")
+            raise InvalidSetting(f"{key}: finding '{finding}' is not a column of the manifest; fix stage.findings")
         labels = pd.to_numeric(out[finding], errors="coerce")
         if (labels.notna() & ~labels.isin([0, 1])).any() or (out[finding].notna() & labels.isna()).any():
-            raise ValueError(f"{key}: column '{finding}' is not 0/1/NaN; a fixed sample of positives and "
-                             f"negatives needs binary findings (set {key}=null for class columns)")
+            raise InvalidSetting(f"{key}: column '{finding}' is not 0/1/NaN; a fixed sample of positives and "
+                                 f"negatives needs binary findings (set {key}=null for class columns)")
         drawn = np.zeros(len(out), dtype=bool)
         rank = _rank(seed, finding, out["sample_id"])
         for _, rows in out.groupby(group_col, sort=False).groups.items():

@@ -25,6 +25,7 @@ import pandas as pd
 from PIL import Image
 
 from ..core.atomic import write_atomic, write_text_atomic
+from .files import DatasetError, DatasetFileMissing, UnknownOption
 from .registry import Adapter, register
 
 #: Bumped whenever the drawing procedure changes, so old folders are regenerated.
@@ -91,9 +92,11 @@ def generate_planted(root: str | Path, n: int = 200, size: int = 224, seed: int 
     same parameters is left untouched.
     """
     if n < 2 or size < 4 * _MARKER_MARGIN:
-        raise ValueError(f"planted: need n >= 2 and size >= {4 * _MARKER_MARGIN} (got n={n}, size={size})")
+        raise DatasetError(f"planted: need n >= 2 and size >= {4 * _MARKER_MARGIN} (got n={n}, size={size}); "
+                           "fix dataset.options.n / dataset.options.size")
     if not 0.0 <= marker_fraction <= 1.0:
-        raise ValueError(f"planted: marker_fraction must be in [0, 1], got {marker_fraction}")
+        raise DatasetError(f"planted: marker_fraction must be in [0, 1], got {marker_fraction}; "
+                           "fix dataset.options.marker_fraction")
     root = Path(root)
     params = _params(n, size, seed, marker_fraction)
     if _is_complete(root, params):
@@ -132,23 +135,23 @@ def build_planted(root: str | Path, **expected) -> pd.DataFrame:
     root = Path(root)
     labels = root / "labels.csv"
     if not labels.is_file():
-        raise FileNotFoundError(f"dataset 'planted': '{labels}' not found; generate it first with "
-                                "robustbench_fm.data.synthetic.generate_planted(root)")
+        raise DatasetFileMissing(f"dataset 'planted': '{labels}' not found; generate it first with "
+                                 "robustbench_fm.data.synthetic.generate_planted(root)")
     if expected:
         unknown = sorted(set(expected) - {"n", "size", "seed", "marker_fraction"})
         if unknown:
-            raise TypeError(f"dataset 'planted': unknown option(s) {unknown}; "
-                            "use n, size, seed, marker_fraction")
+            raise UnknownOption(f"dataset 'planted': unknown option(s) {unknown}; "
+                                "use n, size, seed, marker_fraction")
         meta = root / "generator.json"
         recorded = json.loads(meta.read_text()) if meta.is_file() else {}
         for key, value in expected.items():
             if recorded.get(key) != value:
-                raise ValueError(f"dataset 'planted': {root} was generated with {key}="
-                                 f"{recorded.get(key)!r}, expected {value!r}; regenerate it into another folder")
+                raise DatasetError(f"dataset 'planted': {root} was generated with {key}="
+                                   f"{recorded.get(key)!r}, expected {value!r}; regenerate it into another folder")
     table = pd.read_csv(labels, dtype={"image": str})
     for col in ("image", "marker"):
         if col not in table.columns:
-            raise ValueError(f"{labels}: column '{col}' missing; regenerate the dataset")
+            raise DatasetError(f"{labels}: column '{col}' missing; regenerate the dataset")
     stems = table["image"].map(lambda s: Path(s).stem)
     return pd.DataFrame({
         "sample_id": stems,

@@ -10,6 +10,7 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..core.errors import InvalidSetting, MissingInput
 from . import catalog  # noqa: F401  (register the entries: specs only, no torch)
 from .registry import get, loader, names
 from .spec import EncoderSpec
@@ -37,8 +38,8 @@ def _check(spec: EncoderSpec, weights, allow_remote_code: bool) -> None:
         raise PermissionError(f"encoder '{spec.name}' needs trust_remote_code and "
                               "security.allow_remote_code is false; enable it or pick another encoder")
     if weights is not None and not Path(weights).exists():
-        raise FileNotFoundError(f"encoder '{spec.name}': weights '{weights}' not found; "
-                                "point encoder.weights at a local checkpoint file or folder")
+        raise MissingInput(f"encoder '{spec.name}': weights '{weights}' not found; "
+                           "point encoder.weights at a local checkpoint file or folder")
 
 
 def load(name: str | EncoderSpec, weights: str | Path | None = None, device="auto",
@@ -50,9 +51,9 @@ def load(name: str | EncoderSpec, weights: str | Path | None = None, device="aut
     """
     spec = name if isinstance(name, EncoderSpec) else get(name)
     if spec.is_slide:
-        raise ValueError(f"encoder '{spec.name}' aggregates '{spec.tile_encoder}' tile embeddings into a slide "
-                         f"embedding; embed the tiles with encoder={spec.tile_encoder} and use "
-                         f"robustbench_fm.encoders.load_slide('{spec.name}')")
+        raise InvalidSetting(f"encoder '{spec.name}' aggregates '{spec.tile_encoder}' tile embeddings into a slide "
+                             f"embedding; embed the tiles with encoder={spec.tile_encoder} and use "
+                             f"robustbench_fm.encoders.load_slide('{spec.name}')")
     _check(spec, weights, allow_remote_code)
     from .base import resolve_device  # lazy: imports torch
 
@@ -64,7 +65,7 @@ def load_slide(name: str | EncoderSpec, weights: str | Path | None = None, devic
     """Build the slide-level aggregator ``name``: ``.embed_slide(tiles [N, D_tile], coords [N, 2])``."""
     spec = name if isinstance(name, EncoderSpec) else get(name)
     if not spec.is_slide:
-        raise ValueError(f"encoder '{spec.name}' embeds images; use robustbench_fm.encoders.load('{spec.name}')")
+        raise InvalidSetting(f"encoder '{spec.name}' embeds images; use robustbench_fm.encoders.load('{spec.name}')")
     _check(spec, weights, allow_remote_code)
     from .base import resolve_device  # lazy: imports torch
 

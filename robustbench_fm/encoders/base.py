@@ -10,6 +10,7 @@ from PIL import Image
 from torchvision.transforms import v2 as T
 
 from ..core.devices import resolve_device  # noqa: F401  (re-exported)
+from ..core.errors import InvalidSetting
 from .spec import EncoderSpec
 
 
@@ -48,8 +49,8 @@ def build_transform(spec: EncoderSpec) -> Callable[[Image.Image], torch.Tensor]:
     Built from picklable modules only, so decode workers started with ``spawn`` (macOS, or a
     process that was itself spawned) can receive it."""
     if spec.resize == "none":
-        raise ValueError(f"encoder '{spec.name}' takes tile embeddings, not images; embed the tiles "
-                         f"with encoder={spec.tile_encoder} first")
+        raise InvalidSetting(f"encoder '{spec.name}' takes tile embeddings, not images; embed the tiles "
+                             f"with encoder={spec.tile_encoder} first")
     interp = T.InterpolationMode(spec.interpolation)
     if spec.resize == "squash":
         geometry = [T.Resize((spec.input_size, spec.input_size), interpolation=interp, antialias=True)]

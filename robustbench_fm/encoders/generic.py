@@ -34,6 +34,7 @@ import math
 import re
 from pathlib import Path
 
+from ..core.errors import InvalidSetting, MissingInput, UnknownName
 from .registry import RESOLVED
 from .spec import EncoderSpec
 
@@ -75,15 +76,15 @@ def _weights(kind: str, weights) -> tuple[bool, Path | None]:
         return True, None
     path = Path(str(weights)).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"encoder={kind}: encoder.weights '{weights}' not found; pass a local checkpoint "
-                                "file or folder, or encoder.weights=random")
+        raise MissingInput(f"encoder={kind}: encoder.weights '{weights}' not found; pass a local checkpoint "
+                           "file or folder, or encoder.weights=random")
     return False, path
 
 
 def _embedding(kind: str, embedding, default: str) -> str:
     choice = str(embedding) if embedding else default
     if choice not in EMBEDDINGS:
-        raise ValueError(f"encoder={kind}: encoder.embedding={choice} is not one of {', '.join(EMBEDDINGS)}")
+        raise InvalidSetting(f"encoder={kind}: encoder.embedding={choice} is not one of {', '.join(EMBEDDINGS)}")
     return choice
 
 
@@ -94,8 +95,8 @@ def _meta_dim(forward, channels: int, size: int, label: str) -> int:
     with torch.no_grad():
         out = forward(torch.empty(1, channels, size, size, device="meta"))
     if out.ndim != 2:
-        raise ValueError(f"{label}: the pooled output has shape {tuple(out.shape)}, not [B, D]; "
-                         "choose another encoder.embedding")
+        raise InvalidSetting(f"{label}: the pooled output has shape {tuple(out.shape)}, not [B, D]; "
+                             "choose another encoder.embedding")
     return int(out.shape[1])
 
 
@@ -111,8 +112,8 @@ def _hub_json(repo: str, filename: str, label: str) -> dict:
     try:
         return json.loads(Path(hf_hub_download(repo, filename, local_files_only=offline())).read_text())
     except hub_errors() as err:
-        raise FileNotFoundError(f"{label}: cannot read {filename} of '{repo}' ({type(err).__name__}); download the "
-                                "repo and pass its folder as encoder.weights=<folder>") from err
+        raise MissingInput(f"{label}: cannot read {filename} of '{repo}' ({type(err).__name__}); download the "
+                           "repo and pass its folder as encoder.weights=<folder>") from err
 
 
 # ------------------------------------------------------------------------------------------ timm
@@ -143,7 +144,8 @@ def _timm(model: str, random: bool, path: Path | None, embedding, name: str) -> 
     except RuntimeError as err:
         if "Unknown model" not in str(err):
             raise
-        raise KeyError(f"{label}: timm knows no model '{arch}'; see timm.list_models() or pass an hf-hub id") from None
+        raise UnknownName(f"{label}: timm knows no model '{arch}'; see timm.list_models() or pass an "
+                          "hf-hub id") from None
     dc = timm.data.resolve_model_data_config(net)
     channels, size = int(dc["input_size"][0]), int(dc["input_size"][1])
     squash = dc.get("crop_mode") == "squash"
@@ -158,8 +160,8 @@ def _timm(model: str, random: bool, path: Path | None, embedding, name: str) -> 
     try:
         dim = _meta_dim(_timm_forward(net, spec), channels, size, label)
     except (RuntimeError, ValueError) as err:
-        raise ValueError(f"{label}: encoder.embedding={spec.embedding} does not fit this model "
-                         f"({' '.join(str(err).split())[:160]}); use pooled") from None
+        raise InvalidSetting(f"{label}: encoder.embedding={spec.embedding} does not fit this model "
+                             f"({' '.join(str(err).split())[:160]}); use pooled") from None
     return spec.replace(embed_dim=dim)
 
 
@@ -168,8 +170,8 @@ def _timm(model: str, random: bool, path: Path | None, embedding, name: str) -> 
 def _hf_preprocessing(pp: dict, label: str) -> dict:
     """Spec fields from an image processor's settings (``preprocessor_config.json``)."""
     if pp.get("image_mean") is None or pp.get("image_std") is None:
-        raise ValueError(f"{label}: the image processor names no image_mean/image_std; add them to "
-                         "preprocessor_config.json")
+        raise InvalidSetting(f"{label}: the image processor names no image_mean/image_std; add them to "
+                             "preprocessor_config.json")
 
     def value(d, *keys):
         if isinstance(d, (int, float)):
@@ -191,7 +193,7 @@ def _hf_preprocessing(pp: dict, label: str) -> dict:
     else:
         edge = value(size, "shortest_edge", "height", "width")
         if edge is None:
-            raise ValueError(f"{label}: the image processor names no size; add size to preprocessor_config.json")
+            raise InvalidSetting(f"{label}: the image processor names no size; add size to preprocessor_config.json")
         out.update(input_size=edge, resize="shorter_center_crop", resize_size=None)
     return {**out, "mean": tuple(mean), "std": tuple(std)}
 
@@ -219,8 +221,8 @@ def _hf(model: str, random: bool, path: Path | None, embedding, name: str) -> tu
             processor = AutoImageProcessor.from_pretrained(source, local_files_only=local or folder is not None
                                                            or offline())
         except (OSError, ValueError) as err:
-            raise FileNotFoundError(f"{label}: no image processor (preprocessor_config.json) in '{source}'; save "
-                                    "one beside the model (processor.save_pretrained(folder))") from err
+            raise MissingInput(f"{label}: no image processor (preprocessor_config.json) in '{source}'; save "
+                               "one beside the model (processor.save_pretrained(folder))") from err
     vision = getattr(config, "vision_config", None) or config
     channels = int(getattr(vision, "num_channels", 3) or 3)
     default = "cls" if getattr(vision, "patch_size", None) and getattr(vision, "hidden_size", None) else "pooled"
@@ -237,8 +239,8 @@ def _hf(model: str, random: bool, path: Path | None, embedding, name: str) -> tu
     try:
         dim = _meta_dim(_transformers_forward(net, spec), channels, spec.input_size, label)
     except (RuntimeError, ValueError, TypeError) as err:
-        raise ValueError(f"{label}: encoder.embedding={spec.embedding} does not fit {type(net).__name__} "
-                         f"({' '.join(str(err).split())[:160]}); choose cls, patch_mean or pooled") from None
+        raise InvalidSetting(f"{label}: encoder.embedding={spec.embedding} does not fit {type(net).__name__} "
+                             f"({' '.join(str(err).split())[:160]}); choose cls, patch_mean or pooled") from None
     return spec.replace(embed_dim=dim, params_m=_params_m(net)), path
 
 
@@ -253,8 +255,8 @@ def _open_clip(model: str, pretrained: str | None, random: bool, path: Path | No
     label = f"encoder=open_clip encoder.model={model}"
     choice = _embedding("open_clip", embedding, "pooled")
     if choice != "pooled":
-        raise ValueError(f"{label}: open_clip entries give the projected image embedding (encoder.embedding=pooled); "
-                         f"{choice} is for encoder=timm or encoder=hf")
+        raise InvalidSetting(f"{label}: open_clip entries give the projected image embedding "
+                             f"(encoder.embedding=pooled); {choice} is for encoder=timm or encoder=hf")
     local = Path(model).expanduser().is_dir()
     if path is None and local and not random:
         path = Path(model).expanduser()
@@ -263,23 +265,23 @@ def _open_clip(model: str, pretrained: str | None, random: bool, path: Path | No
     if folder is not None and (folder / "open_clip_config.json").is_file():
         config = json.loads((folder / "open_clip_config.json").read_text())
     elif local:
-        raise FileNotFoundError(f"{label}: '{model}' holds no open_clip_config.json; save the model's config there")
+        raise MissingInput(f"{label}: '{model}' holds no open_clip_config.json; save the model's config there")
     elif model.startswith(("hf-hub:", "hf_hub:")):
         config = _hub_json(model.split(":", 1)[1], "open_clip_config.json", label)
     else:
         model_cfg = open_clip.get_model_config(model)
         if model_cfg is None:
-            raise KeyError(f"{label}: open_clip knows no model '{model}'; see open_clip.list_models() or pass an "
-                           "hf-hub id")
+            raise UnknownName(f"{label}: open_clip knows no model '{model}'; see open_clip.list_models() or pass an "
+                              "hf-hub id")
         architecture, tag = model, pretrained
         pcfg = open_clip.get_pretrained_cfg(model, tag) if tag else {}
         if tag and not pcfg:
-            raise KeyError(f"{label}: open_clip has no pretrained tag '{tag}' for '{model}'; one of "
-                           f"{', '.join(open_clip.list_pretrained_tags_by_model(model)) or 'none'}")
+            raise UnknownName(f"{label}: open_clip has no pretrained tag '{tag}' for '{model}'; one of "
+                              f"{', '.join(open_clip.list_pretrained_tags_by_model(model)) or 'none'}")
         if not random and not tag and path is None:
-            raise ValueError(f"{label}: name the weights: encoder.pretrained=<tag> (one of "
-                             f"{', '.join(open_clip.list_pretrained_tags_by_model(model)[:5])}), "
-                             "encoder.weights=<file> or encoder.weights=random")
+            raise InvalidSetting(f"{label}: name the weights: encoder.pretrained=<tag> (one of "
+                                 f"{', '.join(open_clip.list_pretrained_tags_by_model(model)[:5])}), "
+                                 "encoder.weights=<file> or encoder.weights=random")
         config = {"model_cfg": model_cfg, "preprocess_cfg": {k: v for k, v in pcfg.items() if k in (
             "mean", "std", "interpolation", "resize_mode")}}
     model_cfg = config.get("model_cfg", config)
@@ -309,8 +311,8 @@ def _resolve(kind: str, model: str, pretrained: str | None, weights: str | None,
     name = derived_name(kind, model, pretrained if kind == "open_clip" else None)
     if kind == "timm":
         if pretrained:
-            raise ValueError("encoder=timm: encoder.pretrained is for open_clip tags; name a timm tag in the "
-                             "model (encoder.model=vit_small_patch16_224.augreg_in21k)")
+            raise InvalidSetting("encoder=timm: encoder.pretrained is for open_clip tags; name a timm tag in the "
+                                 "model (encoder.model=vit_small_patch16_224.augreg_in21k)")
         spec = _timm(model, random, path, embedding, name)
     elif kind == "hf":
         spec, path = _hf(model, random, path, embedding, name)
@@ -327,9 +329,9 @@ def resolve(kind: str, model: str | None, pretrained: str | None = None, weights
     ``weights``: ``"random"``, a checkpoint file or folder, or None (the hub's, or the model
     folder itself). One-line errors name the option to fix."""
     if kind not in GENERIC:
-        raise KeyError(f"'{kind}' is no generic encoder; one of {', '.join(GENERIC)}")
+        raise UnknownName(f"'{kind}' is no generic encoder; one of {', '.join(GENERIC)}")
     if not model:
-        raise ValueError(f"encoder={kind} needs encoder.model={MODEL_HINT[kind]}")
+        raise InvalidSetting(f"encoder={kind} needs encoder.model={MODEL_HINT[kind]}")
     spec, path = _resolve(kind, str(model), str(pretrained) if pretrained else None,
                           str(weights) if weights is not None else None, str(embedding) if embedding else None)
     RESOLVED[spec.name] = spec

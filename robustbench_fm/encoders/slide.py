@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from ..core.errors import InvalidSetting, MissingInput
 from .loaders.extras import require
 from .loaders.hub import hub_call, offline, trust_remote_code
 from .loaders.package_loaders import hub_or_local
@@ -44,11 +45,11 @@ class SlideEncoder:
         """The slide embedding [D] (float32) of one slide's tile embeddings and coordinates."""
         tile_dim = self.tile_dim or get(self.spec.tile_encoder).embed_dim
         if tiles.ndim != 2 or tiles.shape[1] != tile_dim:
-            raise ValueError(f"encoder '{self.spec.name}' takes [N, {tile_dim}] embeddings of "
-                             f"'{self.spec.tile_encoder}' tiles, got shape {tuple(tiles.shape)}")
+            raise InvalidSetting(f"encoder '{self.spec.name}' takes [N, {tile_dim}] embeddings of "
+                                 f"'{self.spec.tile_encoder}' tiles, got shape {tuple(tiles.shape)}")
         if coords is not None and coords.shape != (tiles.shape[0], 2):
-            raise ValueError(f"encoder '{self.spec.name}': coords must be [N, 2] level-0 pixel positions, "
-                             f"got shape {tuple(coords.shape)}")
+            raise InvalidSetting(f"encoder '{self.spec.name}': coords must be [N, 2] level-0 pixel positions, "
+                                 f"got shape {tuple(coords.shape)}")
         tiles = tiles.to(self.device, torch.float32)
         coords = coords.to(self.device) if coords is not None else None
         out = self.aggregate(tiles, coords, **{**self.spec.slide_kwargs, **kwargs}).reshape(-1)
@@ -60,7 +61,7 @@ class SlideEncoder:
 
 def _need_coords(spec: EncoderSpec, coords) -> torch.Tensor:
     if coords is None:
-        raise ValueError(f"encoder '{spec.name}' needs the tiles' level-0 coordinates (coords [N, 2])")
+        raise InvalidSetting(f"encoder '{spec.name}' needs the tiles' level-0 coordinates (coords [N, 2])")
     return coords
 
 
@@ -134,6 +135,6 @@ def load_slide_encoder(spec: EncoderSpec, weights, device, allow_remote_code: bo
     require(spec)
     trust = trust_remote_code(spec, allow_remote_code)
     if weights is not None and not Path(weights).exists():
-        raise FileNotFoundError(f"encoder '{spec.name}': weights '{weights}' not found")
+        raise MissingInput(f"encoder '{spec.name}': weights '{weights}' not found")
     model, aggregate, weights_id = _AGGREGATORS[spec.architecture](spec, weights, trust)
     return SlideEncoder(spec, model, aggregate, weights_id, torch.device(device))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from ..core.errors import InvalidSetting
+
 IMNET_MEAN, IMNET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 OPENAI_MEAN, OPENAI_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 HALF_MEAN, HALF_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
@@ -80,19 +82,19 @@ class EncoderSpec:
 
     def __post_init__(self):
         if self.library not in LIBRARIES:
-            raise ValueError(f"encoder '{self.name}': library '{self.library}' is not one of {LIBRARIES}")
+            raise InvalidSetting(f"encoder '{self.name}': library '{self.library}' is not one of {LIBRARIES}")
         if self.embedding not in EMBEDDINGS:
-            raise ValueError(f"encoder '{self.name}': embedding '{self.embedding}' is not one of {EMBEDDINGS}")
+            raise InvalidSetting(f"encoder '{self.name}': embedding '{self.embedding}' is not one of {EMBEDDINGS}")
         if self.resize not in RESIZES:
-            raise ValueError(f"encoder '{self.name}': resize '{self.resize}' is not one of {RESIZES}")
+            raise InvalidSetting(f"encoder '{self.name}': resize '{self.resize}' is not one of {RESIZES}")
         if self.objective not in OBJECTIVES:
-            raise ValueError(f"encoder '{self.name}': objective '{self.objective}' is not one of {OBJECTIVES}")
+            raise InvalidSetting(f"encoder '{self.name}': objective '{self.objective}' is not one of {OBJECTIVES}")
         if len(self.mean) != len(self.std):
-            raise ValueError(f"encoder '{self.name}': mean and std lengths differ")
+            raise InvalidSetting(f"encoder '{self.name}': mean and std lengths differ")
         if not self.pretrained and self.seed is None:
-            raise ValueError(f"encoder '{self.name}': random-weight entries need a seed")
+            raise InvalidSetting(f"encoder '{self.name}': random-weight entries need a seed")
         if (self.library == "slide") != (self.tile_encoder is not None):
-            raise ValueError(f"encoder '{self.name}': slide entries (and only they) name a tile_encoder")
+            raise InvalidSetting(f"encoder '{self.name}': slide entries (and only they) name a tile_encoder")
 
     @property
     def is_slide(self) -> bool:

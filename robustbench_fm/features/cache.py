@@ -67,7 +67,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.atomic import write_atomic
-from ..core.errors import UserError
+from ..core.errors import InvalidSetting, UserError
 from ..core.locking import FileLock
 from ..core.text import one_line
 from .key import CACHE_FORMAT, _canonical, cache_key, manifest_hash
@@ -233,7 +233,7 @@ class FeatureCache:
             raise ValueError("FeatureCache needs n_rows (or fields['n_rows']) for a new entry")
         self.shard_size = int(shard_size or DEFAULT_SHARD_SIZE)
         if self.shard_size < 1:
-            raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
+            raise InvalidSetting(f"shard_size={self.shard_size}: use at least 1 row per shard")
         self.n_rows = int(n_rows)
         self.embed_dim = int(self.fields["embed_dim"])
 
@@ -335,7 +335,7 @@ class FeatureCache:
         ``num_parts``-th shard from ``part`` on (round robin, so parts stay balanced whatever the
         manifest's order). The parts of one ``num_parts`` cover every shard exactly once."""
         if num_parts < 1 or not 0 <= part < num_parts:
-            raise ValueError(f"extract.shard={part} must be in [0, extract.num_shards={num_parts}); "
+            raise InvalidSetting(f"extract.shard={part} must be in [0, extract.num_shards={num_parts}); "
                              "pick one part per job, e.g. extract.shard=range(N)")
         return list(range(part, self.n_shards, num_parts))
 

@@ -36,10 +36,10 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from ..core.devices import usable_cores
-from ..core.errors import UserError
+from ..core.errors import InvalidSetting, UserError
 from ..core.locking import acquire_waiting
 from ..core.text import one_line
-from ..data.images import read_image
+from ..data.images import BAD_IMAGE_POLICIES, read_image
 from .cache import FeatureCache, FeatureCacheError
 from .key import cache_key_fields
 from .occlusion import occlude_row
@@ -51,7 +51,6 @@ Reader = Callable[[Path, dict], Image.Image]
 
 
 #: Accepted values of ``extract(on_bad_image=...)``.
-BAD_IMAGE_POLICIES = ("error", "skip")
 
 
 class ImageReadError(UserError, RuntimeError):
@@ -386,25 +385,25 @@ def _check_inputs(manifest: pd.DataFrame, image_root, reader, batch_sizes, on_ba
     image root, reader, number of decode workers)."""
     for b in batch_sizes:
         if int(b) < 1:
-            raise ValueError(f"batch_size must be >= 1, got {b}")
+            raise InvalidSetting(f"batch_size={b}: use a batch of at least 1 image")
     if on_bad_image not in BAD_IMAGE_POLICIES:
-        raise ValueError(f"on_bad_image must be one of {', '.join(BAD_IMAGE_POLICIES)}, got {on_bad_image!r}")
+        raise InvalidSetting(f"on_bad_image must be one of {', '.join(BAD_IMAGE_POLICIES)}, got {on_bad_image!r}")
     if num_workers == "auto":
         num_workers = default_num_workers(device)
     num_workers = int(num_workers)
     manifest = manifest.reset_index(drop=True)
     if "sample_id" not in manifest.columns:
-        raise ValueError("manifest has no 'sample_id' column; validate it with robustbench_fm.data.manifest.validate")
+        raise InvalidSetting("manifest has no 'sample_id' column; validate it with robustbench_fm.data.manifest.validate")
     ids = manifest["sample_id"].astype(str).to_numpy()
     dup = pd.Index(ids).duplicated()
     if dup.any():
         j = int(np.flatnonzero(dup)[0])
-        raise ValueError(f"manifest row {j}: duplicate sample_id {str(ids[j])!r}; one row per image")
+        raise InvalidSetting(f"manifest row {j}: duplicate sample_id {str(ids[j])!r}; one row per image")
     if reader is None:
         if "path" not in manifest.columns:
-            raise ValueError("manifest has no 'path' column; add one or pass reader=(image_root, row) -> PIL image")
+            raise InvalidSetting("manifest has no 'path' column; add one or pass reader=(image_root, row) -> PIL image")
         if image_root is None:
-            raise ValueError("image_root is required with the default reader (paths are relative to it)")
+            raise InvalidSetting("image_root is required with the default reader (paths are relative to it)")
         reader = default_reader
     image_root = Path(image_root) if image_root is not None else None
     return manifest, ids, image_root, reader, num_workers

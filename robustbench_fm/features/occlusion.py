@@ -30,6 +30,8 @@ import zlib
 import numpy as np
 from PIL import Image
 
+from ..core.errors import InvalidSetting
+
 OCCLUSION_BOX_COLUMNS = ("occlude_x0", "occlude_y0", "occlude_x1", "occlude_y1")
 FILL_COLUMN = "occlude_fill"
 #: Locator columns of an occluded row (hashed into the feature-cache key).
@@ -39,7 +41,7 @@ FILLS = ("image_mean", "box_mean")
 
 def check_fill(fill: str) -> str:
     if fill not in FILLS:
-        raise ValueError(f"occlusion fill {fill!r} unknown; use one of {', '.join(FILLS)}")
+        raise InvalidSetting(f"occlusion fill {fill!r} unknown; use one of {', '.join(FILLS)}")
     return fill
 
 
@@ -47,7 +49,7 @@ def pixel_box(box, width: int, height: int) -> tuple[int, int, int, int]:
     """Normalised (x0, y0, x1, y1) -> pixel bounds [c0, c1) x [r0, r1) of every pixel it touches."""
     x0, y0, x1, y1 = (float(v) for v in box)
     if not (0.0 <= x0 <= x1 <= 1.0 and 0.0 <= y0 <= y1 <= 1.0):
-        raise ValueError(f"occlusion box {x0, y0, x1, y1} is not 0 <= x0 <= x1 <= 1, 0 <= y0 <= y1 <= 1; "
+        raise InvalidSetting(f"occlusion box {x0, y0, x1, y1} is not 0 <= x0 <= x1 <= 1, 0 <= y0 <= y1 <= 1; "
                          f"fix the {', '.join(OCCLUSION_BOX_COLUMNS)} columns")
     c0, r0 = min(int(math.floor(x0 * width)), width - 1), min(int(math.floor(y0 * height)), height - 1)
     c1, r1 = max(int(math.ceil(x1 * width)), c0 + 1), max(int(math.ceil(y1 * height)), r0 + 1)

@@ -67,6 +67,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2 as T
 
 from ..core.devices import usable_cores
+from ..core.errors import InvalidSetting
 from ..core.locking import FileLock, LockTimeout, who_holds
 from ..encoders.base import _LongestSidePad, _ToMode
 from .cache import FeatureCache
@@ -473,12 +474,12 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
         return []
     sizes = [int(batch_size)] * len(encoders) if isinstance(batch_size, int) else [int(b) for b in batch_size]
     if len(sizes) != len(encoders):
-        raise ValueError(f"batch_size: {len(sizes)} values for {len(encoders)} encoders; give one per encoder")
+        raise InvalidSetting(f"batch_size: {len(sizes)} values for {len(encoders)} encoders; give one per encoder")
     if num_workers == "auto":
         num_workers = default_panel_workers(encoders[0].device)
     names = [e.spec.name for e in encoders]
     if len(set(names)) != len(names):
-        raise ValueError(f"extract_panel: encoder names repeat ({', '.join(names)}); one entry per encoder")
+        raise InvalidSetting(f"extract_panel: encoder names repeat ({', '.join(names)}); one entry per encoder")
     manifest, ids, image_root, reader, num_workers = _check_inputs(manifest, image_root, reader, sizes,
                                                                    on_bad_image, num_workers, encoders[0].device)
     jobs = []

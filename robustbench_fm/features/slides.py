@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 import torch
 
 from .. import encoders
+from ..core.errors import InvalidSetting
 from ..core.locking import FileLock
 from ..data import manifest as mf
 from .cache import FeatureCache, _embedding_matrix
@@ -114,15 +115,15 @@ def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir:
     tiles = slide_tiles(slides, root, tiles_dir) if tiles is None else tiles.reset_index(drop=True)
     missing = [c for c in ("sample_id", "path", "slide", "x", "y") if c not in tiles.columns]
     if missing:
-        raise ValueError(f"tile manifest: columns {', '.join(missing)} missing; pass sample_id, path, slide, x, y")
+        raise InvalidSetting(f"tile manifest: columns {', '.join(missing)} missing; pass sample_id, path, slide, x, y")
     order = pd.Index(slides["sample_id"].astype(str)).get_indexer(tiles["slide"].astype(str))
     if (order < 0).any() or (np.diff(order) < 0).any() or set(order) != set(range(len(slides))):
-        raise ValueError("tile manifest: every slide needs tiles, listed contiguously in slide-manifest order, and "
+        raise InvalidSetting("tile manifest: every slide needs tiles, listed contiguously in slide-manifest order, and "
                          "no tile may name a slide outside the manifest")
     tile_enc = tile_encoder if isinstance(tile_encoder, encoders.Encoder) else encoders.load(
         tile_encoder or spec.tile_encoder, weights=tile_weights, device=device, allow_remote_code=allow_remote_code)
     if tile_enc.spec.name != spec.tile_encoder:
-        raise ValueError(f"slide encoder '{spec.name}' aggregates '{spec.tile_encoder}' tiles, "
+        raise InvalidSetting(f"slide encoder '{spec.name}' aggregates '{spec.tile_encoder}' tiles, "
                          f"not '{tile_enc.spec.name}'")
     tile_set = extract(tile_enc, tiles[["sample_id", "path"]], root, cache_dir, batch_size=batch_size,
                        num_workers=num_workers, shard_size=shard_size, on_bad_image=on_bad_image,

@@ -138,13 +138,13 @@ def _collect_parts(records: list[tuple[Path, dict]], sweep_dir: Path) -> tuple[l
         first = min(recs, key=lambda r: (r[1]["part"], r[0].name))[0]
         cfg = OmegaConf.load(first / "config.yaml")
         job = app.plan(cfg, ["encoder=" + complete[0][0]])
-        manifest = app.load_manifest(job, cfg)
+        manifest = app.load_manifest(job)
         skipped = sorted({s for _, entry in complete for s in skipped_ids(entry)})
         out = sweep_dir / "collect" / f"{dataset}-{stage}"
         out.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out / "config.yaml", redacted_yaml(cfg))  # so the report step reads it like a job's
         app._record_entries(out, job, [(n, e, []) for n, e in complete], {})
-        for summary in app.run_stage_on_entries(job, cfg, manifest, complete, skipped, out):
+        for summary in app.run_stage_on_entries(job, manifest, complete, skipped, out):
             summaries.append((summary.assign(job=f"collect/{out.name}"), cfg))
     return summaries, problems
 

@@ -1,11 +1,17 @@
 """What one job does: dataset → manifest → (per encoder) features → stage → results.
 
-The pipeline below the command line (docs/architecture.md, "One run"): :func:`plan` checks a
-resolved config once and returns the job's typed run configuration (:class:`Plan`: what to read,
-which encoders, which stage with which parameters, and how the job runs: alone or as one job of a
-sweep, under which experiment); :func:`run_planned` does the work. The command line
-(:mod:`robustbench_fm.cli`) parses, composes the config with Hydra and prints; a sweep's or an
-experiment's jobs come here one by one (:mod:`.experiment`). Imports no Hydra.
+The pipeline below the command line (docs/architecture.md, "One run"): :func:`plan` is the one
+place that reads a job's resolved config (a Hydra ``DictConfig``). It checks it once and returns
+the job's typed run configuration, :class:`Plan`: what to read, which encoders with which of the
+user's options, which stage with which parameters, where the caches are, how features are
+extracted, what the report builds, and how the job runs (alone or as one job of a sweep, under
+which experiment). Every step after it (manifest, extraction service, stage, results, report)
+takes the Plan, never the config: :func:`run_planned` does the work. The entry points
+:func:`run` (a config in: :func:`plan`, then :func:`run_planned`) and :func:`job_manifest` (a
+finished job's manifest, for a sweep's collect step) are the only other functions that take a
+config. The command line (:mod:`robustbench_fm.cli`) parses, composes the config with Hydra and
+prints; a sweep's or an experiment's jobs come here one by one (:mod:`.experiment`). Imports no
+Hydra.
 """
 from __future__ import annotations
 
@@ -14,27 +20,29 @@ import json
 import logging
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 if TYPE_CHECKING:  # the feature engine imports torch: a plan, a dry run and its one-line errors do not
-    from ..features.embed import Embedder
+    from ..features.embed import Embedder, EncoderOptions
     from ..methods.job import JobContext
 
 from .. import data, encoders, methods
 from .. import methods as stages
 from ..core.atomic import write_atomic, write_text_atomic
-from ..core.errors import InvalidSetting, UserError
+from ..core.errors import InvalidSetting, MissingInput, UnknownName, UserError
 from ..core.locking import FileLock
 from ..core.redact import redact_config, redacted_yaml
 from ..core.results import not_scored, to_markdown, without_single_group_pools
 from ..core.tables import SweepResults
 from ..data import cards, prepared
 from ..data import manifest as mf
+from ..data.images import BAD_IMAGE_POLICIES
 from ..data.sample import fixed_sample
 from ..encoders import generic
 from ..methods.run import score_and_save
@@ -49,15 +57,73 @@ log = logging.getLogger("robustbench_fm")
 #: (``debug=true`` shows it on the console too).
 USER_ERRORS = (UserError, PermissionError)
 
+
+# ----------------------------------------------------------------------------- the typed plan
+
+@dataclass(frozen=True)
+class Paths:
+    """Where the job's caches live: ``paths.cache_dir`` (the feature cache) and the store of
+    images prepared at ``resolution`` (``paths.prepared_dir``, else ``prepared`` beside the
+    feature cache: :func:`resolved_prepared_dir`)."""
+
+    cache_dir: Path
+    prepared_dir: Path
+
+
+@dataclass(frozen=True)
+class ExtractOptions:
+    """How the feature cache is filled: ``extract.*`` (batch size, decode workers, shard size,
+    the unreadable-image policy, the part of a sharded extraction), ``device`` and
+    ``security.allow_remote_code``."""
+
+    batch_size: int
+    num_workers: int | str
+    shard_size: int
+    on_bad_image: str
+    num_shards: int
+    shard: int
+    device: str
+    allow_remote_code: bool
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    """The options the user gave the job's ``encoder`` (``encoder.weights``, ``tile_weights``,
+    ``embedding``, ``batch_size``); ``name`` is the entry they apply to (a generic entry,
+    ``encoder=timm|hf|open_clip``, by its resolved name, with its local weights)."""
+
+    name: str
+    weights: str | None = None
+    tile_weights: str | None = None
+    embedding: str | None = None
+    batch_size: int | None = None
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """What the report builds: the paper tables of ``report.tables``."""
+
+    tables: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class Plan:
     """The typed run configuration of one job, built once from the resolved config (:func:`plan`)
-    and checked before any heavy step starts.
+    and checked before any heavy step starts; everything after :func:`plan` reads it, not the config.
 
     ``dataset``: the dataset name (with ``features_file``: the name of the user's data, see
     :func:`features_names`); ``encoders``: the panel (with ``features_file``: the feature set's
     name); ``multirun``: one job of a sweep or of an experiment run as a unit (its paper tables
-    wait for the collect step); ``experiment``: the experiment's name for the report."""
+    wait for the collect step); ``experiment``: the experiment's name for the report.
+    ``params``: the stage's resolved parameters (``param_overrides``: parameter -> the top-level
+    key that sets it, for error messages); ``manifest_file``: a manifest to read instead of the
+    dataset's (``dataset_options``, ``generate``, ``verify_images``, ``card``: how the dataset's is
+    built); ``fixed_sample`` and ``seed``: the fixed draw of :func:`load_manifest`;
+    ``swept_encoders``: the panel a ``-m`` sweep fans out (``encoders``); ``encoder``: the user's
+    options of the chosen encoder; ``config``: the resolved config, secrets masked, as
+    ``config.yaml`` holds it (its hash keys the results); ``cli_overrides``: the command line's
+    overrides (``overrides.yaml``). The fields after ``experiment`` default to empty for a plan
+    built by hand (tests); :func:`plan` fills every one."""
 
     dataset: str | None
     root: Path | None
@@ -68,27 +134,49 @@ class Plan:
     resolution: int | None = None  # every image stored at this side first (``resolution``); None: native
     multirun: bool = False
     experiment: str | None = None
+    params: dict = field(default_factory=dict)
+    param_overrides: dict[str, str] = field(default_factory=dict)
+    seed: int | None = None
+    manifest_file: Path | None = None
+    dataset_options: dict = field(default_factory=dict)
+    generate: bool = False
+    verify_images: bool = True
+    card: dict | None = None
+    fixed_sample: int | None = None
+    swept_encoders: tuple[str, ...] = ()
+    encoder: EncoderSettings | None = None
+    paths: Paths | None = None
+    extract: ExtractOptions | None = None
+    report: ReportOptions = field(default_factory=ReportOptions)
+    config: dict = field(default_factory=dict)
+    cli_overrides: tuple[str, ...] = ()
 
-    def describe(self, cfg: DictConfig) -> str:
+    def describe(self) -> str:
         """The plan in words, as ``dry_run=true`` prints it."""
-        params = OmegaConf.to_container(cfg.stage.params, resolve=True)
         if self.features_file is not None:
-            source = f"features {self.features_file}, manifest {cfg.manifest_file}"
+            source = f"features {self.features_file}, manifest {self.manifest_file}"
         else:
             generated = "" if self.root.is_dir() else " (generated on the first run)"
             source = f"{self.dataset} at {self.root}{generated}"
         rows = [("data", source),
                 ("encoders", f"{', '.join(self.encoders)} ({len(self.encoders)})" if self.encoders else "-"),
                 ("stage", f"{self.stage} on {', '.join(self.findings)}"),
-                ("params", ", ".join(f"{k}={v}" for k, v in params.items())),
+                ("params", ", ".join(f"{k}={v}" for k, v in self.params.items())),
                 ("images", "native (the files as shipped)" if self.resolution is None else
-                 f"stored at {self.resolution} x {self.resolution} px once in {resolved_prepared_dir(cfg)}, then "
+                 f"stored at {self.resolution} x {self.resolution} px once in {self.paths.prepared_dir}, then "
                  "each encoder's own resize (resolution=native reads the files as shipped)"),
-                ("cache", str(cfg.paths.cache_dir)),
-                ("device", str(cfg.device))]
+                ("cache", str(self.paths.cache_dir)),
+                ("device", self.extract.device)]
         return "\n".join(["plan (dry_run=true: nothing was read, embedded or written):"]
                          + [f"  {k:9s}{v}" for k, v in rows])
 
+    @property
+    def config_yaml(self) -> str:
+        """``config.yaml``: :attr:`config` as YAML (the text ``redacted_yaml`` of the config gives)."""
+        return OmegaConf.to_yaml(OmegaConf.create(self.config))
+
+
+# ------------------------------------------------- reading the config (called by plan() only)
 
 def panel(cfg: DictConfig, cli_overrides: list[str] | None = None) -> list[str]:
     """The encoders of this job: an explicit ``encoder=`` override wins over a panel. A generic
@@ -116,8 +204,8 @@ def _resolved_name(cfg: DictConfig, name: str) -> str:
     if not generic.is_generic(name):
         return name
     if str(cfg.encoder.name) != name:
-        raise UserError(f"the generic encoder '{name}' needs its model: run it as encoder={name} "
-                        f"encoder.model=<id>, or put a card for it in your config folder (README)")
+        raise InvalidSetting(f"the generic encoder '{name}' needs its model: run it as encoder={name} "
+                             f"encoder.model=<id>, or put a card for it in your config folder (README)")
     return generic_entry(cfg)[0].name
 
 
@@ -133,7 +221,7 @@ def _require_settings(cfg: DictConfig) -> None:
             if columns:
                 hint = (hint.replace("[<column>]", f"[{columns[0]}]")
                         + f" (the non-canonical columns of {cfg.manifest_file}: {', '.join(columns[:12])})")
-        raise UserError(f"{key} is not set: {hint}")
+        raise InvalidSetting(f"{key} is not set: {hint}")
 
 
 def _refuse_encoder_field(cfg: DictConfig, cli_overrides: list[str] | None) -> None:
@@ -151,9 +239,9 @@ def _refuse_encoder_field(cfg: DictConfig, cli_overrides: list[str] | None) -> N
 
         close = difflib.get_close_matches(name, encoders.names(), n=1)
         how = f" Choose it with encoder={close[0]}" if close else " and choose one with encoder=<name>"
-        raise UserError(f"encoder.name={name}: {exc.args[0]}{how}, not encoder.name=") from None
-    raise UserError(f"encoder.name={name} does not choose the encoder (the experiment's panel would run); "
-                    f"use encoder={name}")
+        raise UnknownName(f"encoder.name={name}: {exc.args[0]}{how}, not encoder.name=") from None
+    raise InvalidSetting(f"encoder.name={name} does not choose the encoder (the experiment's panel would run); "
+                         f"use encoder={name}")
 
 
 #: a feature-cache entry's metadata file (``features.cache.META_NAME``; that package imports torch)
@@ -191,47 +279,6 @@ def label_columns(stage: str, findings) -> tuple[list[str], list[str]]:
     return ([], names) if categorical else (names, [])
 
 
-def read_manifest_file(cfg: DictConfig, findings) -> pd.DataFrame:
-    """``manifest_file`` read and validated, its findings as the stage reads them
-    (:func:`label_columns`)."""
-    binary, labels = label_columns(str(cfg.stage.name), findings)
-    return mf.read(cfg.manifest_file, findings=binary, labels=labels)
-
-
-def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool = False,
-         experiment: str | None = None) -> Plan:
-    """Validate names and options (one-line errors) without touching data or models."""
-
-    stages.load_plugins(cfg.get("plugins") or [])  # a sweep's job processes import them again
-    _require_settings(cfg)
-    _refuse_encoder_field(cfg, cli_overrides)
-    stages.method(cfg.stage.name)  # the name; its module (torch) is imported when the stage runs
-    findings = list(cfg.stage.findings)
-    params = OmegaConf.to_container(cfg.stage.params, resolve=True)
-    stages.check(cfg.stage.name, params)  # names, types (k=abc: one line naming the type) and values, once
-    if cfg.get("features_file"):
-        encoder, dataset = features_names(cfg)
-        return Plan(dataset, None, [encoder], cfg.stage.name, findings, Path(cfg.features_file),
-                    multirun=multirun, experiment=experiment)
-    data.get(cfg.dataset.name)
-    root = Path(cfg.dataset.root)
-    if not root.is_dir() and not (cfg.dataset.get("generate") and data.get(cfg.dataset.name).generate):
-        raise UserError(f"dataset '{cfg.dataset.name}': root '{root}' does not exist; "
-                        "set dataset.root=<folder holding the dataset>")
-    shards, shard = int(cfg.extract.get("num_shards", 1)), int(cfg.extract.get("shard", 0))
-    if shards > 1 and any(encoders.get(n).is_slide for n in panel(cfg, cli_overrides)):
-        raise UserError("extract.num_shards > 1 is for tile/image encoders; slide encoders read a complete "
-                        "tile-encoder cache entry: extract the tiles sharded first, then run the slide panel")
-    if shards < 1 or not 0 <= shard < shards:
-        raise UserError(f"extract.shard={shard} must be in [0, extract.num_shards={shards}); "
-                        "sweep one job per part with extract.shard=range(N)")
-    names = panel(cfg, cli_overrides)
-    for name in names:
-        encoders.get(name)
-    fixed_sample_size(cfg)
-    return Plan(cfg.dataset.name, root, names, cfg.stage.name, findings, None, resolution(cfg), multirun, experiment)
-
-
 def resolution(cfg: DictConfig) -> int | None:
     """The top-level ``resolution`` (``native`` or a side in pixels; one-line error otherwise)."""
     return prepared.parse_resolution(cfg.get("resolution", prepared.NATIVE))
@@ -244,7 +291,7 @@ def fixed_sample_size(cfg: DictConfig) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidSetting(f"fixed_sample={value!r}: use null (every image) or the number of positives and of "
-                         "negatives to draw per matched group and finding, e.g. fixed_sample=500")
+                             "negatives to draw per matched group and finding, e.g. fixed_sample=500")
     return value
 
 
@@ -254,49 +301,43 @@ def resolved_prepared_dir(cfg: DictConfig) -> Path:
     return Path(where) if where else Path(cfg.paths.cache_dir).parent / "prepared"
 
 
-def _stage_results(stage: str, features, manifest: pd.DataFrame, cfg: DictConfig, out: Path,
-                   encoder: str, dataset: str) -> list[pd.DataFrame]:
-    """Run ``stage`` for every finding of the job and save its results
-    (:func:`robustbench_fm.methods.run.score_and_save`)."""
-    return score_and_save(stage, features, manifest, cfg.stage.findings, _params(cfg), out, encoder, dataset)
-
-
-def _params(cfg: DictConfig) -> dict:
-    """The stage's parameters, resolved."""
-    return OmegaConf.to_container(cfg.stage.params, resolve=True)
-
-
-def embedder(cfg: DictConfig) -> Embedder:
-    """The run's extraction service: ``extract.*``, ``device``, the cache folder, the remote-code
-    policy, the options the user gave the chosen encoder (``encoder.weights``, ...) and the
-    ``resolution`` every image is stored at first (``paths.prepared_dir``)."""
-    from ..features.embed import Embedder  # lazy: imports torch
-
-    name, options = encoder_options(cfg)
-    x = cfg.extract
-    return Embedder(Path(cfg.paths.cache_dir), device=str(cfg.device), batch_size=int(x.batch_size),
-                    num_workers=x.num_workers, shard_size=int(x.shard_size), on_bad_image=str(x.on_bad_image),
-                    num_shards=int(x.get("num_shards", 1)), shard=int(x.get("shard", 0)),
-                    allow_remote_code=bool(cfg.security.allow_remote_code), options={name: options},
-                    resolution=resolution(cfg), prepared_dir=resolved_prepared_dir(cfg))
-
-
-def encoder_options(cfg: DictConfig):
-    """``(name, EncoderOptions)`` of the job's ``encoder``: the options the user gave it (weights,
-    embedding, batch size); a generic entry is named by its resolved spec (:func:`generic_entry`)."""
-    from ..features.embed import EncoderOptions  # lazy: imports torch
-
-    enc, name = cfg.encoder, str(cfg.encoder.name)
-    options = EncoderOptions(weights=enc.get("weights"), tile_weights=enc.get("tile_weights"),
-                             embedding=enc.get("embedding"), batch_size=enc.get("batch_size"))
+def _encoder_settings(cfg: DictConfig) -> EncoderSettings:
+    """The options the user gave the job's ``encoder``; a generic entry is named by its resolved
+    spec and carries its resolved local weights (:func:`generic_entry`)."""
+    enc = cfg.encoder
+    batch_size = enc.get("batch_size")
     resolved = generic_entry(cfg)
     if resolved is not None:  # the spec holds the model, preprocessing and pooling; weights: a path or None
-        name = resolved[0].name
-        options = EncoderOptions(weights=resolved[1], batch_size=enc.get("batch_size"))
-    return name, options
+        return EncoderSettings(resolved[0].name, weights=resolved[1], batch_size=batch_size)
+    return EncoderSettings(str(enc.name), weights=enc.get("weights"), tile_weights=enc.get("tile_weights"),
+                           embedding=enc.get("embedding"), batch_size=batch_size)
 
 
-def _overrides(cfg: DictConfig) -> dict[str, str]:
+def _extract_options(cfg: DictConfig) -> ExtractOptions:
+    """``extract.*``, ``device`` and the remote-code policy, each checked (one line naming the key)."""
+    x = cfg.extract
+
+    def count(key: str, value, least: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) and not str(value).strip().isdigit() \
+                or int(value) < least:
+            raise InvalidSetting(f"extract.{key}={value!r}: use a whole number >= {least}")
+        return int(value)
+
+    workers = x.num_workers
+    if str(workers) != "auto":
+        workers = count("num_workers", workers, 0)
+    policy = str(x.on_bad_image)
+    if policy not in BAD_IMAGE_POLICIES:
+        raise InvalidSetting(f"extract.on_bad_image={policy!r}: use {' or '.join(BAD_IMAGE_POLICIES)} (stop at an "
+                             "unreadable image, or leave it out and list it in skipped.csv)")
+    return ExtractOptions(batch_size=count("batch_size", x.batch_size, 1), num_workers=workers,
+                          shard_size=count("shard_size", x.shard_size, 1), on_bad_image=policy,
+                          num_shards=count("num_shards", x.get("num_shards", 1), 1),
+                          shard=count("shard", x.get("shard", 0), 0), device=str(cfg.device),
+                          allow_remote_code=bool(cfg.security.allow_remote_code))
+
+
+def _param_overrides(cfg: DictConfig) -> dict[str, str]:
     """Stage parameters set through a top-level key (``sources: ${oc.select:retention_sources,[]}``)
     -> that key, for error messages that name the override to use."""
     raw = OmegaConf.to_container(cfg.stage.params, resolve=False)
@@ -309,83 +350,220 @@ def _overrides(cfg: DictConfig) -> dict[str, str]:
     return out
 
 
-def job_context(job: Plan, cfg: DictConfig, manifest: pd.DataFrame, out_dir: Path) -> JobContext:
-    """What a ``run_job`` stage receives (:class:`robustbench_fm.methods.job.JobContext`)."""
-    from ..methods.job import JobContext  # lazy: imports torch
-
-    return JobContext(stage=job.stage, dataset=job.dataset, root=job.root, encoders=list(job.encoders),
-                      findings=[str(f) for f in job.findings], params=_params(cfg), manifest=manifest,
-                      out_dir=Path(out_dir), embedder=embedder(cfg), seed=int(cfg.seed),
-                      dataset_options=_dataset_options(cfg), verify_images=bool(cfg.dataset.get("verify_images", True)),
-                      overrides=_overrides(cfg), sweep_first=_sweep_first(job, cfg))
-
-
-def _sweep_first(job: Plan, cfg: DictConfig) -> bool:
-    """False in a multirun job whose encoder is not the first of the swept panel (``encoders``,
-    what ``-m`` fans out: ``robustbench_fm.cli.resolvers.sweep_values``); True otherwise."""
-    if not job.multirun:
-        return True
-    swept = [str(e) for e in (cfg.get("encoders") or [])]
-    return not swept or not job.encoders or str(job.encoders[0]) == swept[0]
-
-
 def _dataset_options(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg.dataset.get("options") or OmegaConf.create(), resolve=True)
 
 
+def _config_record(cfg: DictConfig) -> dict:
+    """The resolved config without Hydra's own node, secrets masked (what ``config.yaml`` holds);
+    a setting that cannot be resolved is one line naming it."""
+    try:
+        if "hydra" not in cfg:
+            return redact_config(cfg)
+        return redact_config({str(k): OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k])
+                              else cfg[k] for k in cfg if k != "hydra"})
+    except OmegaConfBaseException as exc:
+        raise InvalidSetting(f"the config cannot be resolved: {' '.join(str(exc).split())}") from None
+
+
+def _missing_root(cfg: DictConfig, name: str, root: Path) -> MissingInput:
+    """A dataset root that does not exist: set ``paths.data_dir`` when the root is the dataset's
+    folder under it (every dataset of an experiment is looked for there), else ``dataset.root``."""
+    data_dir = OmegaConf.select(cfg, "paths.data_dir", default=None)
+    fix = "set dataset.root=<folder holding the dataset>"
+    if data_dir:
+        try:
+            below = root.relative_to(Path(str(data_dir)))
+        except ValueError:
+            below = None
+        if below is not None and below.parts:
+            fix = (f"set paths.data_dir=<folder holding {below.as_posix()}> (where every dataset's folder is "
+                   "looked for) or dataset.root=<folder holding the dataset>")
+    return MissingInput(f"dataset '{name}': root '{root}' does not exist; {fix}")
+
+
+# ----------------------------------------------------------------- entry points: a config in
+
+def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None, multirun: bool = False,
+        experiment: str | None = None) -> pd.DataFrame:
+    """Run the job, write everything under ``out_dir`` and return the combined summary
+    (:func:`plan`, then :func:`run_planned`).
+
+    The output folder is locked for the run (a second run aimed at it fails at once). Rows that
+    any encoder skipped are dropped for every encoder, so comparisons stay paired.
+    ``status.json`` says ``running``, then ``done``, ``failed`` with the error (a bad option
+    too) or ``interrupted`` (Ctrl-C), with the job's wall-clock ``start`` and ``end`` (a sweep's
+    report takes its runtime from the earliest start to the last end); the collect step of a
+    sweep lists the jobs that did not finish, and reports a ``running`` job whose process is
+    gone as interrupted.
+    """
+
+    with recorded(out_dir):
+        job = plan(cfg, cli_overrides, multirun=multirun, experiment=experiment)
+        return run_planned(job, out_dir)
+
+
 def job_manifest(cfg: DictConfig) -> pd.DataFrame:
     """The manifest of the job whose resolved config is ``cfg`` (a sweep's collect step re-scores
-    cached features with it: :meth:`robustbench_fm.core.tables.SweepResults.manifest`); a
-    bring-your-own-features job's is its ``manifest_file``."""
+    cached features with it: :meth:`robustbench_fm.core.tables.SweepResults.manifest`): the
+    :func:`load_manifest` of its :func:`plan`; a bring-your-own-features job's is its
+    ``manifest_file``."""
+    return load_manifest(plan(cfg))
+
+
+# ------------------------------------------------------- the plan: the one reader of the config
+
+def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool = False,
+         experiment: str | None = None) -> Plan:
+    """The job's typed run configuration: read ``cfg`` once, validating names and options
+    (one-line errors) without touching data or models."""
+
+    stages.load_plugins(cfg.get("plugins") or [])  # a sweep's job processes import them again
+    _require_settings(cfg)
+    _refuse_encoder_field(cfg, cli_overrides)
+    stages.method(cfg.stage.name)  # the name; its module (torch) is imported when the stage runs
+    findings = list(cfg.stage.findings)
+    params = OmegaConf.to_container(cfg.stage.params, resolve=True)
+    stages.check(cfg.stage.name, params)  # names, types (k=abc: one line naming the type) and values, once
+    common = dict(multirun=multirun, experiment=experiment, params=params, param_overrides=_param_overrides(cfg),
+                  seed=int(cfg.seed) if cfg.get("seed") is not None else None,
+                  manifest_file=Path(str(cfg.manifest_file)) if cfg.get("manifest_file") else None,
+                  swept_encoders=tuple(str(e) for e in (cfg.get("encoders") or [])),
+                  report=ReportOptions(tuple(str(t) for t in (OmegaConf.select(cfg, "report.tables", default=None)
+                                                              or []))),
+                  paths=Paths(Path(str(cfg.paths.cache_dir)), resolved_prepared_dir(cfg)),
+                  extract=_extract_options(cfg), cli_overrides=tuple(cli_overrides or ()))
     if cfg.get("features_file"):
-        return read_manifest_file(cfg, cfg.stage.findings)
-    plan = Plan(cfg.dataset.name, Path(cfg.dataset.root), [], cfg.stage.name, [str(f) for f in cfg.stage.findings],
-                None)
-    return load_manifest(plan, cfg)
+        encoder, dataset = features_names(cfg)
+        return Plan(dataset, None, [encoder], cfg.stage.name, findings, Path(cfg.features_file),
+                    config=_config_record(cfg), **common)
+    data.get(cfg.dataset.name)
+    root = Path(cfg.dataset.root)
+    generate = bool(cfg.dataset.get("generate"))
+    if not root.is_dir() and not (generate and data.get(cfg.dataset.name).generate):
+        raise _missing_root(cfg, str(cfg.dataset.name), root)
+    extract = common["extract"]
+    if extract.num_shards > 1 and any(encoders.get(n).is_slide for n in panel(cfg, cli_overrides)):
+        raise InvalidSetting("extract.num_shards > 1 is for tile/image encoders; slide encoders read a complete "
+                             "tile-encoder cache entry: extract the tiles sharded first, then run the slide panel")
+    if extract.num_shards < 1 or not 0 <= extract.shard < extract.num_shards:
+        raise InvalidSetting(f"extract.shard={extract.shard} must be in [0, extract.num_shards={extract.num_shards}); "
+                             "sweep one job per part with extract.shard=range(N)")
+    names = panel(cfg, cli_overrides)
+    for name in names:
+        encoders.get(name)
+    card = cfg.dataset.get("card")
+    return Plan(cfg.dataset.name, root, names, cfg.stage.name, findings, None, resolution(cfg),
+                dataset_options=_dataset_options(cfg), generate=generate,
+                verify_images=bool(cfg.dataset.get("verify_images", True)),
+                card=OmegaConf.to_container(card, resolve=True) if card else None,
+                fixed_sample=fixed_sample_size(cfg), encoder=_encoder_settings(cfg), config=_config_record(cfg),
+                **common)
 
 
-def load_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
+# ----------------------------------------------------- the steps after the plan: a Plan in
+
+def _stage_results(job: Plan, features, manifest: pd.DataFrame, out: Path, encoder: str,
+                   dataset: str) -> list[pd.DataFrame]:
+    """Run the job's stage for every finding of the job and save its results
+    (:func:`robustbench_fm.methods.run.score_and_save`)."""
+    return score_and_save(job.stage, features, manifest, job.findings, job.params, out, encoder, dataset)
+
+
+def embedder(job: Plan) -> Embedder:
+    """The run's extraction service: the plan's extraction options (``extract.*``, ``device``,
+    the remote-code policy), the feature cache folder, the options the user gave the chosen
+    encoder (``encoder.weights``, ...) and the ``resolution`` every image is stored at first (in
+    ``paths.prepared_dir``)."""
+    from ..features.embed import Embedder  # lazy: imports torch
+
+    name, options = encoder_options(job)
+    x = job.extract
+    return Embedder(job.paths.cache_dir, device=x.device, batch_size=x.batch_size, num_workers=x.num_workers,
+                    shard_size=x.shard_size, on_bad_image=x.on_bad_image, num_shards=x.num_shards, shard=x.shard,
+                    allow_remote_code=x.allow_remote_code, options={name: options}, resolution=job.resolution,
+                    prepared_dir=job.paths.prepared_dir)
+
+
+def encoder_options(job: Plan) -> tuple[str, EncoderOptions]:
+    """``(name, EncoderOptions)`` of the job's ``encoder``: the options the user gave it (weights,
+    embedding, batch size); a generic entry is named by its resolved spec (:func:`generic_entry`)."""
+    from ..features.embed import EncoderOptions  # lazy: imports torch
+
+    e = job.encoder
+    return e.name, EncoderOptions(weights=e.weights, tile_weights=e.tile_weights, embedding=e.embedding,
+                                  batch_size=e.batch_size)
+
+
+def job_context(job: Plan, manifest: pd.DataFrame, out_dir: Path) -> JobContext:
+    """What a ``run_job`` stage receives (:class:`robustbench_fm.methods.job.JobContext`)."""
+    from ..methods.job import JobContext  # lazy: imports torch
+
+    return JobContext(stage=job.stage, dataset=job.dataset, root=job.root, encoders=list(job.encoders),
+                      findings=[str(f) for f in job.findings], params=job.params, manifest=manifest,
+                      out_dir=Path(out_dir), embedder=embedder(job), seed=int(job.seed),
+                      dataset_options=job.dataset_options, verify_images=job.verify_images,
+                      overrides=dict(job.param_overrides), sweep_first=_sweep_first(job))
+
+
+def _sweep_first(job: Plan) -> bool:
+    """False in a multirun job whose encoder is not the first of the swept panel (``encoders``,
+    what ``-m`` fans out: ``robustbench_fm.cli.resolvers.sweep_values``); True otherwise."""
+    if not job.multirun:
+        return True
+    swept = list(job.swept_encoders)
+    return not swept or not job.encoders or str(job.encoders[0]) == swept[0]
+
+
+def read_manifest_file(job: Plan) -> pd.DataFrame:
+    """The plan's ``manifest_file`` read and validated, its findings as the stage reads them
+    (:func:`label_columns`)."""
+    binary, labels = label_columns(job.stage, job.findings)
+    return mf.read(job.manifest_file, findings=binary, labels=labels)
+
+
+def load_manifest(job: Plan) -> pd.DataFrame:
     """The dataset's canonical manifest (generated first for synthetic datasets), or the one in
     ``manifest_file`` (paths relative to ``dataset.root``); counts that differ from the dataset
     card's expected ones are logged as warnings. With ``fixed_sample: N`` only the fixed sample of
     at most N positives and N negatives per matched group and finding
     (:func:`robustbench_fm.data.sample.fixed_sample`)."""
-    manifest = _full_manifest(job, cfg)
-    per_class = fixed_sample_size(cfg)
+    manifest = _full_manifest(job)
+    per_class = job.fixed_sample
     if per_class is None:
         return manifest
-    group_col = str(OmegaConf.select(cfg, "stage.params.group_col", default=None) or "acq_group")
-    sampled = fixed_sample(manifest, [str(f) for f in job.findings], per_class, seed=int(cfg.seed),
+    group_col = str(job.params.get("group_col") or "acq_group")
+    sampled = fixed_sample(manifest, [str(f) for f in job.findings], per_class, seed=int(job.seed),
                            group_col=group_col)
     log.info("fixed_sample=%d: %d of %d images (at most %d positives and %d negatives per %s and finding)",
              int(per_class), len(sampled), len(manifest), int(per_class), int(per_class), group_col)
     return sampled
 
 
-def _full_manifest(job: Plan, cfg: DictConfig) -> pd.DataFrame:
-    if cfg.get("manifest_file"):  # e.g. the manifest scripts/prepare_dataset.py wrote beside its images
-        manifest = read_manifest_file(cfg, job.findings)
-        log.info("dataset %s: %d rows from %s, images under %s", job.dataset, len(manifest), cfg.manifest_file,
-                 job.root)
+def _full_manifest(job: Plan) -> pd.DataFrame:
+    if job.manifest_file is not None:  # e.g. the manifest scripts/prepare_dataset.py wrote beside its images
+        manifest = read_manifest_file(job)
+        if job.features_file is None:
+            log.info("dataset %s: %d rows from %s, images under %s", job.dataset, len(manifest), job.manifest_file,
+                     job.root)
         return manifest
     adapter = data.get(job.dataset)
-    options = _dataset_options(cfg)
-    if cfg.dataset.get("generate") and adapter.generate is not None:
+    options = job.dataset_options
+    if job.generate and adapter.generate is not None:
 
         # parallel sweep jobs share the generated folder: one writes it, the others wait
         with FileLock(job.root.parent / f".{job.root.name}.generate.lock", timeout=None):
             adapter.generate(job.root, **options)
-    manifest = data.build_manifest(job.dataset, job.root, verify_images=cfg.dataset.verify_images,
+    manifest = data.build_manifest(job.dataset, job.root, verify_images=job.verify_images,
                                    findings=job.findings, **options)
     log.info("dataset %s: %d rows from %s", job.dataset, len(manifest), job.root)
-    card = cfg.dataset.get("card")
-    if card:
-        for warning in cards.check(manifest, OmegaConf.to_container(card, resolve=True), job.dataset):
+    if job.card:
+        for warning in cards.check(manifest, job.card, job.dataset):
             log.warning(warning)
     return manifest
 
 
-def _extract_panel(job: Plan, cfg: DictConfig, manifest: pd.DataFrame,
+def _extract_panel(job: Plan, manifest: pd.DataFrame,
                    service: Embedder | None = None) -> tuple[list, list[str], dict]:
     """Fill the feature cache for every encoder (only part ``extract.shard`` of
     ``extract.num_shards`` when sharded), the image encoders in one decode pass
@@ -393,9 +571,9 @@ def _extract_panel(job: Plan, cfg: DictConfig, manifest: pd.DataFrame,
     the sample_ids any encoder had to skip (unreadable images under ``on_bad_image=skip``) and
     the cache use per encoder (images, embedded now, read from the cache, hit, seconds).
     ``service``: the Embedder to use (a sweep's panel extraction job, :mod:`.sweeps`, gives one
-    holding every encoder's options); default :func:`embedder` of ``cfg``."""
+    holding every encoder's options); default :func:`embedder` of the plan."""
 
-    service = embedder(cfg) if service is None else service
+    service = embedder(job) if service is None else service
     entries, skipped, cache = [], set(), {}
     images = manifest.drop_duplicates("sample_id")  # paired designs list an image once per subset
     # image encoders: one decode per image for the whole panel (those that fit in memory together)
@@ -416,24 +594,6 @@ def _extract_panel(job: Plan, cfg: DictConfig, manifest: pd.DataFrame,
         skipped.update(feats.skipped)
         del feats
     return entries, sorted(skipped), cache
-
-
-def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None, multirun: bool = False,
-        experiment: str | None = None) -> pd.DataFrame:
-    """Run the job, write everything under ``out_dir`` and return the combined summary.
-
-    The output folder is locked for the run (a second run aimed at it fails at once). Rows that
-    any encoder skipped are dropped for every encoder, so comparisons stay paired.
-    ``status.json`` says ``running``, then ``done``, ``failed`` with the error (a bad option
-    too) or ``interrupted`` (Ctrl-C), with the job's wall-clock ``start`` and ``end`` (a sweep's
-    report takes its runtime from the earliest start to the last end); the collect step of a
-    sweep lists the jobs that did not finish, and reports a ``running`` job whose process is
-    gone as interrupted.
-    """
-
-    with recorded(out_dir):
-        job = plan(cfg, cli_overrides, multirun=multirun, experiment=experiment)
-        return run_planned(job, cfg, out_dir, cli_overrides)
 
 
 @contextlib.contextmanager
@@ -478,8 +638,7 @@ def write_status(out_dir: Path, status: str, error: str = "", start: float | Non
     write_text_atomic(out_dir / "status.json",
                       json.dumps({"status": status, "error": error, **fields, **times}) + "\n")
 
-
-def run_stage_on_entries(job: Plan, cfg: DictConfig, manifest: pd.DataFrame, entries, skipped: list[str],
+def run_stage_on_entries(job: Plan, manifest: pd.DataFrame, entries, skipped: list[str],
                          out_dir: Path) -> list[pd.DataFrame]:
     """Run the stage on complete cache entries ``[(encoder, entry folder), ...]`` of one manifest,
     after dropping for every encoder the rows any encoder skipped (listed in ``skipped.csv``)."""
@@ -494,44 +653,43 @@ def run_stage_on_entries(job: Plan, cfg: DictConfig, manifest: pd.DataFrame, ent
     for name, entry in entries:
         ids, emb = load_features(entry)
         features = align_features(ids, emb, manifest, str(entry))
-        summaries += _stage_results(job.stage, features, manifest, cfg, out_dir, name, job.dataset)
+        summaries += _stage_results(job, features, manifest, out_dir, name, job.dataset)
     return summaries
 
 
-def run_planned(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFrame:
+def run_planned(job: Plan, out_dir: Path) -> pd.DataFrame:
     """The work of planned job ``job`` (:func:`plan`) under ``out_dir`` (held by :func:`recorded`)."""
-    write_text_atomic(out_dir / "config.yaml", redacted_yaml(cfg))
-    if cli_overrides:
-        write_text_atomic(out_dir / "overrides.yaml", redacted_yaml(OmegaConf.create(cli_overrides)))
+    write_text_atomic(out_dir / "config.yaml", job.config_yaml)
+    if job.cli_overrides:
+        write_text_atomic(out_dir / "overrides.yaml", redacted_yaml(OmegaConf.create(list(job.cli_overrides))))
     started = time.perf_counter()
     if job.features_file is not None:
-        manifest = read_manifest_file(cfg, job.findings)
-        _check_scorable(job, cfg, manifest)
+        manifest = read_manifest_file(job)
+        _check_scorable(job, manifest)
         # entries.json names the user's features, so a collect step can re-score them (CRoMa's panel k)
         _record_entries(out_dir, job, [(job.encoders[0], job.features_file, [])], {})
-        summaries = _stage_results(job.stage, str(job.features_file), manifest, cfg, out_dir,
-                                   encoder=job.encoders[0], dataset=job.dataset)
+        summaries = _stage_results(job, str(job.features_file), manifest, out_dir, encoder=job.encoders[0],
+                                   dataset=job.dataset)
     else:
 
-        manifest = load_manifest(job, cfg)
-        _check_scorable(job, cfg, manifest)  # before any image is read
+        manifest = load_manifest(job)
+        _check_scorable(job, manifest)  # before any image is read
         module = stages.get(job.stage)
         if hasattr(module, "run_job"):  # the stage drives the encoder itself (methods/__init__.py)
-            summaries = module.run_job(job_context(job, cfg, manifest, out_dir))
-            _tables_after_run(job, cfg, out_dir)
+            summaries = module.run_job(job_context(job, manifest, out_dir))
+            _tables_after_run(job, out_dir)
         else:
-            entries, skipped, cache = _extract_panel(job, cfg, manifest)
-            if cfg.extract.num_shards > 1:
-                return _record_part(job, cfg, entries, out_dir)
+            entries, skipped, cache = _extract_panel(job, manifest)
+            if job.extract.num_shards > 1:
+                return _record_part(job, entries, out_dir)
             _record_entries(out_dir, job, entries, cache)
-            summaries = run_stage_on_entries(job, cfg, manifest, [(n, e) for n, e, _ in entries], skipped,
-                                             out_dir)
+            summaries = run_stage_on_entries(job, manifest, [(n, e) for n, e, _ in entries], skipped, out_dir)
     summary = pd.concat(summaries, ignore_index=True)
     write_atomic(out_dir / "summary.parquet", lambda f: summary.to_parquet(f, index=False))
     table = console_table(summary, job.stage)
     write_text_atomic(out_dir / "summary.md", table)
     seconds = time.perf_counter() - started
-    report = _write_report(job, cfg, summary, out_dir, seconds)
+    report = _write_report(job, summary, out_dir, seconds)
     print(f"\n{job.stage} on {job.dataset or job.features_file} ({seconds:.1f} s) -> {out_dir}\n\n{table}"
           f"\nreport: {report}")
     _refuse_all_blank(job.stage, summary)  # after the table, its reasons and the report are out
@@ -542,10 +700,10 @@ def run_planned(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.
 MAX_REASONS = 20
 
 
-def _tables_after_run(job: Plan, cfg: DictConfig, out_dir: Path) -> None:
+def _tables_after_run(job: Plan, out_dir: Path) -> None:
     """A stage whose method sets ``tables_after_run`` (SPAR) builds the experiment's
     ``report.tables`` at the end of a single run; a sweep's collect step builds them over every job."""
-    tables = list(cfg.get("report", {}).get("tables") or [])
+    tables = list(job.report.tables)
     if tables and not job.multirun and methods.method(job.stage).tables_after_run:
         build_tables(tables, SweepResults(out_dir, load_manifest=job_manifest), out_dir / "tables")
 
@@ -568,13 +726,13 @@ def console_table(summary: pd.DataFrame, stage: str) -> str:
     return table
 
 
-def _check_scorable(job: Plan, cfg: DictConfig, manifest: pd.DataFrame) -> None:
+def _check_scorable(job: Plan, manifest: pd.DataFrame) -> None:
     """The stage's ``check_manifest(manifest, findings, **params)`` (CANDOR: a k no matched group
     can satisfy) refuses a run whose every row would be blank, before any image is read."""
 
     check = getattr(stages.get(job.stage), "check_manifest", None)
     if check is not None:
-        check(manifest, [str(f) for f in job.findings], **OmegaConf.to_container(cfg.stage.params, resolve=True))
+        check(manifest, [str(f) for f in job.findings], **job.params)
 
 
 def _refuse_all_blank(stage: str, summary: pd.DataFrame) -> None:
@@ -588,18 +746,18 @@ def _refuse_all_blank(stage: str, summary: pd.DataFrame) -> None:
     first = summary.iloc[0]
     where = ", ".join(f"{c} '{first[c]}'" for c in ("encoder", "finding", "acq_group")
                       if c in summary.columns and pd.notna(first[c]))
-    raise UserError(f"{stage}: none of the {len(summary)} result rows could be scored; {where}: {reasons.iloc[0]}; "
-                    "check stage.params and stage.findings")
+    raise InvalidSetting(f"{stage}: none of the {len(summary)} result rows could be scored; {where}: "
+                         f"{reasons.iloc[0]}; check stage.params and stage.findings")
 
 
-def _write_report(job: Plan, cfg: DictConfig, summary: pd.DataFrame, out_dir: Path, seconds: float) -> Path:
+def _write_report(job: Plan, summary: pd.DataFrame, out_dir: Path, seconds: float) -> Path:
     """``results_long.parquet``/``.csv`` (:mod:`.report.long_format`) and ``report.md`` /
     ``report.html`` (:mod:`.report.html`) of this run; returns the HTML path."""
 
-    long = to_long(summary, job.stage, OmegaConf.create(redact_config(cfg)), out_dir.name)
+    long = to_long(summary, job.stage, OmegaConf.create(job.config), out_dir.name)
     write_atomic(out_dir / "results_long.parquet", lambda f: long.to_parquet(f, index=False))
     write_text_atomic(out_dir / "results_long.csv", long.to_csv(index=False))
-    return write_report(run_report(out_dir, redacted_yaml(cfg), long, seconds, experiment=job.experiment),
+    return write_report(run_report(out_dir, job.config_yaml, long, seconds, experiment=job.experiment),
                         out_dir)[1]
 
 
@@ -612,14 +770,14 @@ def _record_entries(out_dir: Path, job: Plan, entries, cache: dict) -> None:
     write_text_atomic(out_dir / "entries.json", json.dumps(record, indent=1) + "\n")
 
 
-def _record_part(job: Plan, cfg: DictConfig, entries, out_dir: Path) -> pd.DataFrame:
+def _record_part(job: Plan, entries, out_dir: Path) -> pd.DataFrame:
     """A sharded-extraction job stops after its part: ``extracted.json`` names the cache
     entries; the sweep's collect step runs the stage once every part is in."""
-    record = {"dataset": job.dataset, "stage": job.stage, "part": cfg.extract.shard,
-              "num_parts": cfg.extract.num_shards,
+    x = job.extract
+    record = {"dataset": job.dataset, "stage": job.stage, "part": x.shard, "num_parts": x.num_shards,
               "entries": [{"encoder": n, "entry": str(e), "missing_shards": m} for n, e, m in entries]}
     write_text_atomic(out_dir / "extracted.json", json.dumps(record, indent=1) + "\n")
     for name, entry, missing in entries:
-        print(f"{name}: part {cfg.extract.shard} of {cfg.extract.num_shards} extracted into {entry}; "
+        print(f"{name}: part {x.shard} of {x.num_shards} extracted into {entry}; "
               + (f"{len(missing)} shards still missing (other parts)" if missing else "entry complete"))
     return pd.DataFrame()

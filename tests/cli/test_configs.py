@@ -130,7 +130,7 @@ def test_a_dataset_with_empty_options_builds_its_manifest(tmp_path):
     write_cub(tmp_path / "cub", per_class=3)
     cfg = compose_cfg(["dataset=cub", f"dataset.root={tmp_path / 'cub'}", "encoder=planted_blur"], tmp_path)
     assert OmegaConf.to_container(cfg.dataset.options) == {}
-    manifest = app.load_manifest(app.plan(cfg, ["encoder=planted_blur"]), cfg)
+    manifest = app.load_manifest(app.plan(cfg, ["encoder=planted_blur"]))
     assert len(manifest) == 3 * len(CUB_CLASSES)
 
 

@@ -40,9 +40,9 @@ def test_plan_names_the_stored_size_and_native_opts_out(tmp_path):
     cfg = _cfg(tmp_path, tmp_path)
     assert cfg.resolution == 224 and app.plan(cfg).resolution == 224
     assert f"stored at 224 x 224 px once in {tmp_path / 'outputs' / 'cache' / 'prepared'}" in \
-        app.plan(cfg).describe(cfg)
+        app.plan(cfg).describe()
     native = _cfg(tmp_path, tmp_path, "resolution=native")
-    assert app.plan(native).resolution is None and "native (the files as shipped)" in app.plan(native).describe(native)
+    assert app.plan(native).resolution is None and "native (the files as shipped)" in app.plan(native).describe()
     with pytest.raises(ValueError, match="resolution='224px'"):
         app.plan(_cfg(tmp_path, tmp_path, "resolution=224px"))
     with pytest.raises(ValueError, match="fixed_sample='many'"):
@@ -133,7 +133,7 @@ def test_resolution_ablation_stores_its_fixed_sample_at_224_and_512(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (sweep / "missing.txt").read_text() == ""
     cfg = _cfg(tmp_path, root, "fixed_sample=6")
-    full = job._full_manifest(job.plan(cfg), cfg)
+    full = job._full_manifest(job.plan(cfg))
     sample = fixed_sample(full, list(cfg.stage.findings), 6)
     rows = pd.concat(pd.read_parquet(f) for f in sweep.glob("*/summary.parquet"))
     rows = rows[rows["acq_group"] != "__pooled__"]

@@ -14,7 +14,8 @@ from robustbench_fm.cli.main import CONFIG_DIR
 def _first(encoder: str, mode: RunMode | None) -> bool:
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", return_hydra_config=True, overrides=["experiment=spar_demo", f"encoder={encoder}"])
-    job = app.Plan(cfg.dataset.name, None, [encoder], cfg.stage.name, [], None)
+    job = app.plan(cfg, [f"encoder={encoder}"])  # reads the swept panel (cfg.encoders) into the plan
+    assert job.encoders == [encoder] and job.swept_encoders == tuple(cfg.encoders)
     instance = HydraConfig.instance()
     before = instance.cfg
     try:
@@ -25,7 +26,7 @@ def _first(encoder: str, mode: RunMode | None) -> bool:
                 cfg.hydra.mode = mode
             instance.set_config(cfg)
         # the command line's job reads the mode from Hydra once (app.hydra_mode) into the plan
-        return app._sweep_first(dataclasses.replace(job, multirun=app.hydra_mode()[0]), cfg)
+        return app._sweep_first(dataclasses.replace(job, multirun=app.hydra_mode()[0]))
     finally:
         instance.cfg = before
 

@@ -145,7 +145,8 @@ def test_dry_run_of_a_slurm_sweep_lists_its_jobs_and_launches_nothing(tmp_path):
               cwd=tmp_path, check=False)
     assert bad.returncode == 2
     assert bad.stdout.strip().splitlines()[1:] == [
-        "  #0 0_planted_blur-chexpert-candor: error: dataset 'chexpert': root 'nowhere' does not exist; "
-        "set dataset.root=<folder holding the dataset>",
+        "  #0 0_planted_blur-chexpert-candor: error (problem 1)",
         "  #1 1_planted_blur-planted-candor: ok",
-        "nothing was launched (dry_run=true); 1 of 2 jobs would fail their checks"]
+        "problem 1, 1 job (#0): dataset 'chexpert': root 'nowhere' does not exist; "
+        "set dataset.root=<folder holding the dataset>",
+        "nothing was launched (dry_run=true); 1 of 2 jobs would fail their checks (1 distinct problem above)"]

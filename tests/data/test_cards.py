@@ -55,3 +55,15 @@ def test_check_warns_once_per_mismatch_and_skips_nulls():
 def test_load_card_names_the_missing_file():
     with pytest.raises(FileNotFoundError, match="configs/dataset/no_such_set.yaml"):
         load_card("no_such_set")
+
+
+def test_card_errors_are_user_error_subclasses():
+    from robustbench_fm.core.errors import MissingInput, UnknownName
+    from robustbench_fm.data.cards import card_field
+
+    with pytest.raises(MissingInput) as err:
+        load_card("no_such_set")
+    assert isinstance(err.value, FileNotFoundError) and "add configs/dataset/no_such_set.yaml" in str(err.value)
+    with pytest.raises(UnknownName) as err:
+        card_field("nct_crc", "licens")
+    assert str(err.value) == "'licens' is not a card text field; one of access, licence, citation"

@@ -55,3 +55,13 @@ def test_missing_manifest_option_and_file(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"nope.csv: file not found; set dataset.manifest"):
         data.build_manifest("csv", tmp_path, verify_images=False, manifest=tmp_path / "nope.csv")
     assert csv_manifest.finding_columns(None) == [] == csv_manifest.finding_columns(tmp_path / "nope.csv")
+
+
+def test_a_missing_manifest_is_a_user_error_naming_the_setting(tmp_path):
+    from robustbench_fm.core.errors import UserError
+    from robustbench_fm.data.files import DatasetFileMissing
+
+    with pytest.raises(DatasetFileMissing) as err:
+        data.build_manifest("csv", tmp_path, verify_images=False, manifest=tmp_path / "nope.csv")
+    assert isinstance(err.value, (UserError, FileNotFoundError))
+    assert str(err.value) == f"{tmp_path / 'nope.csv'}: file not found; set dataset.manifest=<labels.csv>"

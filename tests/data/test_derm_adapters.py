@@ -4,6 +4,7 @@ import pytest
 from fixtures_derm import write_ddi, write_fitzpatrick17k, write_isic2019
 
 from robustbench_fm.data import build_manifest
+from robustbench_fm.data.files import DatasetError
 from robustbench_fm.data.images import read_image
 
 
@@ -42,8 +43,9 @@ def test_isic2019_without_metadata_and_bad_one_hot(tmp_path):
     assert build_manifest("isic2019", tmp_path)["patient_id"].nunique() == 7
     gt = tmp_path / "ISIC_2019_Training_GroundTruth.csv"
     gt.write_text(gt.read_text().replace("ISIC_0000006,0.0", "ISIC_0000006,1.0"))
-    with pytest.raises(ValueError, match=r"row 6 \(ISIC_0000006\) has 2 classes set"):
+    with pytest.raises(ValueError, match=r"row 6 \(ISIC_0000006\) has 2 classes set") as err:
         build_manifest("isic2019", tmp_path)
+    assert isinstance(err.value, DatasetError) and str(err.value).startswith(f"dataset 'isic2019': {gt}: row 6")
 
 
 def test_ddi_boolean_labels_and_unnamed_index(tmp_path):

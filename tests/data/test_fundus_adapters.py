@@ -81,3 +81,21 @@ def test_idrid_segmentation_masks_and_union_boxes(tmp_path):
     assert m.loc["idrid_seg_test_IDRiD_55", ["box_x0", "box_y1"]].isna().all()
     with pytest.raises(ValueError, match="part 'localization' unknown"):
         build_manifest("idrid", tmp_path, part="localization")
+
+
+def test_an_unknown_part_is_a_user_error_naming_the_option(tmp_path):
+    from robustbench_fm.core.errors import UserError
+    from robustbench_fm.data.files import DatasetError, DatasetFileMissing
+
+    write_idrid(tmp_path)
+    with pytest.raises(DatasetError) as err:
+        build_manifest("idrid", tmp_path, part="grade")
+    assert isinstance(err.value, (UserError, ValueError))
+    assert str(err.value) == "dataset 'idrid': part 'grade' unknown; use grading or segmentation"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetFileMissing) as err:
+        build_manifest("idrid", tmp_path / "empty", part="segmentation")  # the root exists, the images do not
+    assert isinstance(err.value, (UserError, FileNotFoundError))
+    folder = tmp_path / "empty" / "A. Segmentation" / "1. Original Images" / "a. Training Set"
+    assert str(err.value) == (f"dataset 'idrid': '{folder}' not found; unzip 'A. Segmentation' of IDRiD under "
+                              "dataset.root")

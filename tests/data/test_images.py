@@ -144,3 +144,13 @@ def test_jpeg2000_compressed_dicom(tmp_path):
     raw = np.array([[0, 100], [200, 400]], dtype=np.uint16)
     write_dicom(tmp_path / "j2k.dcm", raw, "MONOCHROME1", jpeg2000=True)
     assert pixels(read_image(tmp_path, {"path": "j2k.dcm"})) == [[255, 191], [127, 0]]
+
+
+def test_bad_locators_are_invalid_settings_naming_the_file(tmp_path):
+    from robustbench_fm.core.errors import InvalidSetting
+
+    np.savez(tmp_path / "a.npz", slo_fundus=np.zeros((3, 4), np.uint8))
+    with pytest.raises(InvalidSetting) as err:
+        read_image(tmp_path, {"path": "a.npz#slo"})
+    assert isinstance(err.value, ValueError)
+    assert str(err.value) == f"{tmp_path / 'a.npz'}: no array 'slo' (has slo_fundus); fix the '#<key>' of the path"

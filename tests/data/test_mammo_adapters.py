@@ -4,6 +4,7 @@ import pytest
 from fixtures_mammo import write_vindr_mammo
 
 from robustbench_fm.data import build_manifest
+from robustbench_fm.data.files import DatasetError
 from robustbench_fm.data.images import read_image
 
 
@@ -35,5 +36,6 @@ def test_vindr_mammo_bad_list_cell_is_one_clear_error(tmp_path):
     write_vindr_mammo(tmp_path)
     csv = tmp_path / "finding_annotations.csv"
     csv.write_text(csv.read_text().replace("\"['Focal Asymmetry']\"", "Focal Asymmetry"))
-    with pytest.raises(ValueError, match="finding_categories', row 5: 'Focal Asymmetry' is not a list"):
+    with pytest.raises(ValueError, match="finding_categories', row 5: 'Focal Asymmetry' is not a list") as err:
         build_manifest("vindr_mammo", tmp_path)
+    assert isinstance(err.value, DatasetError) and str(err.value).startswith(f"dataset 'vindr_mammo': {csv}:")

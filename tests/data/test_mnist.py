@@ -46,3 +46,14 @@ def test_per_class_keeps_the_first_images_of_each_digit(root):
 def test_missing_labels_file_says_how_to_write_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="dataset.generate=true"):
         data.build_manifest("mnist_5k", tmp_path)
+
+
+def test_bad_per_class_and_missing_labels_are_user_error_subclasses(root, tmp_path):
+    from robustbench_fm.data.files import DatasetError, DatasetFileMissing
+
+    with pytest.raises(DatasetError) as err:
+        data.build_manifest("mnist_5k", root, per_class=0)
+    assert isinstance(err.value, (UserError, ValueError)) and "dataset 'mnist_5k': per_class=0" in str(err.value)
+    with pytest.raises(DatasetFileMissing) as err:
+        data.build_manifest("mnist_5k", tmp_path)
+    assert isinstance(err.value, (UserError, FileNotFoundError)) and str(tmp_path / "labels.csv") in str(err.value)

@@ -6,6 +6,7 @@ import pytest
 from fixtures_natural import FGVC_SIZE, write_cub, write_fgvc
 
 from robustbench_fm.data import build_manifest
+from robustbench_fm.data.files import DatasetError
 from robustbench_fm.data.images import read_image
 from robustbench_fm.data.natural import classes_sharing_group, cub_family
 
@@ -42,8 +43,9 @@ def test_cub_missing_label_line_is_one_clear_error(tmp_path):
     write_cub(tmp_path)
     labels = tmp_path / "CUB_200_2011" / "image_class_labels.txt"
     labels.write_text("\n".join(labels.read_text().splitlines()[:-1]) + "\n")
-    with pytest.raises(ValueError, match="image_id 14 of images.txt has no class"):
+    with pytest.raises(ValueError, match="image_id 14 of images.txt has no class") as err:
         build_manifest("cub", tmp_path)
+    assert isinstance(err.value, DatasetError) and "re-extract CUB_200_2011.tgz" in str(err.value)
 
 
 def test_fgvc_variant_within_manufacturer_and_banner_crop(tmp_path):

@@ -49,3 +49,22 @@ def test_pcam_without_meta_and_gzipped_files(tmp_path):
     (tmp_path / "camelyonpatch_level_2_split_train_y.h5").rename(tmp_path / "camelyonpatch_level_2_split_train_y.h5.gz")
     with pytest.raises(FileNotFoundError, match="gunzip"):
         build_manifest("pcam", tmp_path, verify_images=False)
+
+
+def test_bad_options_and_gzipped_files_are_user_errors_naming_the_fix(tmp_path):
+    from robustbench_fm.core.errors import UserError
+    from robustbench_fm.data.files import DatasetError, DatasetFileMissing
+
+    write_nct_crc(tmp_path / "nct")
+    with pytest.raises(DatasetError) as err:
+        build_manifest("nct_crc", tmp_path / "nct", subsets=["CRC-VAL"])
+    assert isinstance(err.value, (UserError, ValueError))
+    assert str(err.value) == ("dataset 'nct_crc': unknown subset 'CRC-VAL'; use NCT-CRC-HE-100K, "
+                              "NCT-CRC-HE-100K-NONORM, CRC-VAL-HE-7K")
+    write_pcam(tmp_path / "pcam")
+    y = tmp_path / "pcam" / "camelyonpatch_level_2_split_test_y.h5"
+    y.rename(y.with_name(y.name + ".gz"))
+    with pytest.raises(DatasetFileMissing) as err:
+        build_manifest("pcam", tmp_path / "pcam", verify_images=False, splits=["test"])
+    assert isinstance(err.value, (UserError, FileNotFoundError))
+    assert str(err.value) == f"dataset 'pcam': '{y}' is still gzipped; run gunzip on the .h5.gz files"

@@ -133,3 +133,27 @@ def test_apd_views_are_slide_contiguous_cells_of_the_shortcut_protocol(name, key
     cells = shortcut._cells(m, bm, "bio_label", "site", "slide_id", bm.rows_per_slide)
     assert {len(cell) for row in cells for cell in row} == {slides}
     assert m["site"].isin(bm.centres + bm.ood_centres).all()
+
+
+def test_bad_input_is_a_user_error_naming_the_file_and_a_plain_bug_is_not(pathorob_roots, tmp_path):
+    """The CLI prints a UserError as one line (exit 2) and anything else as a bug: a missing
+    metadata file, an unknown view and a bad locator are the user's; a per-sample table the
+    method built without its column is an internal invariant, left a plain ValueError."""
+    from robustbench_fm.core.errors import InvalidSetting, UserError
+    from robustbench_fm.data.files import DatasetError, DatasetFileMissing
+    from robustbench_fm.data.pathorob import parse_locator
+
+    with pytest.raises(DatasetFileMissing) as err:
+        build("pathorob_camelyon", tmp_path, metadata_dir=tmp_path)
+    assert isinstance(err.value, (UserError, FileNotFoundError))
+    assert str(err.value).startswith(f"{tmp_path / 'camelyon.csv'}: metadata file missing")
+    assert "metadata_dir" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(DatasetError) as err:
+        build("pathorob_tcga4x4", pathorob_roots["tcga"], view="x")
+    assert isinstance(err.value, ValueError) and "option view='x' unknown; use 'ri'" in str(err.value)
+    with pytest.raises(InvalidSetting, match=r"'tiles\.parquet' is not a parquet locator; expected "
+                                             r"'<file>\.parquet#<row index>'"):
+        parse_locator("tiles.parquet")
+    with pytest.raises(ValueError, match="per-sample table has no column 'croma'") as err:
+        median_of_pair_medians(pd.DataFrame({"subset": ["a"]}))
+    assert not isinstance(err.value, UserError)

@@ -73,3 +73,14 @@ def test_pool_columns_union_keeps_missing_findings_unlabelled(data_dir):
     members = _chest_pool_members()[:2]
     pooled = build_manifest("pool", data_dir, members=members)
     assert isinstance(pooled, pd.DataFrame) and set(pooled["dataset"]) == {"mimic_cxr", "chexpert"}
+
+
+def test_a_missing_member_root_is_a_user_error_naming_the_option(data_dir):
+    from robustbench_fm.core.errors import UserError
+    from robustbench_fm.data.files import DatasetFileMissing
+
+    with pytest.raises(DatasetFileMissing) as err:
+        build_manifest("pool", data_dir, members=[{"dataset": "chexpert", "root": "nowhere"}])
+    assert isinstance(err.value, (UserError, FileNotFoundError))
+    assert str(err.value) == (f"dataset pool: member chexpert's root '{data_dir / 'nowhere'}' does not exist; "
+                              "set its root in dataset.options.members")

@@ -66,3 +66,13 @@ def test_bad_settings_are_one_line():
         fixed_sample(m.assign(edema="a"), ["edema"], 3)
     with pytest.raises(ValueError, match="no 'acq_group' column"):
         fixed_sample(m.drop(columns="acq_group"), ["edema"], 3)
+
+
+def test_bad_settings_are_invalid_settings_naming_the_setting():
+    from robustbench_fm.core.errors import InvalidSetting
+
+    with pytest.raises(InvalidSetting) as err:
+        fixed_sample(_manifest(), ["pneumonia"], 3)
+    assert str(err.value) == "fixed_sample: finding 'pneumonia' is not a column of the manifest; fix stage.findings"
+    with pytest.raises(InvalidSetting, match="^sample=0: draw at least 1"):
+        fixed_sample(_manifest(), ["edema"], 0, key="sample")

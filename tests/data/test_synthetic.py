@@ -265,3 +265,19 @@ def test_shipped_demo_manifest_is_what_the_adapter_builds(tmp_path):
                       findings=["marker"])
     root = generate_planted(tmp_path / "planted")
     pd.testing.assert_frame_equal(build_manifest("planted", root), shipped)
+
+
+def test_bad_options_are_user_errors_naming_the_option(tmp_path):
+    """An option the dataset does not take stays a TypeError (and a ValueError-free UserError); a
+    value out of range names the dataset.options key that sets it."""
+    from robustbench_fm.core.errors import UserError
+    from robustbench_fm.data.files import DatasetError, UnknownOption
+
+    root = generate_planted(tmp_path, n=4, size=64, seed=0)
+    with pytest.raises(UnknownOption) as err:
+        build_manifest("planted", root, sed=1)
+    assert isinstance(err.value, (UserError, TypeError))
+    assert str(err.value) == "dataset 'planted': unknown option(s) ['sed']; use n, size, seed, marker_fraction"
+    with pytest.raises(DatasetError) as err:
+        generate_planted(tmp_path / "x", n=1, size=64)
+    assert isinstance(err.value, ValueError) and "(got n=1, size=64); fix dataset.options.n" in str(err.value)

@@ -392,3 +392,42 @@ def test_no_network_at_import_listing_and_doctor(tmp_path, monkeypatch):
     assert "gated, NO token" in lines["uni"] and "missing conch" in lines["conch"]
     assert "encoder.weights=PATH needed" in lines["sam_med2d"] and "remote code" in lines["hibou_l"]
     assert f"7 of {len(lines)} encoders can run offline now" in out.stdout
+
+
+def test_bad_encoder_input_is_a_user_error_and_an_entry_invariant_is_a_bug(tmp_path):
+    """A setting, a weights path or a checkpoint the user gave is a UserError subclass (one line,
+    exit 2) that keeps its built-in type; a name only the package's own entries pass stays a plain
+    ValueError, reported as a bug."""
+    from robustbench_fm.core.errors import InvalidSetting, MissingInput, UserError
+    from robustbench_fm.encoders.loaders.pooling import UnfitEmbedding, pool_tokens
+    from robustbench_fm.encoders.loaders.weights import CheckpointMismatch, load_strict, pick_checkpoint
+    from robustbench_fm.encoders.synthetic import PlantedEncoder
+
+    spec = enc.get("planted_blur")
+    with pytest.raises(InvalidSetting, match="^encoder 'planted_blur': library 'keras' is not one of") as err:
+        spec.replace(library="keras")
+    assert isinstance(err.value, ValueError)
+    with pytest.raises(MissingInput) as err:
+        enc.load("planted_blur", weights=tmp_path / "w.pt", device=CPU)
+    assert isinstance(err.value, FileNotFoundError) and str(err.value) == (
+        f"encoder 'planted_blur': weights '{tmp_path / 'w.pt'}' not found; point encoder.weights at a local "
+        "checkpoint file or folder")
+    for name in ("a.pt", "b.pt"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(InvalidSetting) as err:
+        pick_checkpoint(tmp_path, ())
+    assert str(err.value) == (f"weights folder '{tmp_path}' holds several weight files (a.pt, b.pt); pass the "
+                              "checkpoint file itself")
+    with pytest.raises(CheckpointMismatch) as err:
+        load_strict(spec, torch.nn.Linear(2, 2), {"weight": torch.zeros(2, 2)}, Path("w.pt"))
+    assert isinstance(err.value, (UserError, RuntimeError))
+    assert str(err.value).startswith("encoder 'planted_blur': checkpoint 'w.pt' does not fit the architecture")
+    assert "1 missing keys (e.g. ['bias'])" in str(err.value) and str(err.value).endswith(
+        "point encoder.weights at a checkpoint of that architecture")
+    with pytest.raises(UnfitEmbedding, match=r"needs token features \[B, N, D\], got shape \(2, 4\); "
+                                             "use embedding='pooled'") as err:
+        pool_tokens(torch.zeros(2, 4), "cls", 1, "x")
+    assert isinstance(err.value, (InvalidSetting, RuntimeError))
+    with pytest.raises(ValueError, match="kind must be one of") as err:
+        PlantedEncoder(kind="x")
+    assert not isinstance(err.value, UserError)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import robustbench_fm.encoders as enc
+from robustbench_fm.core.errors import InvalidSetting, MissingInput, UnknownName, UserError
 from robustbench_fm.encoders import generic
 from robustbench_fm.features.key import cache_key, cache_key_fields
 
@@ -105,20 +106,28 @@ def test_cache_keys_differ_between_kinds_and_from_registry_entries(tiny_vit_fold
     assert "timm-vit_small_patch16_224" not in enc.names()  # the registry lists entries only
 
 
-@pytest.mark.parametrize("kind, model, kwargs, message", [
-    ("timm", None, {}, "encoder=timm needs encoder.model="),
-    ("timm", "vit_tiny_patch16_224", {"embedding": "mean"}, "encoder.embedding=mean is not one of"),
-    ("timm", "no_such_net_xyz", {"weights": "random"}, "timm knows no model 'no_such_net_xyz'"),
-    ("timm", "resnet18", {"weights": "random", "embedding": "cls"}, "does not fit this model"),
-    ("open_clip", "ViT-S-32", {"embedding": "cls", "weights": "random"}, "projected image embedding"),
-    ("open_clip", "ViT-S-32", {}, "name the weights: encoder.pretrained=<tag>"),
-    ("hf", "/no/such/folder", {"weights": "/no/such/file.bin"}, "encoder.weights '/no/such/file.bin' not found"),
+@pytest.mark.parametrize("kind, model, kwargs, error, message", [
+    ("timm", None, {}, InvalidSetting, "encoder=timm needs encoder.model="),
+    ("timm", "vit_tiny_patch16_224", {"embedding": "mean"}, InvalidSetting, "encoder.embedding=mean is not one of"),
+    ("timm", "no_such_net_xyz", {"weights": "random"}, UnknownName, "timm knows no model 'no_such_net_xyz'"),
+    ("timm", "resnet18", {"weights": "random", "embedding": "cls"}, InvalidSetting, "does not fit this model"),
+    ("timm", "resnet18", {"pretrained": "x"}, InvalidSetting, "encoder.pretrained is for open_clip tags"),
+    ("open_clip", "ViT-S-32", {"embedding": "cls", "weights": "random"}, InvalidSetting, "projected image embedding"),
+    ("open_clip", "ViT-S-32", {}, InvalidSetting, "name the weights: encoder.pretrained=<tag>"),
+    ("open_clip", "ViT-S-32", {"pretrained": "no_tag"}, UnknownName, "no pretrained tag 'no_tag' for 'ViT-S-32'"),
+    ("hf", "/no/such/folder", {"weights": "/no/such/file.bin"}, MissingInput,
+     "encoder.weights '/no/such/file.bin' not found"),
+    ("clip", "x", {}, UnknownName, "'clip' is no generic encoder; one of timm, hf, open_clip"),
 ])
-def test_bad_options_are_one_line(kind, model, kwargs, message):
-    with pytest.raises((ValueError, KeyError, FileNotFoundError)) as err:
+def test_bad_options_are_one_line(kind, model, kwargs, error, message):
+    """Each is the user's: a UserError subclass (the CLI's one-line error, exit 2) that is also
+    the built-in type code catching ValueError / KeyError / FileNotFoundError expects."""
+    with pytest.raises(error) as err:
         generic.resolve(kind, model, **kwargs)
-    text = err.value.args[0]
-    assert message in text and "\n" not in text
+    builtin = {InvalidSetting: ValueError, UnknownName: KeyError, MissingInput: FileNotFoundError}[error]
+    assert isinstance(err.value, UserError) and isinstance(err.value, builtin)
+    text = str(err.value)
+    assert message in text and "\n" not in text and text == err.value.args[0]  # no KeyError quotes
 
 
 def test_derived_names_are_folder_safe(tmp_path):

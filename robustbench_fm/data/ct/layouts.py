@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..files import DatasetError, DatasetFileMissing, UnknownOption
 from .volumes import load_ras
 
 #: WORD's 16 organs in the fixed slot order; slot i holds label id i + 1 (catalog 1.7).
@@ -64,8 +65,8 @@ def _word_base(root: Path) -> Path:
     for base in (root, root / "WORD-V0.1.0"):
         if any((base / f"images{s}").is_dir() for s in WORD_SPLIT_DIRS.values()):
             return base
-    raise FileNotFoundError(f"WORD: no imagesTr/imagesVal/imagesTs under '{root}'; set dataset.root to the "
-                            "unzipped WORD-V0.1.0 folder")
+    raise DatasetFileMissing(f"WORD: no imagesTr/imagesVal/imagesTs under '{root}'; set dataset.root to the "
+                             "unzipped WORD-V0.1.0 folder")
 
 
 def _word(root: Path) -> list[CTVolume]:
@@ -76,9 +77,9 @@ def _word(root: Path) -> list[CTVolume]:
                 continue
             labels = base / f"labels{suffix}" / image.name
             if not labels.is_file():
-                raise FileNotFoundError(f"WORD: label map '{labels}' missing for '{image.name}'; unzip the "
-                                        f"labels{suffix} archive (WORD_V0.1.0_labelsTs.zip for the test set) "
-                                        f"into '{base}'")
+                raise DatasetFileMissing(f"WORD: label map '{labels}' missing for '{image.name}'; unzip the "
+                                         f"labels{suffix} archive (WORD_V0.1.0_labelsTs.zip for the test set) "
+                                         f"into '{base}'")
             out.append(CTVolume("word", image.name.removesuffix(".nii.gz"), split, image, labels))
     return out
 
@@ -114,17 +115,17 @@ def read_totalseg_meta(root: Path) -> pd.DataFrame:
     """``meta.csv`` of TotalSegmentator: ';'-separated with a UTF-8 BOM; needs image_id and split."""
     meta = root / "meta.csv"
     if not meta.is_file():
-        raise FileNotFoundError(f"TotalSegmentator: '{meta}' not found; set dataset.root to the folder holding "
-                                "meta.csv and the s0000/ subject folders")
+        raise DatasetFileMissing(f"TotalSegmentator: '{meta}' not found; set dataset.root to the folder holding "
+                                 "meta.csv and the s0000/ subject folders")
     table = pd.read_csv(meta, sep=";", encoding="utf-8-sig", dtype=str)
     for col in ("image_id", "split"):
         if col not in table.columns:
-            raise ValueError(f"{meta}: column '{col}' missing (found {', '.join(table.columns[:6])}); "
-                             "use the meta.csv of the Zenodo release")
+            raise DatasetError(f"{meta}: column '{col}' missing (found {', '.join(table.columns[:6])}); "
+                               "use the meta.csv of the Zenodo release")
     bad = ~table["split"].isin(["train", "val", "test"])
     if bad.any():
-        raise ValueError(f"{meta}: split {table['split'][bad].iloc[0]!r} of {table['image_id'][bad].iloc[0]} "
-                         "is not train/val/test")
+        raise DatasetError(f"{meta}: split {table['split'][bad].iloc[0]!r} of {table['image_id'][bad].iloc[0]} "
+                           "is not train/val/test")
     return table
 
 
@@ -140,11 +141,11 @@ def list_volumes(dataset: str, root: str | Path) -> list[CTVolume]:
     if dataset not in LAYOUTS:
         raise ValueError(f"unknown CT layout {dataset!r}; use one of {', '.join(LAYOUTS)}")
     if not root.is_dir():
-        raise FileNotFoundError(f"{dataset}: root '{root}' does not exist; set dataset.root")
+        raise DatasetFileMissing(f"{dataset}: root '{root}' does not exist; set dataset.root")
     vols = {"word": _word, "lits": _lits, "totalsegmentator": _totalseg}[dataset](root)
     if not vols:
-        raise FileNotFoundError(f"{dataset}: no labelled volumes found under '{root}'; check the layout "
-                                "(robustbench_fm/data/ct/layouts.py describes it)")
+        raise DatasetFileMissing(f"{dataset}: no labelled volumes found under '{root}'; check the layout "
+                                 "(robustbench_fm/data/ct/layouts.py describes it)")
     return vols
 
 
@@ -153,7 +154,7 @@ def load_labels(volume: CTVolume) -> tuple[np.ndarray, np.ndarray | None]:
     if volume.dataset == "word":
         labels = load_ras(volume.labels, np.int16)
         if labels.min() < 0 or labels.max() > len(ORGANS):
-            raise ValueError(f"'{volume.labels}': label ids {labels.min()}..{labels.max()} outside WORD's 0..16")
+            raise DatasetError(f"'{volume.labels}': label ids {labels.min()}..{labels.max()} outside WORD's 0..16")
         return labels.astype(np.uint8), None
     if volume.dataset == "lits":
         seg = load_ras(volume.labels, np.int16)
@@ -165,8 +166,8 @@ def load_labels(volume: CTVolume) -> tuple[np.ndarray, np.ndarray | None]:
             mask = load_ras(path, np.uint8) > 0
             labels = np.zeros(mask.shape, np.uint8) if labels is None else labels
             if mask.shape != labels.shape:
-                raise ValueError(f"'{path}' has shape {mask.shape}, other classes {labels.shape}; "
-                                 "re-extract the subject")
+                raise DatasetError(f"'{path}' has shape {mask.shape}, other classes {labels.shape}; "
+                                   "re-extract the subject")
             labels[mask] = organ_id
     return labels, None
 
@@ -186,11 +187,11 @@ def sample_options(dataset: str, options: dict) -> dict:
     """``SAMPLE_OPTIONS`` updated by ``options``; unknown keys fail naming the accepted ones."""
     unknown = sorted(set(options) - set(SAMPLE_OPTIONS) - set(GENERATOR_OPTIONS))
     if unknown:
-        raise TypeError(f"dataset '{dataset}': unknown option(s) {unknown}; accepted: "
-                        f"{', '.join([*SAMPLE_OPTIONS, *GENERATOR_OPTIONS])}")
+        raise UnknownOption(f"dataset '{dataset}': unknown option(s) {unknown}; accepted: "
+                            f"{', '.join([*SAMPLE_OPTIONS, *GENERATOR_OPTIONS])}")
     out = {**SAMPLE_OPTIONS, **{k: v for k, v in options.items() if k in SAMPLE_OPTIONS}}
     bad = [f"dataset.options.{k}={out[k]} is out of range (need >= {low})"
            for k, low in _MINIMA.items() if int(out[k]) < low]
     if bad:
-        raise ValueError(f"dataset '{dataset}': {'; '.join(bad)}")
+        raise DatasetError(f"dataset '{dataset}': {'; '.join(bad)}")
     return out

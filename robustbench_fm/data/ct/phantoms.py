@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ...core.atomic import write_text_atomic
+from ..files import DatasetError
 from .layouts import ORGANS, TOTALSEG_CLASSES, WORD_SPLIT_DIRS
 
 PHANTOM_VERSION = 3
@@ -140,7 +141,8 @@ def write_phantoms(root: str | Path, layout: str = "word", n_subjects: int = 6, 
     if layout not in LAYOUTS:
         raise ValueError(f"unknown phantom layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     if n_subjects < 1:
-        raise ValueError(f"write_phantoms: n_subjects must be >= 1, got {n_subjects}")
+        raise DatasetError(f"write_phantoms: n_subjects must be >= 1, got {n_subjects}; "
+                           "set dataset.options.n_subjects (or n_lits) to 1 or more")
     root = Path(root)
     params = {"version": PHANTOM_VERSION, "layout": layout, "n_subjects": int(n_subjects), "seed": int(seed)}
     meta = root / "generator.json"

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..files import DatasetError, DatasetFileMissing
+
 #: CT window of spar.md section 3.1 (level 50 HU, width 400 HU).
 WINDOW_LEVEL, WINDOW_WIDTH = 50.0, 400.0
 
@@ -25,16 +27,16 @@ def load_ras(path: str | Path, dtype=np.float32, spacing: bool = False):
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"NIfTI file '{path}' not found; check dataset.root")
+        raise DatasetFileMissing(f"NIfTI file '{path}' not found; check dataset.root")
     try:
         img = nib.as_closest_canonical(nib.load(str(path)))
     except Exception as err:  # nibabel raises several types for corrupt headers
-        raise ValueError(f"'{path}' is not a readable NIfTI file ({err}); re-download it") from err
+        raise DatasetError(f"'{path}' is not a readable NIfTI file ({err}); re-download it") from err
     data = np.asanyarray(img.dataobj)
     if data.ndim == 4 and data.shape[3] == 1:
         data = data[..., 0]
     if data.ndim != 3:
-        raise ValueError(f"'{path}' has shape {data.shape}; expected a 3-D volume")
+        raise DatasetError(f"'{path}' has shape {data.shape}; expected a 3-D volume")
     data = data.astype(dtype, copy=False)
     if not spacing:
         return data

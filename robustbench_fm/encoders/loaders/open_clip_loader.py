@@ -14,6 +14,7 @@ import json
 import logging
 from pathlib import Path
 
+from ...core.errors import InvalidSetting, MissingInput
 from ..base import Encoder
 from ..registry import register_loader
 from ..spec import EncoderSpec
@@ -145,8 +146,8 @@ def open_clip_image_tower(spec: EncoderSpec):
     from open_clip.model import _build_vision_tower
     model_cfg = open_clip.get_model_config(spec.architecture) if spec.architecture else spec.arch_kwargs
     if not model_cfg or "vision_cfg" not in model_cfg:
-        raise ValueError(f"encoder '{spec.name}': no open_clip architecture '{spec.architecture}' or model_cfg "
-                         "in the entry; set architecture to an open_clip model name")
+        raise InvalidSetting(f"encoder '{spec.name}': no open_clip architecture '{spec.architecture}' or model_cfg "
+                             "in the entry; set architecture to an open_clip model name")
     vision_cfg = dict(model_cfg["vision_cfg"], timm_model_pretrained=False)
     return _build_vision_tower(model_cfg["embed_dim"], vision_cfg,
                                quick_gelu=model_cfg.get("quick_gelu", False), cast_dtype=None)
@@ -185,8 +186,8 @@ def load_open_clip(spec: EncoderSpec, weights, device, allow_remote_code: bool =
                                            pretrained_text=False, **spec.model_kwargs)
             image_fn = model.encode_image
         else:
-            raise FileNotFoundError(f"encoder '{spec.name}': weights '{path}' need an open_clip_config.json "
-                                    "beside them; pass the downloaded hub folder as encoder.weights=<folder>")
+            raise MissingInput(f"encoder '{spec.name}': weights '{path}' need an open_clip_config.json "
+                               "beside them; pass the downloaded hub folder as encoder.weights=<folder>")
         weights_id = file_weights_id(path)
     elif not spec.pretrained:
         with seeded(spec.seed):
@@ -197,8 +198,8 @@ def load_open_clip(spec: EncoderSpec, weights, device, allow_remote_code: bool =
         model, image_fn, weights_id = _open_clip_tagged(spec)
     else:
         if not spec.hub_id.startswith("hf-hub:"):
-            raise ValueError(f"encoder '{spec.name}': open_clip hub entries use 'hf-hub:<repo>' ids, "
-                             f"got '{spec.hub_id}'")
+            raise InvalidSetting(f"encoder '{spec.name}': open_clip hub entries use 'hf-hub:<repo>' ids, "
+                                 f"got '{spec.hub_id}'")
         folder, ckpt, repo = _open_clip_hub_folder(spec)
         with hub_call(spec, repo):
             model, image_fn, pp = _open_clip_from_folder(spec, folder, ckpt)

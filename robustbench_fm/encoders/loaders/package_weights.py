@@ -25,11 +25,12 @@ from pathlib import Path
 
 import torch
 
+from ...core.errors import InvalidSetting, MissingInput
 from ..base import Encoder
 from ..registry import register_source
 from ..spec import EncoderSpec
 from .extras import require
-from .weights import file_weights_id, load_strict, pick_checkpoint, seeded
+from .weights import CheckpointMismatch, file_weights_id, load_strict, pick_checkpoint, seeded
 
 SCHEME = "package"
 #: the last part of a state-dict key: what kind of tensor it is (a remap pairs only equal kinds)
@@ -41,7 +42,7 @@ def package_resource(spec: EncoderSpec) -> tuple[str, str]:
     scheme, _, rest = spec.hub_id.partition(":")
     package, _, resource = rest.partition("/")
     if scheme != SCHEME or not package or not resource:
-        raise ValueError(f"encoder '{spec.name}': hub_id '{spec.hub_id}' is not '{SCHEME}:<import name>/<file>'")
+        raise InvalidSetting(f"encoder '{spec.name}': hub_id '{spec.hub_id}' is not '{SCHEME}:<import name>/<file>'")
     return package, resource
 
 
@@ -51,8 +52,8 @@ def package_checkpoint(spec: EncoderSpec) -> Path:
     package, resource = package_resource(spec)
     path = importlib.resources.files(package).joinpath(resource)
     if not path.is_file():
-        raise FileNotFoundError(f"encoder '{spec.name}': the installed package '{package}' has no '{resource}'; "
-                                f"reinstall it (extra '{spec.extra}')")
+        raise MissingInput(f"encoder '{spec.name}': the installed package '{package}' has no '{resource}'; "
+                           f"reinstall it (extra '{spec.extra}')")
     return Path(str(path))
 
 
@@ -69,17 +70,19 @@ def remap_by_position(spec: EncoderSpec, own: dict, sd: dict, source: Path) -> d
     checkpoint does not fit and the load fails naming the first pair that disagrees."""
     own_items, sd_items = list(own.items()), list(sd.items())
     if len(sd_items) < len(own_items):
-        raise RuntimeError(f"encoder '{spec.name}': checkpoint '{source}' has {len(sd_items)} tensors, the "
-                           f"architecture '{spec.architecture}' needs {len(own_items)}")
+        raise CheckpointMismatch(f"encoder '{spec.name}': checkpoint '{source}' has {len(sd_items)} tensors, the "
+                                 f"architecture '{spec.architecture}' needs {len(own_items)}")
     extra = [k for k, _ in sd_items[len(own_items):]]
     if extra and not all(_kind(k) in ("weight", "bias") for k in extra):
-        raise RuntimeError(f"encoder '{spec.name}': checkpoint '{source}' ends with {extra} beyond the "
-                           f"architecture '{spec.architecture}' (only a classifier's weight and bias may be dropped)")
+        raise CheckpointMismatch(f"encoder '{spec.name}': checkpoint '{source}' ends with {extra} beyond the "
+                                 f"architecture '{spec.architecture}' (only a classifier's weight and bias may be "
+                                 "dropped)")
     out = {}
     for (key, value), (src_key, src) in zip(own_items, sd_items):
         if value.shape != src.shape or _kind(key) != _kind(src_key):
-            raise RuntimeError(f"encoder '{spec.name}': checkpoint '{source}' does not fit '{spec.architecture}' "
-                               f"by position: '{src_key}' {tuple(src.shape)} against '{key}' {tuple(value.shape)}")
+            raise CheckpointMismatch(f"encoder '{spec.name}': checkpoint '{source}' does not fit "
+                                     f"'{spec.architecture}' by position: '{src_key}' {tuple(src.shape)} against "
+                                     f"'{key}' {tuple(value.shape)}")
         out[key] = src
     return out
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
+from ...core.errors import InvalidSetting
 from ..spec import EncoderSpec
 
 _TOL = 1e-4  # mean/std agreement between a weights' config and the spec
@@ -22,5 +23,5 @@ def values_close(a: Iterable[float], b: Iterable[float]) -> bool:
 def raise_preprocess_mismatch(spec: EncoderSpec, source: str, diffs: list[str]) -> None:
     """Raise one line listing ``diffs`` between ``source`` and the entry (nothing when empty)."""
     if diffs:
-        raise ValueError(f"encoder '{spec.name}': preprocessing in {source} disagrees with the registry "
-                         f"entry ({'; '.join(diffs)}); fix the entry or use matching weights")
+        raise InvalidSetting(f"encoder '{spec.name}': preprocessing in {source} disagrees with the registry "
+                             f"entry ({'; '.join(diffs)}); fix the entry or use matching weights")

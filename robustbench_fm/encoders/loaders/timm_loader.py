@@ -22,6 +22,7 @@ from typing import Callable
 
 import torch
 
+from ...core.errors import InvalidSetting
 from ..base import Encoder
 from ..registry import register_loader
 from ..spec import EncoderSpec
@@ -51,8 +52,8 @@ def _timm_forward(model, spec: EncoderSpec) -> Callable[[torch.Tensor], torch.Te
     if spec.embedding == "pooled":
         return lambda x: model.forward_head(model.forward_features(x), pre_logits=True)
     if spec.embedding == "projected":
-        raise ValueError(f"encoder '{spec.name}': timm models have no projected embedding; "
-                         "use cls, patch_mean, cls_patch_mean or pooled")
+        raise InvalidSetting(f"encoder '{spec.name}': timm models have no projected embedding; "
+                             "use cls, patch_mean, cls_patch_mean or pooled")
     num_prefix = int(getattr(model, "num_prefix_tokens", 1))
     return lambda x: pool_tokens(model.forward_features(x), spec.embedding, num_prefix, spec.name)
 
@@ -70,8 +71,8 @@ def timm_kwargs(kwargs: dict) -> dict:
 def timm_architecture(spec: EncoderSpec) -> tuple[str, dict]:
     """The timm model name and kwargs that build the entry without any hub config."""
     if spec.architecture is None and spec.hub_id.startswith(("hf-hub:", "hf_hub:")):
-        raise ValueError(f"encoder '{spec.name}': '{spec.hub_id}' needs its timm config.json (or an "
-                         "architecture in the entry); pass the downloaded folder as encoder.weights=<folder>")
+        raise InvalidSetting(f"encoder '{spec.name}': '{spec.hub_id}' needs its timm config.json (or an "
+                             "architecture in the entry); pass the downloaded folder as encoder.weights=<folder>")
     return spec.architecture or spec.hub_id, timm_kwargs({**spec.arch_kwargs, **spec.model_kwargs})
 
 
@@ -142,8 +143,8 @@ def load_timm(spec: EncoderSpec, weights, device, allow_remote_code: bool = True
         weights_id = hub_weights_id(f"{spec.hub_id}/{spec.hub_file}", spec.hub_id, spec.revision)
     else:
         if spec.revision:
-            raise ValueError(f"encoder '{spec.name}': timm cannot pin hub revision '{spec.revision}'; download "
-                             "that revision and pass encoder.weights=<folder>")
+            raise InvalidSetting(f"encoder '{spec.name}': timm cannot pin hub revision '{spec.revision}'; download "
+                                 "that revision and pass encoder.weights=<folder>")
         repo = _timm_repo(spec.hub_id)
         if repo is None:
             if offline():

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from ...core.errors import InvalidSetting, MissingInput
 from ..base import Encoder
 from ..registry import register_loader
 from ..spec import EncoderSpec
@@ -32,9 +33,9 @@ from .hub import (
     require_cached,
     trust_remote_code,
 )
-from .pooling import pool_tokens
+from .pooling import UnfitEmbedding, pool_tokens
 from .preprocessing import raise_preprocess_mismatch, values_close
-from .weights import file_weights_id, seeded
+from .weights import CheckpointMismatch, file_weights_id, seeded
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +86,8 @@ def _transformers_forward(model, spec: EncoderSpec) -> Callable[[torch.Tensor], 
 
     if spec.embedding == "projected":
         if not hasattr(model, "get_image_features"):
-            raise ValueError(f"encoder '{spec.name}': {type(model).__name__} has no get_image_features; "
-                             "use cls, patch_mean, cls_patch_mean or pooled")
+            raise InvalidSetting(f"encoder '{spec.name}': {type(model).__name__} has no get_image_features; "
+                                 "use cls, patch_mean, cls_patch_mean or pooled")
 
         def projected(x):
             out = model.get_image_features(pixel_values=x)
@@ -97,8 +98,8 @@ def _transformers_forward(model, spec: EncoderSpec) -> Callable[[torch.Tensor], 
         def native(x):
             out = model(x)
             if not torch.is_tensor(out):
-                raise RuntimeError(f"encoder '{spec.name}': {type(model).__name__} returned {type(out).__name__}, "
-                                   "not a feature tensor; use cls, patch_mean, cls_patch_mean or pooled")
+                raise UnfitEmbedding(f"encoder '{spec.name}': {type(model).__name__} returned {type(out).__name__}, "
+                                     "not a feature tensor; use cls, patch_mean, cls_patch_mean or pooled")
             return out
         return native
 
@@ -106,7 +107,7 @@ def _transformers_forward(model, spec: EncoderSpec) -> Callable[[torch.Tensor], 
         out = model(pixel_values=x)
         if spec.embedding == "pooled":
             if getattr(out, "pooler_output", None) is None:
-                raise RuntimeError(f"encoder '{spec.name}': {type(model).__name__} returns no pooler_output")
+                raise UnfitEmbedding(f"encoder '{spec.name}': {type(model).__name__} returns no pooler_output")
             return out.pooler_output.flatten(1)
         return pool_tokens(out.last_hidden_state, spec.embedding, num_prefix, spec.name)
     return forward
@@ -172,10 +173,11 @@ def _transformers_pretrained(spec: EncoderSpec, source: str, trust: bool, label=
                if not (spec.embedding != "pooled" and k.startswith("pooler."))]
     mismatched = list(info.get("mismatched_keys", ()))
     if missing or mismatched:
-        raise RuntimeError(
+        raise CheckpointMismatch(
             f"encoder '{spec.name}': checkpoint '{label or source}' does not fit {type(model).__name__}: "
             f"{len(missing)} missing keys (e.g. {sorted(missing)[:3]}), "
-            f"{len(mismatched)} shape mismatches (e.g. {mismatched[:2]})")
+            f"{len(mismatched)} shape mismatches (e.g. {mismatched[:2]}); point encoder.weights at a checkpoint "
+            "of that model")
     if info.get("unexpected_keys"):
         log.warning("encoder '%s': %d unused checkpoint keys (e.g. %s)", spec.name,
                     len(info["unexpected_keys"]), sorted(info["unexpected_keys"])[:3])
@@ -191,8 +193,8 @@ def load_transformers(spec: EncoderSpec, weights, device, allow_remote_code: boo
         path = Path(weights)
         folder = path if path.is_dir() else path.parent
         if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"encoder '{spec.name}': weights '{path}' need the model's config.json "
-                                    "beside them; pass the downloaded hub folder as encoder.weights=<folder>")
+            raise MissingInput(f"encoder '{spec.name}': weights '{path}' need the model's config.json "
+                               "beside them; pass the downloaded hub folder as encoder.weights=<folder>")
         if (folder / "preprocessor_config.json").is_file():
             check_preprocessor_config(spec, folder / "preprocessor_config.json")
         with _single_file_folder(path) as source:

@@ -9,7 +9,13 @@ from typing import Iterable
 
 import torch
 
+from ...core.errors import InvalidSetting, MissingInput, UserError
 from ..spec import EncoderSpec
+
+
+class CheckpointMismatch(UserError, RuntimeError):
+    """A checkpoint (``encoder.weights``, or the file an entry downloads) does not fit the entry's
+    architecture: one line naming the file, the first keys or tensors that disagree and the fix."""
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt")
 
@@ -47,7 +53,7 @@ def file_weights_id(weights: str | Path) -> str:
     if p.is_dir():
         files = _weight_files(p)
         if not files:
-            raise FileNotFoundError(f"weights folder '{p}' holds no weight file ({', '.join(WEIGHT_SUFFIXES)})")
+            raise MissingInput(f"weights folder '{p}' holds no weight file ({', '.join(WEIGHT_SUFFIXES)})")
         for f in files:
             h.update(f.name.encode() + b"\0")
             _stream(h, f)
@@ -66,16 +72,17 @@ def pick_checkpoint(folder: Path, preferred: Iterable[str]) -> Path:
     if len(files) == 1:
         return files[0]
     if not files:
-        raise FileNotFoundError(f"weights folder '{folder}' holds no weight file ({', '.join(WEIGHT_SUFFIXES)})")
-    raise ValueError(f"weights folder '{folder}' holds several weight files "
-                     f"({', '.join(f.name for f in files)}); pass the checkpoint file itself")
+        raise MissingInput(f"weights folder '{folder}' holds no weight file ({', '.join(WEIGHT_SUFFIXES)})")
+    raise InvalidSetting(f"weights folder '{folder}' holds several weight files "
+                         f"({', '.join(f.name for f in files)}); pass the checkpoint file itself")
 
 
 def load_strict(spec: EncoderSpec, module: torch.nn.Module, sd: dict, source: Path) -> None:
     """Load ``sd`` into ``module``, failing when any key is missing or unexpected."""
     missing, unexpected = module.load_state_dict(sd, strict=False)
     if missing or unexpected:
-        raise RuntimeError(
+        raise CheckpointMismatch(
             f"encoder '{spec.name}': checkpoint '{source}' does not fit the architecture "
             f"'{spec.hub_id}': {len(missing)} missing keys (e.g. {missing[:3]}), "
-            f"{len(unexpected)} unexpected keys (e.g. {unexpected[:3]})")
+            f"{len(unexpected)} unexpected keys (e.g. {unexpected[:3]}); point encoder.weights at a checkpoint "
+            "of that architecture")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ...core.errors import InvalidSetting, MissingInput
 from ..base import Encoder
 from ..registry import register_loader
 from ..spec import EncoderSpec
@@ -29,8 +30,8 @@ def release_file(spec: EncoderSpec) -> str:
     """File name of the torchxrayvision release the entry's ``hub_id`` downloads."""
     import torchxrayvision as xrv
     if spec.hub_id not in xrv.models.model_urls:
-        raise ValueError(f"encoder '{spec.name}': '{spec.hub_id}' is not a torchxrayvision weights name; "
-                         f"choose one of {sorted(k for k in xrv.models.model_urls if k.startswith('densenet'))}")
+        raise InvalidSetting(f"encoder '{spec.name}': '{spec.hub_id}' is not a torchxrayvision weights name; "
+                             f"choose one of {sorted(k for k in xrv.models.model_urls if k.startswith('densenet'))}")
     return os.path.basename(xrv.models.model_urls[spec.hub_id]["weights_url"])
 
 
@@ -54,8 +55,8 @@ def _from_local(spec: EncoderSpec, path: Path):
     if (folder / release).is_file() and (path.is_dir() or path.name == release):
         return xrv.models.DenseNet(weights=spec.hub_id, cache_dir=str(folder)), folder / release
     if path.is_dir():
-        raise FileNotFoundError(f"encoder '{spec.name}': folder '{path}' does not hold '{release}'; "
-                                "pass the release file or a state_dict file as encoder.weights")
+        raise MissingInput(f"encoder '{spec.name}': folder '{path}' does not hold '{release}'; "
+                           "pass the release file or a state_dict file as encoder.weights")
     model = _architecture(spec)
     sd = torch.load(path, map_location="cpu", weights_only=True)
     sd = sd.get("state_dict", sd) if isinstance(sd, dict) else sd

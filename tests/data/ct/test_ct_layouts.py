@@ -8,6 +8,7 @@ from robustbench_fm import data
 from robustbench_fm.data.ct import layouts as ct_datasets
 from robustbench_fm.data.ct import phantoms
 from robustbench_fm.data.ct.volumes import load_ras, to_display
+from robustbench_fm.data.files import DatasetError, DatasetFileMissing, UnknownOption
 from robustbench_fm.methods.spar.samples import ORGANS, build_samples
 
 SIZE = 32  # tile / slice size for these tests (224 in the benchmark); keeps them fast
@@ -137,8 +138,9 @@ def test_word_adapter_reads_the_release_layout(tmp_path):
     (base / "labelsTs" / "word_0004.nii.gz").unlink()
     with pytest.raises(FileNotFoundError, match="labelsTs.*word_0004"):
         ct_datasets.list_volumes("word", tmp_path)
-    with pytest.raises(TypeError, match="unknown option"):
+    with pytest.raises(TypeError, match="unknown option") as err:
         data.build_manifest("word", tmp_path, lits_rot="x")
+    assert isinstance(err.value, UnknownOption) and "unknown option(s) ['lits_rot']; accepted: " in str(err.value)
 
 
 def test_out_of_range_sample_options_are_refused_naming_each_override():
@@ -199,3 +201,19 @@ def test_totalsegmentator_adapter_maps_classes_to_word_organs(tmp_path):
     (tmp_path / "ts" / "s0001" / "segmentations" / "kidney_left.nii.gz").unlink()
     with pytest.raises(FileNotFoundError, match="kidney_left"):
         ct_datasets.load_labels(ts[1])
+
+
+def test_missing_and_unreadable_volumes_are_user_errors_naming_the_file(tmp_path):
+    from robustbench_fm.core.errors import UserError
+
+    with pytest.raises(DatasetFileMissing) as err:
+        load_ras(tmp_path / "a.nii.gz")
+    assert isinstance(err.value, (UserError, FileNotFoundError))
+    assert str(err.value) == f"NIfTI file '{tmp_path / 'a.nii.gz'}' not found; check dataset.root"
+    (tmp_path / "b.nii.gz").write_bytes(b"not a volume")
+    with pytest.raises(DatasetError, match=f"^'{tmp_path / 'b.nii.gz'}' is not a readable NIfTI file .*; "
+                                           "re-download it$"):
+        load_ras(tmp_path / "b.nii.gz")
+    with pytest.raises(ValueError, match="unknown CT layout 'words'") as err:  # the adapters' own names: a bug
+        ct_datasets.list_volumes("words", tmp_path)
+    assert not isinstance(err.value, UserError)

@@ -82,9 +82,11 @@ def test_phantom_dataset_composes_generates_and_builds_every_probe(tmp_path):
                                            "dataset.options.n_subjects=3", "dataset.options.n_lits=3"])
     # the dataset part of app.plan / app.load_manifest (plan itself would import every encoder)
     assert cfg.dataset.name in data.names() and not Path(cfg.dataset.root).exists()
-    job = app.Plan(cfg.dataset.name, Path(cfg.dataset.root), [], "spar", list(cfg.dataset.findings), None)
     cfg.dataset.card.expected.images = cfg.dataset.card.expected.patients = 3
-    manifest = app.load_manifest(job, cfg)
+    job = app.Plan(cfg.dataset.name, Path(cfg.dataset.root), [], "spar", list(cfg.dataset.findings), None,
+                   dataset_options=OmegaConf.to_container(cfg.dataset.options, resolve=True),
+                   generate=bool(cfg.dataset.generate), card=OmegaConf.to_container(cfg.dataset.card, resolve=True))
+    manifest = app.load_manifest(job)
     assert manifest["split"].tolist() == ["train", "val", "test"] and (job.root / "lits" / "volume-2.nii.gz").is_file()
     assert data.get("spar_phantom_word").generate is not None
     options = OmegaConf.to_container(cfg.dataset.options, resolve=True)
@@ -94,3 +96,18 @@ def test_phantom_dataset_composes_generates_and_builds_every_probe(tmp_path):
     assert np.nanmax(s.centroids_px) <= 224 and np.nanmin(s.centroids_px) >= 0
     assert set(s.questions["probe"]) >= set(L3_PROBES) - {"kidney_symmetry"}  # symmetry needs more subjects
     assert len(s.table) == len(s.present) == len(s.grid_cells) and set(s.table["split"]) <= {"train", "val", "test"}
+
+
+def test_a_phantom_count_below_one_names_the_option_and_an_unknown_layout_is_a_bug(tmp_path):
+    from robustbench_fm.core.errors import UserError
+    from robustbench_fm.data.files import DatasetError
+
+    with pytest.raises(DatasetError) as err:
+        phantoms.write_phantoms(tmp_path / "a", "lits", n_subjects=0)
+    assert isinstance(err.value, (UserError, ValueError))
+    assert str(err.value) == ("write_phantoms: n_subjects must be >= 1, got 0; set dataset.options.n_subjects "
+                              "(or n_lits) to 1 or more")
+    with pytest.raises(ValueError, match="unknown phantom layout") as err:  # the adapters' own names
+        phantoms.write_phantoms(tmp_path / "c", "nnunet")
+    assert not isinstance(err.value, UserError)
+
