@@ -393,7 +393,8 @@ def _check_inputs(manifest: pd.DataFrame, image_root, reader, batch_sizes, on_ba
     num_workers = int(num_workers)
     manifest = manifest.reset_index(drop=True)
     if "sample_id" not in manifest.columns:
-        raise InvalidSetting("manifest has no 'sample_id' column; validate it with robustbench_fm.data.manifest.validate")
+        raise InvalidSetting("manifest has no 'sample_id' column; validate it with "
+                             "robustbench_fm.data.manifest.validate")
     ids = manifest["sample_id"].astype(str).to_numpy()
     dup = pd.Index(ids).duplicated()
     if dup.any():
