@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from . import data
+from .core.errors import InvalidSetting
 from .encoders import generic
 from .methods.run import evaluate
 from .pipeline.experiment import Outcome, run_experiment
@@ -75,14 +76,14 @@ def embed(manifest: pd.DataFrame | str | Path, encoder: str, root: str | Path | 
         root = Path(root) if root is not None else path.parent
         manifest = data.build_manifest("csv", root, verify_images=False, manifest=path)
     elif root is None:
-        raise ValueError("embed: pass root=<folder the manifest's paths are relative to>")
+        raise InvalidSetting("embed: pass root=<folder the manifest's paths are relative to>")
     if generic.is_generic(encoder):
         spec, local = generic.resolve(encoder, model, pretrained, weights, embedding)
         name, options = spec.name, EncoderOptions(weights=local)
     else:
         if model is not None or pretrained is not None:
-            raise ValueError(f"embed: model= and pretrained= are for the generic encoders "
-                             f"({', '.join(generic.GENERIC)}); '{encoder}' is a registry entry")
+            raise InvalidSetting(f"embed: model= and pretrained= are for the generic encoders "
+                                 f"({', '.join(generic.GENERIC)}); '{encoder}' is a registry entry")
         name = encoder
         options = EncoderOptions(weights=str(weights) if weights is not None else None, embedding=embedding)
     service = Embedder(Path(cache_dir), device=device, batch_size=batch_size, num_workers=num_workers,

@@ -65,13 +65,12 @@ def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None) 
     ``status.json``) and return the combined summary."""
     with recorded(out_dir):
         job = plan(cfg, cli_overrides)
-        return _run(job, cfg, out_dir, cli_overrides)
+        return _run(job, out_dir)
 
 
-def _run(job: Plan, cfg: DictConfig, out_dir: Path, cli_overrides) -> pd.DataFrame:
+def _run(job: Plan, out_dir: Path) -> pd.DataFrame:
     """The planned job, told what only the Hydra job knows (:func:`hydra_mode`: one job of a
-    multirun, the experiment); ``cfg`` and ``cli_overrides`` are in the plan already (kept in the
-    signature for the callers that replace this step)."""
+    multirun, the experiment)."""
     multirun, experiment = hydra_mode()
     job = dataclasses.replace(job, multirun=job.multirun or multirun, experiment=job.experiment or experiment)
     return run_planned(job, out_dir)

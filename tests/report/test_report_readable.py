@@ -241,7 +241,7 @@ def test_sweep_runtime_is_the_wall_clock_of_the_jobs(tmp_path):
 
 
 def test_each_job_records_its_start_and_end_even_when_it_fails(tmp_path, monkeypatch):
-    def fails(job, cfg, out_dir, cli_overrides):
+    def fails(job, out_dir):
         raise ValueError("boom")
 
     monkeypatch.setattr(app, "plan", lambda cfg, overrides: None)
