@@ -165,6 +165,14 @@ def key_fields(sources: list[dict], image_root, size: int) -> dict:
             "pillow": pillow_version()}
 
 
+def recipe(size: int) -> dict:
+    """What turns a source image into its stored copy, without the sources, folder or patch
+    versions: the per-image feature store's identity of a prepared image
+    (:func:`robustbench_fm.features.store.derived_ids`)."""
+    return {"format": PREPARE_VERSION, "size": int(parse_resolution(size)), "resize": RESIZE_RULE,
+            "pillow_major": pillow_version().split(".")[0]}
+
+
 def store_key(fields: dict) -> str:
     blob = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

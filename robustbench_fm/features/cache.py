@@ -212,11 +212,13 @@ class FeatureCache:
     """
 
     def __init__(self, root: str | Path, fields: dict, shard_size: int | None = None,
-                 n_rows: int | None = None):
+                 n_rows: int | None = None, folder: str | Path | None = None):
         self.fields = _canonical(fields)
         self.key = cache_key(self.fields)
         self.root = Path(root)
-        self.path = self.root / _safe_name(str(self.fields.get("encoder", "encoder"))) / self.key
+        # ``folder``: the entry lives there instead (a chunk of the per-image store, :mod:`.store`)
+        self.path = Path(folder) if folder is not None else \
+            self.root / _safe_name(str(self.fields.get("encoder", "encoder"))) / self.key
         self.meta_path = self.path / META_NAME
         meta = self._read_meta()
         if n_rows is None:

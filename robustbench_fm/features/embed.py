@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,8 +24,12 @@ import pandas as pd
 import torch
 
 from .. import encoders
+from ..core.errors import InvalidSetting
+from ..core.text import one_line
 from ..data import prepared
-from .extract import FeatureSet, extract
+from . import load, store
+from .cache import FeatureCacheError
+from .extract import FeatureSet, _unwritable, extract
 from .panel import extract_panel
 from .slides import extract_slides
 
@@ -83,6 +88,8 @@ class Embedder:
     prepared_dir: Path | None = None
     #: bytes the weights of one panel pass may take (None: :data:`PANEL_MEMORY_SHARE` of what is free)
     panel_memory: int | None = None
+    #: rows made with other package/library versions: reuse (one-line notice), warn, recompute
+    on_version_change: str = "reuse"
 
     def _options(self, name: str) -> EncoderOptions:
         return self.options.get(name, EncoderOptions())
@@ -121,31 +128,24 @@ class Embedder:
         return done.manifest, done.root
 
     def embed(self, manifest: pd.DataFrame, root: str | Path | None, encoder, sharded: bool = False) -> FeatureSet:
-        """Every row of ``manifest`` embedded (through the content-keyed cache) by ``encoder``, a
-        name or an encoder :meth:`load` returned, from the images at the run's ``resolution``
-        (:meth:`prepare`). ``sharded``: only this run's part ``shard`` of ``num_shards``. The
-        entry is read later (``read=False``)."""
-        manifest, root = self.prepare(manifest, root)
-        return self._extract(encoder, manifest, root, sharded)
+        """Every row of ``manifest`` embedded by ``encoder``, a name or an encoder :meth:`load`
+        returned, from the images at the run's ``resolution`` (:meth:`prepare`), served from the
+        per-image store (:mod:`.store`: only images no earlier run embedded are embedded).
+        ``sharded``: only this run's part ``shard`` of ``num_shards``. The entry is read later
+        (``read=False``)."""
+        return self.embed_panel(manifest, root, [encoder], sharded=sharded)[0]
 
-    def _extract(self, encoder, manifest: pd.DataFrame, root: str | Path | None, sharded: bool) -> FeatureSet:
-        """One encoder's entry of images already at the run's resolution."""
-        if isinstance(encoder, str):
-            encoder = self.load(encoder)
-        return extract(encoder, manifest, root, self.cache_dir, batch_size=self.batch_size_of(encoder.spec.name),
-                       num_workers=self.num_workers, shard_size=self.shard_size, on_bad_image=self.on_bad_image,
-                       num_shards=self.num_shards if sharded else 1, shard=self.shard if sharded else 0,
-                       read=False)
-
-    def panel_groups(self, names: list[str]) -> list[list[str]]:
+    def panel_groups(self, names: list[str], specs: dict | None = None) -> list[list[str]]:
         """``names`` split into consecutive passes whose fp32 weights (``params_m`` x 4 bytes) fit
-        :attr:`panel_memory` together; an encoder larger than that gets a pass of its own."""
+        :attr:`panel_memory` together; an encoder larger than that gets a pass of its own.
+        ``specs``: the specs of encoders given loaded (by name), else the registry's."""
         budget = self.panel_memory
         if budget is None:
             budget = int(PANEL_MEMORY_SHARE * _free_bytes(encoders.resolve_device(self.device)))
         groups, used = [], 0
         for name in names:
-            need = int(float(self.spec(name).params_m) * 1e6 * 4)
+            spec = (specs or {}).get(name) or self.spec(name)
+            need = int(float(spec.params_m) * 1e6 * 4)
             if not groups or used + need > budget:
                 groups.append([])
                 used = 0
@@ -153,35 +153,108 @@ class Embedder:
             used += need
         return groups
 
-    def embed_panel(self, manifest: pd.DataFrame, root: str | Path | None, names: list[str],
+    def embed_panel(self, manifest: pd.DataFrame, root: str | Path | None, names: list,
                     sharded: bool = False) -> list[FeatureSet]:
-        """Every row of ``manifest`` embedded by every encoder of ``names`` (image encoders), each
-        image decoded once per pass (:func:`robustbench_fm.features.panel.extract_panel`): the
-        encoders that fit in memory together share a pass (:meth:`panel_groups`), the rest follow
-        in further passes. Each entry is the one :meth:`embed` fills, byte for byte, from the images
-        at the run's ``resolution`` (prepared once for the whole panel, :meth:`prepare`). A pass of
-        one encoder is a plain extraction. Returns one FeatureSet per name, in order (``read=False``)."""
-        out: dict[str, FeatureSet] = {}
+        """Every row of ``manifest`` embedded by every encoder of ``names`` (image encoders: names or
+        loaded encoders), served from the per-image store (:mod:`.store`): each manifest row's
+        image is looked up by its content identity and only the images no chunk of the encoder's
+        recipe holds are embedded, each once; encoders that miss the same images share a decode
+        pass (:func:`robustbench_fm.features.panel.extract_panel`) as far as their weights fit in
+        memory together (:meth:`panel_groups`). Returns one FeatureSet per encoder, in order, whose
+        ``path`` is the manifest's view (read by ``load_features``; ``read=False``)."""
+        manifest = manifest.reset_index(drop=True)
+        _check_rows(manifest)
+        if root is None:
+            raise InvalidSetting("image_root is required (manifest paths are relative to it)")
+        t0 = time.perf_counter()
+        hashes = store.FileHashes(self.cache_dir)
+        # an image's identity is its source file's, also when the encoders read a prepared copy
+        # (that copy's bytes depend on which manifest's store holds it; the prepared recipe does not)
+        ids = store.image_ids(manifest, root, hashes)
+        hashes.save()
+        if self.resolution is not None:
+            ids = store.derived_ids(ids, prepared.recipe(self.resolution))
         manifest, root = self.prepare(manifest, root)
-        groups = self.panel_groups(list(names))
-        for group in groups:
-            if len(group) == 1:
-                out[group[0]] = self._extract(group[0], manifest, root, sharded)
-                continue
-            if len(groups) > 1:
-                log.info("panel pass of %d encoders (%s)", len(group), ", ".join(group))
-            loaded = [self.load(name) for name in group]
-            feats = extract_panel(loaded, manifest, root, self.cache_dir,
-                                  batch_size=[self.batch_size_of(n) for n in group], num_workers=self.num_workers,
-                                  shard_size=self.shard_size, on_bad_image=self.on_bad_image,
-                                  num_shards=self.num_shards if sharded else 1, shard=self.shard if sharded else 0,
-                                  read=False)
-            out.update(zip(group, feats))
-            del loaded, feats
+        manifest = manifest.reset_index(drop=True)
+        todo = [n if isinstance(n, str) else n.spec.name for n in names]
+        given = {n.spec.name: n for n in names if not isinstance(n, str)}
+        out: dict[str, FeatureSet] = {}
+        for group in self.panel_groups(todo, {n: e.spec for n, e in given.items()}):
+            loaded = [given.get(n) or self.load(n) for n in group]
+            plans = [self._plan(enc, manifest, ids, root) for enc in loaded]
+            counts = self._fill(loaded, plans, root, sharded)
+            for enc, p, (n_forward, n_images) in zip(loaded, plans, counts):
+                out[enc.spec.name] = self._result(p, manifest, root, n_forward, n_images, time.perf_counter() - t0)
+            del loaded
             gc.collect()  # the pass's models go before the next pass loads its own
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-        return [out[n] for n in names]
+        return [out[n] for n in todo]
+
+    def _plan(self, encoder, manifest: pd.DataFrame, ids, root) -> store.Plan:
+        recipe = store.Recipe(self.cache_dir, encoder)
+        if not recipe.covers(ids):  # an entry of the earlier per-manifest layout may hold them
+            recipe.adopt(encoder, manifest, root, ids)
+        try:
+            p = store.plan(recipe, manifest, ids, self.on_version_change)
+        except OSError as exc:
+            if not _unwritable(exc, Path(self.cache_dir)):
+                raise
+            raise FeatureCacheError(
+                f"feature cache '{self.cache_dir}' is not writable ({one_line(exc)}) and '{encoder.spec.name}' has "
+                f"{recipe.n_missing(ids)} of {len(set(map(str, ids)))} images of this manifest to embed; set "
+                "paths.cache_dir=<a writable folder>") from None
+        if not p.fill:
+            log.info("cache hit: %d rows, 0 forward passes (%s)", len(ids),
+                     store.view_path(recipe, manifest, ids)[0])
+        notice = store.version_notice(p, self.on_version_change)
+        if notice:
+            (log.warning if self.on_version_change == "warn" else log.info)("%s", notice)
+        return p
+
+    def _fill(self, loaded: list, plans: list[store.Plan], root, sharded: bool) -> list[tuple[int, int]]:
+        """Embed what each plan still needs; encoders missing the same images share one pass.
+        Returns (forward batches, images embedded) per encoder."""
+        counts = [[0, 0] for _ in loaded]
+        groups: dict[str, list] = {}
+        for j, p in enumerate(plans):
+            for chunk, rows in p.fill:
+                groups.setdefault(store._hash(list(rows["sample_id"]), list(rows["path"].astype(str))), []).append(
+                    (j, chunk, rows))
+        parts = dict(num_shards=self.num_shards if sharded else 1, shard=self.shard if sharded else 0)
+        for items in groups.values():
+            rows = items[0][2]
+            entries = [(plans[j].recipe.chunk_folder(c), plans[j].recipe.chunk_cache(c).fields) for j, c, _ in items]
+            encs = [loaded[j] for j, _, _ in items]
+            if len(encs) == 1:
+                feats = [extract(encs[0], rows, root, self.cache_dir, batch_size=self.batch_size_of(encs[0].spec.name),
+                                 num_workers=self.num_workers, shard_size=self.shard_size,
+                                 on_bad_image=self.on_bad_image, read=False, entry=entries[0], **parts)]
+            else:
+                feats = extract_panel(encs, rows, root, self.cache_dir,
+                                      batch_size=[self.batch_size_of(e.spec.name) for e in encs],
+                                      num_workers=self.num_workers, shard_size=self.shard_size,
+                                      on_bad_image=self.on_bad_image, read=False, entries=entries, **parts)
+            for (j, c, _), f in zip(items, feats):
+                counts[j][0] += f.n_forward
+                counts[j][1] += f.n_images_embedded
+                c._cache = None  # re-read its meta (now complete, or this part's shards)
+        return [tuple(c) for c in counts]
+
+    def _result(self, p: store.Plan, manifest: pd.DataFrame, root, n_forward: int, n_images: int,
+                seconds: float) -> FeatureSet:
+        folder = store.write_view(p, manifest)
+        missing = load.missing_shards(folder)
+        table = load.read_skipped(folder) if not missing else None
+        skipped = [] if table is None else [str(s) for s in table["sample_id"]]
+        if table is not None:
+            store.write_view_skipped(folder, table)
+        fields = {**store.view_fields(p.recipe, manifest, p.ids), "image_root": str(Path(root).resolve())}
+        return FeatureSet(sample_ids=manifest["sample_id"].astype(str).to_numpy(), embeddings=None,
+                          key=folder.name, path=folder, n_forward=n_forward, n_images_embedded=n_images,
+                          seconds=seconds, images_per_s=n_images / seconds if n_images and seconds else 0.0,
+                          fields={**fields, "recipe": p.recipe.fields}, skipped=skipped,
+                          missing_shards=missing)
 
     def embed_slides(self, manifest: pd.DataFrame, root: str | Path, name: str) -> Path:
         """Slide embeddings of the slides of ``manifest`` by slide encoder ``name`` (tiles embedded
@@ -193,3 +266,16 @@ class Embedder:
                               batch_size=self.batch_size_of(name), num_workers=self.num_workers,
                               shard_size=self.shard_size, on_bad_image=self.on_bad_image,
                               allow_remote_code=self.allow_remote_code)
+
+
+def _check_rows(manifest: pd.DataFrame) -> None:
+    """What every served manifest needs: unique sample_ids and a path per row."""
+    for col in ("sample_id", "path"):
+        if col not in manifest.columns:
+            raise InvalidSetting(f"manifest has no '{col}' column; validate it with "
+                                 "robustbench_fm.data.manifest.validate")
+    ids = manifest["sample_id"].astype(str)
+    dup = ids.duplicated()
+    if dup.any():
+        j = int(dup.to_numpy().nonzero()[0][0])
+        raise InvalidSetting(f"manifest row {j}: duplicate sample_id {ids.iloc[j]!r}; one row per image")

@@ -252,6 +252,18 @@ def _batches(cache: FeatureCache, shards: list[int], batch_size: int,
 FLUSH_SECONDS = 10.0
 
 
+def embed_full_batch(encoder, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """``encoder.embed(x)`` on a batch padded with zero images to ``batch_size`` rows, the padding's
+    outputs dropped: every forward has the same shape, so a row's vector does not depend on how many
+    rows share its batch (kernels pick their blocking by shape; a last, short batch measured 1.7e-8
+    away on a conv net), and the per-image store (:mod:`.store`) returns the same bytes for an image
+    whichever manifest first embedded it."""
+    n = int(x.shape[0])
+    if n < batch_size:
+        x = torch.cat([x, x.new_zeros((batch_size - n, *x.shape[1:]))])
+    return encoder.embed(x)[:n]
+
+
 def partial_tag(encoder, batch_size: int) -> dict:
     """What a partial shard must share with the run that resumes it so that the rows it holds are
     the rows this run would compute: the batch size (batch composition) and the device type."""
@@ -336,7 +348,8 @@ class _ShardWriter:
 def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cache_root: str | Path,
             batch_size: int = 32, num_workers: int | str = 0, shard_size: int = 1024, progress: bool = True,
             reader: Reader | None = None, on_bad_image: str = "error", num_shards: int = 1, shard: int = 0,
-            read: bool = True, flush_seconds: float | None = FLUSH_SECONDS) -> FeatureSet:
+            read: bool = True, flush_seconds: float | None = FLUSH_SECONDS,
+            entry: tuple[Path, dict] | None = None) -> FeatureSet:
     """Embed every manifest row with ``encoder``, reusing and filling the feature cache.
 
     ``reader(image_root, row)`` returns a PIL image for a manifest row (default: open
@@ -356,13 +369,16 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
     ``flush_seconds``: the shard in progress is flushed to a partial file this often (None:
     never), so a killed run loses seconds of work instead of up to a shard; the resume continues
     from it and writes the same bytes (:mod:`.cache`, "Partial shards").
+
+    ``entry``: (folder, key fields) of the entry to fill instead of the manifest's own (a chunk of
+    the per-image store, :mod:`.store`).
     """
     t0 = time.perf_counter()
     manifest, ids, image_root, reader, num_workers = _check_inputs(manifest, image_root, reader, [batch_size],
                                                                    on_bad_image, num_workers, encoder.device)
 
-    fields = cache_key_fields(encoder, manifest, image_root)
-    cache = FeatureCache(cache_root, fields, shard_size=shard_size, n_rows=len(manifest))
+    folder, fields = entry if entry is not None else (None, cache_key_fields(encoder, manifest, image_root))
+    cache = FeatureCache(cache_root, fields, shard_size=shard_size, n_rows=len(manifest), folder=folder)
     mine = set(cache.part_shards(num_shards, shard))
     skipped = _settled_hit(cache, manifest, on_bad_image)
     n_forward = n_images = 0
@@ -616,7 +632,7 @@ def _run(encoder, manifest, image_root, cache: FeatureCache, shards: list[int], 
             if errors and on_bad_image == "error":
                 raise ImageReadError(errors[0][2][0])
             if x is not None:
-                emb = np.array(encoder.embed(x).cpu().numpy(), dtype=np.float32)
+                emb = np.array(embed_full_batch(encoder, x, batch_size).cpu().numpy(), dtype=np.float32)
                 n_forward += 1
                 del x  # the batch and the forward's temporaries are freed: return them to the OS
                 trim()

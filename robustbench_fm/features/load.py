@@ -15,6 +15,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from ..core.errors import InvalidSetting
+from . import store
 from .cache import (
     META_NAME,
     SHARD_NAME,
@@ -32,6 +33,8 @@ def read_skipped(entry: str | Path) -> pd.DataFrame:
     """The skipped rows of cache entry folder ``entry`` (columns sample_id, row, path, error; sorted
     by row), limited to its complete shards; empty when nothing was skipped."""
     entry = Path(entry)
+    if store.is_view(entry):
+        return _view_skipped(entry)
     path = entry / SKIPPED_NAME
     if not path.exists():
         return pd.DataFrame({c: pd.Series(dtype=int if c == "row" else object) for c in SKIPPED_COLUMNS})
@@ -58,8 +61,18 @@ def skipped_ids(entry: str | Path) -> list[str]:
 
 
 def missing_shards(entry: str | Path) -> list[int]:
-    """Shards of a cache entry folder (as its ``meta.json`` lays them out) whose file is absent."""
+    """Shards of a cache entry folder (as its ``meta.json`` lays them out) whose file is absent; of
+    a view (:mod:`.store`), the missing shards of its chunks, numbered across them in order."""
     entry = Path(entry)
+    if store.is_view(entry):
+        out, offset = [], 0
+        for folder in _view_chunks(entry):
+            meta = json.loads((folder / META_NAME).read_text()) if (folder / META_NAME).is_file() else None
+            if meta is None:
+                return [0]
+            out += [offset + i for i in missing_shards(folder)]
+            offset += int(meta["n_shards"])
+        return out
     meta = json.loads((entry / META_NAME).read_text())
     return [i for i in range(int(meta["n_shards"])) if not (entry / SHARD_NAME.format(i)).exists()]
 
@@ -75,6 +88,8 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
     (``on_bad_image="skip"``) come back as all-NaN rows; :func:`skipped_ids` names them.
     """
     path = Path(path_or_dir)
+    if store.is_view(path):
+        return _load_view(path, manifest)
     if path.is_dir():
         files = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
         if (path / META_NAME).exists():
@@ -139,3 +154,44 @@ def align_features(sample_ids, embeddings: np.ndarray, manifest: pd.DataFrame, s
         raise InvalidSetting(f"{source}: {len(missing)} manifest rows have no features, first sample_id "
                          f"'{missing[0]}'; extract them or drop them from the manifest")
     return np.asarray(embeddings, dtype=np.float32)[pos]
+
+
+def _view_chunks(entry: Path) -> list[Path]:
+    return [Path(c) for c in dict.fromkeys(store.read_view(entry)["chunk"])]
+
+
+def _load_view(entry: Path, manifest: pd.DataFrame | None) -> tuple[np.ndarray, np.ndarray]:
+    """A view's (sample_ids, embeddings): each row's image read from its chunk (:mod:`.store`)."""
+    missing = missing_shards(entry)
+    if missing:
+        raise FeatureCacheError(f"{entry}: incomplete features, {len(missing)} shards of its chunks missing; run "
+                                "the missing extraction parts (extract.shard=...) or extraction again to resume")
+    view = store.read_view(entry)
+    emb = store.gather(view, lambda folder: load_features(folder))
+    ids = view["sample_id"].astype(str).to_numpy()
+    if manifest is None:
+        return ids, emb
+    want = _manifest_ids(manifest)
+    pos = pd.Index(ids).get_indexer(want)
+    if (pos < 0).any():
+        miss = want[pos < 0]
+        raise FeatureCacheError(f"{entry}: no features for {len(miss)} of {len(want)} manifest rows "
+                                f"(first: sample_id {str(miss[0])!r}); extract them or fix the sample_ids")
+    return want.copy(), emb[pos]
+
+
+def _view_skipped(entry: Path) -> pd.DataFrame:
+    """The rows of a view whose image its chunk skipped (sample_id of the view, its row there)."""
+    view = store.read_view(entry)
+    parts = []
+    for folder, part in view.groupby("chunk", sort=False):
+        skipped = read_skipped(Path(folder))
+        if not len(skipped):
+            continue
+        hit = part[part["row"].isin(skipped["row"])]
+        info = skipped.set_index("row").loc[hit["row"].to_numpy()]
+        parts.append(pd.DataFrame({"sample_id": hit["sample_id"].to_numpy(), "row": hit.index.to_numpy(),
+                                   "path": info["path"].to_numpy(), "error": info["error"].to_numpy()}))
+    if not parts:
+        return pd.DataFrame({c: pd.Series(dtype=int if c == "row" else object) for c in SKIPPED_COLUMNS})
+    return pd.concat(parts).sort_values("row").reset_index(drop=True).astype({"row": int})

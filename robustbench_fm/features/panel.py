@@ -92,6 +92,7 @@ from .extract import (
     _ShardWriter,
     _unwritable_error,
     default_num_workers,
+    embed_full_batch,
     extract,
     load_partials,
     lock_path,
@@ -457,7 +458,8 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
                   shard_size: int = 1024, progress: bool = True, reader: Reader | None = None,
                   on_bad_image: str = "error", num_shards: int = 1, shard: int = 0, read: bool = True,
                   flush_seconds: float | None = FLUSH_SECONDS, device_transform: bool = False,
-                  _wait: bool = False, _stats: dict | None = None) -> list[FeatureSet]:
+                  _wait: bool = False, _stats: dict | None = None,
+                  entries: Sequence[tuple[Path, dict]] | None = None) -> list[FeatureSet]:
     """Embed every manifest row with every encoder of ``encoders`` in one decode pass; one
     :class:`FeatureSet` per encoder, in order (see the module docstring).
 
@@ -467,6 +469,8 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
     (:func:`split_transform`; the entry is keyed apart). ``_wait``: wait for busy entry locks
     (the call that finishes an encoder left out of a pass). ``_stats``: filled with the main
     process's seconds (waiting for decode chunks, collate + tail, forwards, shard writes).
+    ``entries``: (folder, key fields) per encoder of the entries to fill instead of the manifest's
+    own (chunks of the per-image store, :mod:`.store`).
     """
     t0 = time.perf_counter()
     encoders = list(encoders)
@@ -483,12 +487,12 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
     manifest, ids, image_root, reader, num_workers = _check_inputs(manifest, image_root, reader, sizes,
                                                                    on_bad_image, num_workers, encoders[0].device)
     jobs = []
-    for enc, bs in zip(encoders, sizes):
-        fields = cache_key_fields(enc, manifest, image_root)
+    for j, (enc, bs) in enumerate(zip(encoders, sizes)):
+        folder, fields = entries[j] if entries is not None else (None, cache_key_fields(enc, manifest, image_root))
         split = split_transform(enc.transform) if device_transform else None
-        if split is not None:
+        if split is not None and entries is None:
             fields = {**fields, "transform": "device"}
-        cache = FeatureCache(cache_root, fields, shard_size=shard_size, n_rows=len(manifest))
+        cache = FeatureCache(cache_root, fields, shard_size=shard_size, n_rows=len(manifest), folder=folder)
         job = _Job(enc, bs, cache.fields, cache, set(cache.part_shards(num_shards, shard)))
         if split is not None:
             job.mode, job.device_tf = split
@@ -540,16 +544,17 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
             if job.lock is not None:
                 job.skipped = _settle(job.cache)
     out = []
-    for job in jobs:
+    for j, job in enumerate(jobs):
         if job.waiting:
             out.append(extract(job.encoder, manifest, image_root, cache_root, batch_size=job.batch_size,
                                num_workers=num_workers, shard_size=shard_size, progress=progress, reader=reader,
                                on_bad_image=on_bad_image, num_shards=num_shards, shard=shard, read=read,
-                               flush_seconds=flush_seconds)
+                               flush_seconds=flush_seconds, entry=None if entries is None else entries[j])
                        if job.device_tf is None else
                        extract_panel([job.encoder], manifest, image_root, cache_root, job.batch_size, num_workers,
                                      shard_size, progress, reader, on_bad_image, num_shards, shard, read,
-                                     flush_seconds, device_transform, _wait=True)[0])
+                                     flush_seconds, device_transform, _wait=True,
+                                     entries=None if entries is None else [entries[j]])[0])
             continue
         out.append(_result(job.encoder, manifest, job.cache, job.fields, ids, job.skipped, job.n_forward,
                            job.n_images, t0, read, num_shards, shard))
@@ -672,7 +677,7 @@ def _forward(job: _Job, on_bad_image: str, stats: dict) -> int:
     ran = 0
     t1 = time.perf_counter()
     if x is not None:
-        emb = np.array(job.encoder.embed(x).cpu().numpy(), dtype=np.float32)
+        emb = np.array(embed_full_batch(job.encoder, x, job.batch_size).cpu().numpy(), dtype=np.float32)
         job.n_forward += 1
         ran = 1
         del x

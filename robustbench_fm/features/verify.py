@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from ..core.text import one_line
 from ..data import manifest as mf
+from . import store
 from .cache import (
     META_NAME,
     PARQUET_META_KEY,
@@ -107,6 +108,8 @@ def verify_entry(path: str | Path, manifest: pd.DataFrame | str | Path | None = 
                         "extraction")
         return rep
     fmt = meta.get("format")
+    if fmt == store.VIEW_FORMAT:
+        return _verify_view(path, meta, manifest, rep)
     if fmt != CACHE_FORMAT:
         problems.append(f"{meta_path}: cache format {fmt!r}, this package reads format {CACHE_FORMAT}; it is "
                         f"never reused (extraction makes a new entry), delete the folder {path}")
@@ -269,6 +272,61 @@ def verify_entry(path: str | Path, manifest: pd.DataFrame | str | Path | None = 
     if not missing and meta.get("status") != "complete":
         notes.append(f"{meta_path}: status {meta.get('status')!r} though every shard is present; re-run "
                      "extraction to finalise it")
+    rep.ok = not problems
+    return rep
+
+
+def _verify_view(path: Path, meta: dict, manifest, rep: VerifyReport) -> VerifyReport:
+    """A manifest's view (:mod:`.store`): its rows, key, and that every row names an existing row of
+    a complete chunk holding that image; notes say which versions each chunk's rows were made with."""
+    problems, notes = rep.problems, rep.notes
+    try:
+        fields = meta["fields"]
+        rep.n_rows, rep.key, rep.encoder = int(meta["n_rows"]), str(meta["key"]), fields.get("encoder")
+        view = store.read_view(path)
+    except (OSError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        problems.append(f"{path / store.VIEW_NAME}: unreadable ({one_line(exc)}); delete the folder {path} and "
+                        "re-run extraction (the features are kept in the chunks)")
+        return rep
+    if f"v-{cache_key(_canonical(fields))}" != path.name:
+        problems.append(f"{path / META_NAME}: its key fields hash to v-{cache_key(fields)}, not {path.name}; "
+                        f"delete the folder {path}")
+    if len(view) != rep.n_rows or view["sample_id"].duplicated().any():
+        problems.append(f"{path / store.VIEW_NAME}: {len(view)} rows (meta.json: {rep.n_rows}) or a repeated "
+                        f"sample_id; delete the folder {path}")
+    if manifest is not None:
+        frame, _ = _manifest_frame(manifest)
+        if view["sample_id"].astype(str).tolist() != frame["sample_id"].astype(str).tolist():
+            problems.append(f"{path}: its sample_ids are not the manifest's rows in order; this view was "
+                            "made for another manifest")
+    for folder, part in view.groupby("chunk", sort=False):
+        folder = Path(folder)
+        chunk_meta = folder / META_NAME
+        if not chunk_meta.is_file():
+            problems.append(f"{path}: chunk {folder} is missing; delete the view folder and re-run extraction")
+            continue
+        try:
+            cm = json.loads(chunk_meta.read_text())
+            ids = np.concatenate([pq.read_table(sp, columns=["sample_id"]).column(0).to_numpy(zero_copy_only=False)
+                                  for sp in sorted(folder.glob("shard-*.parquet"))] or [np.array([], object)])
+        except (OSError, ValueError) as exc:
+            problems.append(f"{chunk_meta}: unreadable ({one_line(exc)})")
+            continue
+        if len(ids) != int(cm.get("n_rows", -1)):
+            problems.append(f"{folder}: incomplete chunk ({len(ids)} of {cm.get('n_rows')} rows); run extraction "
+                            "again to resume")
+            continue
+        rows = part["row"].to_numpy()
+        if cm.get("format") == CACHE_FORMAT and "made_with" not in cm.get("fields", {}):
+            pass  # an adopted entry of the per-manifest layout: its sample_ids are its manifest's
+        elif (rows >= len(ids)).any() or (ids[rows].astype(str) != part["image_id"].astype(str).to_numpy()).any():
+            problems.append(f"{path}: rows of chunk {folder.name} do not hold the images the view names; delete "
+                            f"the view folder {path} and re-run extraction")
+        f = cm.get("fields", {})
+        made = f.get("made_with") or {"package": f.get("package_version"), "libraries": f.get("library_versions")}
+        libs = ", ".join(f"{k} {v}" for k, v in sorted((made.get("libraries") or {}).items()))
+        notes.append(f"{len(part)} rows from chunk {folder.name}, made with robustbench_fm {made.get('package')}"
+                     f"{'; ' + libs if libs else ''}")
     rep.ok = not problems
     return rep
 

@@ -40,6 +40,7 @@ from ..core.locking import FileLock
 from ..core.redact import redact_config, redacted_yaml
 from ..core.results import not_scored, to_markdown, without_single_group_pools
 from ..core.tables import SweepResults
+from ..core.versions import VERSION_POLICIES
 from ..data import cards, prepared
 from ..data import manifest as mf
 from ..data.images import BAD_IMAGE_POLICIES
@@ -84,6 +85,7 @@ class ExtractOptions:
     shard: int
     device: str
     allow_remote_code: bool
+    on_version_change: str = "reuse"
 
 
 @dataclass(frozen=True)
@@ -330,11 +332,16 @@ def _extract_options(cfg: DictConfig) -> ExtractOptions:
     if policy not in BAD_IMAGE_POLICIES:
         raise InvalidSetting(f"extract.on_bad_image={policy!r}: use {' or '.join(BAD_IMAGE_POLICIES)} (stop at an "
                              "unreadable image, or leave it out and list it in skipped.csv)")
+    versions = str(OmegaConf.select(cfg, "cache.on_version_change", default="reuse"))
+    if versions not in VERSION_POLICIES:
+        raise InvalidSetting(f"cache.on_version_change={versions!r}: use {', '.join(VERSION_POLICIES)} (stored "
+                             "features made with other package or library versions: use them, use them with a "
+                             "warning, or embed again)")
     return ExtractOptions(batch_size=count("batch_size", x.batch_size, 1), num_workers=workers,
                           shard_size=count("shard_size", x.shard_size, 1), on_bad_image=policy,
                           num_shards=count("num_shards", x.get("num_shards", 1), 1),
                           shard=count("shard", x.get("shard", 0), 0), device=str(cfg.device),
-                          allow_remote_code=bool(cfg.security.allow_remote_code))
+                          allow_remote_code=bool(cfg.security.allow_remote_code), on_version_change=versions)
 
 
 def _param_overrides(cfg: DictConfig) -> dict[str, str]:
@@ -482,7 +489,7 @@ def embedder(job: Plan) -> Embedder:
     return Embedder(job.paths.cache_dir, device=x.device, batch_size=x.batch_size, num_workers=x.num_workers,
                     shard_size=x.shard_size, on_bad_image=x.on_bad_image, num_shards=x.num_shards, shard=x.shard,
                     allow_remote_code=x.allow_remote_code, options={name: options}, resolution=job.resolution,
-                    prepared_dir=job.paths.prepared_dir)
+                    prepared_dir=job.paths.prepared_dir, on_version_change=x.on_version_change)
 
 
 def encoder_options(job: Plan) -> tuple[str, EncoderOptions]:

@@ -236,8 +236,8 @@ def test_cli_reads_a_read_only_cache_and_refuses_an_unwritable_one_in_one_line(p
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert one_error_line(bad) == (
         f"error: feature cache '{planted_cache / 'cache' / 'features'}' is not writable ([Errno 30] Read-only file "
-        f"system: '{planted_cache / 'cache' / 'features' / 'planted_blur'}') and the entry of 'planted_blur' for "
-        "this manifest needs writing (1 of 1 shards missing); set paths.cache_dir=<a writable folder>")
+        f"system: '{planted_cache / 'cache' / 'features' / 'planted_blur'}') and 'planted_blur' has 40 of 40 images "
+        "of this manifest to embed; set paths.cache_dir=<a writable folder>")
 
 
 def test_an_unwritable_output_folder_is_one_line_naming_paths_output_root(tmp_path):

@@ -102,10 +102,11 @@ def test_sharded_sweep_equals_one_job_and_incomplete_parts_are_refused(tmp_path)
     single = pd.read_parquet(tmp_path / "single" / "summary.parquet")
     pd.testing.assert_frame_equal(pooled(sharded).sort_index(), pooled(single).sort_index())
 
-    # only part 0 of 3 of a new entry (30 images: 4 shards of 8, part 0 holds shards 0 and 3)
+    # only part 0 of 3 of a new entry (30 images in an empty cache: a chunk of 4 shards of 8, part 0
+    # holds shards 0 and 3; in the shared cache the store would hold some of these images already)
     partial = tmp_path / "partial"
     cli("-m", *SMALL, "dataset.options.n=30", "extract.num_shards=3", "extract.shard=0", "extract.shard_size=8",
-        f"hydra.sweep.dir={partial}", cwd=tmp_path)
+        f"paths.cache_dir={tmp_path / 'cache-partial'}", f"hydra.sweep.dir={partial}", cwd=tmp_path)
     proc = cli("collect", str(partial), cwd=tmp_path, check=False)
     assert proc.returncode == 2
     assert "lacks 2 shards (shard-00001.parquet, shard-00002.parquet)" in proc.stderr

@@ -261,12 +261,12 @@ def test_embedder_panel_decodes_once_and_fills_the_entries_embed_fills(data, tmp
     manifest = manifests["error"]
     calls = []
     real = extract_mod.default_reader
-    monkeypatch.setattr(extract_mod, "default_reader", lambda r, row: calls.append(row["sample_id"]) or real(r, row))
+    monkeypatch.setattr(extract_mod, "default_reader", lambda r, row: calls.append(row["path"]) or real(r, row))
     names = ["planted_blur", "planted_sharp"]
     opts = {"planted_sharp": EncoderOptions(batch_size=7)}
     service = Embedder(tmp_path / "panel", device="cpu", batch_size=5, shard_size=SHARD, options=opts)
     got = service.embed_panel(manifest, root, names)
-    assert sorted(calls) == sorted(manifest["sample_id"])  # 40 decodes for two encoders
+    assert sorted(calls) == sorted(manifest["path"])  # 40 decodes for two encoders
     single = Embedder(tmp_path / "single", device="cpu", batch_size=5, shard_size=SHARD, options=opts)
     for name, fs in zip(names, got):
         ref = single.embed(manifest, root, name)

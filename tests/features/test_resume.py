@@ -333,7 +333,8 @@ def test_ctrl_c_on_the_cli_prints_one_line_exits_130_and_the_same_command_resume
                             start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 300
-        while not list(cache.glob("*/shard-00001.parquet")) and proc.poll() is None and time.monotonic() < deadline:
+        while (not list(cache.glob("images-*/*/shard-00001.parquet")) and proc.poll() is None
+               and time.monotonic() < deadline):
             time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)
@@ -348,7 +349,8 @@ def test_ctrl_c_on_the_cli_prints_one_line_exits_130_and_the_same_command_resume
                      r"re-run the same command to resume", last)
     assert m, last
     entry = Path(m.group(2))
-    assert entry.parent == cache and len(list(entry.glob("shard-*.parquet"))) == int(m.group(1)) >= 2
+    # the chunk of the per-image store being filled: <cache>/<encoder>/images-<recipe>/<chunk>
+    assert entry.parent.parent == cache and len(list(entry.glob("shard-*.parquet"))) == int(m.group(1)) >= 2
     (run,) = (tmp_path / "outputs" / "runs").glob("*/*")
     saved = last.removeprefix("interrupted: ").removesuffix("; re-run the same command to resume")
     status = json.loads((run / "status.json").read_text())

@@ -1,0 +1,566 @@
+"""The per-image feature store: every (encoder recipe, image) is embedded once, whatever manifest
+asks for it (docs/architecture.md, "The feature store").
+
+A manifest's features are found by looking up its images, not its rows:
+
+- **Image identity** (:func:`image_ids`): the SHA-256 of the image file's bytes (memoised per
+  resolved file, size and mtime in ``<cache>/_files/hashes.parquet``, so a later run only stats
+  the files), combined with what selects pixels inside the file (the ``#`` locator of an HDF5 /
+  NPZ / parquet row, crop and occlusion columns). The same image under another folder, another
+  relative path, another ``sample_id`` or in another row order has the same identity; a file
+  whose bytes change gets a new one. We chose the content hash over a cheap (path, size, mtime)
+  identity because the cheap one changes on a plain ``cp`` and cannot tell two copies apart from
+  two different images under the same name; the memo makes its cost one read of each file, the
+  first time the file is seen.
+- **Recipe** (:func:`recipe_fields`): what makes an encoder's vector of a given image: encoder
+  identity, weights, architecture, preprocessing, pooling, precision, device-side transform,
+  :data:`RECIPE_VERSION` and the *major* version of torch and of the encoder's own library.
+  Nothing else: no manifest, no absolute path, no patch version (a patch release of a library
+  the encoder does not use cannot change its features; the versions a row was made with are
+  recorded, :func:`made_with`, and compared on use, ``cache.on_version_change``).
+
+Layout under the feature cache ``<cache>``::
+
+    <cache>/_files/hashes.parquet              content-hash memo (path, size, mtime_ns, sha256)
+    <cache>/<encoder>/images-<recipe>/         one folder per recipe
+        recipe.json                            the recipe fields
+        <chunk>.ids.parquet                    the images of chunk <chunk>, in its row order
+                                               (image_id and the locator columns read them)
+        <chunk>/                               a feature-cache entry (:mod:`.cache`) whose
+                                               sample_ids are image ids: shards, meta.json
+                                               (recording ``made_with``), skipped.csv
+        adopted-<key>.ids.parquet              an entry of the earlier per-manifest layout read as
+                                               a chunk (its rows' image ids; the entry stays put)
+    <cache>/<encoder>/<view>/                  one folder per manifest (the entry runs name)
+        meta.json                              format "view": recipe folder, rows, key fields
+        view.parquet                           sample_id, image_id, chunk, row (manifest order)
+
+A chunk is written by the ordinary extraction (sharded, atomic, locked, resumable, SHA-256 per
+shard); only images no chunk of the recipe holds go into a new chunk, each once (duplicates
+inside a manifest too). A view is written when all its chunks are complete and is read by
+:func:`robustbench_fm.features.load.load_features` like any entry. Views and chunk references
+are relative to the encoder folder, so a moved or copied ``outputs/`` keeps every entry valid.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..core.atomic import write_atomic, write_text_atomic
+from ..core.errors import InvalidSetting
+from ..core.locking import FileLock
+from ..core.versions import VERSION_POLICIES
+from ..data.images import CROP_COLUMNS, locator_file
+from .cache import CACHE_FORMAT, SKIPPED_NAME, FeatureCache, FeatureCacheError, _safe_name, skipped_csv_bytes
+from .key import _canonical, cache_key, cache_key_fields, library_versions, manifest_hash, package_version
+from .occlusion import OCCLUSION_COLUMNS
+
+log = logging.getLogger("robustbench_fm.features")
+
+#: Bump when what a recipe's vectors mean changes (preprocessing semantics, pooling code, the
+#: batch rule): every chunk of an older recipe version is then left alone and images re-embedded.
+#: 1: batches padded to the batch size (a row's bytes do not depend on its neighbours).
+RECIPE_VERSION = 1
+VIEW_FORMAT = "view"
+VIEW_NAME = "view.parquet"
+IDS_SUFFIX = ".ids.parquet"
+#: columns besides ``path`` that select pixels of a file (part of an image's identity)
+PIXEL_COLUMNS = (*CROP_COLUMNS, *OCCLUSION_COLUMNS)
+#: libraries whose major version is part of a recipe: torch for every encoder, plus its own
+_LIBRARY_DISTRIBUTIONS = {"timm": "timm", "open_clip": "open_clip", "transformers": "transformers",
+                          "torchvision": "torchvision"}
+
+
+# ------------------------------------------------------------------ recipe
+
+def library_major(module: str) -> str | None:
+    """The major version (``'2'`` of ``2.5.1``; ``'0.9'`` of ``0.9.16``, a 0.x series moves its
+    minor) of an importable library, else None."""
+    v = library_versions().get(module)
+    if v is None:
+        return None
+    parts = v.split("+")[0].split(".")
+    return ".".join(parts[:2]) if parts[0] == "0" else parts[0]
+
+
+#: key fields of the per-manifest layout that are not part of a recipe (the manifest, the folder,
+#: versions: recorded per chunk instead)
+NOT_RECIPE = ("cache_format", "manifest_hash", "image_root", "n_rows", "package_version", "library_versions")
+
+
+def recipe_fields(encoder, extra: dict | None = None) -> dict:
+    """What makes ``encoder``'s vector of one image (module docstring): the per-manifest key fields
+    without :data:`NOT_RECIPE`, plus :data:`RECIPE_VERSION` and the major versions of torch and of
+    the encoder's library. ``extra``: more fields (the device-side transform of a panel pass)."""
+    fields = {k: v for k, v in cache_key_fields(encoder, pd.DataFrame({"sample_id": [], "path": []})).items()
+              if k not in NOT_RECIPE}
+    own = _LIBRARY_DISTRIBUTIONS.get(str(encoder.spec.library))
+    majors = {m: library_major(m) for m in ("torch", own) if m}
+    return _canonical({**fields, **(extra or {}), "recipe_version": RECIPE_VERSION,
+                       "library_major": {m: v for m, v in majors.items() if v is not None}})
+
+
+def made_with() -> dict:
+    """The package and library versions rows embedded now are made with (recorded per chunk)."""
+    return _canonical({"package": package_version(), "libraries": library_versions()})
+
+
+def _hash(*parts) -> str:
+    return hashlib.sha256(json.dumps(_canonical(list(parts)), sort_keys=True).encode()).hexdigest()
+
+
+# ------------------------------------------------------------------ image identity
+
+class FileHashes:
+    """SHA-256 of image files, memoised by (resolved path, size, mtime_ns) in
+    ``<cache>/_files/hashes.parquet``; a file whose size or mtime changed is hashed again. The
+    memo is a speed-up only: a read-only cache is hashed in memory and nothing is written."""
+
+    COLUMNS = ("path", "size", "mtime_ns", "sha256")
+
+    def __init__(self, cache_dir: str | Path):
+        self.path = Path(cache_dir) / "_files" / "hashes.parquet"
+        self._memo: dict[str, tuple[int, int, str]] = {}
+        self._new = 0
+        if self.path.is_file():
+            try:
+                t = pq.read_table(self.path).to_pydict()
+                self._memo = {p: (s, m, h) for p, s, m, h in zip(*(t[c] for c in self.COLUMNS))}
+            except (OSError, KeyError, pa.ArrowException):
+                self._memo = {}  # a damaged memo is rebuilt
+
+    def of(self, file: Path) -> str:
+        st = file.stat()
+        key = str(file.resolve())
+        got = self._memo.get(key)
+        if got is not None and got[0] == st.st_size and got[1] == st.st_mtime_ns:
+            return got[2]
+        h = hashlib.sha256()
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        self._memo[key] = (st.st_size, st.st_mtime_ns, h.hexdigest())
+        self._new += 1
+        return h.hexdigest()
+
+    def save(self) -> None:
+        if not self._new:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(self.path.with_name(".hashes.lock")):
+                if self.path.is_file():  # keep what another process added meanwhile
+                    merged = FileHashes(self.path.parents[1])._memo
+                    merged.update(self._memo)
+                    self._memo = merged
+                items = sorted(self._memo.items())
+                table = pa.table({"path": [k for k, _ in items], "size": [v[0] for _, v in items],
+                                  "mtime_ns": [v[1] for _, v in items], "sha256": [v[2] for _, v in items]})
+                _write_parquet(self.path, table)
+            self._new = 0
+        except OSError as exc:  # a read-only cache: hashes stay in memory
+            log.debug("content-hash memo not written (%s)", exc)
+
+
+def _pixel_part(manifest: pd.DataFrame) -> list[str]:
+    cols = [c for c in PIXEL_COLUMNS if c in manifest.columns]
+    loc = manifest["path"].astype(str).str.partition("#")[2].to_numpy()
+    if not cols:
+        return list(loc)
+    vals = manifest[cols].astype(object).where(manifest[cols].notna(), None).to_numpy()
+    return [json.dumps([part, *map(_scalar, v)]) for part, v in zip(loc, vals)]
+
+
+def _scalar(v):
+    if v is None:
+        return None
+    if isinstance(v, (np.integer, int)):
+        return int(v)
+    if isinstance(v, (np.floating, float)):
+        return float(v)
+    return str(v)
+
+
+def image_ids(manifest: pd.DataFrame, root: str | Path, hashes: FileHashes) -> np.ndarray:
+    """One identity per manifest row (module docstring): 32 hex digits of the SHA-256 of the
+    file's content hash and the row's pixel-selecting fields. A missing file raises
+    :class:`~robustbench_fm.core.errors.InvalidSetting` naming the row."""
+    root = Path(root)
+    files = manifest["path"].astype(str).map(locator_file).to_numpy()
+    content: dict[str, str] = {}
+    out = []
+    for i, (f, extra) in enumerate(zip(files, _pixel_part(manifest))):
+        if f not in content:
+            try:
+                content[f] = hashes.of(root / f)
+            except FileNotFoundError:
+                content[f] = "missing:" + f  # extraction reports it (or skips it) by row
+            except OSError as exc:
+                raise InvalidSetting(f"manifest row {i}: cannot read '{root / f}' ({exc}); fix the path or "
+                                     "the image root") from None
+        out.append(hashlib.sha256(f"{content[f]}\x1f{extra}".encode()).hexdigest()[:32])
+    return np.asarray(out, dtype=object)
+
+
+def derived_ids(ids: np.ndarray, recipe: dict) -> np.ndarray:
+    """Identities of images derived from ``ids`` by ``recipe`` (the prepared-image store's size
+    and resize rule, :func:`robustbench_fm.data.prepared.recipe`): a stored 224-px copy is the same
+    image whichever manifest's store entry holds it."""
+    tag = json.dumps(_canonical(recipe), sort_keys=True)
+    return np.asarray([hashlib.sha256(f"{i}\x1f{tag}".encode()).hexdigest()[:32] for i in ids], dtype=object)
+
+
+# ------------------------------------------------------------------ chunks
+
+@dataclass
+class Chunk:
+    """One chunk of a recipe folder: ``name`` (its folder, relative to the recipe folder: a chunk
+    key, or ``../<key>`` for an adopted entry of the per-manifest layout) and its image ids."""
+
+    name: str
+    ids: np.ndarray
+    adopted: bool = False
+    _cache: FeatureCache | None = field(default=None, repr=False)
+
+
+class Recipe:
+    """The store of one encoder recipe: ``<cache>/<encoder>/images-<recipe key>/``."""
+
+    def __init__(self, cache_dir: str | Path, encoder, extra: dict | None = None):
+        self.cache_dir = Path(cache_dir)
+        self.fields = recipe_fields(encoder, extra)
+        self.key = cache_key(self.fields)
+        self.encoder_dir = self.cache_dir / _safe_name(str(self.fields["encoder"]))
+        self.folder = self.encoder_dir / f"images-{self.key}"
+        self._chunks: list[Chunk] | None = None
+
+    # --- chunks
+    def chunks(self, refresh: bool = False) -> list[Chunk]:
+        if self._chunks is None or refresh:
+            found = []
+            if self.folder.is_dir():
+                for f in sorted(self.folder.glob(f"*{IDS_SUFFIX}")):
+                    stem = f.name[:-len(IDS_SUFFIX)]
+                    adopted = stem.startswith("adopted-")
+                    name = f"../{stem[len('adopted-'):]}" if adopted else stem
+                    ids = pq.read_table(f, columns=["image_id"]).column(0).to_numpy(zero_copy_only=False)
+                    found.append(Chunk(name, ids.astype(object), adopted))
+            self._chunks = found
+        return self._chunks
+
+    def n_missing(self, ids: np.ndarray) -> int:
+        """How many distinct images of ``ids`` no chunk of the recipe (complete or not) names."""
+        have = set()
+        for c in self.chunks():
+            have.update(c.ids.tolist())
+        return len(set(map(str, ids)) - have)
+
+    def covers(self, ids: np.ndarray) -> bool:
+        """Whether the recipe's chunks (complete or not) name every image of ``ids``."""
+        return self.n_missing(ids) == 0
+
+    def chunk_folder(self, chunk: Chunk) -> Path:
+        return (self.folder / chunk.name).resolve() if chunk.adopted else self.folder / chunk.name
+
+    def chunk_cache(self, chunk: Chunk) -> FeatureCache:
+        """The chunk's feature-cache entry (its recorded fields when it exists)."""
+        if chunk._cache is None:
+            folder = self.chunk_folder(chunk)
+            meta = _read_json(folder / "meta.json")
+            fields = meta["fields"] if meta is not None else self.chunk_fields(chunk.ids)
+            chunk._cache = FeatureCache(self.cache_dir, fields, folder=folder)
+        return chunk._cache
+
+    def complete(self, chunk: Chunk) -> bool:
+        try:
+            return self.chunk_cache(chunk).is_complete
+        except FeatureCacheError:
+            return False
+
+    def versions(self, chunk: Chunk) -> dict:
+        """What the chunk's rows were made with (an adopted entry: its key's versions)."""
+        f = self.chunk_cache(chunk).fields
+        if "made_with" in f:
+            return f["made_with"]
+        return _canonical({"package": f.get("package_version"), "libraries": f.get("library_versions", {})})
+
+    def chunk_fields(self, ids) -> dict:
+        """Key fields of a new chunk of images ``ids``: the recipe, the images, the versions now."""
+        return _canonical({**self.fields, "images": _hash(list(map(str, ids)))[:16], "n_rows": int(len(ids)),
+                           "made_with": made_with()})
+
+    def new_chunk(self, rows: pd.DataFrame, ids: np.ndarray) -> Chunk:
+        """A chunk for the images ``ids`` (unique), read through the locator columns of ``rows``;
+        its ids file is written first, so a concurrent part of the same run finds it."""
+        name = cache_key(self.chunk_fields(ids))
+        self.folder.mkdir(parents=True, exist_ok=True)
+        recipe = self.folder / "recipe.json"
+        if not recipe.exists():
+            write_text_atomic(recipe, json.dumps(self.fields, indent=1, sort_keys=True) + "\n")
+        path = self.folder / f"{name}{IDS_SUFFIX}"
+        if not path.exists():
+            _write_parquet(path, _ids_table(rows, ids))
+        chunk = Chunk(name, np.asarray(ids, dtype=object))
+        self.chunks().append(chunk)
+        return chunk
+
+    def chunk_manifest(self, chunk: Chunk, manifest: pd.DataFrame, ids: np.ndarray) -> pd.DataFrame | None:
+        """The rows the chunk's images are read from in THIS manifest (sample_id = image id, in the
+        chunk's order); None when the manifest does not hold every image of the chunk."""
+        first = pd.Series(np.arange(len(ids)), index=pd.Index(ids)).groupby(level=0).first()
+        pos = first.reindex(chunk.ids)
+        if pos.isna().any():
+            return None
+        rows = manifest.iloc[pos.to_numpy(int)].reset_index(drop=True).copy()
+        rows["sample_id"] = list(chunk.ids)
+        return rows
+
+    # --- the per-manifest layout (cache format 2)
+    def adopt(self, encoder, manifest: pd.DataFrame, root, ids: np.ndarray) -> Chunk | None:
+        """The complete entry of the per-manifest layout that holds ``manifest``'s rows, read as a
+        chunk (without re-embedding): same encoder identity, same locator hash and row count,
+        written from this image root or from one that no longer exists (a moved dataset); any
+        package or library versions (recorded, :meth:`versions`). Its image ids are written to
+        ``adopted-<key>.ids.parquet`` (kept in memory on a read-only cache)."""
+        if not self.encoder_dir.is_dir():
+            return None
+        want = {k: v for k, v in cache_key_fields(encoder, manifest, root).items()
+                if k not in ("package_version", "library_versions", "image_root")}
+        here = str(Path(root).resolve())
+        for meta_path in sorted(self.encoder_dir.glob("*/meta.json")):
+            meta = _read_json(meta_path)
+            if not meta or meta.get("format") != CACHE_FORMAT or meta.get("status") != "complete":
+                continue
+            f = meta.get("fields") or {}
+            if any(f.get(k) != v for k, v in want.items()):
+                continue
+            recorded = f.get("image_root")
+            if recorded is not None and recorded != here and Path(recorded).exists():
+                continue  # another folder that still exists: other images under the same names
+            key = meta_path.parent.name
+            name = f"../{key}"
+            for c in self.chunks():
+                if c.name == name:
+                    return c
+            chunk = Chunk(name, np.asarray(ids, dtype=object), adopted=True)
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                _write_parquet(self.folder / f"adopted-{key}{IDS_SUFFIX}", _ids_table(manifest, ids))
+            except OSError:
+                pass  # read-only: this run reads it anyway
+            self.chunks().append(chunk)
+            log.info("reading %s (written by an earlier layout) as features of %d images", meta_path.parent,
+                     len(ids))
+            return chunk
+        return None
+
+
+def _ids_table(rows: pd.DataFrame, ids) -> pa.Table:
+    cols = {"image_id": pa.array([str(i) for i in ids], pa.string()),
+            "path": pa.array(rows["path"].astype(str).tolist(), pa.string())}
+    return pa.table(cols)
+
+
+def _write_parquet(path: Path, table: pa.Table) -> None:
+    write_atomic(path, lambda f: pq.write_table(table, f, compression="zstd"))
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------ planning a manifest
+
+@dataclass
+class Plan:
+    """How a manifest is served from a recipe: ``where[i]`` = (chunk index, row) of manifest row
+    i's image, and the chunks that still need embedding, each with the rows of this manifest it
+    is read from."""
+
+    recipe: Recipe
+    ids: np.ndarray
+    chunks: list[Chunk]
+    where: np.ndarray  # [n, 2] int64: (index into chunks, row in chunk)
+    fill: list[tuple[Chunk, pd.DataFrame]]
+    old_versions: dict = field(default_factory=dict)  # chunk name -> its made_with, where it differs
+
+
+def plan(recipe: Recipe, manifest: pd.DataFrame, ids: np.ndarray, policy: str = "reuse") -> Plan:
+    """Assign every image of ``manifest`` to a chunk: a complete chunk holding it (current
+    versions first; ``policy="recompute"`` uses only chunks made with the current versions), else an
+    incomplete chunk this manifest can fill whole (a resumed or sharded run), else one new chunk of
+    the remaining images, each once, in first-appearance order."""
+    if policy not in VERSION_POLICIES:
+        raise InvalidSetting(f"cache.on_version_change={policy!r}: use one of {', '.join(VERSION_POLICIES)}")
+    now = made_with()
+    usable: list[tuple[int, Chunk]] = []
+    old: dict = {}
+    for c in recipe.chunks():
+        try:
+            v = recipe.versions(c)
+        except FeatureCacheError as exc:
+            log.warning("%s", exc)
+            continue
+        if v != now:
+            if policy == "recompute":
+                continue
+            old[c.name] = v
+        usable.append((0 if recipe.complete(c) else 1, c))
+    # complete before incomplete, then current versions before old
+    usable.sort(key=lambda t: (t[0], t[1].name in old))
+    chosen: list[Chunk] = []
+    fill: list[tuple[Chunk, pd.DataFrame]] = []
+    where = np.full((len(ids), 2), -1, np.int64)
+    index = pd.Index(ids)
+    for rank, c in usable:
+        open_rows = where[:, 0] < 0
+        if not open_rows.any():
+            break
+        pos = pd.Index(c.ids)
+        hit = open_rows & index.isin(pos)
+        if not hit.any():
+            continue
+        if rank == 1:
+            rows = recipe.chunk_manifest(c, manifest, ids)
+            if rows is None:
+                continue  # another manifest's unfinished chunk: its images go into a new one
+            fill.append((c, rows))
+        k = len(chosen)
+        chosen.append(c)
+        first = pd.Series(np.arange(len(pos)), index=pos).groupby(level=0).first()
+        where[hit, 0] = k
+        where[hit, 1] = first.reindex(index[hit]).to_numpy(int)
+    todo = np.flatnonzero(where[:, 0] < 0)
+    if len(todo):
+        uniq, first_row = np.unique(ids[todo].astype(str), return_index=True)
+        order = np.argsort(first_row)
+        new_ids = uniq[order]
+        rows = manifest.iloc[todo[first_row[order]]].reset_index(drop=True)
+        c = recipe.new_chunk(rows, new_ids)
+        rows = rows.copy()
+        rows["sample_id"] = list(new_ids)
+        k = len(chosen)
+        chosen.append(c)
+        fill.append((c, rows))
+        lookup = pd.Series(np.arange(len(new_ids)), index=pd.Index(new_ids))
+        where[todo, 0] = k
+        where[todo, 1] = lookup.reindex(pd.Index(ids[todo].astype(str))).to_numpy(int)
+    return Plan(recipe, ids, chosen, where, fill, {c.name: old[c.name] for c in chosen if c.name in old})
+
+
+def version_notice(p: Plan, policy: str) -> str | None:
+    """One line naming the rows made with other versions (None when there are none)."""
+    if not p.old_versions:
+        return None
+    now = made_with()
+    n = int(sum((p.where[:, 0] == k).sum() for k, c in enumerate(p.chunks) if c.name in p.old_versions))
+    diffs = set()
+    for v in p.old_versions.values():
+        if v.get("package") != now["package"]:
+            diffs.add(f"robustbench_fm {v.get('package')} (now {now['package']})")
+        libs = v.get("libraries") or {}
+        for lib in sorted(set(libs) | set(now["libraries"])):
+            if libs.get(lib) != now["libraries"].get(lib):
+                diffs.add(f"{lib} {libs.get(lib) or 'absent'} (now {now['libraries'].get(lib) or 'absent'})")
+    action = "embeds them again" if policy == "recompute" else "keeps them (recompute embeds them again)"
+    return (f"{p.recipe.fields['encoder']}: {n} rows were embedded with {', '.join(sorted(diffs)) or 'other versions'}"
+            f"; cache.on_version_change={policy} {action}")
+
+
+# ------------------------------------------------------------------ views
+
+def view_fields(recipe: Recipe, manifest: pd.DataFrame, ids: np.ndarray) -> dict:
+    """Key fields of a manifest's view: the recipe and the (sample_id, image id) rows in order."""
+    rows = hashlib.sha256("\n".join(f"{s}\x1f{i}" for s, i in zip(manifest["sample_id"].astype(str), ids))
+                          .encode()).hexdigest()[:16]
+    return _canonical({"format": VIEW_FORMAT, "encoder": recipe.fields["encoder"], "recipe": recipe.key,
+                       "rows": rows, "n_rows": int(len(ids)), "locators": manifest_hash(manifest)})
+
+
+def view_path(recipe: Recipe, manifest: pd.DataFrame, ids: np.ndarray) -> tuple[Path, dict]:
+    fields = view_fields(recipe, manifest, ids)
+    return recipe.encoder_dir / f"v-{cache_key(fields)}", fields
+
+
+def write_view(p: Plan, manifest: pd.DataFrame) -> Path:
+    """The manifest's view folder (written once; a read-only cache gets a temporary one)."""
+    folder, fields = view_path(p.recipe, manifest, p.ids)
+    if (folder / VIEW_NAME).is_file() and (folder / "meta.json").is_file():
+        return folder
+    names = [os.path.relpath(p.recipe.chunk_folder(c), p.recipe.encoder_dir) for c in p.chunks]
+    table = pa.table({"sample_id": pa.array(manifest["sample_id"].astype(str).tolist(), pa.string()),
+                      "image_id": pa.array([str(i) for i in p.ids], pa.string()),
+                      "chunk": pa.array([names[k] for k in p.where[:, 0]], pa.string()),
+                      "row": pa.array(p.where[:, 1], pa.int64())})
+    meta = {"format": VIEW_FORMAT, "key": folder.name, "fields": fields, "n_rows": int(len(p.ids)),
+            "recipe": p.recipe.folder.name, "chunks": sorted(set(names)), "status": "complete"}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_parquet(folder / VIEW_NAME, table)
+        write_text_atomic(folder / "meta.json", json.dumps(meta, indent=1, sort_keys=True) + "\n")
+        return folder
+    except OSError as exc:
+        tmp = Path(tempfile.mkdtemp(prefix="robustbench_fm-view-"))
+        log.info("feature cache is read-only (%s); this run's view of it is in %s", exc, tmp)
+        table = table.set_column(2, "chunk", pa.array([str(p.recipe.encoder_dir / n) for n in table["chunk"]
+                                                        .to_pylist()], pa.string()))
+        _write_parquet(tmp / VIEW_NAME, table)
+        write_text_atomic(tmp / "meta.json", json.dumps(meta, indent=1, sort_keys=True) + "\n")
+        return tmp
+
+
+def write_view_skipped(folder: Path, table: pd.DataFrame) -> None:
+    """``skipped.csv`` of a view (its rows whose image a chunk skipped; none: no file), for a person
+    reading the folder; :func:`robustbench_fm.features.load.read_skipped` derives it from the chunks."""
+    path = folder / SKIPPED_NAME
+    try:
+        if not len(table):
+            path.unlink(missing_ok=True)
+            return
+        records = {int(r["row"]): {k: r[k] for k in ("sample_id", "path", "error")} | {"row": int(r["row"])}
+                   for r in table.to_dict("records")}
+        data = skipped_csv_bytes(records)
+        if not path.is_file() or path.read_bytes() != data:
+            write_atomic(path, lambda f: f.write(data))
+    except OSError:
+        pass  # a read-only cache: load.read_skipped still names them
+
+
+def is_view(entry: str | Path) -> bool:
+    return (Path(entry) / VIEW_NAME).is_file()
+
+
+def read_view(entry: str | Path) -> pd.DataFrame:
+    """The rows of a view (sample_id, image_id, chunk folder as a resolved path, row)."""
+    entry = Path(entry)
+    t = pq.read_table(entry / VIEW_NAME).to_pandas()
+    base = entry.parent
+    t["chunk"] = [str((base / c).resolve()) if not os.path.isabs(c) else c for c in t["chunk"]]
+    return t
+
+
+def gather(view: pd.DataFrame, read_chunk) -> np.ndarray:
+    """The view's matrix [n, D] (float32), filled chunk by chunk: ``read_chunk(folder)`` returns
+    (sample_ids, embeddings) of a chunk; only one chunk's matrix is held at a time besides the
+    result."""
+    out = None
+    for folder, part in view.groupby("chunk", sort=False):
+        _, emb = read_chunk(Path(folder))
+        if out is None:
+            out = np.empty((len(view), emb.shape[1]), np.float32)
+        out[part.index.to_numpy()] = emb[part["row"].to_numpy()]
+        del emb
+    return out if out is not None else np.zeros((0, 0), np.float32)
