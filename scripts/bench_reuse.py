@@ -13,7 +13,8 @@ Counted in this process (decode workers off): every row an encoder's forward pas
 (``features.extract.embed_full_batch``, padding excluded) and every image decode
 (``data.images.read_image``: a source image, or a prepared copy read by the encoder). Unique:
 the distinct (encoder, image identity) pairs the feature store holds at the end, and the
-distinct source images (file content, ``#`` locator, crop) decoded. The goal is 1.00 for both.
+distinct (source image: file content, ``#`` locator, crop; size it is stored at, or native)
+decoded. The goal is 1.00 for both.
 
     python scripts/bench_reuse.py --out benchmarks/cpu2/reuse.json
 """
@@ -93,6 +94,15 @@ def main() -> None:
         return real_embed(encoder, x, batch_size)
 
     real_read = images_mod.read_image
+    real_prepare = prepared_mod.prepare
+    phase = ["native"]
+
+    def prepare_at(manifest, image_root, store_root, size, *a, **kw):
+        phase[0] = f"{size}px"
+        try:
+            return real_prepare(manifest, image_root, store_root, size, *a, **kw)
+        finally:
+            phase[0] = "native"
 
     def counting_read(image_root, row):
         rel, _, locator = str(row["path"]).partition("#")
@@ -102,12 +112,13 @@ def main() -> None:
             if file not in content:
                 content[file] = hashlib.sha256(file.read_bytes()).hexdigest()
             crop = tuple(row.get(c) for c in images_mod.CROP_COLUMNS)
-            sources.add((content[file], locator, repr(crop)))
+            sources.add((content[file], locator, repr(crop), phase[0]))
         decodes["prepared copy" if prepared else "source"] += 1
         return real_read(image_root, row)
 
     extract_mod.embed_full_batch = panel_mod.embed_full_batch = counting_embed
     extract_mod.read_image = prepared_mod.read_image = counting_read
+    prepared_mod.prepare = prepare_at
     steps = []
     for label, experiment, extra in SEQUENCE:
         before_f, before_d = sum(forwards.values()), decodes["source"]

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -27,6 +28,7 @@ from .. import encoders
 from ..core.errors import InvalidSetting
 from ..core.text import one_line
 from ..data import prepared
+from ..data.images import CROP_COLUMNS
 from . import load, store
 from .cache import FeatureCacheError
 from .extract import FeatureSet, _unwritable, extract
@@ -174,13 +176,13 @@ class Embedder:
         hashes.save()
         if self.resolution is not None:
             ids = store.derived_ids(ids, prepared.recipe(self.resolution))
-        manifest, root = self.prepare(manifest, root)
-        manifest = manifest.reset_index(drop=True)
+        source, source_root = manifest, root
         todo = [n if isinstance(n, str) else n.spec.name for n in names]
         given = {n.spec.name: n for n in names if not isinstance(n, str)}
         out: dict[str, FeatureSet] = {}
         for group in self.panel_groups(todo, {n: e.spec for n, e in given.items()}):
             loaded = [given.get(n) or self.load(n) for n in group]
+            manifest, root = self._readable(source, source_root, ids, loaded)
             plans = [self._plan(enc, manifest, ids, root) for enc in loaded]
             counts = self._fill(loaded, plans, root, sharded)
             for enc, p, (n_forward, n_images) in zip(loaded, plans, counts):
@@ -190,6 +192,28 @@ class Embedder:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         return [out[n] for n in todo]
+
+    def _readable(self, manifest: pd.DataFrame, root, ids, loaded: list) -> tuple[pd.DataFrame, Path]:
+        """``(manifest, root)`` the encoders of a pass read: at native resolution the manifest itself;
+        else the images no complete chunk of some encoder holds are first stored at the run's
+        resolution (:meth:`prepare`; none: nothing is decoded) and their rows point into the
+        prepared store, while the rows every encoder already holds keep their source locators
+        (looked up by identity, never read). When no row is held, the whole manifest is prepared,
+        exactly as before the per-image store (so an entry of the earlier layout is still found)."""
+        if self.resolution is None:
+            return manifest, Path(root)
+        have = [store.Recipe(self.cache_dir, enc).held(complete=True) for enc in loaded]
+        need = np.array([any(i not in h for h in have) for i in ids], bool)
+        if need.all():
+            read, read_root = self.prepare(manifest, root)
+            return read.reset_index(drop=True), Path(read_root)
+        if not need.any():
+            return manifest, Path(self.prepared_root)
+        read, read_root = self.prepare(manifest[need].reset_index(drop=True), root)
+        out = manifest.drop(columns=[c for c in CROP_COLUMNS if c in manifest.columns])
+        out["path"] = out["path"].astype(object)
+        out.loc[need, "path"] = read["path"].to_numpy()
+        return out, Path(read_root)
 
     def _plan(self, encoder, manifest: pd.DataFrame, ids, root) -> store.Plan:
         recipe = store.Recipe(self.cache_dir, encoder)

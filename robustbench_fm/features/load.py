@@ -131,6 +131,12 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
     if (counts > 1).any():
         raise FeatureCacheError(f"{path}: sample_id {str(uniq[counts > 1][0])!r} appears {counts.max()} times; "
                                 "keep one feature row per sample")
+    return _in_manifest_order(path, ids, emb, manifest)
+
+
+def _in_manifest_order(path: Path, ids: np.ndarray, emb: np.ndarray, manifest: pd.DataFrame | None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, emb)`` as read, or reordered to ``manifest``'s sample_ids (each must be there)."""
     if manifest is None:
         return ids, emb
     want = _manifest_ids(manifest)
@@ -168,16 +174,7 @@ def _load_view(entry: Path, manifest: pd.DataFrame | None) -> tuple[np.ndarray, 
                                 "the missing extraction parts (extract.shard=...) or extraction again to resume")
     view = store.read_view(entry)
     emb = store.gather(view, lambda folder: load_features(folder))
-    ids = view["sample_id"].astype(str).to_numpy()
-    if manifest is None:
-        return ids, emb
-    want = _manifest_ids(manifest)
-    pos = pd.Index(ids).get_indexer(want)
-    if (pos < 0).any():
-        miss = want[pos < 0]
-        raise FeatureCacheError(f"{entry}: no features for {len(miss)} of {len(want)} manifest rows "
-                                f"(first: sample_id {str(miss[0])!r}); extract them or fix the sample_ids")
-    return want.copy(), emb[pos]
+    return _in_manifest_order(entry, view["sample_id"].astype(str).to_numpy(), emb, manifest)
 
 
 def _view_skipped(entry: Path) -> pd.DataFrame:

@@ -62,7 +62,7 @@ from ..core.locking import FileLock
 from ..core.versions import VERSION_POLICIES
 from ..data.images import CROP_COLUMNS, locator_file
 from .cache import CACHE_FORMAT, SKIPPED_NAME, FeatureCache, FeatureCacheError, _safe_name, skipped_csv_bytes
-from .key import _canonical, cache_key, cache_key_fields, library_versions, manifest_hash, package_version
+from .key import _canonical, cache_key, cache_key_fields, library_versions, package_version
 from .occlusion import OCCLUSION_COLUMNS
 
 log = logging.getLogger("robustbench_fm.features")
@@ -258,12 +258,17 @@ class Recipe:
             self._chunks = found
         return self._chunks
 
+    def held(self, complete: bool = False) -> set:
+        """Image ids the recipe's chunks name (only its complete chunks with ``complete``)."""
+        have: set = set()
+        for c in self.chunks():
+            if not complete or self.complete(c):
+                have.update(c.ids.tolist())
+        return have
+
     def n_missing(self, ids: np.ndarray) -> int:
         """How many distinct images of ``ids`` no chunk of the recipe (complete or not) names."""
-        have = set()
-        for c in self.chunks():
-            have.update(c.ids.tolist())
-        return len(set(map(str, ids)) - have)
+        return len(set(map(str, ids)) - self.held())
 
     def covers(self, ids: np.ndarray) -> bool:
         """Whether the recipe's chunks (complete or not) name every image of ``ids``."""
@@ -487,7 +492,7 @@ def view_fields(recipe: Recipe, manifest: pd.DataFrame, ids: np.ndarray) -> dict
     rows = hashlib.sha256("\n".join(f"{s}\x1f{i}" for s, i in zip(manifest["sample_id"].astype(str), ids))
                           .encode()).hexdigest()[:16]
     return _canonical({"format": VIEW_FORMAT, "encoder": recipe.fields["encoder"], "recipe": recipe.key,
-                       "rows": rows, "n_rows": int(len(ids)), "locators": manifest_hash(manifest)})
+                       "rows": rows, "n_rows": int(len(ids))})
 
 
 def view_path(recipe: Recipe, manifest: pd.DataFrame, ids: np.ndarray) -> tuple[Path, dict]:

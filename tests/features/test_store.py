@@ -186,12 +186,21 @@ def test_skipped_images_are_named_per_manifest_row(tmp_path, encoder):
 
 
 def test_prepared_copies_are_found_by_their_source(tmp_path, encoder):
-    """resolution=32: a subset of a prepared manifest is another prepared-store entry (other shard
-    files), yet its images are the same images: zero forwards, the same bytes."""
-    _images(tmp_path / "data", 5)
+    """resolution=32: an image is known by its source and the prepared recipe, so a subset of a
+    prepared manifest needs no stored copy (nothing decoded, zero forwards, the same bytes), and a
+    manifest with one new image stores and embeds that one image only."""
+    _images(tmp_path / "data", 6)
     m = _manifest(range(5))
     kw = dict(resolution=32, prepared_dir=tmp_path / "prepared")
     _, full = _embed(tmp_path / "cache", m, tmp_path / "data", encoder, **kw)
+    stores = lambda: sorted((tmp_path / "prepared").glob("32px/*/meta.json"))  # noqa: E731
+    assert len(stores()) == 1
     feats, part = _embed(tmp_path / "cache", m.iloc[[3, 1]].reset_index(drop=True), tmp_path / "data", encoder, **kw)
-    assert feats.n_images_embedded == 0 and part.tobytes() == full[[3, 1]].tobytes()
-    assert len(list((tmp_path / "prepared").glob("32px/*/meta.json"))) == 2  # the store itself is per manifest
+    assert feats.n_images_embedded == 0 and part.tobytes() == full[[3, 1]].tobytes() and len(stores()) == 1
+    more = _manifest([4, 5, 0])
+    feats, got = _embed(tmp_path / "cache", more, tmp_path / "data", encoder, **kw)
+    assert feats.n_images_embedded == 1 and got[[0, 2]].tobytes() == full[[4, 0]].tobytes()
+    (new,) = [p for p in stores() if json.loads(p.read_text())["n_images"] == 1]  # only im5 was decoded
+    _, fresh = _embed(tmp_path / "fresh", more, tmp_path / "data", encoder, resolution=32,
+                      prepared_dir=tmp_path / "prepared-fresh")
+    assert got.tobytes() == fresh.tobytes()
