@@ -145,6 +145,8 @@ def _in_manifest_order(path: Path, ids: np.ndarray, emb: np.ndarray, manifest: p
         miss = want[pos < 0]
         raise FeatureCacheError(f"{path}: no features for {len(miss)} of {len(want)} manifest rows "
                                 f"(first: sample_id {str(miss[0])!r}); extract them or fix the sample_ids")
+    if len(pos) == len(emb) and (pos == np.arange(len(pos))).all():
+        return want.copy(), emb  # already in manifest order: no second copy of the matrix
     return want.copy(), emb[pos]
 
 
@@ -159,7 +161,10 @@ def align_features(sample_ids, embeddings: np.ndarray, manifest: pd.DataFrame, s
         missing = manifest["sample_id"].to_numpy()[pos < 0]
         raise InvalidSetting(f"{source}: {len(missing)} manifest rows have no features, first sample_id "
                          f"'{missing[0]}'; extract them or drop them from the manifest")
-    return np.asarray(embeddings, dtype=np.float32)[pos]
+    emb = np.asarray(embeddings, dtype=np.float32)
+    if len(pos) == len(emb) and (pos == np.arange(len(pos))).all():
+        return emb  # already in manifest order (a view of this manifest): no second copy
+    return emb[pos]
 
 
 def _view_chunks(entry: Path) -> list[Path]:
@@ -173,7 +178,7 @@ def _load_view(entry: Path, manifest: pd.DataFrame | None) -> tuple[np.ndarray, 
         raise FeatureCacheError(f"{entry}: incomplete features, {len(missing)} shards of its chunks missing; run "
                                 "the missing extraction parts (extract.shard=...) or extraction again to resume")
     view = store.read_view(entry)
-    emb = store.gather(view, lambda folder: load_features(folder))
+    emb = store.gather(view)
     return _in_manifest_order(entry, view["sample_id"].astype(str).to_numpy(), emb, manifest)
 
 

@@ -557,15 +557,26 @@ def read_view(entry: str | Path) -> pd.DataFrame:
     return t
 
 
-def gather(view: pd.DataFrame, read_chunk) -> np.ndarray:
-    """The view's matrix [n, D] (float32), filled chunk by chunk: ``read_chunk(folder)`` returns
-    (sample_ids, embeddings) of a chunk; only one chunk's matrix is held at a time besides the
-    result."""
+def gather(view: pd.DataFrame) -> np.ndarray:
+    """The view's matrix [n, D] (float32), filled shard by shard from its chunks: besides the
+    result only one shard is held at a time (a chunk's whole matrix never is)."""
+    from .cache import META_NAME, SHARD_NAME, _embedding_matrix
+
     out = None
     for folder, part in view.groupby("chunk", sort=False):
-        _, emb = read_chunk(Path(folder))
-        if out is None:
-            out = np.empty((len(view), emb.shape[1]), np.float32)
-        out[part.index.to_numpy()] = emb[part["row"].to_numpy()]
-        del emb
+        folder = Path(folder)
+        meta = json.loads((folder / META_NAME).read_text())
+        size = int(meta["shard_size"])
+        rows = part["row"].to_numpy()
+        dest = part.index.to_numpy()
+        shard_of = rows // size
+        for i in np.unique(shard_of):
+            f = folder / SHARD_NAME.format(int(i))
+            table = pq.read_table(f, columns=["embedding"])
+            emb = _embedding_matrix(table.column("embedding"), f, int(meta.get("embed_dim") or 0) or None)
+            if out is None:
+                out = np.empty((len(view), emb.shape[1]), np.float32)
+            sel = shard_of == i
+            out[dest[sel]] = emb[rows[sel] - int(i) * size]
+            del table, emb
     return out if out is not None else np.zeros((0, 0), np.float32)
