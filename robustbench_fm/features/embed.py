@@ -228,6 +228,13 @@ class Embedder:
                 f"feature cache '{self.cache_dir}' is not writable ({one_line(exc)}) and '{encoder.spec.name}' has "
                 f"{recipe.n_missing(ids)} of {len(set(map(str, ids)))} images of this manifest to embed; set "
                 "paths.cache_dir=<a writable folder>") from None
+        if self.on_bad_image == "error":  # images an earlier run skipped are read again (and stop the run if bad)
+            filling = {c.name for c, _ in p.fill}
+            for c in p.chunks:
+                if c.name not in filling and len(load.read_skipped(recipe.chunk_folder(c))):
+                    rows = recipe.chunk_manifest(c, manifest, ids)
+                    if rows is not None:
+                        p.fill.append((c, rows))
         if not p.fill:
             log.info("cache hit: %d rows, 0 forward passes (%s)", len(ids),
                      store.view_path(recipe, manifest, ids)[0])

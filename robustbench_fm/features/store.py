@@ -61,7 +61,17 @@ from ..core.errors import InvalidSetting
 from ..core.locking import FileLock
 from ..core.versions import VERSION_POLICIES
 from ..data.images import CROP_COLUMNS, locator_file
-from .cache import CACHE_FORMAT, SKIPPED_NAME, FeatureCache, FeatureCacheError, _safe_name, skipped_csv_bytes
+from .cache import (
+    CACHE_FORMAT,
+    META_NAME,
+    SHARD_NAME,
+    SKIPPED_NAME,
+    FeatureCache,
+    FeatureCacheError,
+    _embedding_matrix,
+    _safe_name,
+    skipped_csv_bytes,
+)
 from .key import _canonical, cache_key, cache_key_fields, library_versions, package_version
 from .occlusion import OCCLUSION_COLUMNS
 
@@ -503,13 +513,17 @@ def view_path(recipe: Recipe, manifest: pd.DataFrame, ids: np.ndarray) -> tuple[
 def write_view(p: Plan, manifest: pd.DataFrame) -> Path:
     """The manifest's view folder (written once; a read-only cache gets a temporary one)."""
     folder, fields = view_path(p.recipe, manifest, p.ids)
-    if (folder / VIEW_NAME).is_file() and (folder / "meta.json").is_file():
-        return folder
     names = [os.path.relpath(p.recipe.chunk_folder(c), p.recipe.encoder_dir) for c in p.chunks]
     table = pa.table({"sample_id": pa.array(manifest["sample_id"].astype(str).tolist(), pa.string()),
                       "image_id": pa.array([str(i) for i in p.ids], pa.string()),
                       "chunk": pa.array([names[k] for k in p.where[:, 0]], pa.string()),
                       "row": pa.array(p.where[:, 1], pa.int64())})
+    if (folder / VIEW_NAME).is_file() and (folder / "meta.json").is_file():
+        try:
+            if pq.read_table(folder / VIEW_NAME).equals(table):
+                return folder  # the same rows from the same chunks (a recompute points it at new ones)
+        except (OSError, pa.ArrowException):
+            pass  # unreadable: written again below
     meta = {"format": VIEW_FORMAT, "key": folder.name, "fields": fields, "n_rows": int(len(p.ids)),
             "recipe": p.recipe.folder.name, "chunks": sorted(set(names)), "status": "complete"}
     try:
@@ -560,8 +574,6 @@ def read_view(entry: str | Path) -> pd.DataFrame:
 def gather(view: pd.DataFrame) -> np.ndarray:
     """The view's matrix [n, D] (float32), filled shard by shard from its chunks: besides the
     result only one shard is held at a time (a chunk's whole matrix never is)."""
-    from .cache import META_NAME, SHARD_NAME, _embedding_matrix
-
     out = None
     for folder, part in view.groupby("chunk", sort=False):
         folder = Path(folder)

@@ -100,6 +100,10 @@ def test_a_version_bump_is_recorded_not_keyed(tmp_path, encoder, monkeypatch, ca
     assert any("were embedded with" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     feats, redone = _embed(tmp_path / "cache", m, tmp_path / "data", encoder, on_version_change="recompute")
     assert feats.n_images_embedded == 4 and redone.tobytes() == first.tobytes()
+    # the manifest's view now reads the chunk made with the current versions
+    (chunk,) = set(pd.read_parquet(feats.path / "view.parquet")["chunk"])
+    made = json.loads((feats.path.parent / chunk / "meta.json").read_text())["fields"]["made_with"]
+    assert made == bumped
     # the new chunk records the versions it was made with; verify checks chunks and views
     reports = verify_cache(tmp_path / "cache")
     assert reports and all(r.ok for r in reports), [r.summary() for r in reports if not r.ok]
@@ -183,6 +187,15 @@ def test_skipped_images_are_named_per_manifest_row(tmp_path, encoder):
     assert feats.skipped == ["s2", "again2"] and skipped_ids(feats.path) == ["s2", "again2"]
     assert np.isnan(got[[2, 4]]).all() and np.isfinite(got[[0, 1, 3]]).all()
     assert feats.n_images_embedded == 3  # the unreadable file is read once, for both rows
+    # on_bad_image=error reads a skipped image again: still bad, the run stops naming the file;
+    # repaired, it is embedded and nothing is skipped any more
+    from robustbench_fm.features import ImageReadError
+
+    with pytest.raises(ImageReadError, match="im2.png"):
+        _embed(tmp_path / "cache", m, tmp_path / "data", encoder)
+    Image.fromarray(np.zeros((36, 36, 3), np.uint8)).save(tmp_path / "data" / "im2.png")
+    feats, got = _embed(tmp_path / "cache", m, tmp_path / "data", encoder)
+    assert feats.skipped == [] and np.isfinite(got).all() and feats.n_images_embedded == 1
 
 
 def test_prepared_copies_are_found_by_their_source(tmp_path, encoder):
