@@ -4,11 +4,14 @@ the same way on every path: the app's panel extraction, a stage that embeds its 
 (CANDOR's retention re-embeds occluded images; SPAR reads token sequences) and slide aggregation.
 Stages receive an Embedder; they never see the command-line config.
 
+Features come from the per-image feature store (:mod:`robustbench_fm.features.store`): a manifest
+is served by looking up its images, and only images no earlier run embedded are embedded.
+
 With a ``resolution`` (``resolution=224`` on the command line; candor.md "Scope": "Every image is
-stored at 224x224 pixels. The image processor of each encoder then resizes it") every manifest is
-first stored at that size in the content-keyed prepared-image store
+stored at 224x224 pixels. The image processor of each encoder then resizes it") the images the
+store does not hold yet are first stored at that size in the prepared-image store
 (:mod:`robustbench_fm.data.prepared`), once for all encoders, and the encoders read the stored
-images; the feature-cache key then names the store's locators and folder, so it differs from a
+copies; an image's identity is then its source's plus the prepared recipe, so it differs from a
 native run's. ``resolution=None`` (``native``) reads the images as the dataset ships them. Slide
 aggregation (:meth:`Embedder.embed_slides`) reads its tiles as shipped either way."""
 from __future__ import annotations
