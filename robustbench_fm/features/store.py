@@ -332,8 +332,7 @@ class Recipe:
     def chunk_manifest(self, chunk: Chunk, manifest: pd.DataFrame, ids: np.ndarray) -> pd.DataFrame | None:
         """The rows the chunk's images are read from in THIS manifest (sample_id = image id, in the
         chunk's order); None when the manifest does not hold every image of the chunk."""
-        first = pd.Series(np.arange(len(ids)), index=pd.Index(ids)).groupby(level=0).first()
-        pos = first.reindex(chunk.ids)
+        pos = _first_positions(ids).reindex(chunk.ids)
         if pos.isna().any():
             return None
         rows = manifest.iloc[pos.to_numpy(int)].reset_index(drop=True).copy()
@@ -378,6 +377,11 @@ class Recipe:
                      len(ids))
             return chunk
         return None
+
+
+def _first_positions(ids) -> pd.Series:
+    """Position of each distinct id's first occurrence in ``ids``, indexed by id."""
+    return pd.Series(np.arange(len(ids)), index=pd.Index(ids)).groupby(level=0).first()
 
 
 def _ids_table(rows: pd.DataFrame, ids) -> pa.Table:
@@ -455,9 +459,8 @@ def plan(recipe: Recipe, manifest: pd.DataFrame, ids: np.ndarray, policy: str = 
             fill.append((c, rows))
         k = len(chosen)
         chosen.append(c)
-        first = pd.Series(np.arange(len(pos)), index=pos).groupby(level=0).first()
         where[hit, 0] = k
-        where[hit, 1] = first.reindex(index[hit]).to_numpy(int)
+        where[hit, 1] = _first_positions(c.ids).reindex(index[hit]).to_numpy(int)
     todo = np.flatnonzero(where[:, 0] < 0)
     if len(todo):
         uniq, first_row = np.unique(ids[todo].astype(str), return_index=True)
