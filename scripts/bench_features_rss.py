@@ -3,7 +3,9 @@
 A view of N x D float32 features (default 160,000 x 768, 469 MiB) served by the per-image store
 from one chunk of 1,024-row shards is read in a fresh process by the app's path,
 ``pipeline.job.run_stage_on_entries`` minus the stage: ``load_features(view)``, then
-``align_features`` to the manifest, then ``l2_normalize`` (the first thing CANDOR does). The peak
+``align_features`` to the manifest, then ``l2_normalize`` of the matrix the job hands over
+(``core.neighbors.hand_over``: the first thing CANDOR does, in place since CANDOR declares
+``overwrites_features``; ``--copy`` normalises into a new matrix as for an API caller's). The peak
 RSS above the process's baseline (imports done) is reported in units of the feature matrix.
 
     python scripts/bench_features_rss.py --out benchmarks/cpu2/features_rss.json
@@ -20,16 +22,17 @@ from pathlib import Path
 CHILD = r"""
 import resource, sys, json
 import numpy as np, pandas as pd
-from robustbench_fm.core.neighbors import l2_normalize
+from robustbench_fm.core.neighbors import hand_over, l2_normalize
 from robustbench_fm.features.load import align_features, load_features
-view, n = sys.argv[1], int(sys.argv[2])
+view, n, copy = sys.argv[1], int(sys.argv[2]), sys.argv[3] == '1'
 manifest = pd.DataFrame({"sample_id": [f"s{i}" for i in range(n)]})
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 ids, emb = load_features(view)
 after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 features = align_features(ids, emb, manifest, view)
+del ids, emb
 after_align = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-x = l2_normalize(features)
+x = l2_normalize(features if copy else hand_over(features))
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"baseline_kib": base, "after_load_kib": after_load, "after_align_kib": after_align,
                   "peak_kib": peak, "checksum": float(x[:, 0].sum())}))
@@ -77,11 +80,13 @@ def main() -> None:
     ap.add_argument("--d", type=int, default=768)
     ap.add_argument("--out", default=None)
     ap.add_argument("--label", default="")
+    ap.add_argument("--copy", action="store_true", help="normalise into a new matrix (an API caller's features)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         view = build(Path(tmp), args.n, args.d)
-        got = json.loads(subprocess.run([sys.executable, "-c", CHILD, str(view), str(args.n)], check=True,
-                                        capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        child = [sys.executable, "-c", CHILD, str(view), str(args.n), str(int(args.copy))]
+        got = json.loads(subprocess.run(child, check=True, capture_output=True,
+                                        text=True).stdout.strip().splitlines()[-1])
     matrix_kib = args.n * args.d * 4 / 1024
     result = {"n": args.n, "d": args.d, "matrix_mib": round(matrix_kib / 1024, 1), "label": args.label,
               **{k.replace("_kib", "_copies"): round((v - got["baseline_kib"]) / matrix_kib, 2)

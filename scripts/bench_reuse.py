@@ -45,7 +45,7 @@ SEQUENCE = [
     ("resolution ablation", "candor_ablation_resolution", []),
     ("dataset=pool of mimic_cxr", "chest_candor",
      ["dataset=pool", "~dataset.options.views", "dataset.options.members=[{dataset: mimic_cxr, "
-      "root: mimic-cxr-jpg/2.1.0, options: {views: [PA, AP]}}]"]),
+      "root: mimic-cxr-jpg/2.1.0, options: {views: [PA, AP]}}]", "stage.findings=[pneumothorax]"]),
     ("fixed_sample=10", "chest_candor", ["fixed_sample=10"]),
     ("chest_candor again", "chest_candor", []),
 ]

@@ -36,28 +36,60 @@ import numpy as np
 import torch
 
 
+class HandedOver(np.ndarray):
+    """A feature matrix its holder will not read again (:func:`hand_over`): :func:`l2_normalize`
+    scales it to unit rows in place instead of into a copy."""
+
+
+def hand_over(x: np.ndarray) -> HandedOver:
+    """``x`` marked as handed over (a view: no copy). Only a holder that will not read ``x`` again
+    marks it: a job's freshly loaded features, given to a stage that declares
+    ``overwrites_features`` (:class:`robustbench_fm.methods.Method`), so the job holds one copy of
+    the matrix instead of two (issue 31 item 7)."""
+    return np.asarray(x).view(HandedOver)
+
+
+#: bytes of one block of rows :func:`l2_normalize` checks and measures at a time: its working set
+NORMALIZE_BLOCK_BYTES = 64 << 20
+
+
 def l2_normalize(x: np.ndarray, source: str = "features", dtype=np.float32) -> np.ndarray:
     """Rows scaled to unit length in ``dtype`` (``None``: float64 stays float64, anything else
     becomes float32, the reference's "the dtype is kept" of croma_conventions.md A.1).
 
     NaN/Inf and zero rows are refused (they have no direction); ``source`` names the matrix in
-    the message.
+    the message. Rows are checked and measured block by block (:data:`NORMALIZE_BLOCK_BYTES`), so
+    the working set beyond the result is one block; a :func:`hand_over` matrix already in ``dtype``
+    is scaled in place and returned, anything else into a new matrix. Both give the bits of
+    ``x / np.linalg.norm(x, axis=1, keepdims=True)``.
     """
+    in_place = isinstance(x, HandedOver)
     x = np.asarray(x)
     x = x.astype(dtype or (np.float64 if x.dtype == np.float64 else np.float32), copy=False)
     if x.ndim != 2:
         raise ValueError(f"{source}: expected a 2-D (N, D) matrix, got shape {x.shape}")
-    bad = ~np.isfinite(x).all(axis=1)
-    if bad.any():
-        raise ValueError(f"{source}: row {int(np.flatnonzero(bad)[0])} holds NaN/Inf "
-                         f"({int(bad.sum())} rows); re-extract those features")
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    n = x.shape[0]
+    step = max(1, NORMALIZE_BLOCK_BYTES // max(1, x.shape[1] * x.itemsize))
+    norms = np.empty((n, 1), dtype=x.dtype)
+    n_bad, first_bad = 0, None
+    for lo in range(0, n, step):
+        block = x[lo:lo + step]
+        bad = ~np.isfinite(block).all(axis=1)
+        if bad.any():
+            first_bad = lo + int(np.flatnonzero(bad)[0]) if first_bad is None else first_bad
+            n_bad += int(bad.sum())
+        norms[lo:lo + step] = np.linalg.norm(block, axis=1, keepdims=True)
+    if n_bad:
+        raise ValueError(f"{source}: row {first_bad} holds NaN/Inf ({n_bad} rows); re-extract those features")
     zero = norms[:, 0] == 0
     if zero.any():
-        raise ValueError(f"{source}: row {int(np.flatnonzero(zero)[0])} is a zero vector "
-                         f"({int(zero.sum())} rows); cosine similarity is undefined for it, drop or "
-                         "re-extract it")
-    return x / norms
+        first_zero, n_zero = int(np.flatnonzero(zero)[0]), int(zero.sum())
+        raise ValueError(f"{source}: row {first_zero} is a zero vector ({n_zero} rows); cosine similarity is "
+                         "undefined for it, drop or re-extract it")
+    out = x if in_place and x.flags.writeable else np.empty_like(x)
+    for lo in range(0, n, step):
+        np.divide(x[lo:lo + step], norms[lo:lo + step], out=out[lo:lo + step])
+    return out
 
 
 def cosine_distance(sims: np.ndarray, dtype=np.float32) -> np.ndarray:

@@ -42,6 +42,16 @@ complete shards; the next run writes just the missing ones, and the result is by
 an uninterrupted run. Writers hold ``<S>px/<key>.lock`` (a second process waits, then finds the
 store complete); a complete store is read without lock or write access.
 
+Per image: with ``identities`` (the caller's content identity of each row's pixels, which the
+per-image feature store computes anyway), a complete entry records its sources' identities in
+:data:`IDENTITIES_NAME`, and a later call whose own entry is not complete finds each source in
+every complete entry of the same recipe (format, size, resize rule, Pillow major): the images
+held are read from there, only the others are decoded, into a new entry of just them, and the
+returned paths are ``<key>/<locator>`` under ``<store_root>/<S>px`` (:func:`held_images`). A
+pool, subset, reorder or extension of prepared images, or the same files under another root,
+decodes only what no entry holds (issue 31 item 4). Without ``identities`` a call reads or
+writes its own entry only.
+
 Unreadable sources (``on_bad_image``): ``"error"`` stops at the first with a one-line
 :class:`PreparedImageError` naming the file, manifest row and sample_id; ``"skip"`` stores the row
 with empty image bytes and the error, so the extraction's reader fails on it with that error and
@@ -70,6 +80,7 @@ from ..core.atomic import write_atomic
 from ..core.devices import usable_cores
 from ..core.errors import InvalidSetting, UserError
 from ..core.locking import acquire_waiting
+from ..core.shards import META_NAME, SHARD_NAME, ShardedEntry, file_sha256, json_bytes, parquet_bytes
 from ..core.text import one_line
 from .images import BAD_IMAGE_POLICIES, CROP_COLUMNS, read_image
 
@@ -86,9 +97,9 @@ MIN_SIZE = 8
 DEFAULT_SHARD_SIZE = 1024
 #: Images per parquet row group: a random read decodes one group (~64 PNGs), not a whole shard.
 ROW_GROUP_SIZE = 64
-META_NAME = "meta.json"
-SHARD_NAME = "shard-{:05d}.parquet"
 PARQUET_META_KEY = b"robustbench_fm.prepared"
+#: each complete entry's sources by identity (``identity``, ``locator``): the per-image index
+IDENTITIES_NAME = "identities.parquet"
 _WRITE_OPTIONS = dict(compression={"source": "zstd", "image": "none", "error": "zstd"}, use_dictionary=False,
                       write_statistics=False, version="2.6", data_page_version="1.0", store_schema=True)
 _SCHEMA_FIELDS = [pa.field("source", pa.string(), nullable=False), pa.field("image", pa.binary(), nullable=False),
@@ -178,16 +189,9 @@ def store_key(fields: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _json_bytes(obj) -> bytes:
-    return (json.dumps(obj, sort_keys=True, indent=1) + "\n").encode()
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-class PreparedStore:
-    """One store entry ``<root>/<size>px/<key>/`` (module docstring). An existing entry keeps the
+class PreparedStore(ShardedEntry):
+    """One store entry ``<root>/<size>px/<key>/`` (module docstring; layout, listing and atomic
+    writes: :class:`robustbench_fm.core.shards.ShardedEntry`). An existing entry keeps the
     ``shard_size`` it was started with."""
 
     def __init__(self, root: str | Path, fields: dict, shard_size: int = DEFAULT_SHARD_SIZE):
@@ -195,41 +199,26 @@ class PreparedStore:
         self.key = store_key(self.fields)
         self.path = Path(root) / f"{int(self.fields['size'])}px" / self.key
         self.meta_path = self.path / META_NAME
-        self.n_images = int(self.fields["n_images"])
         self._records: dict[int, dict] = {}
-        self.shard_size = int(shard_size)
         if self.meta_path.exists():
             try:
                 meta = json.loads(self.meta_path.read_text())
                 if meta.get("key") != self.key or meta.get("fields") != self.fields:
                     raise ValueError("records other key fields")
-                self.shard_size = int(meta["shard_size"])
+                shard_size = int(meta["shard_size"])
                 self._records = {int(r["index"]): r for r in meta["shards"]}
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise PreparedImageError(f"{self.meta_path}: unreadable or foreign ({one_line(exc)}); delete the "
                                          f"folder {self.path} to prepare the images again") from None
-        if self.shard_size < 1:
-            raise InvalidSetting(f"shard_size={self.shard_size}: use at least 1 image per shard")
+        self._set_layout(self.path, int(self.fields["n_images"]), shard_size, "image")
 
     @property
-    def n_shards(self) -> int:
-        return -(-self.n_images // self.shard_size)
-
-    def shard_bounds(self, i: int) -> tuple[int, int]:
-        return i * self.shard_size, min((i + 1) * self.shard_size, self.n_images)
-
-    def shard_path(self, i: int) -> Path:
-        return self.path / SHARD_NAME.format(i)
+    def n_images(self) -> int:
+        return self.n_items
 
     def locator(self, j: int) -> str:
         """The manifest ``path`` of source ``j``, relative to :attr:`path`."""
         return f"{SHARD_NAME.format(j // self.shard_size)}#{j % self.shard_size}"
-
-    def complete_shards(self) -> list[int]:
-        return [i for i in range(self.n_shards) if self.shard_path(i).is_file()]
-
-    def missing_shards(self) -> list[int]:
-        return [i for i in range(self.n_shards) if not self.shard_path(i).is_file()]
 
     def _record(self, i: int) -> dict:
         """The meta record of complete shard ``i`` (hashed now when a killed run did not record it)."""
@@ -241,7 +230,7 @@ class PreparedStore:
             except Exception as exc:  # noqa: BLE001  (any pyarrow failure means a bad file)
                 raise PreparedImageError(f"{path}: unreadable shard ({one_line(exc) or type(exc).__name__}); "
                                          "delete this file and run again to rewrite it") from None
-            rec = self._records[i] = {"index": i, "file": path.name, "rows": len(errors), "sha256": _sha256(path),
+            rec = self._records[i] = {"index": i, "file": path.name, "rows": len(errors), "sha256": file_sha256(path),
                                       "failed": sum(bool(e) for e in errors)}
         return rec
 
@@ -253,10 +242,7 @@ class PreparedStore:
                 "shards": [self._record(i) for i in complete]}
 
     def write_meta(self) -> None:
-        data = _json_bytes(self.meta())
-        if self.meta_path.exists() and self.meta_path.read_bytes() == data:
-            return
-        write_atomic(self.meta_path, lambda f: f.write(data))
+        self._write_meta_bytes(json_bytes(self.meta()))
 
     def failed(self) -> dict[int, str]:
         """{source index: error} of the failed rows of the complete shards."""
@@ -277,19 +263,16 @@ class PreparedStore:
             {"key": self.key, "fields": self.fields, "shard_size": self.shard_size}, sort_keys=True).encode()})
         table = pa.Table.from_arrays([pa.array(sources, pa.string()), pa.array(images, pa.binary()),
                                       pa.array(errors, pa.string())], schema=schema)
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, row_group_size=ROW_GROUP_SIZE, **_WRITE_OPTIONS)
-        data = sink.getvalue().to_pybytes()
-        path = self.shard_path(i)
-        write_atomic(path, lambda f: f.write(data))
-        self._records[i] = {"index": i, "file": path.name, "rows": len(sources),
-                            "sha256": hashlib.sha256(data).hexdigest(), "failed": sum(bool(e) for e in errors)}
+        path, sha = self._write_shard_bytes(i, parquet_bytes(table, ROW_GROUP_SIZE, _WRITE_OPTIONS))
+        self._records[i] = {"index": i, "file": path.name, "rows": len(sources), "sha256": sha,
+                            "failed": sum(bool(e) for e in errors)}
         self.write_meta()
         return path
 
     def drop_shards(self, shards) -> None:
+        shards = list(shards)
+        self._unlink_shards(shards)
         for i in shards:
-            self.shard_path(i).unlink(missing_ok=True)
             self._records.pop(i, None)
         self.write_meta()
 
@@ -297,11 +280,14 @@ class PreparedStore:
 @dataclass
 class Prepared:
     """What :func:`prepare` returns: the manifest whose ``path`` points into the store (crop columns
-    dropped: already applied), the store folder (the new image root), and what this call did."""
+    dropped: already applied), the store folder (the new image root: the entry's folder, or
+    ``<store_root>/<S>px`` when the images come from several entries, paths ``<key>/<locator>``),
+    and what this call did (``key``: the entry it wrote or read; None when every image came from
+    earlier entries)."""
 
     manifest: pd.DataFrame
     root: Path
-    key: str
+    key: str | None
     size: int
     n_images: int
     n_decoded: int  # source images read and resized by this call (0 when the store was complete)
@@ -332,10 +318,17 @@ def prepare_workers(num_workers, n_images: int) -> int:
 
 def prepare(manifest: pd.DataFrame, image_root: str | Path, store_root: str | Path, size: int,
             shard_size: int = DEFAULT_SHARD_SIZE, workers: int | str = 0, on_bad_image: str = "error",
-            progress: bool = True) -> Prepared:
+            progress: bool = True, identities=None) -> Prepared:
     """Store every image of ``manifest`` (under ``image_root``) at ``size`` x ``size`` in the
     store under ``store_root`` (writing only what is missing) and return the manifest that reads
-    them (module docstring). ``workers`` > 1 decodes in that many forked processes."""
+    them (module docstring). ``workers`` > 1 decodes in that many forked processes.
+
+    ``identities``: one per manifest row, what identifies the pixels the row selects whatever its
+    path (the per-image feature store's content identity of the file, locator and crop:
+    :func:`robustbench_fm.features.store.source_ids`). With them the store is found per image
+    (module docstring, "Per image"): a source some complete entry of the same recipe already
+    holds is read from there, and only the others are decoded, into one new entry.
+    """
     size = parse_resolution(size)
     if size is None:
         raise InvalidSetting("prepare needs a side in pixels; resolution=native reads the images as shipped")
@@ -345,6 +338,18 @@ def prepare(manifest: pd.DataFrame, image_root: str | Path, store_root: str | Pa
     sources, index = source_locators(manifest)
     image_root = Path(image_root)
     store = PreparedStore(store_root, key_fields(sources, image_root, size), shard_size=shard_size)
+    src_ids = None
+    if identities is not None:
+        ids = np.asarray(identities, dtype=object)
+        if len(ids) != len(manifest):
+            raise ValueError(f"prepare: {len(ids)} identities for {len(manifest)} manifest rows")
+        src_ids = [str(ids[s["first_row"]]) for s in sources]
+        hit = not store.missing_shards() and not (on_bad_image == "error" and store.failed())
+        if not hit:
+            held = held_images(store_root, size)
+            if any(i in held for i in src_ids):
+                return _from_held(manifest, sources, index, src_ids, held, image_root, store_root, size,
+                                  shard_size, workers, on_bad_image, progress)
     n_decoded, written = 0, []
     # a complete store is only read (no lock, no write access); "error" mode re-reads failed rows
     if store.missing_shards() or (on_bad_image == "error" and store.failed()):
@@ -360,10 +365,88 @@ def prepare(manifest: pd.DataFrame, image_root: str | Path, store_root: str | Pa
         first = min(failed)
         log.warning("%s: %d of %d source images could not be read (on_bad_image=skip); first: %s: %s", store.path,
                     len(failed), len(sources), sources[first]["source"], failed[first])
+    if src_ids is not None:
+        _record_identities(store, src_ids)
     out = manifest.drop(columns=[c for c in CROP_COLUMNS if c in manifest.columns])
     out["path"] = [store.locator(int(j)) for j in index]
     return Prepared(manifest=out, root=store.path, key=store.key, size=size, n_images=len(sources),
                     n_decoded=n_decoded, shards_written=written, failed=failed)
+
+
+def _recipe_of(fields: dict) -> dict:
+    return {"format": fields.get("format"), "size": fields.get("size"), "resize": fields.get("resize"),
+            "pillow_major": str(fields.get("pillow", "")).split(".")[0]}
+
+
+def held_images(store_root: str | Path, size: int) -> dict[str, str]:
+    """``{identity: "<key>/<locator>"}`` of the images the complete entries under
+    ``<store_root>/<size>px/`` hold for this package's recipe (:func:`recipe`: format, size, resize
+    rule, Pillow major), read from each entry's :data:`IDENTITIES_NAME`; a source that failed to
+    read is left out (it is read again, or skipped again). Entries are read in key order and the
+    first holder of an identity wins."""
+    want, out = recipe(size), {}
+    for ids_file in sorted((Path(store_root) / f"{int(size)}px").glob(f"*/{IDENTITIES_NAME}")):
+        folder = ids_file.parent
+        try:
+            fields = json.loads((folder / META_NAME).read_text())["fields"]
+            if _recipe_of(fields) != want:
+                continue
+            entry = PreparedStore(store_root, fields)
+            if entry.key != folder.name or entry.missing_shards():
+                continue
+            failed = entry.failed()
+            table = pq.read_table(ids_file, columns=["identity", "locator"]).to_pydict()
+        except (OSError, ValueError, KeyError, TypeError, PreparedImageError, pa.ArrowException) as exc:
+            log.debug("prepared entry %s not indexed: %s", folder, one_line(exc))
+            continue
+        if len(table["identity"]) != entry.n_images:
+            continue
+        for j, (ident, loc) in enumerate(zip(table["identity"], table["locator"])):
+            if j not in failed:
+                out.setdefault(ident, f"{folder.name}/{loc}")
+    return out
+
+
+def _record_identities(store: PreparedStore, src_ids: list[str]) -> None:
+    """``<entry>/identities.parquet``: each source's identity and locator, once the entry is
+    complete (what :func:`held_images` reads). A read-only store is left as it is."""
+    if store.missing_shards():
+        return
+    path = store.path / IDENTITIES_NAME
+    table = pa.table({"identity": pa.array(src_ids, pa.string()),
+                      "locator": pa.array([store.locator(j) for j in range(store.n_images)], pa.string())})
+    data = parquet_bytes(table, max(len(src_ids), 1), {"compression": "zstd", "use_dictionary": False,
+                                                       "write_statistics": False, "version": "2.6"})
+    try:
+        if path.is_file() and path.read_bytes() == data:
+            return
+        write_atomic(path, lambda f: f.write(data))
+    except OSError as exc:
+        log.debug("%s: identities not recorded (%s)", store.path, one_line(exc))
+
+
+def _from_held(manifest, sources, index, src_ids, held, image_root, store_root, size, shard_size, workers,
+               on_bad_image, progress) -> Prepared:
+    """The manifest read from the entries that hold its sources, the sources none holds stored
+    first in one new entry of just them (their own :func:`prepare`); paths are
+    ``<key>/<locator>`` under ``<store_root>/<size>px``."""
+    todo = [j for j, i in enumerate(src_ids) if i not in held]
+    where = dict(held)
+    n_decoded, written, failed, key = 0, [], {}, None
+    if todo:
+        rows = manifest.iloc[[sources[j]["first_row"] for j in todo]].reset_index(drop=True)
+        new = prepare(rows, image_root, store_root, size, shard_size=shard_size, workers=workers,
+                      on_bad_image=on_bad_image, progress=progress, identities=[src_ids[j] for j in todo])
+        for k, j in enumerate(todo):
+            where[src_ids[j]] = f"{new.key}/{new.manifest['path'].iloc[k]}"
+        n_decoded, written, key = new.n_decoded, new.shards_written, new.key
+        failed = {todo[k]: e for k, e in new.failed.items()}
+    log.info("prepared images at %d px: %d of %d read from earlier entries, %d newly stored", size,
+             len(sources) - len(todo), len(sources), len(todo))
+    out = manifest.drop(columns=[c for c in CROP_COLUMNS if c in manifest.columns])
+    out["path"] = [where[src_ids[int(j)]] for j in index]
+    return Prepared(manifest=out, root=Path(store_root) / f"{int(size)}px", key=key, size=size,
+                    n_images=len(sources), n_decoded=n_decoded, shards_written=written, failed=failed)
 
 
 def _describe(image_root: Path, manifest: pd.DataFrame, src: dict) -> str:

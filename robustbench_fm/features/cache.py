@@ -69,22 +69,20 @@ import pyarrow.parquet as pq
 from ..core.atomic import write_atomic
 from ..core.errors import InvalidSetting, UserError
 from ..core.locking import FileLock
+from ..core.shards import META_NAME, ShardedEntry, file_sha256, parquet_bytes, shard_index
+from ..core.shards import json_bytes as _json_bytes
 from ..core.text import one_line
 from .key import CACHE_FORMAT, _canonical, cache_key, manifest_hash
 
 log = logging.getLogger("robustbench_fm.features")
 
 DEFAULT_SHARD_SIZE = 1024
-META_NAME = "meta.json"
 SKIPPED_NAME = "skipped.csv"
 SKIPPED_COLUMNS = ("sample_id", "row", "path", "error")
 #: Parquet schema-metadata key holding the cache key fields (JSON).
 PARQUET_META_KEY = b"robustbench_fm.features"
-#: the file name of shard ``i`` (``SHARD_NAME.format(i)``); :func:`shard_index` reads it back
-SHARD_NAME = "shard-{:05d}.parquet"
 #: the partial file of shard ``i`` while it is being computed (``PARTIAL_NAME.format(i)``)
 PARTIAL_NAME = "shard-{:05d}.partial.npz"
-_SHARD_RE = re.compile(r"^shard-(\d{5,})\.parquet$")
 #: Temp files of :func:`robustbench_fm.core.atomic.write_atomic` (left behind by a killed write).
 TEMP_GLOB = ".*.tmp-*"
 #: Parquet writer settings; fixed so that the same rows always give the same bytes.
@@ -104,28 +102,6 @@ class FeatureCacheError(UserError, RuntimeError):
 def _safe_name(name: str) -> str:
     """A folder name for an encoder name (``pathology/uni`` -> ``pathology__uni``)."""
     return re.sub(r"[^A-Za-z0-9._+-]", "_", name.replace("/", "__")) or "encoder"
-
-
-def _json_bytes(obj) -> bytes:
-    return (json.dumps(obj, sort_keys=True, indent=1) + "\n").encode()
-
-
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file's bytes, read in chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(chunk)
-            if not block:
-                break
-            h.update(block)
-    return h.hexdigest()
-
-
-def shard_index(name: str) -> int | None:
-    """``shard-00012.parquet`` -> 12; any other name (temp files included) -> None."""
-    m = _SHARD_RE.match(name)
-    return int(m.group(1)) if m else None
 
 
 def skipped_csv_bytes(records: dict[int, dict]) -> bytes:
@@ -203,7 +179,7 @@ def _manifest_ids(manifest: pd.DataFrame) -> np.ndarray:
     return manifest["sample_id"].astype(str).to_numpy()
 
 
-class FeatureCache:
+class FeatureCache(ShardedEntry):
     """One cache entry ``root/<encoder name>/<key>/`` (see the module docstring).
 
     ``shard_size`` and ``n_rows`` are taken from an existing ``meta.json`` when there is one (an
@@ -233,22 +209,13 @@ class FeatureCache:
             shard_size, n_rows = meta["shard_size"], meta["n_rows"]
         if n_rows is None:
             raise ValueError("FeatureCache needs n_rows (or fields['n_rows']) for a new entry")
-        self.shard_size = int(shard_size or DEFAULT_SHARD_SIZE)
-        if self.shard_size < 1:
-            raise InvalidSetting(f"shard_size={self.shard_size}: use at least 1 row per shard")
-        self.n_rows = int(n_rows)
+        self._set_layout(self.path, n_rows, shard_size or DEFAULT_SHARD_SIZE, "row")
         self.embed_dim = int(self.fields["embed_dim"])
 
-    # ---- layout -------------------------------------------------------------------------
+    # ---- layout (the rest: core.shards.ShardedEntry) ------------------------------------------
     @property
-    def n_shards(self) -> int:
-        return -(-self.n_rows // self.shard_size)
-
-    def shard_bounds(self, i: int) -> tuple[int, int]:
-        return i * self.shard_size, min((i + 1) * self.shard_size, self.n_rows)
-
-    def shard_path(self, i: int) -> Path:
-        return self.path / SHARD_NAME.format(i)
+    def n_rows(self) -> int:
+        return self.n_items
 
     def partial_path(self, i: int) -> Path:
         return self.path / PARTIAL_NAME.format(i)
@@ -317,21 +284,6 @@ class FeatureCache:
     def drop_partial(self, i: int) -> None:
         self.partial_path(i).unlink(missing_ok=True)
 
-    def complete_shards(self) -> list[int]:
-        """Indices of the shard files present (temp files and stray names are ignored)."""
-        if not self.path.is_dir():
-            return []
-        found = []
-        for p in self.path.iterdir():
-            m = _SHARD_RE.match(p.name)
-            if m and int(m.group(1)) < self.n_shards:
-                found.append(int(m.group(1)))
-        return sorted(found)
-
-    def missing_shards(self) -> list[int]:
-        have = set(self.complete_shards())
-        return [i for i in range(self.n_shards) if i not in have]
-
     def part_shards(self, num_parts: int, part: int) -> list[int]:
         """The shards that extraction part ``part`` of ``num_parts`` computes: every
         ``num_parts``-th shard from ``part`` on (round robin, so parts stay balanced whatever the
@@ -348,10 +300,6 @@ class FeatureCache:
         other's records (each holds it for milliseconds; a dead holder is cleared after 2 min)."""
         with FileLock(self.path.parent / f"{self.key}.meta.lock", timeout=None, stale_after=120):
             yield
-
-    @property
-    def is_complete(self) -> bool:
-        return not self.missing_shards()
 
     def settled(self) -> bool:
         """Complete, and ``meta.json`` / ``skipped.csv`` hold exactly what the bookkeeping of an
@@ -437,11 +385,7 @@ class FeatureCache:
             mine = self._records
             self._read_meta()
             self._records.update(mine)
-        self.path.mkdir(parents=True, exist_ok=True)
-        data = _json_bytes(self.meta(status))
-        if self.meta_path.exists() and self.meta_path.read_bytes() == data:
-            return
-        write_atomic(self.meta_path, lambda f: f.write(data))
+        self._write_meta_bytes(_json_bytes(self.meta(status)))
 
     # ---- skipped rows -----------------------------------------------------------------------
     @property
@@ -478,8 +422,7 @@ class FeatureCache:
         """Delete shard files (they become missing and are recomputed by the next extraction),
         then drop their rows from ``skipped.csv`` and their records from ``meta.json``."""
         with self.bookkeeping():
-            for i in shards:
-                self.shard_path(i).unlink(missing_ok=True)
+            self._unlink_shards(shards)
             self.write_skipped(self.read_skipped(complete_only=True))
             self.write_meta()
 
@@ -519,16 +462,11 @@ class FeatureCache:
         table = pa.Table.from_arrays(
             [pa.array(ids, type=pa.string()), pa.FixedSizeListArray.from_arrays(values, self.embed_dim)],
             schema=self._schema())
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, row_group_size=max(len(ids), 1), **_WRITE_OPTIONS)
-        data = sink.getvalue().to_pybytes()
-        self.path.mkdir(parents=True, exist_ok=True)
+        data = parquet_bytes(table, len(ids), _WRITE_OPTIONS)
         if not self.meta_path.exists():
             self.write_meta("partial")
-        path = self.shard_path(i)
-        write_atomic(path, lambda f: f.write(data))
-        self._records[i] = {"file": path.name, "rows": len(ids), "sha256": hashlib.sha256(data).hexdigest(),
-                            "skipped": len(skip)}
+        path, sha = self._write_shard_bytes(i, data)
+        self._records[i] = {"file": path.name, "rows": len(ids), "sha256": sha, "skipped": len(skip)}
         self.write_meta()
         return path
 

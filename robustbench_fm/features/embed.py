@@ -122,14 +122,16 @@ class Embedder:
     def prepared_root(self) -> Path:
         return Path(self.prepared_dir) if self.prepared_dir is not None else Path(self.cache_dir).parent / "prepared"
 
-    def prepare(self, manifest: pd.DataFrame, root: str | Path | None) -> tuple[pd.DataFrame, Path | None]:
+    def prepare(self, manifest: pd.DataFrame, root: str | Path | None,
+                identities=None) -> tuple[pd.DataFrame, Path | None]:
         """``(manifest, root)`` the encoders read: unchanged at native resolution, else the manifest
         pointing into the prepared-image store at ``resolution`` px and the store's folder (written
-        on the first call, read by every later one)."""
+        on the first call, read by every later one). ``identities``: each row's source identity
+        (:func:`.store.source_ids`): images an earlier entry holds are read from it, not decoded."""
         if self.resolution is None or root is None:
             return manifest, root
         done = prepared.prepare(manifest, root, self.prepared_root, self.resolution, shard_size=self.shard_size,
-                                workers=self.num_workers, on_bad_image=self.on_bad_image)
+                                workers=self.num_workers, on_bad_image=self.on_bad_image, identities=identities)
         return done.manifest, done.root
 
     def embed(self, manifest: pd.DataFrame, root: str | Path | None, encoder, sharded: bool = False) -> FeatureSet:
@@ -176,16 +178,18 @@ class Embedder:
         # an image's identity is its source file's, also when the encoders read a prepared copy
         # (that copy's bytes depend on which manifest's store holds it; the prepared recipe does not)
         ids = store.image_ids(manifest, root, hashes)
-        hashes.save()
+        sources = None
         if self.resolution is not None:
+            sources = store.source_ids(manifest, root, hashes)  # what the prepared store finds images by
             ids = store.derived_ids(ids, prepared.recipe(self.resolution))
+        hashes.save()
         source, source_root = manifest, root
         todo = [n if isinstance(n, str) else n.spec.name for n in names]
         given = {n.spec.name: n for n in names if not isinstance(n, str)}
         out: dict[str, FeatureSet] = {}
         for group in self.panel_groups(todo, {n: e.spec for n, e in given.items()}):
             loaded = [given.get(n) or self.load(n) for n in group]
-            manifest, root = self._readable(source, source_root, ids, loaded)
+            manifest, root = self._readable(source, source_root, ids, loaded, sources)
             plans = [self._plan(enc, manifest, ids, root) for enc in loaded]
             counts = self._fill(loaded, plans, root, sharded)
             for enc, p, (n_forward, n_images) in zip(loaded, plans, counts):
@@ -196,23 +200,27 @@ class Embedder:
                 torch.cuda.empty_cache()
         return [out[n] for n in todo]
 
-    def _readable(self, manifest: pd.DataFrame, root, ids, loaded: list) -> tuple[pd.DataFrame, Path]:
+    def _readable(self, manifest: pd.DataFrame, root, ids, loaded: list,
+                  sources=None) -> tuple[pd.DataFrame, Path]:
         """``(manifest, root)`` the encoders of a pass read: at native resolution the manifest itself;
         else the images no complete chunk of some encoder holds are first stored at the run's
-        resolution (:meth:`prepare`; none: nothing is decoded) and their rows point into the
-        prepared store, while the rows every encoder already holds keep their source locators
-        (looked up by identity, never read). When no row is held, the whole manifest is prepared,
-        exactly as before the per-image store (so an entry of the earlier layout is still found)."""
+        resolution (:meth:`prepare`, which finds each by its source identity ``sources`` in the
+        entries already stored and decodes only the others; none: nothing is decoded) and their
+        rows point into the prepared store, while the rows every encoder already holds keep their
+        source locators (looked up by identity, never read). When no row is held, the whole
+        manifest is prepared, its own entry read first as before the per-image store (so an entry
+        of the earlier layout is still found)."""
         if self.resolution is None:
             return manifest, Path(root)
         have = [store.Recipe(self.cache_dir, enc).held(complete=True) for enc in loaded]
         need = np.array([any(i not in h for h in have) for i in ids], bool)
         if need.all():
-            read, read_root = self.prepare(manifest, root)
+            read, read_root = self.prepare(manifest, root, sources)
             return read.reset_index(drop=True), Path(read_root)
         if not need.any():
             return manifest, Path(self.prepared_root)
-        read, read_root = self.prepare(manifest[need].reset_index(drop=True), root)
+        read, read_root = self.prepare(manifest[need].reset_index(drop=True), root,
+                                       None if sources is None else np.asarray(sources, dtype=object)[need])
         out = manifest.drop(columns=[c for c in CROP_COLUMNS if c in manifest.columns])
         out["path"] = out["path"].astype(object)
         out.loc[need, "path"] = read["path"].to_numpy()

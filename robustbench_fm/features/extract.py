@@ -33,15 +33,13 @@ import numpy as np
 import pandas as pd
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from ..core.devices import usable_cores
 from ..core.errors import InvalidSetting, UserError
-from ..core.locking import acquire_waiting
 from ..core.text import one_line
 from ..data.images import BAD_IMAGE_POLICIES, read_image
 from .cache import FeatureCache, FeatureCacheError
-from .key import cache_key_fields
 from .occlusion import occlude_row
 
 log = logging.getLogger("robustbench_fm.features")
@@ -200,17 +198,6 @@ def _one_thread(enabled: bool):
 
 #: Decoded batches held in flight by the decode workers are bounded by this many bytes.
 PREFETCH_BYTES = 2 << 30
-
-
-def _prefetch(spec, batch_size: int, num_workers: int) -> int | None:
-    """Batches each worker prepares ahead (1-4): at most :data:`PREFETCH_BYTES` of decoded float
-    batches in flight, so peak memory depends on workers × batch size, never on the number of
-    images (measured on an H200 box before the bound: 4.9 GB for 2,000 images vs 12.8 GB for
-    20,000 with 15 workers × 4 batches of 256)."""
-    if num_workers == 0:
-        return None
-    batch_bytes = batch_size * spec.channels * spec.input_size ** 2 * 4
-    return max(1, min(4, PREFETCH_BYTES // max(1, num_workers * batch_bytes)))
 
 
 def _malloc_trim() -> Callable[[], None]:
@@ -372,27 +359,17 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
 
     ``entry``: (folder, key fields) of the entry to fill instead of the manifest's own (a chunk of
     the per-image store, :mod:`.store`).
-    """
-    t0 = time.perf_counter()
-    manifest, ids, image_root, reader, num_workers = _check_inputs(manifest, image_root, reader, [batch_size],
-                                                                   on_bad_image, num_workers, encoder.device)
 
-    folder, fields = entry if entry is not None else (None, cache_key_fields(encoder, manifest, image_root))
-    cache = FeatureCache(cache_root, fields, shard_size=shard_size, n_rows=len(manifest), folder=folder)
-    mine = set(cache.part_shards(num_shards, shard))
-    skipped = _settled_hit(cache, manifest, on_bad_image)
-    n_forward = n_images = 0
-    if skipped is None:
-        try:
-            n_forward, n_images, skipped = _fill(encoder, manifest, image_root, cache, mine, ids, num_shards,
-                                                 shard, batch_size, num_workers, progress, reader, on_bad_image,
-                                                 flush_seconds)
-        except OSError as exc:
-            err = _unwritable_error(exc, cache, encoder.spec.name)
-            if err is exc:
-                raise
-            raise err from None
-    return _result(encoder, manifest, cache, fields, ids, skipped, n_forward, n_images, t0, read, num_shards, shard)
+    This is the panel engine with one encoder (:func:`robustbench_fm.features.panel.extract_panel`,
+    waiting for the entry's lock when another process holds it): one engine writes every entry.
+    """
+    from .panel import extract_panel  # the one engine; panel.py builds on this module's pieces
+
+    if num_workers == "auto":
+        num_workers = default_num_workers(encoder.device)
+    return extract_panel([encoder], manifest, image_root, cache_root, batch_size, num_workers, shard_size, progress,
+                         reader, on_bad_image, num_shards, shard, read, flush_seconds, _wait=True,
+                         entries=None if entry is None else [entry])[0]
 
 
 def _check_inputs(manifest: pd.DataFrame, image_root, reader, batch_sizes, on_bad_image: str, num_workers,
@@ -523,32 +500,6 @@ def _interrupted(cache: FeatureCache, name: str, exc: KeyboardInterrupt) -> Extr
                                  + (f" (+{partial} partial, resumed from where it stopped)" if partial else ""))
 
 
-def _fill(encoder, manifest, image_root, cache: FeatureCache, mine: set[int], ids, num_shards: int, shard: int,
-          batch_size: int, num_workers: int, progress: bool, reader, on_bad_image: str,
-          flush_seconds: float | None) -> tuple[int, int, dict]:
-    """Compute this part's missing shards under the entry lock; (forward batches, images embedded,
-    the entry's skipped rows)."""
-    with _entry_lock(cache, num_shards, shard) as lock:
-        missing, records = _prepare(encoder, manifest, image_root, cache, mine, ids, reader, on_bad_image)
-        n_forward = n_images = 0
-        if not missing:
-            log.info("cache hit: %d rows, 0 forward passes (%s)", len(ids), cache.path)
-        else:
-            tag = partial_tag(encoder, batch_size)
-            partials = load_partials(cache, missing, tag, ids, on_bad_image)
-            _log_start(cache, encoder, missing, mine, partials, len(ids))
-            try:
-                n_forward, n_images = _run(encoder, manifest, image_root, cache, missing, batch_size,
-                                           num_workers, progress, reader, on_bad_image, records, lock.refresh,
-                                           partials, tag, flush_seconds)
-            except KeyboardInterrupt as exc:
-                if isinstance(exc, ExtractionInterrupted):
-                    raise
-                raise _interrupted(cache, encoder.spec.name, exc) from exc
-        skipped = _settle(cache)
-    return n_forward, n_images, skipped
-
-
 def _unwritable(exc: OSError, folder: Path) -> bool:
     """``exc`` is a refused write (read-only file system, no permission) in ``folder``, below it
     or in a parent it was being created in."""
@@ -564,18 +515,6 @@ def lock_path(cache: FeatureCache, num_shards: int = 1, shard: int = 0) -> Path:
     return cache.path.parent / name
 
 
-@contextlib.contextmanager
-def _entry_lock(cache: FeatureCache, num_shards: int = 1, shard: int = 0):
-    """Hold ``<encoder folder>/<key>.lock`` (``<key>.part-<i>-of-<N>.lock`` for a part) while
-    filling an entry, so a second run on the same entry or part waits and then finds it complete
-    (zero forward passes) instead of computing it twice."""
-    lock = acquire_waiting(lock_path(cache, num_shards, shard), str(cache.path), log)
-    try:
-        yield lock
-    finally:
-        lock.release()
-
-
 def _retry_skipped(cache: FeatureCache, skipped: dict[int, dict], dataset: _RowsDataset) -> None:
     """``on_bad_image="error"`` on an entry with skipped rows: re-read those images; raise for
     the first one that still fails, else delete the shards holding them so they are recomputed."""
@@ -589,68 +528,3 @@ def _retry_skipped(cache: FeatureCache, skipped: dict[int, dict], dataset: _Rows
     log.info("%s: the %d previously skipped images are readable now; recomputing %d shards",
              cache.path, len(skipped), len(shards))
     cache.drop_shards(shards)
-
-
-def _run(encoder, manifest, image_root, cache: FeatureCache, shards: list[int], batch_size: int,
-         num_workers: int, progress: bool, reader: Reader, on_bad_image: str,
-         records: list[dict] | None = None, heartbeat: Callable[[], None] = lambda: None,
-         partials: dict | None = None, tag: dict | None = None, flush_seconds: float | None = None
-         ) -> tuple[int, int]:
-    """Embed ``shards`` (from where their ``partials`` stop); in skip mode a shard's failed rows
-    are listed in ``skipped.csv`` before the shard is written (merged with what the file lists
-    for other shards). ``heartbeat`` is called after every shard and partial flush (it refreshes
-    the entry lock)."""
-    records = records if records is not None else manifest.to_dict("records")
-    partials = dict(partials or {})
-    batches = _batches(cache, shards, batch_size, {s: len(e) for s, (e, _) in partials.items()})
-    dataset = _RowsDataset(records, image_root, encoder.transform, reader)
-    cuda = encoder.device.type == "cuda"
-    loader = DataLoader(dataset, batch_sampler=batches, num_workers=num_workers, collate_fn=dataset.collate,
-                        pin_memory=cuda, prefetch_factor=_prefetch(encoder.spec, batch_size, num_workers),
-                        persistent_workers=False)
-    ids = manifest["sample_id"].astype(str).to_numpy()
-    paths = manifest["path"].astype(str).to_numpy() if "path" in manifest.columns else None
-    writer = _ShardWriter(cache, ids, paths, tag or partial_tag(encoder, batch_size), partials, flush_seconds,
-                          heartbeat)
-    n_total = sum(len(b) for b in batches)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=n_total, unit="img", desc=f"extract {encoder.spec.name}", dynamic_ncols=True,
-                   smoothing=0.1)
-    n_forward = n_images = 0
-    trim = _malloc_trim()
-    batches_iter = iter(loader)
-    try:
-        while True:
-            with _one_thread(num_workers == 0):
-                item = next(batches_iter, None)
-            if item is None:
-                break
-            rows, x, errors = item
-            del item
-            if errors and on_bad_image == "error":
-                raise ImageReadError(errors[0][2][0])
-            if x is not None:
-                emb = np.array(embed_full_batch(encoder, x, batch_size).cpu().numpy(), dtype=np.float32)
-                n_forward += 1
-                del x  # the batch and the forward's temporaries are freed: return them to the OS
-                trim()
-            else:
-                emb = np.empty((len(rows), cache.embed_dim), dtype=np.float32)
-            writer.add(rows, emb, errors)
-            n_images += len(rows) - len(errors)
-            if bar is not None:
-                bar.update(len(rows))
-                if writer.current is None:
-                    bar.set_postfix(shards=f"{cache.n_shards - len(cache.missing_shards())}/{cache.n_shards}")
-    finally:
-        if bar is not None:
-            bar.close()
-        # Stop decode workers now, not whenever an exception's traceback lets go of the iterator
-        # (a late shutdown can stall a later DataLoader for its 5 s join timeout).
-        shutdown = getattr(batches_iter, "_shutdown_workers", None)
-        if callable(shutdown):
-            shutdown()
-        del batches_iter
-    return n_forward, n_images

@@ -15,17 +15,15 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from ..core.errors import InvalidSetting
+from ..core.shards import META_NAME, SHARD_NAME, shard_index
 from . import store
 from .cache import (
-    META_NAME,
-    SHARD_NAME,
     SKIPPED_COLUMNS,
     SKIPPED_NAME,
     FeatureCacheError,
     _embedding_matrix,
     _manifest_ids,
     parse_skipped_csv,
-    shard_index,
 )
 
 

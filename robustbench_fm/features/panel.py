@@ -1,22 +1,23 @@
 """Panel extraction: one pass over the images for every encoder of a panel.
 
 A paper experiment embeds the same images with every encoder of its panel (CANDOR: 22 encoders
-x 605,443 chest films; CRoMa: 21 x 150,000 tiles). :func:`extract` decodes each image once per
-encoder; :func:`extract_panel` decodes it once for the whole panel: a decode worker reads the
-row's image, fills its occlusion rectangle, applies every encoder's own transform to it and drops
-the decoded image; the main process collects each encoder's rows into that encoder's own batches
-and runs its forward pass.
+x 605,443 chest films; CRoMa: 21 x 150,000 tiles). :func:`extract_panel` decodes each image once
+for the whole panel: a decode worker reads the row's image, fills its occlusion rectangle, applies
+every encoder's own transform to it and drops the decoded image; the main process collects each
+encoder's rows into that encoder's own batches and runs its forward pass. It is the one
+extraction engine: :func:`robustbench_fm.features.extract.extract` is this function with one
+encoder (issue 31 item 4).
 
-What each encoder's cache entry gets is exactly what :func:`extract` writes for it alone: the
-same key (:func:`cache_key_fields`), the same shards, and the same batches (each encoder's
-batches start at each of its missing shards' first row with its own batch size, and never
-straddle a shard), written by the same code (``_ShardWriter``), so the shard files, ``meta.json``
-and ``skipped.csv`` are byte-identical. Each encoder is resumable on its own: a settled entry is
-read and skipped, a partly filled one continues from its own missing shards (and from the partial
-file of the shard a killed pass was computing); the pass decodes the union of the rows some
-encoder still needs, and an encoder sees only its own rows. Each encoder's entry lock is held for
-the pass; an encoder whose entry another process is filling is left out of the pass and then
-waits for that process, as :func:`extract` would.
+Each encoder's cache entry gets what it would get alone: the same key (:func:`cache_key_fields`),
+the same shards, and the same batches (each encoder's batches start at each of its missing shards'
+first row with its own batch size, and never straddle a shard), written by the same code
+(``_ShardWriter``), so the shard files, ``meta.json`` and ``skipped.csv`` do not depend on which
+other encoders shared the pass. Each encoder is resumable on its own: a settled entry is read and
+skipped, a partly filled one continues from its own missing shards (and from the partial file of
+the shard a killed pass was computing); the pass decodes the union of the rows some encoder still
+needs, and an encoder sees only its own rows. Each encoder's entry lock is held for the pass; an
+encoder whose entry another process is filling is left out of the pass and then waits for that
+process (a pass of its own that waits for the lock).
 
 Memory is bounded as for one encoder: a decoded image lives only while the worker transforms it
 (with at most :data:`LANES` - 1 others, the films resized together); in flight are the workers'
@@ -68,7 +69,7 @@ from torchvision.transforms import v2 as T
 
 from ..core.devices import usable_cores
 from ..core.errors import InvalidSetting
-from ..core.locking import FileLock, LockTimeout, who_holds
+from ..core.locking import FileLock, LockTimeout, acquire_waiting, who_holds
 from ..encoders.base import _LongestSidePad, _ToMode
 from .cache import FeatureCache
 from .extract import (
@@ -93,7 +94,6 @@ from .extract import (
     _unwritable_error,
     default_num_workers,
     embed_full_batch,
-    extract,
     load_partials,
     lock_path,
     partial_tag,
@@ -463,7 +463,8 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
     """Embed every manifest row with every encoder of ``encoders`` in one decode pass; one
     :class:`FeatureSet` per encoder, in order (see the module docstring).
 
-    The arguments are :func:`extract`'s, but ``num_workers="auto"`` is :func:`default_panel_workers`;
+    The arguments are :func:`~robustbench_fm.features.extract.extract`'s, but ``num_workers="auto"`` is
+    :func:`default_panel_workers`;
     ``batch_size`` is one per encoder or one for all.
     ``device_transform``: resize/normalise on the encoder's device where its transform allows
     (:func:`split_transform`; the entry is keyed apart). ``_wait``: wait for busy entry locks
@@ -499,15 +500,18 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
         job.skipped = _settled_hit(cache, manifest, on_bad_image)
         jobs.append(job)
 
-    # an entry another process is filling is left out of the pass; extract() waits for it after
+    # an entry another process is filling is left out of the pass, which waits for it after
     with contextlib.ExitStack() as stack:
         active = []
         for job in jobs:
             if job.skipped is not None:
                 continue
             try:
-                job.lock = stack.enter_context(FileLock(lock_path(job.cache, num_shards, shard),
-                                                        timeout=None if _wait else 0))
+                if _wait:  # logs "waiting for <holder> ..." while another process fills the entry
+                    job.lock = acquire_waiting(lock_path(job.cache, num_shards, shard), str(job.cache.path), log)
+                    stack.callback(job.lock.release)
+                else:
+                    job.lock = stack.enter_context(FileLock(lock_path(job.cache, num_shards, shard), timeout=0))
             except LockTimeout as busy:
                 log.info("%s: %s is filling %s; waiting for it after this pass", job.encoder.spec.name,
                          who_holds(busy), job.cache.path)
@@ -546,12 +550,7 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
     out = []
     for j, job in enumerate(jobs):
         if job.waiting:
-            out.append(extract(job.encoder, manifest, image_root, cache_root, batch_size=job.batch_size,
-                               num_workers=num_workers, shard_size=shard_size, progress=progress, reader=reader,
-                               on_bad_image=on_bad_image, num_shards=num_shards, shard=shard, read=read,
-                               flush_seconds=flush_seconds, entry=None if entries is None else entries[j])
-                       if job.device_tf is None else
-                       extract_panel([job.encoder], manifest, image_root, cache_root, job.batch_size, num_workers,
+            out.append(extract_panel([job.encoder], manifest, image_root, cache_root, job.batch_size, num_workers,
                                      shard_size, progress, reader, on_bad_image, num_shards, shard, read,
                                      flush_seconds, device_transform, _wait=True,
                                      entries=None if entries is None else [entries[j]])[0])
@@ -594,10 +593,11 @@ def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root,
     bar = None
     if progress:
         from tqdm.auto import tqdm
-        bar = tqdm(total=len(chunks.rows), unit="img", desc=f"extract panel of {len(jobs)}", dynamic_ncols=True,
-                   smoothing=0.1)
-    log.info("panel pass: %d images decoded once for %d encoders (%s)", len(chunks.rows), len(jobs),
-             ", ".join(j.encoder.spec.name for j in jobs))
+        desc = f"extract {jobs[0].encoder.spec.name}" if len(jobs) == 1 else f"extract panel of {len(jobs)}"
+        bar = tqdm(total=len(chunks.rows), unit="img", desc=desc, dynamic_ncols=True, smoothing=0.1)
+    if len(jobs) > 1:
+        log.info("panel pass: %d images decoded once for %d encoders (%s)", len(chunks.rows), len(jobs),
+                 ", ".join(j.encoder.spec.name for j in jobs))
     trim = _malloc_trim()
     forwards = 0
     for k in ("wait", "collate", "forward", "write"):

@@ -59,12 +59,11 @@ import pyarrow.parquet as pq
 from ..core.atomic import write_atomic, write_text_atomic
 from ..core.errors import InvalidSetting
 from ..core.locking import FileLock
+from ..core.shards import META_NAME, SHARD_NAME
 from ..core.versions import VERSION_POLICIES
 from ..data.images import CROP_COLUMNS, locator_file
 from .cache import (
     CACHE_FORMAT,
-    META_NAME,
-    SHARD_NAME,
     SKIPPED_NAME,
     FeatureCache,
     FeatureCacheError,
@@ -220,6 +219,13 @@ def image_ids(manifest: pd.DataFrame, root: str | Path, hashes: FileHashes) -> n
                                      "the image root") from None
         out.append(hashlib.sha256(f"{content[f]}\x1f{extra}".encode()).hexdigest()[:32])
     return np.asarray(out, dtype=object)
+
+
+def source_ids(manifest: pd.DataFrame, root: str | Path, hashes: FileHashes) -> np.ndarray:
+    """One identity per row of the pixels its file, locator and crop select, before any occlusion:
+    what the prepared-image store finds an image by (:func:`robustbench_fm.data.prepared.prepare`,
+    ``identities``), since a row's occlusion is applied to the prepared copy when it is read."""
+    return image_ids(manifest.drop(columns=[c for c in OCCLUSION_COLUMNS if c in manifest.columns]), root, hashes)
 
 
 def derived_ids(ids: np.ndarray, recipe: dict) -> np.ndarray:

@@ -21,20 +21,17 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from ..core.shards import META_NAME, SHARD_NAME, file_sha256, shard_index
 from ..core.text import one_line
 from ..data import manifest as mf
 from . import store
 from .cache import (
-    META_NAME,
     PARQUET_META_KEY,
-    SHARD_NAME,
     SKIPPED_NAME,
     TEMP_GLOB,
     FeatureCacheError,
     _embedding_matrix,
-    file_sha256,
     parse_skipped_csv,
-    shard_index,
 )
 from .key import CACHE_FORMAT, _canonical, cache_key, manifest_hash
 

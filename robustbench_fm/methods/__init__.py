@@ -74,6 +74,9 @@ class Method:
     ``param_columns`` are settings, not metrics (e.g. ``k``), ``count_column`` is the row's ``n``;
     ``integer_columns`` are further columns printed as integers where they hold whole numbers.
     ``multi_finding``: the stage's ``run`` takes every finding at once (``finding`` a list).
+    ``overwrites_features``: the stage may overwrite a feature matrix handed over to it
+    (:func:`~robustbench_fm.core.neighbors.hand_over`; CANDOR scales it to unit rows in place), so a
+    job that will not read its features again holds one copy of them, not two (issue 31 item 7).
 
     ``console_columns``: the columns the console table shows (all are saved). ``tables``: the
     module whose ``TABLES`` lists the paper-table builders of the paper (functions of that
@@ -95,6 +98,7 @@ class Method:
     count_column: str = "n"
     integer_columns: tuple[str, ...] = ()
     multi_finding: bool = False
+    overwrites_features: bool = False
     console_columns: tuple[str, ...] = ()
     tables: str | None = None
     figures: str | None = None

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import InvalidSetting
+from ..core.neighbors import HandedOver, hand_over
 from ..core.results import Results
 from ..data import manifest as mf
 from . import get, method
@@ -21,9 +22,12 @@ def evaluate(stage: str, features, manifest, **params) -> Results:
     (a cache shard, a cache folder, or any parquet with ``sample_id`` + ``embedding``), then
     aligned to the manifest by ``sample_id``. ``manifest``: a DataFrame or a CSV/parquet path.
     ``params`` are the stage's parameters (see the stage module's docstring). An in-memory
-    float64 matrix is passed on as float64, anything else as float32.
+    float64 matrix is passed on as float64, anything else as float32. A stage declared
+    ``overwrites_features`` may overwrite features read from a path, or a matrix marked with
+    :func:`~robustbench_fm.core.neighbors.hand_over`; any other matrix is left as it is.
     """
     module = get(stage)
+    handed_over = isinstance(features, HandedOver)
     if isinstance(manifest, (str, Path)):
         manifest = mf.read(manifest)
     else:
@@ -34,6 +38,7 @@ def evaluate(stage: str, features, manifest, **params) -> Results:
 
         ids, emb = load_features(features)
         features = align_features(ids, emb, manifest, str(features))
+        handed_over = True
     else:
         features = np.asarray(features.cpu() if hasattr(features, "cpu") else features)
         # float64 stays float64 (CRoMa computes distances in the input precision); all else float32
@@ -41,20 +46,26 @@ def evaluate(stage: str, features, manifest, **params) -> Results:
         if features.ndim != 2 or features.shape[0] != len(manifest):
             raise InvalidSetting(f"features: shape {features.shape} does not match the manifest's "
                              f"{len(manifest)} rows; pass an (N, D) matrix aligned with the manifest")
+    if handed_over and method(stage).overwrites_features:
+        features = hand_over(features)
     return module.run(features, manifest, **params)
 
 
 def score_and_save(stage: str, features, manifest: pd.DataFrame, findings, params: dict, out: Path,
-                   encoder: str, dataset: str) -> list[pd.DataFrame]:
+                   encoder: str, dataset: str, handed_over: bool = False) -> list[pd.DataFrame]:
     """Run ``stage`` for every finding and save ``results/<encoder>/<dataset>/<stage>/<finding>/``.
+
+    ``handed_over``: the caller will not read an in-memory ``features`` again, so the stage's last
+    call may overwrite it (:func:`evaluate`).
 
     A stage declared ``multi_finding`` (its ``Method``, :mod:`robustbench_fm.methods`) gets all
     findings in one call (CANDOR shares one similarity pass per matched group across them); its
     results are saved per finding alike.
     """
     findings = [str(f) for f in findings]
+    last = hand_over(features) if handed_over and isinstance(features, np.ndarray) else features
     if method(stage).multi_finding:
-        res = evaluate(stage, features, manifest, finding=findings, **params)
+        res = evaluate(stage, last, manifest, finding=findings, **params)
         # rows pooled across findings (e.g. CANDOR's severity-weighted chest rate) keep their own name
         findings = findings + sorted(set(res.summary["finding"].astype(str)) - set(findings))
         parts = [(f, Results(summary=res.summary[res.summary["finding"] == f].reset_index(drop=True),
@@ -62,7 +73,8 @@ def score_and_save(stage: str, features, manifest: pd.DataFrame, findings, param
                              res.per_sample[res.per_sample["finding"] == f].reset_index(drop=True),
                              params={**res.params, "finding": f})) for f in findings]
     else:
-        parts = [(f, evaluate(stage, features, manifest, finding=f, **params)) for f in findings]
+        parts = [(f, evaluate(stage, last if i == len(findings) - 1 else features, manifest, finding=f, **params))
+                 for i, f in enumerate(findings)]
     summaries = []
     for finding, res in parts:
         res.summary.insert(0, "encoder", encoder)

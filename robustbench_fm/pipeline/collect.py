@@ -40,6 +40,7 @@ from ..core.atomic import write_atomic, write_text_atomic
 from ..core.errors import UserError, message
 from ..core.locking import abandoned, read_holder
 from ..core.redact import redacted_yaml
+from ..core.shards import SHARD_NAME
 from ..core.tables import SweepResults
 from ..report.compare import write_compare
 from ..report.html import console_summary, sweep_report, write_report
@@ -113,7 +114,6 @@ def _collect_parts(records: list[tuple[Path, dict]], sweep_dir: Path) -> tuple[l
     """Run the stage on the complete entries of sharded jobs; report the incomplete ones.
     Returns ``(summary, config of the group's first part)`` pairs and the problems."""
     from ..features import missing_shards, skipped_ids  # lazy: imports torch
-    from ..features.cache import SHARD_NAME  # lazy: imports torch
 
     summaries, problems = [], []
     groups: dict[tuple[str, str], list[tuple[Path, dict]]] = {}

@@ -39,6 +39,7 @@ from ..core.errors import InvalidSetting, MissingInput, UnknownName, UserError
 from ..core.locking import FileLock
 from ..core.redact import redact_config, redacted_yaml
 from ..core.results import not_scored, to_markdown, without_single_group_pools
+from ..core.shards import META_NAME
 from ..core.tables import SweepResults
 from ..core.versions import VERSION_POLICIES
 from ..data import cards, prepared
@@ -246,8 +247,8 @@ def _refuse_encoder_field(cfg: DictConfig, cli_overrides: list[str] | None) -> N
                          f"use encoder={name}")
 
 
-#: a feature-cache entry's metadata file (``features.cache.META_NAME``; that package imports torch)
-CACHE_META = "meta.json"
+#: a feature-cache entry's metadata file
+CACHE_META = META_NAME
 
 
 def feature_set_name(path) -> str:
@@ -471,10 +472,12 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool
 # ----------------------------------------------------- the steps after the plan: a Plan in
 
 def _stage_results(job: Plan, features, manifest: pd.DataFrame, out: Path, encoder: str,
-                   dataset: str) -> list[pd.DataFrame]:
+                   dataset: str, handed_over: bool = False) -> list[pd.DataFrame]:
     """Run the job's stage for every finding of the job and save its results
-    (:func:`robustbench_fm.methods.run.score_and_save`)."""
-    return score_and_save(job.stage, features, manifest, job.findings, job.params, out, encoder, dataset)
+    (:func:`robustbench_fm.methods.run.score_and_save`; ``handed_over``: the job will not read
+    ``features`` again)."""
+    return score_and_save(job.stage, features, manifest, job.findings, job.params, out, encoder, dataset,
+                          handed_over)
 
 
 def embedder(job: Plan) -> Embedder:
@@ -660,7 +663,9 @@ def run_stage_on_entries(job: Plan, manifest: pd.DataFrame, entries, skipped: li
     for name, entry in entries:
         ids, emb = load_features(entry)
         features = align_features(ids, emb, manifest, str(entry))
-        summaries += _stage_results(job, features, manifest, out_dir, name, job.dataset)
+        del ids, emb  # the stage may overwrite the one copy held (Method.overwrites_features)
+        summaries += _stage_results(job, features, manifest, out_dir, name, job.dataset, handed_over=True)
+        del features
     return summaries
 
 

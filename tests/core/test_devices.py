@@ -9,11 +9,8 @@ import torch
 from feature_fixtures import tiny_encoder
 
 from robustbench_fm.core.devices import resolve_device
-from robustbench_fm.features.extract import (
-    PREFETCH_BYTES,
-    _prefetch,
-    default_num_workers,
-)
+from robustbench_fm.features.extract import PREFETCH_BYTES, default_num_workers
+from robustbench_fm.features.panel import _Job, _panel_prefetch
 
 
 def test_auto_picks_cuda_only_when_available(monkeypatch):
@@ -32,13 +29,15 @@ def test_decode_workers_follow_the_affinity_mask(monkeypatch, cores, cpu_workers
 
 
 def test_prefetch_keeps_decoded_batches_under_the_bound():
-    spec = tiny_encoder(input_size=224).spec
+    """The one engine's bound (extract is the panel pass with one encoder): float batches of a
+    transform run in the worker count 4 bytes a value."""
+    jobs = [_Job(tiny_encoder(input_size=224), 256, {}, None, set())]
     batch_bytes = 256 * 3 * 224 * 224 * 4
-    assert _prefetch(spec, 256, 0) is None
-    assert _prefetch(spec, 32, 1) == 4  # CPU default: 1 worker, small batches
-    assert _prefetch(spec, 256, 15) == 1  # an H200 box: 15 workers x 154 MB batches
+    assert _panel_prefetch(jobs, 256, 0) is None
+    assert _panel_prefetch(jobs, 32, 1) == 4  # CPU default: 1 worker, small batches
+    assert _panel_prefetch(jobs, 256, 15) == 1  # an H200 box: 15 workers x 154 MB batches
     for workers in (1, 2, 4, 8, 15):
-        depth = _prefetch(spec, 256, workers)
+        depth = _panel_prefetch(jobs, 256, workers)
         assert depth == 1 or depth * workers * batch_bytes <= PREFETCH_BYTES
 
 

@@ -8,6 +8,7 @@ from robustbench_fm.core.neighbors import (
     SameGroupMask,
     Shortlist,
     cosine_distance,
+    hand_over,
     l2_normalize,
     mean_topk_similarity,
     symmetric_tiles,
@@ -94,6 +95,41 @@ def test_l2_normalize_dtype_choices_and_exact_rows():
         l2_normalize(np.r_[x64[:2], [[np.inf] * 7]], "croma: features", dtype=None)
     with pytest.raises(ValueError, match="expected a 2-D"):
         l2_normalize(np.ones(3))
+
+
+@pytest.mark.parametrize("block_bytes", [8, 1000, 64 << 20])
+def test_l2_normalize_in_blocks_and_in_place_gives_the_bits_of_one_division(block_bytes, monkeypatch):
+    """Issue 31 item 7: rows checked and measured block by block, and a handed-over matrix scaled
+    in place, give exactly ``x / np.linalg.norm(x, axis=1)``; a matrix not handed over is left
+    alone, and the first bad row is found across blocks."""
+    from robustbench_fm.core import neighbors  # the module, to set its block size
+
+    monkeypatch.setattr(neighbors, "NORMALIZE_BLOCK_BYTES", block_bytes)
+    rng = np.random.default_rng(11)
+    for dtype in (np.float32, np.float64):
+        x = (rng.normal(size=(257, 33)) * rng.uniform(0.01, 100.0, (257, 1))).astype(dtype)
+        want = x / np.linalg.norm(x, axis=1, keepdims=True)
+        before = x.copy()
+        copied = l2_normalize(x, dtype=None)
+        np.testing.assert_array_equal(copied, want)
+        np.testing.assert_array_equal(x, before)  # not handed over: untouched
+        owned = x.copy()
+        scaled = l2_normalize(hand_over(owned), dtype=None)
+        assert np.shares_memory(scaled, owned) and type(scaled) is np.ndarray
+        np.testing.assert_array_equal(owned, want)
+    # handed over in another dtype: a new matrix in the asked dtype, the float64 one untouched
+    x64 = rng.normal(size=(9, 4))
+    out = l2_normalize(hand_over(x64.copy()))
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, (x64.astype(np.float32) / np.linalg.norm(x64.astype(np.float32), axis=1,
+                                                                                 keepdims=True)))
+    bad = rng.normal(size=(40, 3))
+    bad[[17, 30]] = np.nan
+    with pytest.raises(ValueError, match=r"^features: row 17 holds NaN/Inf \(2 rows\)"):
+        l2_normalize(bad)
+    bad[[17, 30]] = 0.0
+    with pytest.raises(ValueError, match=r"^features: row 17 is a zero vector \(2 rows\)"):
+        l2_normalize(bad)
 
 
 def test_cosine_distance_is_one_minus_similarity_in_the_feature_precision():

@@ -210,3 +210,80 @@ def test_unreadable_images_stop_or_are_skipped_and_retried(tmp_path):
                              progress=False)
     assert (again.failed, again.shards_written, again.n_decoded) == ({}, [1], 3)
     assert np.asarray(read_image(again.root, again.manifest.iloc[2].to_dict())).shape == (32, 32, 3)
+
+
+def _ids(m: pd.DataFrame, root: Path, cache: Path) -> np.ndarray:
+    from robustbench_fm.features import store  # the feature store's identities, as the Embedder passes them
+
+    return store.source_ids(m, root, store.FileHashes(cache))
+
+
+def test_images_are_found_per_image_across_entries_and_moved_roots(tmp_path, monkeypatch):
+    """Issue 31 item 4: with identities, a source an earlier complete entry holds is read from it
+    (no decode); only the others are decoded, into a new entry of just them. The pixels are the
+    bytes a fresh store of the whole manifest holds, and the same files under another root decode
+    nothing."""
+    m = write_images(tmp_path / "src", n=8)
+    calls = _count_decodes(monkeypatch)
+    first = m.iloc[:5]
+    a = prepared.prepare(first, tmp_path / "src", tmp_path / "store", 32, shard_size=2, progress=False,
+                         identities=_ids(first, tmp_path / "src", tmp_path))
+    assert (a.n_decoded, len(calls)) == (5, 5) and (a.root / prepared.IDENTITIES_NAME).is_file()
+    # a reordered extension: rows 7, 3, 6, 0 (two held, two new)
+    ext = m.iloc[[7, 3, 6, 0]].reset_index(drop=True)
+    b = prepared.prepare(ext, tmp_path / "src", tmp_path / "store", 32, shard_size=2, progress=False,
+                         identities=_ids(ext, tmp_path / "src", tmp_path))
+    assert (b.n_decoded, len(calls)) == (2, 7)
+    assert b.root == tmp_path / "store" / "32px"
+    keys = [p.split("/")[0] for p in b.manifest["path"]]
+    assert keys[1] == keys[3] == a.key and keys[0] == keys[2] == b.key != a.key
+    fresh = prepared.prepare(ext, tmp_path / "src", tmp_path / "fresh", 32, shard_size=2, progress=False)
+    for i in range(len(ext)):
+        got = read_image(b.root, b.manifest.iloc[i].to_dict())
+        want = read_image(fresh.root, fresh.manifest.iloc[i].to_dict())
+        assert got.tobytes() == want.tobytes() and got.size == (32, 32)
+    assert len(calls) == 11  # + the fresh store's 4
+    # the same files mounted elsewhere: found by content; only image 5, never prepared, is decoded
+    moved = tmp_path / "elsewhere"
+    (tmp_path / "src").rename(moved)
+    c = prepared.prepare(m, moved, tmp_path / "store", 32, shard_size=2, progress=False,
+                         identities=_ids(m, moved, tmp_path))
+    assert (c.n_decoded, len(calls), calls[-1]) == (1, 12, "img/005.png")
+    assert {p.split("/")[0] for p in c.manifest["path"]} == {a.key, b.key, c.key}
+    again = prepared.prepare(m.iloc[::-1], moved, tmp_path / "store", 32, shard_size=2, progress=False,
+                             identities=_ids(m.iloc[::-1], moved, tmp_path))
+    assert (again.n_decoded, again.key, len(calls)) == (0, None, 12)
+    # without identities a call keeps to its own entry (the earlier behaviour)
+    d = prepared.prepare(m, moved, tmp_path / "store", 32, shard_size=2, progress=False)
+    assert d.n_decoded == 8 and d.root.parent == tmp_path / "store" / "32px" and len(calls) == 20
+
+
+def test_a_source_that_failed_in_an_earlier_entry_is_read_again(tmp_path):
+    m = write_images(tmp_path / "src", n=3)
+    (tmp_path / "src" / "img" / "001.png").write_bytes(b"not a png")
+    ids = _ids(m, tmp_path / "src", tmp_path)
+    skip = prepared.prepare(m, tmp_path / "src", tmp_path / "store", 32, on_bad_image="skip", progress=False,
+                            identities=ids)
+    assert list(skip.failed) == [1]
+    assert set(prepared.held_images(tmp_path / "store", 32)) == {ids[0], ids[2]}
+    sub = m.iloc[[1, 2]].reset_index(drop=True)
+    with pytest.raises(prepared.PreparedImageError, match=r"001.png \(manifest row 0, sample_id 's001'\)"):
+        prepared.prepare(sub, tmp_path / "src", tmp_path / "store", 32, progress=False, identities=ids[[1, 2]])
+
+
+def test_a_retention_style_run_decodes_each_source_once(tmp_path, monkeypatch):
+    """Occluded variants of already embedded images (another identity for the features, the same
+    source pixels) are read from the prepared entry of the first run: no source decoded twice."""
+    m = write_images(tmp_path / "src", n=6)
+    calls = _count_decodes(monkeypatch)
+    service = Embedder(tmp_path / "cache", num_workers=0, shard_size=4, resolution=32)
+    enc = tiny_encoder()
+    service.embed(m, tmp_path / "src", enc)
+    assert len(calls) == 6
+    occluded = m.iloc[[1, 4]].assign(sample_id=["o1", "o4"], occlude_x0=0.1, occlude_y0=0.1, occlude_x1=0.5,
+                                      occlude_y1=0.5, occlude_fill="image_mean").reset_index(drop=True)
+    feats = service.embed(occluded, tmp_path / "src", enc)
+    assert len(calls) == 6 and feats.n_images_embedded == 2
+    ref = Embedder(tmp_path / "cache_ref", num_workers=0, shard_size=4, resolution=32).embed(
+        occluded, tmp_path / "src", enc)
+    np.testing.assert_array_equal(load_features(feats.path, occluded)[1], load_features(ref.path, occluded)[1])

@@ -19,7 +19,7 @@ register(Method(
     f"{__name__}.stage", display_name="CANDOR",
     headline=(("d", "lower"), ("d_all", "lower"), ("margin_auroc", "higher")), guide=f"{__name__}.guide:CANDOR",
     group_columns=("acq_group", "target"), param_columns=("bank_size", "k"), count_column="n_queries",
-    integer_columns=("bank_size", "k"), multi_finding=True,
+    integer_columns=("bank_size", "k"), multi_finding=True, overwrites_features=True,
     console_columns=("encoder", "finding", "acq_group", "target", "n_queries", "bank_size", "d", "d_sd", "d_ci_low",
                      "d_ci_high", "d_all", "margin_auroc"),
     tables=f"{__name__}.tables", figures=f"{__name__}.plots:report_figures", params=CandorParams))

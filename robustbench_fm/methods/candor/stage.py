@@ -268,6 +268,9 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     k, bank_size, max_group_sample, seed, n_boot = p.k, p.bank_size, p.max_group_sample, p.seed, p.n_boot
     group_col, cluster_col, task, queries, unmatched = p.group_col, p.cluster_col, p.task, p.queries, p.unmatched
     findings = [finding] if isinstance(finding, str) else list(finding)
+    if not findings:
+        raise InvalidSetting("candor: no finding to score (stage.findings is empty; a dataset=pool lists none of its "
+                             "own); name them, e.g. stage.findings=[pneumothorax]")
     for col, param in (*((f, "finding") for f in findings), (group_col, "group_col"), (cluster_col, "cluster_col")):
         if col not in manifest.columns:
             raise missing_column("candor", col, param, manifest.columns)

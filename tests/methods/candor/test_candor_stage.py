@@ -145,6 +145,10 @@ def test_seed_determinism_and_feature_validation():
         robustbench_fm.evaluate("candor", bad, man, finding="finding")
     with pytest.raises(ValueError, match="no column 'pneumothorax'"):
         robustbench_fm.evaluate("candor", feats, man, finding="pneumothorax")
+    # no finding at all (a dataset=pool lists none of its own): one line naming the setting, not a KeyError
+    with pytest.raises(ValueError, match=r"^candor: no finding to score \(stage.findings is empty.*"
+                                         r"stage.findings=\[pneumothorax\]$"):
+        robustbench_fm.evaluate("candor", feats, man, finding=[])
 
 
 def test_findings_scored_together_equal_findings_scored_alone():

@@ -164,7 +164,9 @@ def test_units_at_the_rounding_floor_are_scored_and_counted():
     d = res.per_sample["d_so"] + res.per_sample["d_os"]
     assert row["n_floor"] == int((d <= tol).sum()) > len(x) / 2  # most units: the case
     assert res.per_sample["croma"].notna().all()  # distinct rows: every unit scored
-    assert abs(row["croma"] - truth.summary["croma"][0]) < 0.02  # measured: 0.4938 vs 0.4834
+    # at the floor float32 distances carry the matmul's summation order: measured 0.4938 vs 0.4834 on
+    # one 2-core machine, 0.025 apart on another (same packages, another CPU's BLAS kernels)
+    assert abs(row["croma"] - truth.summary["croma"][0]) < 0.05
 
 
 def test_only_units_whose_typed_candidates_are_copies_are_left_out():
