@@ -260,3 +260,83 @@ def test_undersample_balances_every_group():
         counts = np.bincount(labels[keep][groups[keep] == g], minlength=3)
         assert (counts == np.bincount(labels[groups == g], minlength=3).min()).all()
     assert len(np.unique(keep)) == len(keep)
+
+
+def _canonical(q):
+    """(split, pair of pairs, answer in the key's order) of distance questions (probes.question_key)."""
+    out = []
+    for split, *organs, label in q[["split", "organ_a", "organ_b", "organ_c", "organ_d", "label"]].itertuples(
+            index=False):
+        key, flip = probes.question_key("distance_compare", organs)
+        out.append((split, key, 1 - label if flip else label))
+    return out
+
+
+def test_varying_distance_rule_asks_pairs_whose_order_changes_balanced_per_pair_of_pairs(phantom):
+    """distance_rule="varying" (spar.md 3.1 controls: "Distance compares organ pairs that change
+    across slices, so no single ordering applies"): every pair of pairs asked within a split has
+    as many questions of either answer, so a lookup of the pair of pairs (the question-only prior)
+    scores exactly half on every key it has seen; labels from the centroids, four distinct present
+    organs, at most ``distance_questions`` per slice, the same questions for the same seed, and the
+    other probes' questions are those of the default rule."""
+    from collections import Counter
+
+    from robustbench_fm.methods.spar import metrics
+
+    _, s = phantom
+    pixels = (s.slice_table["height"] * s.slice_table["width"]).to_numpy()
+    args = (s.slice_table, s.slice_present, s.slice_centroids, s.slice_areas, pixels, s.slice_tumours)
+
+    def ask(rule, seed=7):
+        return probes.make_questions(*args, np.random.default_rng(seed), size=SIZE, distance_questions=6,
+                                     distance_rule=rule)
+
+    varying, default = ask("varying"), ask("random")
+    pd_testing.assert_frame_equal(varying, ask("varying"))
+    for probe in L3_PROBES:
+        if probe != "distance_compare":
+            pd_testing.assert_frame_equal(varying[varying["probe"] == probe].reset_index(drop=True),
+                                          default[default["probe"] == probe].reset_index(drop=True))
+    q = varying[varying["probe"] == "distance_compare"].reset_index(drop=True)
+    assert len(q) >= 20 and q["question_id"].is_unique and q.groupby("slice_row").size().max() <= 6
+    idx = q[["organ_a", "organ_b", "organ_c", "organ_d"]].map(ORGANS.index).to_numpy()
+    assert all(len(set(r)) == 4 for r in idx) and s.slice_present[q["slice_row"].to_numpy()[:, None], idx].all()
+    px = s.slice_centroids[q["slice_row"].to_numpy()[:, None], idx] * SIZE
+    d_ab, d_cd = np.linalg.norm(px[:, 0] - px[:, 1], axis=1), np.linalg.norm(px[:, 2] - px[:, 3], axis=1)
+    assert (q["label"].to_numpy() == (d_ab > d_cd)).all()
+    votes = Counter((split, key, answer) for split, key, answer in _canonical(q))
+    assert all(votes[(split, key, 1 - answer)] == n for (split, key, answer), n in votes.items())
+    train = q[q["split"] == "train"]
+    for split in ("val", "test"):
+        asked = q[q["split"] == split]
+        seen = [key in {k for _, k, _ in _canonical(train)} for _, key, _ in _canonical(asked)]
+        _, prior = metrics.reference_answers(train, asked)
+        assert np.mean(prior[seen] == asked["label"].to_numpy()[seen]) == 0.5, split
+    old = default[default["probe"] == "distance_compare"]
+    _, prior = metrics.reference_answers(old[old["split"] == "train"], old[old["split"] == "test"])
+    assert (prior == old.loc[old["split"] == "test", "label"].to_numpy()).mean() > 0.7  # the random rule's prior
+
+
+def test_varying_distance_rule_drops_pairs_whose_order_never_changes():
+    """Three slices of one split, four organs: d(liver, spleen) vs d(left, right kidney) flips on
+    the third slice only, so that pair of pairs is asked twice (one slice of each answer) and the
+    pairings whose order never changes are not asked; an unknown rule is refused."""
+    import pandas as pd
+
+    table = pd.DataFrame({"sample_id": ["a", "b", "c"], "split": ["train"] * 3, "dataset": ["word"] * 3,
+                          "height": [100] * 3, "width": [100] * 3})
+    present = np.zeros((3, 16), bool)
+    present[:, :4] = True                       # liver, spleen, left kidney, right kidney
+    centroids = np.full((3, 16, 2), np.nan)
+    centroids[:, :4] = [(0.1, 0.5), (0.9, 0.5), (0.4, 0.45), (0.6, 0.45)]  # liver-spleen 0.8 > kidneys 0.2
+    centroids[2, 2:4] = [(0.0, 0.1), (1.0, 0.1)]                          # kidneys 1.0 apart on slice c
+    q = probes.make_questions(table, present, centroids, np.zeros((3, 16), np.int64), np.full(3, 10000),
+                              np.full(3, -1), np.random.default_rng(0), probes=("distance_compare",), size=100,
+                              distance_questions=4, distance_rule="varying")
+    keys = {key for _, key, _ in _canonical(q)}
+    assert keys == {("distance_compare", ("left_kidney", "right_kidney"), ("liver", "spleen"))}, q
+    assert len(q) == 2 and sorted(a for _, _, a in _canonical(q)) == [0, 1] and 2 in set(q["slice_row"])
+    with pytest.raises(ValueError, match="distance_rule"):
+        probes.make_questions(table, present, centroids, np.zeros((3, 16), np.int64), np.full(3, 10000),
+                              np.full(3, -1), np.random.default_rng(0), probes=("distance_compare",),
+                              distance_rule="other")
