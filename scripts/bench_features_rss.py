@@ -4,7 +4,7 @@ A view of N x D float32 features (default 160,000 x 768, 469 MiB) served by the 
 from one chunk of 1,024-row shards is read in a fresh process by the app's path,
 ``pipeline.job.run_stage_on_entries`` minus the stage: ``load_features(view)``, then
 ``align_features`` to the manifest, then ``l2_normalize`` of the matrix the job hands over
-(``core.neighbors.hand_over``: the first thing CANDOR does, in place since CANDOR declares
+(``core.handover.hand_over``: the first thing CANDOR does, in place since CANDOR declares
 ``overwrites_features``; ``--copy`` normalises into a new matrix as for an API caller's). The peak
 RSS above the process's baseline (imports done) is reported in units of the feature matrix.
 
@@ -22,7 +22,8 @@ from pathlib import Path
 CHILD = r"""
 import resource, sys, json
 import numpy as np, pandas as pd
-from robustbench_fm.core.neighbors import hand_over, l2_normalize
+from robustbench_fm.core.handover import hand_over
+from robustbench_fm.core.neighbors import l2_normalize
 from robustbench_fm.features.load import align_features, load_features
 view, n, copy = sys.argv[1], int(sys.argv[2]), sys.argv[3] == '1'
 manifest = pd.DataFrame({"sample_id": [f"s{i}" for i in range(n)]})

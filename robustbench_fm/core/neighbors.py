@@ -35,19 +35,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-
-class HandedOver(np.ndarray):
-    """A feature matrix its holder will not read again (:func:`hand_over`): :func:`l2_normalize`
-    scales it to unit rows in place instead of into a copy."""
-
-
-def hand_over(x: np.ndarray) -> HandedOver:
-    """``x`` marked as handed over (a view: no copy). Only a holder that will not read ``x`` again
-    marks it: a job's freshly loaded features, given to a stage that declares
-    ``overwrites_features`` (:class:`robustbench_fm.methods.Method`), so the job holds one copy of
-    the matrix instead of two (issue 31 item 7)."""
-    return np.asarray(x).view(HandedOver)
-
+from .handover import HandedOver, hand_over  # noqa: F401  (hand_over: importable here)
 
 #: bytes of one block of rows :func:`l2_normalize` checks and measures at a time: its working set
 NORMALIZE_BLOCK_BYTES = 64 << 20

@@ -361,18 +361,21 @@ class _PanelDataset(Dataset):
 
 class _Chunks:
     """Decode chunks: the rows some job needs, in manifest order, ``size`` at a time, each row
-    with the jobs that need it (``need``: bool [jobs, rows])."""
+    with the jobs that need it (``need``: bool [jobs, rows]). ``batches``: a single job's own
+    batches as the chunks, so decoding never runs ahead of the batch being embedded and a shard is
+    written before the next shard's first image is read (as one encoder's extraction always did)."""
 
-    def __init__(self, need: np.ndarray, size: int):
+    def __init__(self, need: np.ndarray, size: int, batches: list[list[int]] | None = None):
         self.need, self.size = need, size
         self.rows = np.flatnonzero(need.any(axis=0))
+        self.parts = [np.asarray(b) for b in batches] if batches is not None else \
+            [self.rows[a:a + size] for a in range(0, len(self.rows), size)]
 
     def __len__(self):
-        return -(-len(self.rows) // self.size)
+        return len(self.parts)
 
     def __iter__(self):
-        for a in range(0, len(self.rows), self.size):
-            rows = self.rows[a:a + self.size]
+        for rows in self.parts:
             block = self.need[:, rows]
             yield [(int(r), tuple(np.flatnonzero(block[:, k]).tolist())) for k, r in enumerate(rows)]
 
@@ -517,6 +520,11 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
                          who_holds(busy), job.cache.path)
                 job.waiting = True
                 continue
+            except OSError as exc:  # a read-only cache: the entry cannot even be locked
+                err = _unwritable_error(exc, job.cache, job.encoder.spec.name)
+                if err is exc:
+                    raise
+                raise err from None
             try:
                 job.missing, records = _prepare(job.encoder, manifest, image_root, job.cache, job.mine, ids,
                                                 reader, on_bad_image)
@@ -584,7 +592,7 @@ def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root,
     chunk = max(job.batch_size for job in jobs)
     dataset = _PanelDataset(records, image_root, [j.encoder.transform for j in jobs], [j.plan for j in jobs],
                             [j.mode for j in jobs], reader)
-    chunks = _Chunks(need, chunk)
+    chunks = _Chunks(need, chunk, list(jobs[0].batches) if len(jobs) == 1 else None)
     cpu = all(job.encoder.device.type == "cpu" for job in jobs)
     loader = DataLoader(dataset, batch_sampler=chunks, num_workers=num_workers, collate_fn=_pack,
                         prefetch_factor=_panel_prefetch(jobs, chunk, num_workers), persistent_workers=False,

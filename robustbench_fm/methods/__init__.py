@@ -75,7 +75,7 @@ class Method:
     ``integer_columns`` are further columns printed as integers where they hold whole numbers.
     ``multi_finding``: the stage's ``run`` takes every finding at once (``finding`` a list).
     ``overwrites_features``: the stage may overwrite a feature matrix handed over to it
-    (:func:`~robustbench_fm.core.neighbors.hand_over`; CANDOR scales it to unit rows in place), so a
+    (:func:`~robustbench_fm.core.handover.hand_over`; CANDOR scales it to unit rows in place), so a
     job that will not read its features again holds one copy of them, not two (issue 31 item 7).
 
     ``console_columns``: the columns the console table shows (all are saved). ``tables``: the

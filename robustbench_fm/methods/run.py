@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import InvalidSetting
-from ..core.neighbors import HandedOver, hand_over
+from ..core.handover import HandedOver, hand_over
 from ..core.results import Results
 from ..data import manifest as mf
 from . import get, method
@@ -24,7 +24,7 @@ def evaluate(stage: str, features, manifest, **params) -> Results:
     ``params`` are the stage's parameters (see the stage module's docstring). An in-memory
     float64 matrix is passed on as float64, anything else as float32. A stage declared
     ``overwrites_features`` may overwrite features read from a path, or a matrix marked with
-    :func:`~robustbench_fm.core.neighbors.hand_over`; any other matrix is left as it is.
+    :func:`~robustbench_fm.core.handover.hand_over`; any other matrix is left as it is.
     """
     module = get(stage)
     handed_over = isinstance(features, HandedOver)

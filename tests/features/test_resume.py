@@ -28,6 +28,7 @@ import pytest
 from feature_fixtures import shard_bytes, tiny_encoder, write_images
 from PIL import Image
 
+import robustbench_fm.core.shards as shards_mod
 import robustbench_fm.features.cache as cache_mod
 from robustbench_fm.features import (
     ExtractionInterrupted,
@@ -100,7 +101,7 @@ def _child(scenario: str, root: str, manifest_csv: str, cache_root: str, marker:
             _pause(marker)
         return out
 
-    cache_mod.write_atomic = hook
+    cache_mod.write_atomic = shards_mod.write_atomic = hook  # shards and meta.json: core.shards
 
     def reader(image_root, row):
         if scenario == "between_shards" and row["sample_id"] == "s016":

@@ -5,7 +5,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from robustbench_fm.core.neighbors import hand_over
+from robustbench_fm.core.handover import hand_over
 from robustbench_fm.methods import method
 from robustbench_fm.methods.run import evaluate, score_and_save
 
