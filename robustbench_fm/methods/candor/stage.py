@@ -220,6 +220,16 @@ def check_params(**params) -> CandorParams:
     return PARAMS.parse(params)
 
 
+def _findings(finding: str | list[str]) -> list[str]:
+    """The findings as a list; none is refused in one line (before any image is read, through
+    :func:`check_manifest`)."""
+    findings = [finding] if isinstance(finding, str) else list(finding)
+    if not findings:
+        raise InvalidSetting("candor: no finding to score (stage.findings is empty; a dataset=pool lists none of its "
+                             "own); name them, e.g. stage.findings=[pneumothorax]")
+    return findings
+
+
 def check_manifest(manifest: pd.DataFrame, finding: str | list[str], **params) -> None:
     """Refuse, before any image is embedded, a ``k`` that no matched group of any binary finding
     can satisfy (every row would be blank): a task is scored in a group holding at least k+1
@@ -228,7 +238,7 @@ def check_manifest(manifest: pd.DataFrame, finding: str | list[str], **params) -
     could score; columns and class-name findings are left to :func:`run`."""
     p = PARAMS.parse(params)
     k, group_col, task, unmatched = p.k, p.group_col, p.task, p.unmatched
-    findings = [finding] if isinstance(finding, str) else list(finding)
+    findings = _findings(finding)
     if group_col not in manifest.columns or any(f not in manifest.columns for f in findings):
         return
     best = None  # (min(positives, negatives), positives, negatives, finding, group)
@@ -267,10 +277,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     p = PARAMS.parse(params)
     k, bank_size, max_group_sample, seed, n_boot = p.k, p.bank_size, p.max_group_sample, p.seed, p.n_boot
     group_col, cluster_col, task, queries, unmatched = p.group_col, p.cluster_col, p.task, p.queries, p.unmatched
-    findings = [finding] if isinstance(finding, str) else list(finding)
-    if not findings:
-        raise InvalidSetting("candor: no finding to score (stage.findings is empty; a dataset=pool lists none of its "
-                             "own); name them, e.g. stage.findings=[pneumothorax]")
+    findings = _findings(finding)
     for col, param in (*((f, "finding") for f in findings), (group_col, "group_col"), (cluster_col, "cluster_col")):
         if col not in manifest.columns:
             raise missing_column("candor", col, param, manifest.columns)

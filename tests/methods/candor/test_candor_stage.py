@@ -149,6 +149,8 @@ def test_seed_determinism_and_feature_validation():
     with pytest.raises(ValueError, match=r"^candor: no finding to score \(stage.findings is empty.*"
                                          r"stage.findings=\[pneumothorax\]$"):
         robustbench_fm.evaluate("candor", feats, man, finding=[])
+    with pytest.raises(ValueError, match=r"^candor: no finding to score"):  # at plan time, before any image is read
+        candor.check_manifest(man, [])
 
 
 def test_findings_scored_together_equal_findings_scored_alone():
