@@ -179,9 +179,15 @@ def key_fields(sources: list[dict], image_root, size: int) -> dict:
 def recipe(size: int) -> dict:
     """What turns a source image into its stored copy, without the sources, folder or patch
     versions: the per-image feature store's identity of a prepared image
-    (:func:`robustbench_fm.features.store.derived_ids`)."""
-    return {"format": PREPARE_VERSION, "size": int(parse_resolution(size)), "resize": RESIZE_RULE,
-            "pillow_major": pillow_version().split(".")[0]}
+    (:func:`robustbench_fm.features.store.derived_ids`), and what :func:`held_images` matches."""
+    return _recipe_of({"format": PREPARE_VERSION, "size": int(parse_resolution(size)), "resize": RESIZE_RULE,
+                       "pillow": pillow_version()})
+
+
+def _recipe_of(fields: dict) -> dict:
+    """The recipe part of an entry's key fields (:func:`key_fields`)."""
+    return {"format": fields.get("format"), "size": fields.get("size"), "resize": fields.get("resize"),
+            "pillow_major": str(fields.get("pillow", "")).split(".")[0]}
 
 
 def store_key(fields: dict) -> str:
@@ -371,11 +377,6 @@ def prepare(manifest: pd.DataFrame, image_root: str | Path, store_root: str | Pa
     out["path"] = [store.locator(int(j)) for j in index]
     return Prepared(manifest=out, root=store.path, key=store.key, size=size, n_images=len(sources),
                     n_decoded=n_decoded, shards_written=written, failed=failed)
-
-
-def _recipe_of(fields: dict) -> dict:
-    return {"format": fields.get("format"), "size": fields.get("size"), "resize": fields.get("resize"),
-            "pillow_major": str(fields.get("pillow", "")).split(".")[0]}
 
 
 def held_images(store_root: str | Path, size: int) -> dict[str, str]:

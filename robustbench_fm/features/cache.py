@@ -69,8 +69,7 @@ import pyarrow.parquet as pq
 from ..core.atomic import write_atomic
 from ..core.errors import InvalidSetting, UserError
 from ..core.locking import FileLock
-from ..core.shards import META_NAME, ShardedEntry, file_sha256, parquet_bytes, shard_index
-from ..core.shards import json_bytes as _json_bytes
+from ..core.shards import META_NAME, ShardedEntry, file_sha256, json_bytes, parquet_bytes, shard_index
 from ..core.text import one_line
 from .key import CACHE_FORMAT, _canonical, cache_key, manifest_hash
 
@@ -310,7 +309,7 @@ class FeatureCache(ShardedEntry):
         try:
             if set(self._records) != set(range(self.n_shards)):  # a shard the meta does not record
                 return False
-            if self.meta_path.read_bytes() != _json_bytes(self.meta("complete")):
+            if self.meta_path.read_bytes() != json_bytes(self.meta("complete")):
                 return False
             listed = self.read_skipped(complete_only=True)
             on_disk = self.skipped_path.read_bytes() if self.skipped_path.exists() else None
@@ -385,7 +384,7 @@ class FeatureCache(ShardedEntry):
             mine = self._records
             self._read_meta()
             self._records.update(mine)
-        self._write_meta_bytes(_json_bytes(self.meta(status)))
+        self._write_meta_bytes(json_bytes(self.meta(status)))
 
     # ---- skipped rows -----------------------------------------------------------------------
     @property

@@ -220,7 +220,7 @@ class Embedder:
         if not need.any():
             return manifest, Path(self.prepared_root)
         read, read_root = self.prepare(manifest[need].reset_index(drop=True), root,
-                                       None if sources is None else np.asarray(sources, dtype=object)[need])
+                                       None if sources is None else sources[need])
         out = manifest.drop(columns=[c for c in CROP_COLUMNS if c in manifest.columns])
         out["path"] = out["path"].astype(object)
         out.loc[need, "path"] = read["path"].to_numpy()

@@ -366,7 +366,7 @@ class _Chunks:
     written before the next shard's first image is read (as one encoder's extraction always did)."""
 
     def __init__(self, need: np.ndarray, size: int, batches: list[list[int]] | None = None):
-        self.need, self.size = need, size
+        self.need = need
         self.rows = np.flatnonzero(need.any(axis=0))
         self.parts = [np.asarray(b) for b in batches] if batches is not None else \
             [self.rows[a:a + size] for a in range(0, len(self.rows), size)]
