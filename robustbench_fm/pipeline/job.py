@@ -247,15 +247,11 @@ def _refuse_encoder_field(cfg: DictConfig, cli_overrides: list[str] | None) -> N
                          f"use encoder={name}")
 
 
-#: a feature-cache entry's metadata file
-CACHE_META = META_NAME
-
-
 def feature_set_name(path) -> str:
     """The name of a feature set: a feature-cache entry folder (``<cache>/<encoder>/<key>/``) is
     named by its encoder, a parquet file by its stem, another folder by its name."""
     p = Path(str(path))
-    if p.is_dir() and (p / CACHE_META).exists():
+    if p.is_dir() and (p / META_NAME).exists():
         return p.parent.name
     return p.stem if p.suffix == ".parquet" else p.name
 
