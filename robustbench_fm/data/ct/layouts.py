@@ -177,10 +177,13 @@ DATASET_LAYOUTS = {"word": "word", "lits": "lits", "totalsegmentator": "totalseg
                    "spar_phantom_word": "word", "spar_phantom_totalsegmentator": "totalsegmentator"}
 #: Options of build_samples, and the phantom-generation options it accepts and ignores (they
 #: arrive with the dataset config's ``options`` that ``generate`` also receives).
-SAMPLE_OPTIONS = {"lits_root": None, "n_lits": 20, "min_organs": 5, "size": 224, "distance_questions": 1}
+SAMPLE_OPTIONS = {"lits_root": None, "n_lits": 20, "min_organs": 5, "size": 224, "distance_questions": 1,
+                  "distance_rule": "random"}
 GENERATOR_OPTIONS = ("n_subjects", "phantom_seed")
 #: the lowest value each numeric sample option accepts
 _MINIMA = {"min_organs": 1, "size": 8, "n_lits": 0, "distance_questions": 1}
+#: the values each choice option accepts (``distance_rule``: methods.spar.probes.make_questions)
+_CHOICES = {"distance_rule": ("random", "varying")}
 
 
 def sample_options(dataset: str, options: dict) -> dict:
@@ -192,6 +195,8 @@ def sample_options(dataset: str, options: dict) -> dict:
     out = {**SAMPLE_OPTIONS, **{k: v for k, v in options.items() if k in SAMPLE_OPTIONS}}
     bad = [f"dataset.options.{k}={out[k]} is out of range (need >= {low})"
            for k, low in _MINIMA.items() if int(out[k]) < low]
+    bad += [f"dataset.options.{k}={out[k]} is not one of {', '.join(ok)}"
+            for k, ok in _CHOICES.items() if out[k] not in ok]
     if bad:
         raise DatasetError(f"dataset '{dataset}': {'; '.join(bad)}")
     return out

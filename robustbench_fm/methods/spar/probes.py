@@ -242,15 +242,16 @@ def make_questions(slice_table: pd.DataFrame, present: np.ndarray, centroids: np
       distance between one organ pair greater or less than another? ... Distance compares organ
       pairs that change across slices" gives no count per slice; one is our default (a real
       cohort has thousands of slices), more suit a small cohort, where a head must see each organ
-      pair often enough to read its distance (the demo asks 32). In canonical anatomy most pairs
-      of pairs drawn so never change order: the question-only prior scores 0.92-0.94 in the demo.
+      pair often enough to read its distance (the demo asks 8). In canonical anatomy most pairs
+      of pairs drawn so never change order: the question-only prior scores 0.87-0.91 in the demo.
     - distance (``distance_rule="varying"``): the paper's control read literally ("Distance
       compares organ pairs that change across slices, so no single ordering applies"): only pairs
       of pairs whose order changes across a split's slices, balanced per pair of pairs and split,
       at most ``distance_questions`` per slice (:func:`pick_distance_questions`), so the
-      question-only prior scores 0.5 (0.51 in domain, 0.50 zero-shot on the demo's phantoms). Not
-      yet the default: trained on these questions alone, the demo's planted oracle heads stay
-      near chance in domain (0.45-0.56 from its 1,214-1,258 training questions; issue 29 item 8).
+      question-only prior scores 0.5 (0.51 in domain, 0.50 zero-shot on the demo's phantoms). The
+      dataset option ``distance_rule`` chooses. ``random`` stays the default: it asks more
+      questions (the demo's training split, 8 per slice: about 1,200 against 560 here), and the
+      tables' question-only prior row shows what the organ pairs alone allow under it.
     Distances are Euclidean in mm where the slice's pixel spacing is known (``frame_mm``): the
     anatomy's own geometry. Where it is unknown they are in the ``size`` x ``size`` resized frame,
     which squashes a non-square slice (a 512 x 400 slice shrinks x by 224/512 and y by 224/400),

@@ -28,7 +28,7 @@ import torch
 
 from . import metrics
 from .heads import MAX_CLASSES, MLPHead, ProbeHeads, SparModel, TransformerHead, probe_losses
-from .models import Backbone, CombinedViT, OracleBackbone
+from .models import AskedTokens, Backbone, CombinedViT, OracleBackbone, oracle_asked
 from .params import ORACLE, SparParams
 from .probes import N_CLASSES
 from .samples import L3_PROBES, ORGANS, SparSamples, apply_transform
@@ -298,6 +298,9 @@ class EncoderRun:
                 backbone = OracleBackbone.for_tiles(samples) if tiles else \
                     OracleBackbone.for_views(samples, views, images)
                 tokens = cached_tokens(backbone, images, n, ORACLE, None, self.setup.eval_batch_size, tiles)
+                if not tiles:  # the oracle reads the question too: tokens per question (models.AskedTokens)
+                    asked = oracle_asked(samples, views, view_of, encode_questions(samples.questions))
+                    tokens, view_of = AskedTokens(tokens, view_of, asked), np.arange(len(view_of))
                 self._frozen[key] = (tokens, view_of, True)
                 return self._frozen[key]
             backbone = Backbone(self.encoder, self.setup.tile_token_grid if tiles else self.setup.token_grid)

@@ -177,6 +177,10 @@ def _volumes(dataset: str, root: Path, opts: dict) -> tuple[list, list]:
     return list_volumes(layout, root), ([] if lits_root is None else list_volumes("lits", lits_root))
 
 
+#: options added after caches existed, left out of the key at their default so those caches stay valid
+_UNHASHED = {("distance_rule", "random")}
+
+
 def content_key(dataset: str, volumes: list, seed: int, opts: dict) -> str:
     """Hash of what the samples depend on: file names and sizes, seed, options, SAMPLES_VERSION."""
     import hashlib
@@ -185,7 +189,8 @@ def content_key(dataset: str, volumes: list, seed: int, opts: dict) -> str:
     files = [(v.dataset, v.subject_id, v.split, *[(p.name, p.stat().st_size) for p in [v.image, *v.label_files()]])
              for v in volumes]
     blob = json.dumps({"version": SAMPLES_VERSION, "dataset": dataset, "seed": int(seed),
-                       "options": {k: v for k, v in opts.items() if k != "lits_root"}, "files": files}, default=str)
+                       "options": {k: v for k, v in opts.items() if k != "lits_root" and (k, v) not in _UNHASHED},
+                       "files": files}, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -207,7 +212,8 @@ def build_samples(dataset: str, root: str | Path, cache_dir: str | Path, seed: i
     organ is cropped to its tightest bounding box from the windowed slice (level 50, width 400)
     and resized to ``size`` x ``size``, absent organs are black tiles, slots in ``ORGANS`` order.
     Level 3 uses every such slice whole, windowed and resized, with ``probes.make_questions``
-    (seeded by ``seed``; ``distance_questions`` distance questions per slice). The counting
+    (seeded by ``seed``; ``distance_questions`` distance questions per slice, drawn by
+    ``distance_rule``: ``random`` or ``varying``). The counting
     probe uses the first ``n_lits`` LiTS volumes (by volume number) with tumour on at least one
     of their selected liver slices, from ``lits_root``
     (``root/lits`` for ``spar_phantom_word``); LiTS slices carry only counting questions.
@@ -271,7 +277,8 @@ def build_samples(dataset: str, root: str | Path, cache_dir: str | Path, seed: i
     questions = make_questions(slice_table, per_slice["slice_present"], per_slice["slice_centroids"],
                                per_slice["slice_areas"], (slice_table["height"] * slice_table["width"]).to_numpy(),
                                per_slice["slice_tumours"], np.random.default_rng(seed), size=size,
-                               distance_questions=int(opts["distance_questions"]), frame_mm=slice_frame_mm(slice_table))
+                               distance_questions=int(opts["distance_questions"]), frame_mm=slice_frame_mm(slice_table),
+                               distance_rule=str(opts["distance_rule"]))
     for name, n, shape in (("tiles", len(table), (n_slots, size, size)), ("slices", len(slice_table), (size, size))):
         out = np.lib.format.open_memmap(tmp / f"{name}.npy", mode="w+", dtype=np.uint8, shape=(n, *shape))
         start = 0

@@ -13,19 +13,9 @@ from robustbench_fm.methods.spar.samples import L3_PROBES
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
-#: Level 3 probes the oracle answers near-perfectly (>= 0.9) in the demo's budget. Relative position
-#: and distance are asserted >= 0.85 (0.89-0.99 and 0.90-0.94 over our runs: their heads must pick
-#: two organs' x ranks, or two organ pairs' distances, out of the planted tokens by the question;
-#: distance with the demo's 32 questions per slice, 0.71-0.80 with one), and distance must beat
-#: what the question alone allows: a random backbone's heads reach 0.74-0.83 on distance from the
-#: organ pairs asked (canonical anatomy, spar.md Section 4: "distance and organ size hold"). The
-#: question-only prior itself (a lookup of the pair of organ pairs in the training labels, the
-#: tables' "Question-only prior" row) reaches 0.92 in domain and 0.94 zero-shot, above the oracle's
-#: heads (0.88-0.91): the demo does not yet show distance read from the image (issue 29 item 8, open).
-#: The paper's control read literally, ``probes.make_questions(..., distance_rule="varying")`` (pairs
-#: of pairs whose order changes, balanced per pair of pairs), brings the prior to 0.51 / 0.50, but the
-#: oracle heads do not learn those questions in the demo's budget, so the demo keeps the random rule.
-ORACLE_PROBES = ("orientation", "kidney_symmetry", "liver_size", "tumour_count")
+#: Level 3 probes the oracle answers near-perfectly (>= 0.9 in domain) in the demo's budget; distance
+#: is held to the question-only prior instead (test_the_planted_oracle_is_near_perfect_...).
+ORACLE_PROBES = ("relative_position", "orientation", "kidney_symmetry", "liver_size", "tumour_count")
 
 
 def _published(n: int) -> pd.DataFrame:
@@ -166,7 +156,7 @@ def test_reference_rows_come_from_the_training_labels(run):
     independent count over the cached samples' TRAINING questions, in domain and zero-shot. The
     training majority of liver size is not the test one (0.18 in domain, where the test labels'
     own majority share was 0.82), and the distance prior is what the organ pairs asked allow
-    (0.92 in domain, 0.94 zero-shot in our runs)."""
+    (0.87 in domain, 0.91 zero-shot in our runs)."""
     word, ts = _samples(run, "spar_phantom_word"), _samples(run, "spar_phantom_totalsegmentator")
     train = word.questions[word.questions["split"] == "train"]
     for cohort, s in (("spar_phantom_word", word), ("totalsegmentator", ts)):
@@ -185,7 +175,15 @@ def test_the_planted_oracle_is_near_perfect_and_random_backbones_stay_at_their_b
     Levels 1-3 (MED below half the mean-centroid baseline, itself 3.2 px in the 96-px native
     phantom frame; permutation and Level 3 accuracies >= 0.9; see ORACLE_PROBES), while an
     untrained ViT-S stays at what organ identity alone allows: the mean-centroid MED at Level 1,
-    no fully right permutation, chance on the balanced kidney-symmetry probe."""
+    no fully right permutation, chance on the balanced kidney-symmetry probe.
+
+    Distance (issue 29 item 8): the oracle must beat the question-only prior (the tables' row: a
+    lookup of the pair of organ pairs in the training labels, 0.87 in domain and 0.91 zero-shot
+    here), by answering at least half of the questions the prior gets wrong: accuracy >= prior +
+    (1 - prior) / 2 (0.984-1.000 in our runs). Before the oracle read the question
+    (models.AskedTokens) its heads scored 0.88-0.91 against a prior of 0.92-0.94 (32 questions per
+    slice), and 0.48 of the questions the prior gets wrong: they had learned the lookup of the
+    question, not the read of the slice."""
     baseline = _mean_centroid_med(_samples(run, "spar_phantom_word"))
     loc = _overall(run, "spar_oracle", "localization")
     perm = _overall(run, "spar_oracle", "permutation")
@@ -195,11 +193,10 @@ def test_the_planted_oracle_is_near_perfect_and_random_backbones_stay_at_their_b
         for probe in ORACLE_PROBES:
             acc = _overall(run, "spar_oracle", probe).loc[label, "accuracy"]
             assert acc >= 0.9, (label, probe, acc)
-        assert _overall(run, "spar_oracle", "relative_position").loc[label, "accuracy"] >= 0.85
         for cohort in ("spar_phantom_word", "totalsegmentator"):
-            dist = _overall(run, "spar_oracle", "distance_compare", cohort).loc[label, "accuracy"]
-            prior = _overall(run, "random_vit_s", "distance_compare", cohort)["accuracy"].max()
-            assert dist >= 0.85 and dist >= prior + 0.05, (label, cohort, dist, prior)
+            row = _overall(run, "spar_oracle", "distance_compare", cohort).loc[label]
+            dist, prior = float(row["accuracy"]), float(row["prior"])
+            assert 0.85 <= prior <= 0.99 and dist >= prior + (1 - prior) / 2, (label, cohort, dist, prior)
     rand = _overall(run, "random_vit_s", "localization")
     assert (rand["med_native"] > 0.8 * baseline).all(), (rand["med_native"], baseline)
     assert (_overall(run, "random_vit_s", "permutation")["perm_acc"] < 0.1).all()

@@ -11,7 +11,7 @@ from robustbench_fm.methods.spar.heads import MLPHead, ProbeHeads, SparModel, Tr
 from robustbench_fm.methods.spar.models import Backbone, CombinedViT
 from robustbench_fm.methods.spar.params import ORACLE, SparParams
 from robustbench_fm.methods.spar.run import N_CLASSES_L3, QUESTION_DIM, QueryTask, encode_questions, slice_views
-from robustbench_fm.methods.spar.samples import L3_PROBES, ORGANS, SparSamples
+from robustbench_fm.methods.spar.samples import L3_PROBES, ORGANS, SparSamples, slice_frame_mm
 from robustbench_fm.methods.spar.train import TrainConfig, fit, predict
 
 CPU = torch.device("cpu")
@@ -420,6 +420,56 @@ def test_oracle_view_tokens_follow_the_presented_transform():
         assert np.allclose(organ[v, 0, 18 + np.array([2, 3])], [0.5, 0.0]) and organ[v, 2, 18 + 3] == 1.0
     assert tok[0, 0, :5].argmax() == 0 and tok[1, 0, :5].argmax() == 1  # transform one-hot
     assert tok[0, 0, 5:8].argmax() == kidney_symmetry_class(110, 100) == 1
+
+
+def test_the_oracle_reads_what_each_question_compares_from_its_encoding():
+    """Issue 29 item 8: per question, the oracle's token 0 holds the two quantities it compares,
+    decoded from the question's encoding as a head sees it: relative position, the presented x
+    ranks of A and B; distance, the ranks of d(A, B) and d(C, D) (in mm on a non-square slice with
+    anisotropic spacing, where the squashed frame orders pairs otherwise). Comparing the two
+    entries answers every such question (1.000 under every transform), and every other entry is
+    its view's token."""
+    from robustbench_fm.methods.spar.models import _ASKED_AT, AskedTokens, oracle_asked, oracle_view_tokens
+    from robustbench_fm.methods.spar.probes import make_questions
+
+    rng = np.random.default_rng(7)
+    m = 40
+    present = rng.random((m, 16)) < 0.75
+    cent = rng.uniform(0.05, 0.95, (m, 16, 2)).astype(np.float32)
+    cent[~present] = np.nan
+    areas = np.where(present, rng.integers(50, 900, (m, 16)), 0)
+    st = pd.DataFrame({"sample_id": [f"s{i}" for i in range(m)], "split": "train", "dataset": "word",
+                       "height": 400, "width": 512, "spacing_x": 0.6, "spacing_y": 1.1})
+    q = make_questions(st, present, cent, areas, np.full(m, 400 * 512), np.full(m, -1), rng,
+                       distance_questions=6, frame_mm=slice_frame_mm(st))
+    s = SparSamples(pd.DataFrame(), np.zeros((0, 16, 8, 8), np.uint8), np.zeros((0, 16), bool),
+                    np.zeros((0, 16, 2), np.float32), np.zeros((0, 16, 2), np.float32), np.zeros((0, 16), np.int64),
+                    np.zeros((m, 8, 8), np.uint8), st, q, present, cent, areas, np.full(m, -1))
+    views, view_of = slice_views(s)
+    view_tok = oracle_view_tokens(s, views)
+    tok = AskedTokens(view_tok, view_of, oracle_asked(s, views, view_of, encode_questions(q)))
+    assert tok.shape == (len(q), *view_tok.shape[1:])
+    rows = np.arange(len(q))
+    out = tok[rows]
+    half = out.shape[-1] // 2
+    first, second = out[:, 0, _ASKED_AT], out[:, 0, _ASKED_AT + 1]
+    assert np.array_equal(out[:, 0, half + _ASKED_AT], -first)
+    rp, dc = (q["probe"] == "relative_position").to_numpy(), (q["probe"] == "distance_compare").to_numpy()
+    assert rp.sum() >= 60 and dc.sum() >= 200 and set(q.loc[rp, "transform"]) == {"none", "hflip"}
+    assert np.array_equal((first[rp] < second[rp]).astype(int), q.loc[rp, "label"].to_numpy())
+    assert np.array_equal((first[dc] > second[dc]).astype(int), q.loc[dc, "label"].to_numpy())
+    idx = [q.loc[dc, f"organ_{k}"].map(ORGANS.index).to_numpy() for k in "abcd"]
+    r = q.loc[dc, "slice_row"].to_numpy()
+    squashed = np.linalg.norm(cent[r, idx[0]] - cent[r, idx[1]], axis=-1) > \
+        np.linalg.norm(cent[r, idx[2]] - cent[r, idx[3]], axis=-1)
+    assert (squashed != q.loc[dc, "label"].to_numpy()).any()  # mm and the 224 frame disagree somewhere
+    other = ~(rp | dc)
+    assert not out[other][:, 0, [_ASKED_AT, _ASKED_AT + 1]].any()
+    keep = np.ones(out.shape[-1], bool)
+    keep[[_ASKED_AT, _ASKED_AT + 1, half + _ASKED_AT, half + _ASKED_AT + 1]] = False
+    assert np.array_equal(out[:, 0][:, keep], view_tok[view_of, 0][:, keep])
+    assert np.array_equal(out[:, 1:], view_tok[view_of, 1:])
+    assert not view_tok[:, 0, [_ASKED_AT, _ASKED_AT + 1]].any()
 
 
 def _layout_samples(n: int = 160, seed: int = 5) -> SparSamples:

@@ -317,6 +317,33 @@ def test_varying_distance_rule_asks_pairs_whose_order_changes_balanced_per_pair_
     assert (prior == old.loc[old["split"] == "test", "label"].to_numpy()).mean() > 0.7  # the random rule's prior
 
 
+def test_the_distance_rule_is_a_dataset_option(phantom):
+    """``dataset.options.distance_rule=varying`` reaches the questions (those of make_questions under
+    that rule, from the same seed); at its default the samples' cache key is the one caches had
+    before the option existed, so they stay valid; an unknown rule is refused in one line."""
+    from robustbench_fm.data.ct.layouts import sample_options
+    from robustbench_fm.methods.spar.samples import content_key, slice_frame_mm
+
+    root, s = phantom
+    varying = build_samples("spar_phantom_word", root, root / "cache", seed=7, size=SIZE, n_lits=4,
+                            distance_rule="varying")
+    st = varying.slice_table
+    want = probes.make_questions(st, varying.slice_present, varying.slice_centroids, varying.slice_areas,
+                                 (st["height"] * st["width"]).to_numpy(), varying.slice_tumours,
+                                 np.random.default_rng(7), size=SIZE, frame_mm=slice_frame_mm(st),
+                                 distance_rule="varying")
+    pd_testing.assert_frame_equal(varying.questions, want)
+    assert not varying.questions.equals(s.questions)
+    opts = sample_options("spar_phantom_word", {"size": SIZE, "n_lits": 4})
+    before = {k: v for k, v in opts.items() if k != "distance_rule"}
+    assert content_key("spar_phantom_word", [], 7, opts) == content_key("spar_phantom_word", [], 7, before)
+    assert content_key("spar_phantom_word", [], 7, {**opts, "distance_rule": "varying"}) != \
+        content_key("spar_phantom_word", [], 7, opts)
+    with pytest.raises(ValueError, match=r"^dataset 'word': dataset.options.distance_rule=fixed is not one of "
+                                         r"random, varying$"):
+        sample_options("word", {"distance_rule": "fixed"})
+
+
 def test_varying_distance_rule_drops_pairs_whose_order_never_changes():
     """Three slices of one split, four organs: d(liver, spleen) vs d(left, right kidney) flips on
     the third slice only, so that pair of pairs is asked twice (one slice of each answer) and the
