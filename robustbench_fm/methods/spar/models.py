@@ -16,7 +16,8 @@ appends the question as a token to the ViT's own sequence, so the ViT blocks, no
 head, relate the question to the patches (:class:`CombinedViT` with ``n_tiles=0``).
 
 :class:`OracleBackbone` is the planted calibration reference of the demo: its tokens are computed
-from the organ masks behind each image, not from the pixels.
+from the organ masks behind each image, not from the pixels; at Level 3 they also hold what each
+question compares (:class:`AskedTokens`).
 """
 from __future__ import annotations
 
@@ -360,8 +361,10 @@ class AskedTokens:
     """The planted oracle's Level 3 tokens per QUESTION, indexed by question rows: the question's
     view tokens (:func:`oracle_view_tokens`) with token 0's two asked entries holding what the
     question compares (:func:`oracle_asked`, signed like the rest). The oracle reads the question
-    as ViT-Combined's backbone does (spar.md Section 3.2: the question appended to the ViT's own
-    sequence), so a head reads the compared quantities from two fixed entries.
+    as our ViT-Combined's backbone does (:class:`CombinedViT` appends it to the ViT's own sequence
+    at Level 3), so a head reads the compared quantities from two fixed entries. The heads still
+    get the question as spar.md Section 3.2 says ("concatenated for MLP heads and appended as a
+    token for Transformer heads"); it routes each question to its probe's head.
 
     Why (issue 29 item 8): the views' tokens alone hold every answer (the 120 pair-distance ranks),
     but a head must then learn the lookup, a gate per organ pair, from the questions. In the demo
