@@ -45,7 +45,8 @@ def spar_summary() -> pd.DataFrame:
                                            ("macro", 0.7, 0.375)):
                     rows.append({"dataset": "word", "label": label, "finding": probe, "organ": "all", "seed": seed,
                                  "eval_dataset": cohort, "accuracy": acc - (cohort != "word") * 0.3,
-                                 "chance": chance})
+                                 "chance": chance, "majority": chance,
+                                 "prior": 0.8 if probe == "relative_position" else chance})
                 rows.append({"dataset": "word", "label": label, "finding": "localization", "organ": "all",
                              "seed": seed, "eval_dataset": cohort, "accuracy": np.nan, "chance": np.nan})
     return pd.DataFrame(rows)
@@ -58,8 +59,11 @@ def test_spar_figures(tmp_path):
     assert word["accuracy"].tolist() == pytest.approx([0.915, 0.915]) and word["in_domain"].all()
     assert not table.loc[table["cohort"] == "totalsegmentator", "in_domain"].any()
     ax = spar_plots.probe_bars_figure(table[table["cohort"] == "word"]).axes[0]
-    chance_y = sorted({float(y) for c in ax.collections for seg in c.get_segments() for y in seg[:, 1]})
-    assert chance_y == [0.25, 0.5]
+    lines = [("" if c.get_label().startswith("_") else c.get_label(),
+              sorted({float(y) for seg in c.get_segments() for y in seg[:, 1]})) for c in ax.collections]
+    # per probe: chance, majority class, and the prior only where it is above both (relative position)
+    assert lines == [("chance", [0.5]), ("majority class", [0.5]), ("question-only prior", [0.8]),
+                     ("", [0.25]), ("", [0.25])]
     assert len(ax.patches) == 4  # 2 probes x 2 configurations
     check_files(spar_plots.plot_probe_bars(table[table["cohort"] == "word"], tmp_path / "bars"))
     check_files(spar_plots.plot_domain(table, tmp_path / "domain", in_domain="word", zero_shot="totalsegmentator"))

@@ -7,7 +7,8 @@ accuracy is the share of correct answers of a probe head, chance is 1 / the numb
 a probe that falls to chance on the zero-shot cohort (eval_dataset other than the training data) was answered
 from the usual layout of anatomy rather than from the image; the majority class rate (column majority) is the
 bar where labels are imbalanced. Distance can be answered well above 0.5 from which organ pairs are asked alone
-(their usual spacing), so compare it with the random or weakest rows, not with chance. spar_oracle (Oracle-*
+(their usual spacing): the question-only prior (column prior, the dash-dotted line) is what that lookup of the
+training labels scores, and a head that reads distance from the image must beat it. spar_oracle (Oracle-*
 rows) is a planted reference whose tokens are computed from the organ masks: near 1 means the samples, heads
 and scoring can learn, so a real encoder near chance lacks the information, not the pipeline.
 """

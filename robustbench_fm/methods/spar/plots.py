@@ -3,7 +3,8 @@
 Input: a DataFrame with one row per (configuration, probe[, cohort]) with columns ``encoder``
 (the configuration, e.g. ``RadDINO-MLP``), ``probe``, ``accuracy`` and ``chance`` (the
 probe's chance accuracy, 1 / number of answers), optionally ``majority`` (the majority-class
-rate, drawn dotted beside chance), and for :func:`domain_figure` ``cohort``;
+rate, drawn dotted beside chance) and ``prior`` (the question-only prior, drawn dash-dotted
+where it is above both: distance in canonical anatomy), and for :func:`domain_figure` ``cohort``;
 :func:`probe_table` makes it from the spar stage's summary.
 
 * :func:`probe_bars_figure`: per-probe accuracy bars, one bar per configuration, the probe's
@@ -30,7 +31,8 @@ def probe_table(summary: pd.DataFrame) -> pd.DataFrame:
     """The spar stage's summary rows (``label``, ``finding``, ``organ``, ``accuracy``, ``chance``,
     ``eval_dataset``, ``dataset``, one row per seed) -> one row per (configuration, probe, cohort):
     ``encoder`` (the configuration label), ``probe``, ``accuracy`` (mean over seeds), ``chance``,
-    ``cohort`` (the evaluation dataset) and ``in_domain`` (cohort = the training dataset).
+    ``cohort`` (the evaluation dataset), ``in_domain`` (cohort = the training dataset) and, where the
+    summary has them, ``majority`` and ``prior`` (means over seeds).
     Level 1/2 rows (no accuracy), per-organ rows and the macro average are left out."""
     _require(summary, ("finding", "accuracy", "chance", "eval_dataset"), "SPAR probe table")
     rows = summary[summary["accuracy"].notna() & (summary["finding"].astype(str) != "macro")]
@@ -39,7 +41,7 @@ def probe_table(summary: pd.DataFrame) -> pd.DataFrame:
     name = rows["label"] if "label" in rows else rows["encoder"]
     rows = rows.assign(encoder=name.astype(str), probe=rows["finding"].astype(str),
                        cohort=rows["eval_dataset"].astype(str))
-    extra = {"majority": ("majority", "mean")} if "majority" in rows else {}
+    extra = {k: (k, "mean") for k in ("majority", "prior") if k in rows}
     out = rows.groupby(["encoder", "probe", "cohort"], sort=False).agg(
         accuracy=("accuracy", "mean"), chance=("chance", "first"), **extra).reset_index()
     trained = set(rows["dataset"].astype(str)) if "dataset" in rows else set()
@@ -47,7 +49,9 @@ def probe_table(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def probe_bars_figure(df: pd.DataFrame, title: str = "") -> Figure:
-    """Grouped bars: x = probe, one bar per configuration; dashed chance line per probe."""
+    """Grouped bars: x = probe, one bar per configuration; dashed chance line per probe, dotted
+    majority class and dash-dotted question-only prior where given (the prior only where it is
+    above both, so a bar must clear it)."""
     _require(df, ("encoder", "probe", "accuracy", "chance"), "SPAR probe bars")
     probes = list(dict.fromkeys(df["probe"]))
     encoders = list(dict.fromkeys(df["encoder"]))
@@ -61,12 +65,19 @@ def probe_bars_figure(df: pd.DataFrame, title: str = "") -> Figure:
                label=str(encoder))
     chance = df.groupby("probe", sort=False)["chance"].first()
     majority = df.groupby("probe", sort=False)["majority"].mean() if "majority" in df else None
+    prior = df.groupby("probe", sort=False)["prior"].mean() if "prior" in df else None
+    drawn = False
     for i, p in enumerate(probes):
         ax.hlines(chance[p], i - 0.45, i + 0.45, colors="k", linestyles="--", lw=1,
                   label="chance" if i == 0 else None)
         if majority is not None and np.isfinite(majority[p]):
             ax.hlines(majority[p], i - 0.45, i + 0.45, colors="0.4", linestyles=":", lw=1.2,
                       label="majority class" if i == 0 else None)
+        floor = max(chance[p], majority[p] if majority is not None and np.isfinite(majority[p]) else 0.0)
+        if prior is not None and np.isfinite(prior[p]) and prior[p] > floor + 0.005:
+            ax.hlines(prior[p], i - 0.45, i + 0.45, colors="k", linestyles="-.", lw=1.2,
+                      label="question-only prior" if not drawn else None)
+            drawn = True
     ax.set_xticks(range(len(probes)), probes, rotation=20, ha="right")
     ax.set_ylim(0, 1)
     ax.set_ylabel("accuracy")
