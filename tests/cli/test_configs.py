@@ -152,3 +152,23 @@ def test_a_stage_override_is_checked_against_the_generated_options():
     assert check_overrides(["stage=croma", "stage.params.k=3"]) is None
     assert check_overrides(["bank_size=10"]) == (
         "there is no setting 'bank_size' (in override 'bank_size=10'); did you mean stage.params.bank_size=10?")
+
+
+def test_the_spar_sample_options_override_as_the_docs_write_them(tmp_path):
+    """``dataset.options.distance_rule=varying`` (docs/methods/spar.md) composes without ``+`` on every
+    SPAR cohort's card and on the demo's zero-shot cohort, and each card's sample options are those
+    ``build_samples`` accepts, at its defaults."""
+    from robustbench_fm.data.ct.layouts import SAMPLE_OPTIONS, sample_options
+
+    for dataset in ("word", "totalsegmentator", "spar_phantom_word"):
+        cfg = compose_cfg([f"dataset={dataset}", "dataset.options.distance_rule=varying",
+                           "dataset.options.distance_questions=4"], tmp_path)
+        assert (cfg.dataset.options.distance_rule, cfg.dataset.options.distance_questions) == ("varying", 4)
+        card = dict(compose_cfg([f"dataset={dataset}"], tmp_path).dataset.options)
+        opts = sample_options(dataset, card)
+        assert {k: opts[k] for k in ("distance_questions", "distance_rule")} == \
+            {k: SAMPLE_OPTIONS[k] for k in ("distance_questions", "distance_rule")}
+    cfg = compose_cfg(["experiment=spar_demo", "dataset.options.distance_rule=varying",
+                       "stage.params.transfer.totalsegmentator.options.distance_rule=varying"], tmp_path)
+    assert cfg.dataset.options.distance_rule == "varying" and cfg.dataset.options.distance_questions == 8
+    assert cfg.stage.params.transfer.totalsegmentator.options.distance_rule == "varying"
