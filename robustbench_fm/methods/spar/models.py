@@ -33,6 +33,7 @@ from .probes import (
     L3_PROBES,
     LEFT_KIDNEY,
     LIVER,
+    ORGANS,
     RIGHT_KIDNEY,
     TRANSFORMS,
     kidney_symmetry_class,
@@ -312,7 +313,9 @@ def oracle_view_tokens(samples, views) -> np.ndarray:
     classes = np.concatenate([one_hot(t_idx, len(TRANSFORMS)), one_hot(symm, 3, both),
                               one_hot(size, 3, present[:, LIVER]),
                               one_hot(tumour_count_class(np.maximum(tumours, 0)), 3, tumours >= 0)], axis=-1)
-    cls = np.concatenate([classes, present.astype(float), x_rank, d_rank, np.zeros((n_view, ORACLE_ASKED))], axis=-1)
+    cls = np.concatenate([classes, present.astype(float), x_rank, d_rank], axis=-1)
+    assert cls.shape[-1] == _ASKED_AT  # the asked entries come next (AskedTokens writes them there)
+    cls = np.concatenate([cls, np.zeros((n_view, ORACLE_ASKED))], axis=-1)
     per_organ = np.concatenate([np.broadcast_to(np.eye(n_org), (n_view, n_org, n_org)), present[..., None],
                                 x_rank[..., None], table,
                                 np.broadcast_to(classes[:, None], (n_view, n_org, classes.shape[-1]))], axis=-1)
@@ -332,8 +335,8 @@ def decode_questions(cond: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     layout of :func:`~robustbench_fm.methods.spar.run.encode_questions` (one-hot probe, then one
     one-hot over the 16 organs for each of organ_a..organ_d): what a question-reading backbone sees."""
     cond = np.asarray(cond)
-    n_probes = len(L3_PROBES)
-    organs = cond[:, n_probes:n_probes + 4 * 16].reshape(len(cond), 4, 16)
+    n_probes, n_organs = len(L3_PROBES), len(ORGANS)
+    organs = cond[:, n_probes:n_probes + 4 * n_organs].reshape(len(cond), 4, n_organs)
     return cond[:, :n_probes].argmax(-1), np.where(organs.any(-1), organs.argmax(-1), -1)
 
 
