@@ -6,7 +6,9 @@ re-checks feature-cache shards against their checksums, row counts and the manif
 ``python -m robustbench_fm collect <sweep dir> [--compare]`` (or ``experiment=collect
 sweep_dir=<sweep dir> [compare=true]``) merges a multirun's results (run automatically when a
 multirun ends) and with ``--compare`` prints its paper tables beside the published values;
-``python -m robustbench_fm compare <sweep dir>`` only rebuilds that comparison."""
+``python -m robustbench_fm compare <sweep dir>`` only rebuilds that comparison;
+``python -m robustbench_fm rank <run or sweep dir>`` rebuilds the paired comparisons between its encoders
+(``comparisons.csv``, ``ranking.csv``) from finished results."""
 from __future__ import annotations
 
 import logging
@@ -22,6 +24,8 @@ from ..data import cards
 from ..encoders import generic
 from ..pipeline.experiment import bug_line, expand, is_unit, log_traceback, run_jobs
 from ..report.compare import to_markdown, write_compare
+from ..report.comparisons import build as build_comparisons
+from ..report.comparisons import verdict
 from ..report.tables import get
 from . import configstore
 from .configstore import GROUPS, group_options
@@ -396,6 +400,31 @@ def check_overrides(argv: list[str]) -> str | None:
     return None
 
 
+def rank(folder: str) -> int:
+    """Rebuild the paired comparisons, the ranking and the report's "Which encoder" of a finished run or
+    sweep from its saved results, without re-running anything (``comparisons.csv``, ``ranking.csv``,
+    ``ranking_overall.csv``; :mod:`robustbench_fm.report.comparisons`); print the verdict. 2 with a one-line
+    error when the folder holds no finished run or fewer than two encoders to compare."""
+    results = SweepResults(folder)
+    if not results.root.is_dir() or not results.job_dirs:
+        print(f"error: rank: '{folder}' holds no finished run; pass a run folder (outputs/runs/<date>/<time>) or a "
+              "multirun folder", file=sys.stderr)
+        return 2
+    found = build_comparisons(folder)
+    if found.empty:
+        print(f"error: rank: '{folder}' holds no two encoders scored on the same items by a stage that offers "
+              "comparisons (CANDOR, heads, CRoMa, SPAR); run two or more encoders, e.g. encoders=[a,b]",
+              file=sys.stderr)
+        return 2
+    for line in verdict(found):
+        print(f"- {line}")
+    for line in found.notes:
+        print(f"note: {line}")
+    print(f"rank: {len(found.pairs)} paired comparisons -> {Path(folder) / 'comparisons.csv'}, "
+          f"{Path(folder) / 'ranking.csv'}")
+    return 0
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "list":
         print(listing(sys.argv[2] if len(sys.argv) > 2 else None))
@@ -412,6 +441,10 @@ def main() -> None:
         if len(sys.argv) != 3:
             raise SystemExit("usage: python -m robustbench_fm compare <multirun sweep folder or run folder>")
         sys.exit(compare(sys.argv[2]))
+    if len(sys.argv) > 1 and sys.argv[1] == "rank":
+        if len(sys.argv) != 3:
+            raise SystemExit("usage: python -m robustbench_fm rank <run folder or multirun sweep folder>")
+        sys.exit(rank(sys.argv[2]))
     if len(sys.argv) > 1 and sys.argv[1] == "verify":
         if len(sys.argv) not in (3, 4):
             raise SystemExit("usage: python -m robustbench_fm verify <cache entry or cache root> [manifest]")

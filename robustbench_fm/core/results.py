@@ -93,11 +93,15 @@ def without_single_group_pools(summary: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass
 class Results:
-    """What a stage returns; ``save(dir)`` writes summary/per-sample parquet and a markdown table."""
+    """What a stage returns; ``save(dir)`` writes summary/per-sample parquet and a markdown table.
+    ``items``: a stage's per-item table for paired comparisons between encoders when ``per_sample``
+    does not hold every item (CANDOR: the margin's scored images besides the queries), saved as
+    ``items.parquet`` (``methods.Pairing.table``)."""
 
     summary: pd.DataFrame
     per_sample: pd.DataFrame | None = None
     params: dict = field(default_factory=dict)
+    items: pd.DataFrame | None = None
 
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)
@@ -106,6 +110,8 @@ class Results:
         if self.per_sample is not None:
             write_atomic(directory / "per_sample.parquet",
                          lambda f: self.per_sample.to_parquet(f, index=False))
+        if self.items is not None:
+            write_atomic(directory / "items.parquet", lambda f: self.items.to_parquet(f, index=False))
         write_text_atomic(directory / "summary.md", to_markdown(self.summary))
         write_text_atomic(directory / "params.json", json.dumps(self.params, indent=2, default=str))
         return directory

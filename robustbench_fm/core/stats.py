@@ -325,3 +325,149 @@ def spearman(x, y) -> float:
     if len(set(zip(x.tolist(), y.tolist()))) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan")
     return float(spearmanr(x, y).statistic)
+
+
+# --- the floor under every interval, and paired comparisons between encoders (issue 46) -------------------------
+
+#: the fewest clusters (patients, slides, volumes) an interval or a p-value is given from: with fewer, a cluster
+#: bootstrap has too few distinct resamples to mean anything (one cluster gives an interval of width 0)
+MIN_CLUSTERS = 5
+
+
+def few_clusters(n_clusters: int, column: str | None = None) -> str:
+    """'' when ``n_clusters`` ≥ :data:`MIN_CLUSTERS`; else the one line a row carries instead of an
+    interval, naming the cluster column and the fix."""
+    if n_clusters >= MIN_CLUSTERS:
+        return ""
+    name = f"'{column}'" if column else "the cluster column"
+    return (f"no interval or p-value: {n_clusters} distinct value{'s' if n_clusters != 1 else ''} of {name} "
+            f"(at least {MIN_CLUSTERS} clusters are needed); give {name} the real patients, or leave it out so "
+            f"that each image is its own cluster")
+
+
+def holm_adjust(p_values) -> np.ndarray:
+    """Holm's step-down adjusted p-values (Holm 1979) of one family: sorted ascending,
+    p̃_(i) = max_{j ≤ i} min(1, (m − j + 1) p_(j)), m the number of finite p-values (NaN stays NaN).
+    Rejecting p̃ ≤ α controls the family-wise error rate at α under any dependence."""
+    p = np.asarray(p_values, np.float64)
+    out = np.full(p.shape, np.nan)
+    finite = np.flatnonzero(np.isfinite(p))
+    if not len(finite):
+        return out
+    order = finite[np.argsort(p[finite], kind="stable")]
+    m = len(order)
+    out[order] = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    return out
+
+
+#: what a paired metric summarises over its items: a mean of values, a ratio of sums, a median, an AUROC
+PAIRED_KINDS = ("mean", "ratio", "median", "auroc")
+
+
+class _Strata:
+    """One encoder's items of one comparison unit, split into strata (e.g. matched groups pooled with
+    fixed weights); a resample's statistic is Σ_s w_s x_s / Σ_s w_s over the strata whose x_s is finite
+    (one stratum: x itself)."""
+
+    def __init__(self, kind: str, codes, values, other, strata, weights):
+        self.kind, self.weights = kind, weights
+        self.parts = []
+        for s in range(len(weights)):
+            at = strata == s
+            v = values[at]
+            o = None if other is None else other[at]
+            keep = np.isfinite(v) if kind != "ratio" else np.isfinite(v) & np.isfinite(o)
+            if kind == "auroc":
+                keep &= np.isin(o, (0, 1))
+            c, v = codes[at][keep], v[keep]
+            o = None if o is None else o[keep]
+            if kind in ("mean", "ratio"):
+                self.parts.append(ResampledRatio(c, v, o))
+            elif kind == "auroc":
+                self.parts.append(ResampledAUROC(v, o, c) if 0 < (o == 1).sum() < len(o) else None)
+            else:
+                order = np.argsort(v, kind="stable")
+                self.parts.append((v[order], c[order]))
+
+    def __call__(self, counts: np.ndarray) -> np.ndarray:
+        """(resamples,) values of the statistic under the cluster multiplicities ``counts``."""
+        x = np.stack([self._one(part, counts) for part in self.parts], 1)
+        w = np.where(np.isfinite(x), self.weights, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(w.sum(1) > 0, (np.nan_to_num(x) * w).sum(1) / w.sum(1), np.nan)
+
+    def _one(self, part, counts: np.ndarray) -> np.ndarray:
+        if part is None:
+            return np.full(len(counts), np.nan)
+        if self.kind in ("mean", "ratio"):
+            return part(counts)[:, 0]
+        if self.kind == "auroc":
+            return part(counts)
+        values, codes = part
+        if not len(values):
+            return np.full(len(counts), np.nan)
+        cum = np.cumsum(counts[:, codes], axis=1, dtype=np.int64)
+        n = cum[:, -1:]
+        # the median of the items repeated by their multiplicities: the mean of the (n − 1)//2-th and n//2-th
+        lo = (cum <= (n - 1) // 2).sum(axis=1)
+        hi = (cum <= n // 2).sum(axis=1)
+        out = (values[np.minimum(lo, len(values) - 1)] + values[np.minimum(hi, len(values) - 1)]) / 2
+        return np.where(n[:, 0] > 0, out, np.nan)
+
+
+def paired_bootstrap(kind: str, values, clusters, n_boot: int = 1000, seed: int = 42, other=None, strata=None,
+                     weights=None) -> tuple[np.ndarray, np.ndarray]:
+    """Estimates and paired bootstrap replicates of one metric for several encoders scored on the
+    same items (issue 46: "a paired bootstrap that resamples the same clusters for both encoders in
+    every resample").
+
+    ``values``: (encoders × items), what ``kind`` summarises: ``mean`` the values' mean, ``ratio``
+    Σ values / Σ ``other`` (e.g. RI = Σ n_SO / Σ n_typed), ``median`` their median, ``auroc`` the
+    AUROC of the values as scores for the 0/1 labels ``other`` (ties ½). ``other`` is one row shared
+    by all encoders or one row per encoder. A NaN value leaves that item out for that encoder only,
+    as the stage's own summary does. ``strata`` (one code per item) with ``weights`` (one per
+    stratum, fixed) makes the statistic the weighted mean of the strata's (a pooled margin AUROC: the
+    groups' AUROCs weighted by their queries); without them all items are one stratum.
+
+    A resample draws as many clusters as there are, uniformly with replacement
+    (:func:`cluster_count_chunks` from ``np.random.default_rng(seed)``; clusters in
+    :func:`cluster_codes` order), and every encoder is evaluated on the same multiplicities, so the
+    difference of two encoders' replicates is their paired bootstrap. The estimate is the statistic
+    with every cluster counted once. Returns (estimates (encoders,), replicates (n_boot × encoders))."""
+    if kind not in PAIRED_KINDS:
+        raise ValueError(f"paired_bootstrap: kind '{kind}' is not one of {', '.join(PAIRED_KINDS)}")
+    values = np.atleast_2d(np.asarray(values, np.float64))
+    codes = cluster_codes(clusters)
+    n_items = values.shape[1]
+    if other is not None:
+        other = np.asarray(other, np.float64)
+        other = np.broadcast_to(other, values.shape) if other.ndim == 1 else other
+    strata = np.zeros(n_items, np.int64) if strata is None else pd.factorize(np.asarray(strata), sort=True)[0]
+    weights = np.ones(int(strata.max()) + 1 if n_items else 1) if weights is None else np.asarray(weights, float)
+    stats = [_Strata(kind, codes, v, None if other is None else other[e], strata, weights)
+             for e, v in enumerate(values)]
+    n_clusters = int(codes.max()) + 1 if n_items else 0
+    ones = np.ones((1, n_clusters), np.int32)
+    estimates = np.array([s(ones)[0] for s in stats]) if n_clusters else np.full(len(stats), np.nan)
+    reps = np.full((n_boot, len(stats)), np.nan)
+    start = 0
+    if n_clusters:
+        for counts in cluster_count_chunks(n_clusters, n_boot, np.random.default_rng(seed),
+                                           max_draws=max(1_000_000, 64 * n_clusters)):
+            for e, s in enumerate(stats):
+                reps[start:start + len(counts), e] = s(counts)
+            start += len(counts)
+    return estimates, reps
+
+
+def paired_difference(estimates: np.ndarray, reps: np.ndarray, a: int, b: int, n_clusters: int,
+                      level: float = 0.95) -> dict:
+    """Encoder ``a`` minus encoder ``b`` from :func:`paired_bootstrap`'s output: ``difference``, the
+    percentile interval of the paired replicates (``ci_low``, ``ci_high``) and the two-sided
+    :func:`bootstrap_p`; interval and p are NaN from fewer than :data:`MIN_CLUSTERS` clusters."""
+    diff = reps[:, a] - reps[:, b]
+    if n_clusters < MIN_CLUSTERS or not len(diff):
+        lo = hi = p = np.nan
+    else:
+        (lo, hi), p = percentile_ci(diff, level), bootstrap_p(diff)
+    return dict(difference=float(estimates[a] - estimates[b]), ci_low=lo, ci_high=hi, p=p)

@@ -55,6 +55,53 @@ class Metric:
 
 
 @dataclass(frozen=True)
+class Paired:
+    """A headline metric a stage offers for paired comparisons between encoders (issue 46), computed
+    again from its per-item table: ``kind`` ``mean`` (of column ``value``), ``ratio`` (Σ ``value`` / Σ
+    ``other``), ``median`` (of ``value``) or ``auroc`` (``value`` the score, ``other`` the 0/1 label);
+    ``where`` a boolean column selecting the metric's items (all when empty); ``pool_weight`` a column
+    summed per stratum to weight the strata of a pooled row (the strata's statistics are then averaged
+    with those weights, as CANDOR pools the groups' margin AUROCs by their queries; empty: the pooled
+    row's items are one set)."""
+
+    metric: str
+    kind: str
+    value: str
+    other: str = ""
+    where: str = ""
+    pool_weight: str = ""
+
+    def __post_init__(self) -> None:
+        from ..core.stats import PAIRED_KINDS
+
+        if self.kind not in PAIRED_KINDS:
+            raise InvalidSetting(f"paired metric {self.metric}: kind '{self.kind}' is not one of "
+                                 f"{', '.join(PAIRED_KINDS)}")
+        if self.kind in ("ratio", "auroc") and not self.other:
+            raise InvalidSetting(f"paired metric {self.metric}: kind '{self.kind}' needs other= (the "
+                                 f"{'denominator' if self.kind == 'ratio' else 'label'} column)")
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """What a stage's saved per-item table offers for paired comparisons between encoders (issue 46):
+    ``metrics`` (:class:`Paired`), the ``table`` that holds the items (``per_sample`` or ``items``, the
+    file ``<table>.parquet`` of each result folder), the ``item`` column naming an item (the same item
+    for every encoder: a query, a tile, a question), the ``cluster`` column the bootstrap resamples
+    (patients; slides; volumes), the ``rows`` columns naming the summary row an item belongs to (e.g.
+    finding, target, matched group), and ``pool``: a row column over which a pooled row is added too
+    (named ``pooled``, e.g. CANDOR's ``__pooled__`` over matched groups)."""
+
+    metrics: tuple[Paired, ...]
+    cluster: str = "cluster"
+    item: str = "sample_id"
+    rows: tuple[str, ...] = ()
+    pool: str = ""
+    pooled: str = "__pooled__"
+    table: str = "per_sample"
+
+
+@dataclass(frozen=True)
 class Method:
     """What a stage is, for the registry, the console, the long format, the reports and
     ``list stages``: the one declaration of a stage (``name``, ``description`` and ``module`` are
@@ -84,7 +131,9 @@ class Method:
     (:func:`robustbench_fm.report.html.figures`). ``tables_after_run``: a single (non-sweep) run
     builds the experiment's ``report.tables`` too. ``params``: the stage's parameters (its
     module's ``PARAMS``; importable without the stage). ``findings``: the command line's default
-    ``stage.findings`` (an interpolation or a list).
+    ``stage.findings`` (an interpolation or a list). ``pairing``: the metrics the stage offers for
+    paired comparisons between encoders and where its per-item table holds them (:class:`Pairing`;
+    None: its rows are not compared).
     """
 
     name: str
@@ -105,6 +154,7 @@ class Method:
     tables_after_run: bool = False
     params: type[StageParams] | None = None
     findings: str | tuple[str, ...] = "${dataset.findings}"
+    pairing: Pairing | None = None
 
     def __post_init__(self) -> None:
         headline = []

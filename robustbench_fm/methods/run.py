@@ -71,7 +71,9 @@ def score_and_save(stage: str, features, manifest: pd.DataFrame, findings, param
         parts = [(f, Results(summary=res.summary[res.summary["finding"] == f].reset_index(drop=True),
                              per_sample=None if res.per_sample is None else
                              res.per_sample[res.per_sample["finding"] == f].reset_index(drop=True),
-                             params={**res.params, "finding": f})) for f in findings]
+                             params={**res.params, "finding": f},
+                             items=None if res.items is None else
+                             res.items[res.items["finding"] == f].reset_index(drop=True))) for f in findings]
     else:
         parts = [(f, evaluate(stage, last if i == len(findings) - 1 else features, manifest, finding=f, **params))
                  for i, f in enumerate(findings)]

@@ -15,6 +15,9 @@
   job folder in column ``job``, and in long format (:mod:`robustbench_fm.report.long_format`: encoder,
   dataset, task, stage, group, metric, value, ci_low, ci_high, n, seed, config_hash, job) into
   ``results_long.parquet`` / ``results_long.csv``. Numbers stay numbers;
+* with two or more encoders, their paired comparisons, ranking and verdict
+  (:mod:`robustbench_fm.report.comparisons`: ``comparisons.csv``, ``ranking.csv``,
+  ``ranking_overall.csv``, the report's "Which encoder");
 * the paper tables of the experiment's ``report.tables`` go to ``tables/``, their comparison
   with the published values to ``compare.md`` / ``compare.csv``, and ``report.md`` /
   ``report.html`` sum the sweep up (:mod:`robustbench_fm.report.html`).
@@ -43,6 +46,8 @@ from ..core.redact import redacted_yaml
 from ..core.shards import SHARD_NAME
 from ..core.tables import SweepResults
 from ..report.compare import write_compare
+from ..report.comparisons import build as build_comparisons
+from ..report.comparisons import verdict
 from ..report.html import console_summary, sweep_report, write_report
 from ..report.long_format import LONG_COLUMNS, to_long
 from ..report.render import render
@@ -238,7 +243,10 @@ def collect_sweep(sweep_dir: str | Path) -> Collected:
     tables, table_errors = _write_tables(sweep_dir, combined)
     missing += table_errors
     write_text_atomic(sweep_dir / "missing.txt", "".join(f"{line}\n" for line in missing))
+    which = verdict(build_comparisons(sweep_dir))  # paired comparisons of the encoders (comparisons.csv)
     _write_report(sweep_dir, long, tables, missing, time.perf_counter() - started)
+    if which:
+        print(f"Which encoder (paired, {sweep_dir / 'comparisons.csv'}):\n" + "".join(f"- {line}\n" for line in which))
     print(f"collect: {len(combined)} summary rows from {len(summaries)} results -> {sweep_dir / 'combined.parquet'}"
           + (f"; {len(missing)} problem{'s' if len(missing) != 1 else ''} listed in {sweep_dir / 'missing.txt'}"
              if missing else ""))

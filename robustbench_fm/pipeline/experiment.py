@@ -38,6 +38,8 @@ from .. import methods
 from ..core.atomic import write_text_atomic
 from ..core.errors import message
 from ..data.cards import CONFIG_DIR
+from ..report.comparisons import read as read_comparisons
+from ..report.comparisons import verdict
 from . import job as pipeline_job
 from .collect import JOBS_FILE, Collected, collect_and_report, job_state
 
@@ -194,6 +196,22 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return not self.errors
+
+    @property
+    def comparisons(self) -> pd.DataFrame:
+        """The paired comparisons of the encoders (``<run>/comparisons.csv``; empty with fewer than two
+        encoders): :mod:`robustbench_fm.report.comparisons`."""
+        return read_comparisons(self.run_dir).pairs
+
+    @property
+    def ranking(self) -> pd.DataFrame:
+        """The encoders ranked per metric, finding and row, with the best set (``<run>/ranking.csv``)."""
+        return read_comparisons(self.run_dir).ranking
+
+    @property
+    def verdict(self) -> list[str]:
+        """The report's "Which encoder" sentences, one per finding."""
+        return verdict(read_comparisons(self.run_dir))
 
 
 def run_experiment(experiment: str, overrides: list[str] | tuple[str, ...] = (), config_dir: str | Path | None = None,

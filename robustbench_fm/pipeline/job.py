@@ -48,6 +48,8 @@ from ..data.images import BAD_IMAGE_POLICIES
 from ..data.sample import fixed_sample
 from ..encoders import generic
 from ..methods.run import score_and_save
+from ..report.comparisons import build as build_comparisons
+from ..report.comparisons import verdict
 from ..report.html import run_report, write_report
 from ..report.long_format import to_long
 from ..report.tables import build_tables
@@ -696,10 +698,13 @@ def run_planned(job: Plan, out_dir: Path) -> pd.DataFrame:
     write_atomic(out_dir / "summary.parquet", lambda f: summary.to_parquet(f, index=False))
     table = console_table(summary, job.stage)
     write_text_atomic(out_dir / "summary.md", table)
+    comparisons = build_comparisons(out_dir)  # two or more encoders: which one, and is the difference real
     seconds = time.perf_counter() - started
     report = _write_report(job, summary, out_dir, seconds)
+    which = "".join(f"- {line}\n" for line in verdict(comparisons))
     print(f"\n{job.stage} on {job.dataset or job.features_file} ({seconds:.1f} s) -> {out_dir}\n\n{table}"
-          f"\nreport: {report}")
+          + (f"\nWhich encoder (paired, {out_dir / 'comparisons.csv'}):\n{which}" if which else "")
+          + f"\nreport: {report}")
     _refuse_all_blank(job.stage, summary)  # after the table, its reasons and the report are out
     return summary
 

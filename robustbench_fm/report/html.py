@@ -38,6 +38,7 @@ from ..core.results import to_markdown as frame_markdown
 from ..core.tables import PaperTable, SweepResults
 from ..methods.params import default
 from . import compare as cmp_mod
+from . import comparisons as which_mod
 from .long_format import stage_conventions
 from .render import ranks
 from .render import to_markdown as table_markdown
@@ -80,6 +81,11 @@ class Report:
     by_encoder: pd.DataFrame = field(default_factory=pd.DataFrame)  # :func:`encoder_summary`
     not_scored: list[str] = field(default_factory=list)  # rows the stages left blank, with the reason
     experiment_notes: list[str] = field(default_factory=list)  # the experiment's ``report.notes``
+    which: list[str] = field(default_factory=list)  # "Which encoder": one verdict per finding (.comparisons)
+    which_table: pd.DataFrame = field(default_factory=pd.DataFrame)  # the ranking on each finding's headline row
+    which_overall: pd.DataFrame = field(default_factory=pd.DataFrame)  # mean ranks over findings (2 or more)
+    which_figures: list[tuple[str, Path]] = field(default_factory=list)  # heat maps of pairwise differences
+    which_notes: list[str] = field(default_factory=list)  # what was not compared, and why
 
     @property
     def inline(self) -> bool:
@@ -425,7 +431,21 @@ def sweep_report(sweep_dir: Path, long: pd.DataFrame, tables: list[PaperTable], 
                   missing=missing, notes=notes, overview=overview, runtime_note=runtime_note,
                   guide=how_to_read(stages, results.config), by_encoder=encoder_summary(long),
                   not_scored=not_scored(results, stages),
-                  experiment_notes=_experiment_notes(results.config, encoders))
+                  experiment_notes=_experiment_notes(results.config, encoders), **which_encoder(sweep_dir))
+
+
+def which_encoder(folder: Path) -> dict:
+    """The report's "Which encoder" parts from the comparisons saved in ``folder``
+    (:mod:`.comparisons`: ``comparisons.csv``, ``ranking.csv``): the verdicts, the ranking on each
+    finding's headline row, the mean ranks over two or more findings and the heat maps."""
+    found = which_mod.read(folder)
+    if found.empty:
+        return {}
+    overall = found.overall
+    several = not overall.empty and overall["n_findings"].max() > 1
+    return dict(which=which_mod.verdict(found), which_table=which_mod.first_metric_rows(found),
+                which_overall=overall if several else pd.DataFrame(),
+                which_figures=which_mod.heatmaps(found, folder), which_notes=found.notes)
 
 
 def run_report(out_dir: Path, config_yaml: str, long: pd.DataFrame, seconds: float,
@@ -440,7 +460,8 @@ def run_report(out_dir: Path, config_yaml: str, long: pd.DataFrame, seconds: flo
                   summary=summary_table(long), figures=figs, runtime_s=seconds, cache=cache_hits([out_dir]),
                   notes=notes, overview=overview, runtime_note="this run, from its start to this report",
                   guide=how_to_read(stages, cfg), by_encoder=encoder_summary(long),
-                  not_scored=not_scored(results, stages), experiment_notes=_experiment_notes(cfg, encoders))
+                  not_scored=not_scored(results, stages), experiment_notes=_experiment_notes(cfg, encoders),
+                  **which_encoder(out_dir))
 
 
 def console_summary(report: Report) -> str:
@@ -500,7 +521,9 @@ def _context(report: Report) -> dict:
 def to_markdown(report: Report, root: Path) -> str:
     """``report.md`` (``templates/report.md.j2``): images linked relative to ``root``."""
     figures = [(caption, png.relative_to(root).as_posix()) for caption, png in report.figures]
-    text = templates().get_template("report.md.j2").render(**_context(report), figures=figures)
+    which_figures = [(caption, png.relative_to(root).as_posix()) for caption, png in report.which_figures]
+    text = templates().get_template("report.md.j2").render(**_context(report), figures=figures,
+                                                           which_figures=which_figures)
     return text[:-1]  # the template ends every part with a newline; the file ends where its last part does
 
 

@@ -11,7 +11,7 @@
 
 The head-based analyses (Table 4, failure detection) live with the heads: :mod:`..heads`.
 """
-from .. import Method, register
+from .. import Method, Paired, Pairing, register
 from .params import BoxVerifiedParams, CandorParams, LipschitzParams, RetentionParams
 
 register(Method(
@@ -22,7 +22,13 @@ register(Method(
     integer_columns=("bank_size", "k"), multi_finding=True, overwrites_features=True,
     console_columns=("encoder", "finding", "acq_group", "target", "n_queries", "bank_size", "d", "d_sd", "d_ci_low",
                      "d_ci_high", "d_all", "margin_auroc"),
-    tables=f"{__name__}.tables", figures=f"{__name__}.plots:report_figures", params=CandorParams))
+    tables=f"{__name__}.tables", figures=f"{__name__}.plots:report_figures", params=CandorParams,
+    # queries and banks are the same images for every encoder: D, D_all and the margin AUROC compared paired,
+    # resampling patients with the banks fixed, as the stage's own intervals do ("Reporting")
+    pairing=Pairing(metrics=(Paired("d", "mean", "discordant", where="query"),
+                             Paired("d_all", "mean", "discordant_all", where="query"),
+                             Paired("margin_auroc", "auroc", "margin", "label", pool_weight="query")),
+                    rows=("finding", "target", "acq_group"), pool="acq_group", table="items")))
 register(Method(
     "retention", "CANDOR erasure retention: re-embed positives with the expert box filled",
     f"{__name__}.retention", display_name="occlusion retention",

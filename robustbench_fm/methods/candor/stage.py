@@ -93,6 +93,9 @@ UNMATCHED = "__unmatched__"
 METRICS = ("d", "d_all", "margin_auroc")
 PER_SAMPLE_COLUMNS = ["sample_id", "finding", "target", "acq_group", "c_pos", "c_neg", "dm", "discordant",
                       "c_pos_all", "c_neg_all", "dm_all", "discordant_all"]
+#: ``Results.items``: one row per image a group row scores (queries and the margin's images; see :func:`_items`)
+ITEM_COLUMNS = ["sample_id", "finding", "target", "acq_group", "cluster", "query", "discordant", "discordant_all",
+                "margin", "label"]
 #: margin-AUROC intervals: the bootstrap of its placement-value expansion, or re-ranked resamples
 AUROC_ESTIMATORS = {"linear": LinearizedAUROC, "exact": ResampledAUROC}
 if tuple(AUROC_ESTIMATORS) != AUROC_BOOTSTRAPS:  # one list of names: CandorParams checks against it
@@ -292,7 +295,8 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     pools = {i: _pooled_sets(t.labels, bank_size, seed) for i, t in enumerate(tasks)} \
         if unmatched else {}
     sample_ids = manifest["sample_id"].to_numpy()
-    rows, parts, per_sample = {i: [] for i in range(len(tasks))}, [], []
+    cluster_ids = manifest[cluster_col].astype(str).to_numpy()
+    rows, parts, per_sample, items = {i: [] for i in range(len(tasks))}, [], [], []
     for group in sorted(pd.unique(groups)):
         in_group = groups == group
         images = np.flatnonzero(in_group)  # the query sample is drawn from all of them (draw_group)
@@ -337,6 +341,8 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
                 "c_pos": c_pos, "c_neg": c_neg, "dm": c_neg - c_pos, "discordant": disc,
                 "c_pos_all": c_pos_all, "c_neg_all": c_neg_all, "dm_all": c_neg_all - c_pos_all,
                 "discordant_all": disc_all}))
+            items.append(_items(t, group, sample_ids, cluster_ids, q, disc, disc_all, everyone[scored],
+                                margin[scored], y[scored]))
             parts.append(dict(task=i, row=row, queries=q, disc=np.c_[disc, disc_all],
                               images=everyone[scored], margin=margin[scored], labels=y[scored]))
         del group_shortlist
@@ -346,8 +352,27 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
         order = {(t.finding, t.target): i for i, t in enumerate(tasks)}
         rank = np.array([order[ft] for ft in zip(per["finding"], per["target"])])
         per = per.iloc[np.argsort(rank, kind="stable")].reset_index(drop=True)
-    return Results(summary=summary, per_sample=per,
+    items = pd.concat(items, ignore_index=True) if items else pd.DataFrame(columns=ITEM_COLUMNS)
+    return Results(summary=summary, per_sample=per, items=items,
                    params={"finding": finding, **{n: getattr(p, n) for n in RECORDED_PARAMS}})
+
+
+def _items(t: ct.Task, group: str, sample_ids, cluster_ids, queries, disc, disc_all, scored, margin,
+           labels) -> pd.DataFrame:
+    """One group's items for paired comparisons between encoders (``Results.items``, the
+    ``Pairing`` of ``methods/candor/__init__.py``): every image the margin AUROC scores (its score
+    c+ − c− and label) and every query (its D and D_all indicators), with its patient. Queries and
+    banks are the same images for every encoder (candor.md "Implementation": "the same for every
+    encoder, so that every comparison across encoders is paired")."""
+    ids = np.union1d(queries, scored)
+    at_q, at_s = np.searchsorted(ids, queries), np.searchsorted(ids, scored)
+    query, d, d_all = np.zeros(len(ids), bool), np.full(len(ids), np.nan), np.full(len(ids), np.nan)
+    score, label = np.full(len(ids), np.nan), np.full(len(ids), np.nan)
+    query[at_q], d[at_q], d_all[at_q] = True, disc, disc_all
+    score[at_s], label[at_s] = margin, labels
+    return pd.DataFrame({"sample_id": sample_ids[ids], "finding": t.finding, "target": t.target,
+                         "acq_group": group, "cluster": cluster_ids[ids], "query": query, "discordant": d,
+                         "discordant_all": d_all, "margin": score, "label": label})
 
 
 def _prepared_tasks(manifest, findings, task, group_col, groups, seed, queries, shuffle_labels, isolated,

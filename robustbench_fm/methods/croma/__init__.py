@@ -8,7 +8,7 @@
 * :mod:`.tables`, :mod:`.plots`: the paper's tables and figures;
 * :mod:`.guide`: what each stage's numbers mean (a report's "How to read this").
 """
-from .. import Method, register
+from .. import Method, Paired, Pairing, register
 from .params import CromaParams, ShortcutParams
 
 register(Method(
@@ -20,7 +20,12 @@ register(Method(
     console_columns=("encoder", "dataset", "finding", "bio_knn_bacc", "conf_knn_bacc", "ri", "mari", "croma", "f0",
                      "ltm", "support", "k"),
     tables=f"{__name__}.tables", figures=f"{__name__}.plots:report_figures", params=CromaParams,
-    findings=("bio_label",)))  # the column holding the biological label
+    findings=("bio_label",),  # the column holding the biological label
+    # the anchors are the same tiles for every encoder: RI, MaRI (pooled ratios) and CRoMa (the median) compared
+    # paired, resampling slides (the exclude_col groups)
+    pairing=Pairing(metrics=(Paired("ri", "ratio", "n_so", "n_typed"),
+                             Paired("mari", "ratio", "so_weight", "typed_weight"),
+                             Paired("croma", "median", "croma")), rows=("finding",))))
 register(Method(
     "shortcut", "PathoROB's confounder-biased linear probe: APD and nIPD", f"{__name__}.shortcut",
     display_name="shortcut test", headline=(("apd", "higher"), ("nipd", "higher")), guide=f"{__name__}.guide:SHORTCUT",

@@ -48,8 +48,11 @@ NaN CRoMa and the summary records ``n_short`` and ``short_cells``.
 ``summary`` (one row): ``ri, mari, tau, k, support, croma, f0, q_alpha, ltm, bio_knn_bacc,
 conf_knn_bacc, n`` (+ ``croma_std, n_subsets`` paired; + ``n_floor`` when units are at the rounding
 floor; + ``n_short, short_cells`` with ``on_short="skip"``; ``finding`` first when the app loop
-passes one). ``per_sample`` (manifest order): ``sample_id, croma, d_so, d_os, ri, mari``
-(+ ``subset`` paired); ``ri``/``mari`` are NaN where the unit has no typed neighbour in its top-k.
+passes one). ``per_sample`` (manifest order): ``sample_id, croma, d_so, d_os, ri, mari``, the counts
+``n_so, n_typed`` and MaRI's evidence ``so_weight, typed_weight`` (exp of the log evidence, the run's
+largest at 1) whose pooled ratios are RI and MaRI, and ``cluster`` (the ``exclude_col`` group: the slide
+paired comparisons resample) (+ ``subset`` paired); ``ri``/``mari`` are NaN where the unit has no typed
+neighbour in its top-k.
 """
 from __future__ import annotations
 
@@ -112,6 +115,7 @@ class Prepared:
     columns: dict = field(default_factory=dict)
     dtype: type = np.float32
     dim: int = 1
+    clusters: np.ndarray | None = None  # each manifest row's exclude_col group (slide): the bootstrap cluster
 
 
 def check_params(**params) -> CromaParams:
@@ -249,7 +253,7 @@ def prepare(features, manifest: pd.DataFrame, label_col: str = "bio_label", conf
                                 tie_key=tie_keys(sample_ids[s.rows]))
     columns = dict(label_col=label_col, confounder_col=confounder_col, exclude_col=exclude_col)
     return Prepared(scopes, manifest["sample_id"].astype(str).to_numpy(), design, grid, int(m), columns,
-                    x.dtype.type, int(x.shape[1]))
+                    x.dtype.type, int(x.shape[1]), _strings(manifest, exclude_col, "exclude_col"))
 
 
 def zero_margin_tolerance(dtype, dim: int) -> float:
@@ -378,10 +382,20 @@ def score(prep: Prepared, k: int, m: int = 5, alpha: float = 0.10, tau: float | 
     n_floor = check_margins(prep, m)
     curves = croma_by_m(prep, [m], alpha).iloc[0]
     parts = []
+    # MaRI's evidence as weights on one scale (the largest log evidence of the run at 1): the pooled MaRI is
+    # Σ so_weight / Σ typed_weight, what paired comparisons resample (Method.pairing)
+    top = max((float(np.max(np.r_[a[np.isfinite(a)], b[np.isfinite(b)]], initial=-np.inf)) for a, b in mari_ev),
+              default=-np.inf)
+    top = top if np.isfinite(top) else 0.0
     for s, (so, os_, _), (mso, mos) in zip(prep.scopes, slots, mari_ev):
         d_so, d_os, c, _ = _margins(prep, s, m)
+        w_so, w_os = np.exp(mso - top), np.exp(mos - top)
         part = pd.DataFrame({"sample_id": prep.sample_ids[s.rows], "croma": c, "d_so": d_so, "d_os": d_os,
-                             "ri": count_share(so, os_)[0], "mari": so_share(mso, mos), "_row": s.rows})
+                             "ri": count_share(so, os_)[0], "mari": so_share(mso, mos),
+                             "n_so": so.sum(axis=1), "n_typed": so.sum(axis=1) + os_.sum(axis=1),
+                             "so_weight": w_so, "typed_weight": w_so + w_os,
+                             "cluster": prep.clusters[s.rows] if prep.clusters is not None else
+                             prep.sample_ids[s.rows], "_row": s.rows})
         if prep.design == "paired_2x2":
             part.insert(1, "subset", s.name)
         parts.append(part)

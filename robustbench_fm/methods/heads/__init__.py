@@ -17,18 +17,23 @@ Their statistics live in :mod:`robustbench_fm.core.stats`: the patient-clustered
 AUROCs (paired across scores) with its percentile interval and p-value, BH, and the
 Mantel-Haenszel risk difference of miss rates with Sato's variance.
 """
-from .. import Method, register
+from .. import Method, Paired, Pairing, register
 from .params import CandorHeadsParams, ErrorDetectionParams, HeadParams, LogmeParams, MlpHeadParams
 
 _HEAD_COLUMNS = ("encoder", "finding", "auroc", "auroc_ci_low", "auroc_ci_high", "threshold", "test_sensitivity",
                  "test_specificity", "n")
 _AUROC = (("auroc", "higher"),)
+#: the test rows are the same images for every encoder (a stable hash of sample_id: ``rows``), so heads'
+#: AUROCs are compared paired, resampling patients
+_HEAD_PAIRING = Pairing(metrics=(Paired("auroc", "auroc", "logit", "label", where="split=test"),), rows=("finding",))
 register(Method("linear_head", "a linear head per finding: AUROC, operating point at 0.8 sensitivity",
                 f"{__name__}.stage", display_name="linear heads", headline=_AUROC, guide=f"{__name__}.guide:HEADS",
-                console_columns=_HEAD_COLUMNS, tables=f"{__name__}.tables", params=HeadParams))
+                console_columns=_HEAD_COLUMNS, tables=f"{__name__}.tables", params=HeadParams,
+                pairing=_HEAD_PAIRING))
 register(Method("mlp_head", "a 256-unit MLP head per finding: AUROC, operating point at 0.8 sensitivity",
                 f"{__name__}.stage", display_name="MLP heads", headline=_AUROC, guide=f"{__name__}.guide:HEADS",
-                console_columns=_HEAD_COLUMNS, tables=f"{__name__}.tables", params=MlpHeadParams))
+                console_columns=_HEAD_COLUMNS, tables=f"{__name__}.tables", params=MlpHeadParams,
+                pairing=_HEAD_PAIRING))
 register(Method("logme", "LogME transferability score per finding", f"{__name__}.logme_stage",
                 display_name="LogME", headline=(("logme", "higher"),), guide=f"{__name__}.guide:LOGME",
                 console_columns=("encoder", "finding", "logme", "n"), params=LogmeParams))

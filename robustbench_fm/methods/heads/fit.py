@@ -17,7 +17,8 @@ from .train import TrainedHead, train_head
 SUMMARY_COLUMNS = ["finding", "head", "auroc", "auroc_ci_low", "auroc_ci_high", "val_auroc", "threshold",
                    "threshold_logit", "val_sensitivity", "test_sensitivity", "test_specificity", "n",
                    "n_train", "n_val", "reason"]
-PER_SAMPLE_COLUMNS = ["sample_id", "finding", "split", "label", "prob", "logit", "pred"]
+#: ``cluster``: the row's bootstrap cluster (``cluster_col``, else its sample_id), for paired comparisons
+PER_SAMPLE_COLUMNS = ["sample_id", "finding", "split", "label", "prob", "logit", "pred", "cluster"]
 
 
 @dataclass
@@ -31,6 +32,7 @@ class FindingFit:
     train: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
     val: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
     test: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
+    cluster_col: str = "patient_id"
 
     def scores(self, features: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(logit, prediction at the operating point) of manifest rows ``rows``."""
@@ -46,7 +48,13 @@ class FindingFit:
         logit, pred = self.scores(features, rows)
         return pd.DataFrame({"sample_id": manifest["sample_id"].to_numpy()[rows], "finding": self.finding,
                              "split": split[rows], "label": manifest[self.finding].to_numpy()[rows],
-                             "prob": expit(logit), "logit": logit, "pred": pred})
+                             "prob": expit(logit), "logit": logit, "pred": pred,
+                             "cluster": _clusters(manifest, self.cluster_col)[rows]})
+
+
+def _clusters(manifest: pd.DataFrame, cluster_col: str) -> np.ndarray:
+    """Each row's bootstrap cluster: ``cluster_col``, or the sample_id where the manifest has none."""
+    return manifest[cluster_col if cluster_col in manifest.columns else "sample_id"].astype(str).to_numpy()
 
 
 def _labelled(manifest: pd.DataFrame, finding: str, rows: np.ndarray) -> np.ndarray:
@@ -68,11 +76,11 @@ def fit_finding(features: np.ndarray, manifest: pd.DataFrame, finding: str, rows
             summary["reason"] = f"the {name} rows lack positives or negatives ({len(part)} labelled rows)"
             return FindingFit(finding, summary)
     model = train_head(features[train], y[train], kind=head, seed=seed, device=device, **train_options)
-    fit = FindingFit(finding, summary, model, train=train, val=val, test=test)
+    fit = FindingFit(finding, summary, model, train=train, val=val, test=test, cluster_col=cluster_col)
     val_logit = model.logits(features[val])
     fit.threshold_logit = threshold_at_sensitivity(y[val], val_logit, sensitivity)
     test_logit, test_pred = fit.scores(features, test)
-    clusters = manifest[cluster_col if cluster_col in manifest.columns else "sample_id"].to_numpy()[test]
+    clusters = _clusters(manifest, cluster_col)[test]
     sens, spec = rates(y[test], test_pred)
     summary.update(auroc_with_ci(y[test], test_logit, clusters, n_boot, seed),
                    val_auroc=auroc_with_ci(y[val], val_logit, None, 0)["auroc"],
