@@ -53,13 +53,20 @@ ROW_KEYS = ("encoder", "dataset", "finding", "target", "acq_group", "stratum", "
 POOLED_GROUPS = ("__pooled__", "pooled")
 
 
-def not_scored(summary: pd.DataFrame) -> list[str]:
+def without_interval(summary: pd.DataFrame) -> list[str]:
+    """One line per summary row that carries a ``note`` (scored, but its interval left blank: e.g.
+    fewer than :data:`robustbench_fm.core.stats.MIN_CLUSTERS` patients), named as :func:`not_scored`
+    names rows."""
+    return not_scored(summary, "note")
+
+
+def not_scored(summary: pd.DataFrame, column: str = "reason") -> list[str]:
     """One line per summary row that carries a ``reason`` (why the stage left it blank), e.g.
     ``planted_blur, planted, marker, group AP: fewer than k+1=6 positives or negatives (...)``.
     A ``target`` equal to its finding is not repeated; the pooled group reads ``all groups``."""
-    if summary.empty or "reason" not in summary.columns:
+    if summary.empty or column not in summary.columns:
         return []
-    reason = summary["reason"].astype("string").fillna("").str.strip()
+    reason = summary[column].astype("string").fillna("").str.strip()
     lines = []
     for (_, row), why in zip(summary[reason != ""].iterrows(), reason[reason != ""]):
         parts = []

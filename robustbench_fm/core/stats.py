@@ -14,7 +14,11 @@ bootstrap with 1,000 resamples, 95% percentile intervals, BH FDR control at 0.05
   :func:`bootstrap_p`;
 * multiple testing: :func:`bh_adjust` (Benjamini-Hochberg);
 * stratified risk difference: :func:`mantel_haenszel_rd` (Mantel-Haenszel with Sato's variance);
-* rank agreement: :func:`spearman` (Spearman's ρ with one NaN policy for every table and figure).
+* rank agreement: :func:`spearman` (Spearman's ρ with one NaN policy for every table and figure);
+* the floor under every interval: :data:`MIN_CLUSTERS` clusters (:func:`few_clusters`: the row's note);
+* paired comparisons between encoders (issue 46): :func:`paired_bootstrap` (a metric of several
+  encoders on the same items and the same cluster resamples: mean, ratio, median, AUROC, weighted
+  strata), :func:`paired_difference`, :func:`holm_adjust` (Holm's step-down family-wise correction).
 """
 from __future__ import annotations
 
@@ -84,13 +88,14 @@ def cluster_bootstrap_ratio(numer: np.ndarray, denom: np.ndarray, clusters, n_bo
     """Bootstrap distribution of Σnumer / Σdenom resampling whole clusters with replacement.
 
     With ``denom`` = 1 per unit this is the clustered bootstrap of a mean (e.g. the discordance
-    rate over queries, clustered by patient, candor.md "Reporting"). Each resample draws as many
+    rate over queries, clustered by patient, candor.md "Reporting"); all NaN from fewer than
+    :data:`MIN_CLUSTERS` clusters (see :func:`few_clusters`). Each resample draws as many
     clusters as there are, uniformly with replacement, and sums their per-cluster totals
     (:func:`cluster_totals`, :func:`resampled_sums`; clusters in sorted order). Returns ``n_boot``
     values (NaN without clusters).
     """
     codes, _ = pd.factorize(pd.Series(clusters), sort=True)
-    if len(codes) == 0:
+    if len(codes) == 0 or codes.max() + 1 < MIN_CLUSTERS:  # no interval from fewer than MIN_CLUSTERS clusters
         return np.full(n_boot, np.nan)
     _, totals = cluster_totals(codes, np.c_[np.asarray(numer, float), np.asarray(denom, float)])
     sums = resampled_sums(totals, n_boot, rng)
@@ -236,12 +241,12 @@ def bootstrap_aurocs(labels, scores, clusters, n_boot: int, seed: int) -> np.nda
     order); a unit then counts as many times as its cluster was drawn and the AUROC is the weighted
     Mann-Whitney statistic, ties counted ½ (:class:`ResampledAUROC`). The scores share the
     resamples, so differences between them are paired. A resample without positives or negatives
-    gives NaN."""
+    gives NaN; so does every resample from fewer than :data:`MIN_CLUSTERS` clusters."""
     scores = np.atleast_2d(np.asarray(scores, np.float64))
-    out = np.empty((n_boot, len(scores)))
-    if n_boot == 0:
-        return out
+    out = np.full((n_boot, len(scores)), np.nan)
     codes = cluster_codes(clusters)
+    if n_boot == 0 or not len(codes) or codes.max() + 1 < MIN_CLUSTERS:  # no interval from too few clusters
+        return out
     aurocs = [ResampledAUROC(score, labels, codes) for score in scores]
     start = 0
     for counts in cluster_count_chunks(int(codes.max()) + 1 if len(codes) else 0, n_boot,

@@ -38,7 +38,7 @@ from ..core.atomic import write_atomic, write_text_atomic
 from ..core.errors import InvalidSetting, MissingInput, UnknownName, UserError
 from ..core.locking import FileLock
 from ..core.redact import redact_config, redacted_yaml
-from ..core.results import not_scored, to_markdown, without_single_group_pools
+from ..core.results import not_scored, to_markdown, without_interval, without_single_group_pools
 from ..core.shards import META_NAME
 from ..core.tables import SweepResults
 from ..core.versions import VERSION_POLICIES
@@ -730,6 +730,10 @@ def console_table(summary: pd.DataFrame, stage: str) -> str:
     columns = methods.method(stage).console_columns if stage in methods.names() else ()
     table = to_markdown(shown[[c for c in (columns or shown.columns) if c in shown.columns]])
     reasons = not_scored(summary)
+    blank = without_interval(summary)
+    if blank:
+        table += (f"\nWithout an interval ({len(blank)} row{'s' if len(blank) != 1 else ''}):\n"
+                  + "".join(f"- {line}\n" for line in blank[:MAX_REASONS]))
     if reasons:
         rows = f"{len(reasons)} row" + ("s" if len(reasons) != 1 else "")
         table += (f"\nNot scored ({rows}, blank above):\n"

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from .. import methods
 from ..core.atomic import write_text_atomic
 from ..core.errors import InvalidSetting
-from ..core.results import cell_text
+from ..core.results import cell_text, without_interval
 from ..core.results import not_scored as summary_reasons
 from ..core.results import to_markdown as frame_markdown
 from ..core.tables import PaperTable, SweepResults
@@ -80,6 +80,7 @@ class Report:
     guide: list[tuple[str, str]] = field(default_factory=list)  # "How to read this": (stage, text)
     by_encoder: pd.DataFrame = field(default_factory=pd.DataFrame)  # :func:`encoder_summary`
     not_scored: list[str] = field(default_factory=list)  # rows the stages left blank, with the reason
+    no_interval: list[str] = field(default_factory=list)  # rows scored without an interval, with the reason
     experiment_notes: list[str] = field(default_factory=list)  # the experiment's ``report.notes``
     which: list[str] = field(default_factory=list)  # "Which encoder": one verdict per finding (.comparisons)
     which_table: pd.DataFrame = field(default_factory=pd.DataFrame)  # the ranking on each finding's headline row
@@ -237,6 +238,12 @@ def not_scored(results: SweepResults, stages) -> list[str]:
     for stage in stages:
         lines += summary_reasons(results.summaries(stage))
     return lines
+
+
+def no_interval(results: SweepResults, stages) -> list[str]:
+    """Rows scored without an interval, and why (the ``note`` of a summary row:
+    :func:`robustbench_fm.core.results.without_interval`)."""
+    return [line for stage in stages for line in without_interval(results.summaries(stage))]
 
 
 def how_to_read(stages, cfg: DictConfig | None = None) -> list[tuple[str, str]]:
@@ -430,7 +437,7 @@ def sweep_report(sweep_dir: Path, long: pd.DataFrame, tables: list[PaperTable], 
                   compare=cmp_mod.compare_tables(tables), figures=figs, runtime_s=runtime, cache=cache_hits(jobs),
                   missing=missing, notes=notes, overview=overview, runtime_note=runtime_note,
                   guide=how_to_read(stages, results.config), by_encoder=encoder_summary(long),
-                  not_scored=not_scored(results, stages),
+                  not_scored=not_scored(results, stages), no_interval=no_interval(results, stages),
                   experiment_notes=_experiment_notes(results.config, encoders), **which_encoder(sweep_dir))
 
 
@@ -460,8 +467,8 @@ def run_report(out_dir: Path, config_yaml: str, long: pd.DataFrame, seconds: flo
                   summary=summary_table(long), figures=figs, runtime_s=seconds, cache=cache_hits([out_dir]),
                   notes=notes, overview=overview, runtime_note="this run, from its start to this report",
                   guide=how_to_read(stages, cfg), by_encoder=encoder_summary(long),
-                  not_scored=not_scored(results, stages), experiment_notes=_experiment_notes(cfg, encoders),
-                  **which_encoder(out_dir))
+                  not_scored=not_scored(results, stages), no_interval=no_interval(results, stages),
+                  experiment_notes=_experiment_notes(cfg, encoders), **which_encoder(out_dir))
 
 
 def console_summary(report: Report) -> str:

@@ -54,14 +54,25 @@ def test_bootstrap_aurocs_are_sklearns_weighted_aurocs_on_the_same_resamples():
 
 
 def test_bootstrap_auroc_of_a_resample_without_a_class_is_nan():
-    # two patients, one holding every positive: a resample drawing one patient twice has one class
-    labels, scores, patients = np.array([1, 1, 0, 0]), np.array([0.9, 0.2, 0.5, 0.1]), np.array(["a", "a", "b", "b"])
-    boot = stats.bootstrap_aurocs(labels, scores, patients, 200, seed=0)[:, 0]
-    weights = reference_resamples(stats.cluster_codes(patients), 200, 0)
-    one_class = (weights[:, :2].sum(axis=1) == 0) | (weights[:, 2:].sum(axis=1) == 0)
+    # five patients, one holding every positive: a resample that misses it has one class
+    labels = np.array([1, 1, 0, 0, 0, 0, 0, 0])
+    scores = np.array([0.9, 0.2, 0.5, 0.1, 0.3, 0.4, 0.6, 0.7])
+    patients = np.array(["a", "a", "b", "b", "c", "d", "e", "e"])
+    boot = stats.bootstrap_aurocs(labels, scores, patients, 300, seed=0)[:, 0]
+    weights = reference_resamples(stats.cluster_codes(patients), 300, 0)
+    one_class = weights[:, labels == 1].sum(axis=1) == 0
     assert one_class.any() and (~one_class).any()
-    assert np.isnan(boot[one_class]).all()
-    assert (boot[~one_class] == roc_auc_score(labels, scores)).all()  # both patients once: the full AUROC
+    assert np.isnan(boot[one_class]).all() and np.isfinite(boot[~one_class]).all()
+    full = (weights == 1).all(axis=1)
+    assert (boot[full] == roc_auc_score(labels, scores)).all()
+
+
+def test_no_interval_from_fewer_than_five_clusters():
+    labels, scores, patients = np.array([1, 1, 0, 0]), np.array([0.9, 0.2, 0.5, 0.1]), np.array(["a", "b", "c", "d"])
+    assert np.isnan(stats.bootstrap_aurocs(labels, scores, patients, 50, seed=0)).all()
+    assert np.isnan(stats.cluster_bootstrap_ratio(np.ones(4), np.ones(4), patients, 50, np.random.default_rng(0))).all()
+    out = stats.auroc_with_ci(labels, scores, patients, 50)
+    assert out["auroc"] == 0.75 and np.isnan(out["auroc_ci_low"]) and np.isnan(out["auroc_ci_high"])
 
 
 def test_auroc_with_ci_is_sklearns_auroc_and_the_percentile_interval():

@@ -67,10 +67,12 @@ from ...core.errors import InvalidSetting
 from ...core.neighbors import Shortlist, l2_normalize, topk_similarity
 from ...core.results import Results
 from ...core.stats import (
+    MIN_CLUSTERS,
     LinearizedAUROC,
     ResampledAUROC,
     ResampledRatio,
     cluster_count_chunks,
+    few_clusters,
     resampled_sums,
     summarize_bootstrap,
 )
@@ -346,7 +348,8 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
             parts.append(dict(task=i, row=row, queries=q, disc=np.c_[disc, disc_all],
                               images=everyone[scored], margin=margin[scored], labels=y[scored]))
         del group_shortlist
-    summary = _summary(tasks, rows, parts, clusters, k, n_boot, seed, AUROC_ESTIMATORS[p.auroc_bootstrap])
+    summary = _summary(tasks, rows, parts, clusters, k, n_boot, seed, AUROC_ESTIMATORS[p.auroc_bootstrap],
+                       cluster_col)
     per = pd.concat(per_sample, ignore_index=True) if per_sample else pd.DataFrame(columns=PER_SAMPLE_COLUMNS)
     if len(tasks) > 1 and len(per):
         order = {(t.finding, t.target): i for i, t in enumerate(tasks)}
@@ -405,16 +408,16 @@ def _row(t: ct.Task, group: str, k: int, **values) -> dict:
     row = dict(finding=t.finding, acq_group=group, target=t.target, n_queries=0, n_pos=0, n_neg=0,
                bank_size=pd.NA, k=k)
     row.update({f"{m}{s}": np.nan for m in METRICS for s in ("", "_sd", "_ci_low", "_ci_high")})
-    row["reason"] = ""
+    row["reason"] = row["note"] = ""
     row.update(values)
     return row
 
 
-def _summary(tasks, rows, parts, clusters, k, n_boot, seed, auroc_boot) -> pd.DataFrame:
+def _summary(tasks, rows, parts, clusters, k, n_boot, seed, auroc_boot, cluster_col="patient_id") -> pd.DataFrame:
     """Group rows, one pooled row per task, the pools across tasks, and their bootstrap."""
     pooled = {i: _pooled_row(t, k, [p for p in parts if p["task"] == i]) for i, t in enumerate(tasks)}
     combos = _combined_rows(tasks, pooled, k)
-    _bootstrap(tasks, parts, pooled, combos, clusters, n_boot, seed, auroc_boot)
+    _bootstrap(tasks, parts, pooled, combos, clusters, n_boot, seed, auroc_boot, cluster_col)
     out = []
     for f in dict.fromkeys(t.finding for t in tasks):
         for i, t in enumerate(tasks):
@@ -472,7 +475,7 @@ def _combined_rows(tasks, pooled, k) -> list[tuple[dict, list[int], np.ndarray]]
     return out
 
 
-def _bootstrap(tasks, parts, pooled, combos, clusters, n_boot, seed, auroc_boot) -> None:
+def _bootstrap(tasks, parts, pooled, combos, clusters, n_boot, seed, auroc_boot, cluster_col="patient_id") -> None:
     """± and 95% intervals of every row, the banks fixed (candor.md "Reporting": "A ± value is the
     standard deviation over 1,000 bootstrap resamples clustered by patient. An interval is the 95%
     interval of the same resamples").
@@ -484,7 +487,10 @@ def _bootstrap(tasks, parts, pooled, combos, clusters, n_boot, seed, auroc_boot)
     tasks (``__chest__``, ``__mean__``) from those of all its tasks' groups, jointly. A resample
     draws as many patients as the set holds, uniformly with replacement, from a generator seeded by
     ``seed`` and the set itself (:func:`_patient_set_rng`): rows over the same patients (e.g. the
-    findings of a group labelled on the same images) share their resamples, which pairs them."""
+    findings of a group labelled on the same images) share their resamples, which pairs them.
+
+    A row over fewer than :data:`~robustbench_fm.core.stats.MIN_CLUSTERS` patients gets no ± and no
+    interval (a bootstrap of one patient has width 0) and a ``note`` naming ``cluster_col`` and the fix."""
     if n_boot == 0 or not parts:
         return
     by_task = {i: [j for j, p in enumerate(parts) if p["task"] == i] for i in range(len(tasks))}
@@ -498,6 +504,12 @@ def _bootstrap(tasks, parts, pooled, combos, clusters, n_boot, seed, auroc_boot)
     resampler.run()
     for tasks_parts, row, pool in rows:
         reps = resampler.replicates(tasks_parts)
+        (_, rate_patients), (_, auroc_patients) = resampler._keys(tasks_parts)
+        few = len(rate_patients) < MIN_CLUSTERS, len(rate_patients) < MIN_CLUSTERS, len(auroc_patients) < MIN_CLUSTERS
+        for task_reps in reps.values():  # (resamples x [D, D_all, AUROC]) per task
+            task_reps[:, np.array(few)] = np.nan
+        if any(few):
+            row["note"] = few_clusters(min(len(rate_patients), len(auroc_patients)), cluster_col)
         if pool is None:
             [task_reps] = reps.values()
             _fill_intervals(row, task_reps)

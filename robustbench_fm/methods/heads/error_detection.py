@@ -51,7 +51,7 @@ from ...core.devices import resolve_device
 from ...core.errors import InvalidSetting
 from ...core.neighbors import l2_normalize
 from ...core.results import Results
-from ...core.stats import bh_adjust, bootstrap_aurocs, bootstrap_p, percentile_ci
+from ...core.stats import bh_adjust, bootstrap_aurocs, bootstrap_p, few_clusters, percentile_ci
 from ..candor.impurity import neighbourhood_impurity
 from ..candor.stage import draw_group, group_rng
 from .failure import CONFIDENCE, confidence_scores, dm_proxy, ensemble_disagreement, knn_distance, mahalanobis
@@ -65,7 +65,7 @@ PARAMS = ErrorDetectionParams
 METHODS = (*CONFIDENCE, "ensemble", "mahalanobis", "knn", "impurity", "dm_proxy")
 SUMMARY_COLUMNS = ["finding", "stratum", "method", "auroc", "auroc_ci_low", "auroc_ci_high", "diff_vs_msp",
                    "diff_ci_low", "diff_ci_high", "p_value", "q_value", "confidence_max_diff", "n", "n_errors",
-                   "reason"]
+                   "reason", "note"]
 ALL = "__all__"
 
 
@@ -140,7 +140,8 @@ def cross_site_rows(manifest: pd.DataFrame, rows: HeadRows, train_on: str, site_
 
 
 def _stratum_rows(finding, stratum, error, scores: pd.DataFrame, clusters, n_boot, seed) -> list[dict]:
-    base = dict(finding=finding, stratum=stratum, n=len(error), n_errors=int(error.sum()), reason="")
+    base = dict(finding=finding, stratum=stratum, n=len(error), n_errors=int(error.sum()), reason="",
+                note=few_clusters(len(np.unique(clusters))) if n_boot else "")
     if len(np.unique(error)) < 2:
         return [dict(base, method=m, reason="no errors or no correct predictions among these rows")
                 for m in METHODS]

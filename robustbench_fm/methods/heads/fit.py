@@ -9,14 +9,14 @@ import numpy as np
 import pandas as pd
 from scipy.special import expit
 
-from ...core.stats import auroc_with_ci
+from ...core.stats import auroc_with_ci, few_clusters
 from .operating_point import rates, threshold_at_sensitivity
 from .rows import HeadRows
 from .train import TrainedHead, train_head
 
 SUMMARY_COLUMNS = ["finding", "head", "auroc", "auroc_ci_low", "auroc_ci_high", "val_auroc", "threshold",
                    "threshold_logit", "val_sensitivity", "test_sensitivity", "test_specificity", "n",
-                   "n_train", "n_val", "reason"]
+                   "n_train", "n_val", "reason", "note"]
 #: ``cluster``: the row's bootstrap cluster (``cluster_col``, else its sample_id), for paired comparisons
 PER_SAMPLE_COLUMNS = ["sample_id", "finding", "split", "label", "prob", "logit", "pred", "cluster"]
 
@@ -70,7 +70,8 @@ def fit_finding(features: np.ndarray, manifest: pd.DataFrame, finding: str, rows
     train, val, test = (_labelled(manifest, finding, r) for r in (rows.train, rows.val, rows.test))
     y = manifest[finding].to_numpy()
     summary = dict.fromkeys(SUMMARY_COLUMNS, np.nan) | dict(finding=finding, head=head, n=len(test),
-                                                             n_train=len(train), n_val=len(val), reason="")
+                                                             n_train=len(train), n_val=len(val), reason="",
+                                                             note="")
     for name, part in (("training", train), ("validation", val), ("test", test)):
         if len(np.unique(y[part])) < 2:
             summary["reason"] = f"the {name} rows lack positives or negatives ({len(part)} labelled rows)"
@@ -86,5 +87,6 @@ def fit_finding(features: np.ndarray, manifest: pd.DataFrame, finding: str, rows
                    val_auroc=auroc_with_ci(y[val], val_logit, None, 0)["auroc"],
                    threshold=float(expit(fit.threshold_logit)), threshold_logit=fit.threshold_logit,
                    val_sensitivity=rates(y[val], val_logit >= fit.threshold_logit)[0],
-                   test_sensitivity=sens, test_specificity=spec)
+                   test_sensitivity=sens, test_specificity=spec,
+                   note=few_clusters(len(np.unique(clusters)), cluster_col) if n_boot else "")
     return fit

@@ -15,6 +15,9 @@ from croma_cohorts import cohort, quartets, reference_manifest
 from robustbench_fm import evaluate
 from robustbench_fm.methods.croma import stage
 
+#: per-sample columns for paired comparisons (stage docstring)
+PAIRING_COLUMNS = ["n_so", "n_typed", "so_weight", "typed_weight", "cluster"]
+
 GRID = list(stage.DEFAULT_K_GRID)
 reference_bacc = reference_neighbors._balanced_accuracy_by_k_from_prepared_neighbors
 
@@ -79,9 +82,9 @@ def test_agrees_with_reference(name):
                                rtol=0, atol=1e-6)
     if design == "paired_2x2":
         assert row["croma_std"] == pytest.approx(cr.std, abs=1e-6) and row["n_subsets"] == cr.n_pairs
-        assert list(ps.columns) == ["sample_id", "subset", "croma", "d_so", "d_os", "ri", "mari"]
+        assert list(ps.columns) == ["sample_id", "subset", "croma", "d_so", "d_os", "ri", "mari", *PAIRING_COLUMNS]
     else:
-        assert list(ps.columns) == ["sample_id", "croma", "d_so", "d_os", "ri", "mari"]
+        assert list(ps.columns) == ["sample_id", "croma", "d_so", "d_os", "ri", "mari", *PAIRING_COLUMNS]
 
 
 @pytest.mark.parametrize("k", [3, 71])

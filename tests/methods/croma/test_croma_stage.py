@@ -214,7 +214,7 @@ def test_results_save(tmp_path):
     x, manifest = cohort(slides_per_cell=2, tiles_per_slide=10)
     res = evaluate("croma", x, manifest)
     res.save(tmp_path)
-    assert pd.read_parquet(tmp_path / "per_sample.parquet").shape == (80, 6)
+    assert pd.read_parquet(tmp_path / "per_sample.parquet").shape == (80, 11)  # + n_so, n_typed, weights, cluster
     assert pd.read_parquet(tmp_path / "summary.parquet")["k"].dtype == np.int64
 
 
