@@ -90,7 +90,9 @@ class Pairing:
     for every encoder: a query, a tile, a question), the ``cluster`` column the bootstrap resamples
     (patients; slides; volumes), the ``rows`` columns naming the summary row an item belongs to (e.g.
     finding, target, matched group), and ``pool``: a row column over which a pooled row is added too
-    (named ``pooled``, e.g. CANDOR's ``__pooled__`` over matched groups)."""
+    (named ``pooled``, e.g. CANDOR's ``__pooled__`` over matched groups); ``mean_over``: a row column
+    whose pooled rows are averaged with equal weights into a row named ``mean`` (CANDOR's one-vs-rest
+    ``__mean__`` over classes)."""
 
     metrics: tuple[Paired, ...]
     cluster: str = "cluster"
@@ -99,6 +101,8 @@ class Pairing:
     pool: str = ""
     pooled: str = "__pooled__"
     table: str = "per_sample"
+    mean_over: str = ""
+    mean: str = "__mean__"
 
 
 @dataclass(frozen=True)

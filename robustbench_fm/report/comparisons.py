@@ -107,22 +107,28 @@ def _row_label(keys: dict, finding) -> str:
     return " / ".join(parts)
 
 
-def _units(items: pd.DataFrame, pairing) -> list[tuple[dict, pd.DataFrame, str]]:
-    """(row keys, its items, stratum column or "") for every row of the items and the pooled rows."""
+def _units(items: pd.DataFrame, pairing) -> list[tuple[dict, pd.DataFrame, tuple[str, ...], str]]:
+    """(row keys, its items, strata columns, the column whose values weigh equally or "") for every row
+    of the items, the pooled rows (``Pairing.pool``: strata are its values) and the mean rows
+    (``Pairing.mean_over``: strata are its values, each the pooled row of one of them)."""
     rows = [c for c in pairing.rows if c in items.columns]
     out = []
     for keys, part in (items.groupby(rows, sort=True, dropna=False) if rows else [((), items)]):
-        keys = dict(zip(rows, keys if isinstance(keys, tuple) else (keys,)))
-        out.append((keys, part, ""))
-    if pairing.pool and pairing.pool in rows:
-        others = [c for c in rows if c != pairing.pool]
+        out.append((dict(zip(rows, keys if isinstance(keys, tuple) else (keys,))), part, (), ""))
+
+    def pooled(over: list[str], named: dict, strata: tuple[str, ...], outer: str):
+        others = [c for c in rows if c not in over]
         for keys, part in (items.groupby(others, sort=True, dropna=False) if others else [((), items)]):
-            if part[pairing.pool].nunique() < 2:
+            if part[over[-1]].nunique() < 2:
                 continue
             keys = dict(zip(others, keys if isinstance(keys, tuple) else (keys,)))
-            keys = {c: keys.get(c, pairing.pooled) for c in rows}
-            keys[pairing.pool] = pairing.pooled
-            out.append((keys, part, pairing.pool))
+            out.append(({c: named.get(c, keys.get(c)) for c in rows}, part, strata, outer))
+
+    if pairing.pool and pairing.pool in rows:
+        pooled([pairing.pool], {pairing.pool: pairing.pooled}, (pairing.pool,), "")
+        if pairing.mean_over and pairing.mean_over in rows:
+            pooled([pairing.pool, pairing.mean_over], {pairing.pool: pairing.pooled, pairing.mean_over: pairing.mean},
+                   (pairing.mean_over, pairing.pool), pairing.mean_over)
     return out
 
 
@@ -137,10 +143,12 @@ def _summary_value(summaries: pd.DataFrame, encoder: str, keys: dict, metric: st
     return float(rows[metric].iloc[0]) if len(rows) == 1 else None
 
 
-def _compare_unit(unit: pd.DataFrame, paired, pairing, stratum: str, encoders: list[str], seed: int,
-                  n_boot: int) -> tuple[dict, list[dict]]:
+def _compare_unit(unit: pd.DataFrame, paired, pairing, strata_cols: tuple[str, ...], outer: str,
+                  encoders: list[str], seed, n_boot: int) -> tuple[dict, list[dict]]:
     """Estimates of every encoder and one record per pair of encoders for one (metric, row)."""
-    key = [c for c in (stratum, pairing.item) if c]
+    if paired.value not in unit.columns or unit[paired.value].isna().all():  # not this metric's row
+        return {}, []
+    key = [*strata_cols, pairing.item]
     by_enc = {e: part.drop_duplicates(key).set_index(key) for e, part in unit.groupby("encoder", sort=True)}
     encoders = [e for e in encoders if e in by_enc]
     common = None
@@ -149,32 +157,36 @@ def _compare_unit(unit: pd.DataFrame, paired, pairing, stratum: str, encoders: l
     if common is None:
         return {}, []
 
-    def boot(names: list[str], index: pd.Index):
+    def boot(names: list[str], index: pd.Index, n_boot: int = n_boot):
         first = by_enc[names[0]].loc[index]
         values = np.stack([by_enc[e].loc[index, paired.value].to_numpy(float) for e in names])
         other = np.stack([by_enc[e].loc[index, paired.other].to_numpy(float) for e in names]) if paired.other \
             else None
         strata = weights = None
-        if stratum:
-            strata = pd.factorize(first.index.get_level_values(stratum), sort=True)[0]
-            if paired.pool_weight:
-                w = first[paired.pool_weight].astype(float).to_numpy()
-                weights = np.bincount(strata, weights=w, minlength=int(strata.max()) + 1 if len(strata) else 0)
-            else:  # the pooled row's items are one set
-                strata = None
+        if strata_cols and paired.pool_weight:  # strata weighted by their items' pool_weight (equal per outer)
+            labels = pd.DataFrame({c: first.index.get_level_values(c).astype(str) for c in strata_cols})
+            strata = labels.groupby(list(strata_cols), sort=True).ngroup().to_numpy()
+            w = np.bincount(strata, weights=first[paired.pool_weight].astype(float).to_numpy())
+            if outer:  # each value of ``outer`` weighs 1: its strata's weights normalised within it
+                outer_of = labels.groupby(strata)[outer].first().reindex(range(len(w))).to_numpy()
+                within = pd.Series(w).groupby(outer_of).transform("sum").to_numpy()
+                w = np.divide(w, within, out=np.zeros_like(w), where=within > 0)
+            weights = w
+        elif outer:  # the mean row: each value of ``outer`` one stratum of equal weight, its items one set
+            strata = pd.factorize(first.index.get_level_values(outer), sort=True)[0]
         clusters = first[pairing.cluster].astype(str).to_numpy()
         est, reps = paired_bootstrap(paired.kind, values, clusters, n_boot, seed, other=other, strata=strata,
                                      weights=weights)
         return est, reps, int(len(np.unique(clusters)))
 
-    estimates = {}
     full = all(len(by_enc[e].index) == len(common) for e in encoders)
-    shared = boot(encoders, common) if len(common) else None
-    if shared is not None:
-        estimates = dict(zip(encoders, shared[0]))
+    shared = boot(encoders, common) if full and len(common) else None
+    # each encoder's estimate on all of its own items (what its summary shows, checked by the caller)
+    estimates = dict(zip(encoders, shared[0])) if shared is not None else \
+        {e: boot([e], by_enc[e].index, 0)[0][0] for e in encoders if len(by_enc[e].index)}
     records = []
     for a, b in combinations(encoders, 2):
-        if full:
+        if shared is not None:
             index = common
             est, reps, n_clusters = shared
             ia, ib = encoders.index(a), encoders.index(b)
@@ -215,10 +227,10 @@ def compare(results: SweepResults, n_boot: int = N_BOOT, seed: int = SEED) -> Co
                 summ = summ[[_setting(results, j, settings) == setting for j in summ["job"]]]
             for paired in pairing.metrics:
                 chosen = part[_where(part, paired.where)]
-                for keys, unit, stratum in _units(chosen, pairing):
+                for keys, unit, strata_cols, outer in _units(chosen, pairing):
                     finding = keys.get("finding", "")
                     unit_seed = zlib.crc32(json.dumps([dataset, stage, paired.metric, keys], default=str).encode())
-                    estimates, records = _compare_unit(unit, paired, pairing, stratum, encoders,
+                    estimates, records = _compare_unit(unit, paired, pairing, strata_cols, outer, encoders,
                                                        (seed, unit_seed), n_boot)
                     if not records:
                         continue
@@ -287,16 +299,28 @@ def rank(pairs: pd.DataFrame) -> pd.DataFrame:
 
 
 def headline_rows(ranking: pd.DataFrame) -> pd.DataFrame:
-    """The rows that stand for a whole finding: the pooled row where a finding has one (CANDOR's
-    ``__pooled__`` over matched groups), else its only row(s)."""
+    """The rows that stand for a whole finding: its pooled rows where it has any (CANDOR's
+    ``__pooled__`` over matched groups, and a one-vs-rest ``__mean__``), else all its rows (e.g. each
+    SPAR configuration)."""
     if ranking.empty:
         return ranking
     pooled = ranking["row"].astype(str).str.split(" / ").map(lambda p: POOLED in p)
     key = ranking[["dataset", "setting", "method", "metric", "finding"]].astype(str).agg("\x1f".join, axis=1)
-    has_pool = key.isin(key[pooled])
-    rows = ranking["row"].astype(str)
-    single = ~has_pool & (key.map(ranking.assign(_k=key).groupby("_k")["row"].nunique()) == 1)
-    return ranking[pooled | single | (~has_pool & (rows == ""))]
+    return ranking[pooled | ~key.isin(key[pooled])]
+
+
+def _first_metric(ranking: pd.DataFrame) -> pd.DataFrame:
+    """Per (dataset, setting, method, finding): the rows of the method's first headline metric that was
+    compared there (else the first compared metric)."""
+    if ranking.empty:
+        return ranking
+    keep = np.zeros(len(ranking), bool)
+    for (_, _, stage, _), part in ranking.groupby(["dataset", "setting", "method", "finding"], sort=False):
+        method = methods.find(stage)
+        order = [m.name for m in method.headline] if method is not None else []
+        metric = min(part["metric"].unique(), key=lambda m: order.index(m) if m in order else len(order))
+        keep[ranking.index.get_indexer(part.index[part["metric"] == metric])] = True
+    return ranking[keep]
 
 
 def overall(ranking: pd.DataFrame) -> pd.DataFrame:
@@ -324,46 +348,42 @@ def _names(names: list[str]) -> str:
 
 
 def verdict(comparisons: Comparisons) -> list[str]:
-    """One plain sentence per (dataset, method, finding) on the method's first compared headline
+    """One plain sentence per finding (and headline row) on the method's first compared headline
     metric: the best set, and the gap to the nearest encoder outside it (or to the runner-up) with its
     paired interval and Holm-adjusted p."""
-    ranking = headline_rows(comparisons.ranking)
+    ranking = _first_metric(headline_rows(comparisons.ranking))
     if ranking.empty:
         return []
     lines = []
     n_datasets = ranking["dataset"].nunique()
-    for (dataset, setting, stage), part in ranking.groupby(["dataset", "setting", "method"], sort=False):
+    n_rows = ranking.groupby(["dataset", "setting", "method", "metric", "finding"])["row"].nunique()
+    for (dataset, setting, stage, metric, finding, row), rows in ranking.groupby(
+            ["dataset", "setting", "method", "metric", "finding", "row"], sort=False):
         method = methods.find(stage)
-        order = [m.name for m in method.headline] if method is not None else []
-        metric = min(part["metric"].unique(), key=lambda m: order.index(m) if m in order else len(order))
         title = method.title if method is not None else stage
-        better = next((m.better for m in method.headline if m.name == metric), "higher") if method else "higher"
-        for (finding, row), rows in part[part["metric"] == metric].groupby(["finding", "row"], sort=False):
-            rows = rows.sort_values("rank", kind="stable")
-            best = rows[rows["in_best_set"]]["encoder"].tolist()
-            rest = rows[~rows["in_best_set"]]
-            parts = str(row).split(" / ")
-            shown = " / ".join(p for p in parts if p != POOLED) if POOLED in parts else ""  # a lone group: no name
-            where = f"{finding}" + (f" ({shown})" if shown else "") + (f" on {dataset}" if n_datasets > 1 else "")
-            head = f"{where}, {title} {metric} ({better} is better): "
-            top = rows.iloc[0]
-            if len(best) == 1:
-                text = f"{best[0]} is best alone ({_fmt(top['estimate'])})"
-            elif rest.empty:
-                text = f"{_names(best)} are indistinguishable (best {top['encoder']} {_fmt(top['estimate'])})"
-            else:
-                text = f"{_names(best)} are indistinguishable (best {top['encoder']} {_fmt(top['estimate'])})"
-            if not rest.empty:
-                nxt = rest.iloc[0]
-                worse = rest["encoder"].tolist()
-                text += (f"; {_names(worse)} {'is' if len(worse) == 1 else 'are'} worse: {nxt['encoder']} by "
-                         f"{_fmt(nxt['gap'])} (95% CI {_fmt(nxt['gap_ci_low'])} to {_fmt(nxt['gap_ci_high'])}, "
-                         f"Holm p {_p(nxt['p_holm'])})")
-            elif len(rows) > 1:
-                nxt = rows.iloc[1]
-                text += (f"; the gap to {nxt['encoder']} is {_fmt(nxt['gap'])} (95% CI {_fmt(nxt['gap_ci_low'])} "
-                         f"to {_fmt(nxt['gap_ci_high'])}, Holm p {_p(nxt['p_holm'])})")
-            lines.append(head + text + ".")
+        rows = rows.sort_values("rank", kind="stable")
+        best = rows[rows["in_best_set"]]["encoder"].tolist()
+        rest = rows[~rows["in_best_set"]]
+        parts = str(row).split(" / ")
+        parts = ["mean over its classes" if p == "__mean__" else p for p in parts]
+        shown = " / ".join(p for p in parts if p != POOLED) if POOLED in parts else \
+            str(row) if n_rows[(dataset, setting, stage, metric, finding)] > 1 else ""  # a finding's only row
+        where = f"{finding}" + (f" ({shown})" if shown else "") + (f" on {dataset}" if n_datasets > 1 else "")
+        top = rows.iloc[0]
+        text = (f"{where}, {title} {metric} ({top['better_is']} is better): "
+                + (f"{best[0]} is best alone ({_fmt(top['estimate'])})" if len(best) == 1 else
+                   f"{_names(best)} are indistinguishable (best {top['encoder']} {_fmt(top['estimate'])})"))
+        if not rest.empty:
+            nxt = rest.iloc[0]
+            worse = rest["encoder"].tolist()
+            text += (f"; {_names(worse)} {'is' if len(worse) == 1 else 'are'} worse: {nxt['encoder']} by "
+                     f"{_fmt(nxt['gap'])} (95% CI {_fmt(nxt['gap_ci_low'])} to {_fmt(nxt['gap_ci_high'])}, "
+                     f"Holm p {_p(nxt['p_holm'])})")
+        elif len(rows) > 1:
+            nxt = rows.iloc[1]
+            text += (f"; the gap to {nxt['encoder']} is {_fmt(nxt['gap'])} (95% CI {_fmt(nxt['gap_ci_low'])} "
+                     f"to {_fmt(nxt['gap_ci_high'])}, Holm p {_p(nxt['p_holm'])})")
+        lines.append(text + ".")
     return lines
 
 
@@ -382,7 +402,7 @@ def write(folder: str | Path, comparisons: Comparisons) -> list[Path]:
         if comparisons.empty:
             path.unlink(missing_ok=True)
             continue
-        write_text_atomic(path, frame.to_csv(index=False, float_format="%.6g"))
+        write_text_atomic(path, frame.to_csv(index=False))  # full precision: read() gives the same numbers
         out.append(path)
     return out
 
@@ -433,12 +453,12 @@ def heatmap_figure(pairs: pd.DataFrame, ranking: pd.DataFrame, title: str):
         star[i, j] = star[j, i] = p["p_holm"] <= ALPHA
     good = -diff if lower else diff  # > 0: the row's encoder is better
     scale = np.nanmax(np.abs(diff)) if np.isfinite(diff).any() else 1.0
-    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * n, 0.9 + 0.7 * n))
+    fig, ax = plt.subplots(figsize=(3.2 + 1.0 * n, 2.4 + 0.75 * n))
     ax.imshow(good, cmap="RdYlGn", vmin=-scale or -1, vmax=scale or 1)
     for i in range(n):
         for j in range(n):
             if i != j and np.isfinite(diff[i, j]):
-                ax.text(j, i, f"{diff[i, j]:+.3f}{'*' if star[i, j] else ''}", ha="center", va="center", fontsize=8,
+                ax.text(j, i, f"{diff[i, j]:+.3f}{'*' if star[i, j] else ''}", ha="center", va="center", fontsize=7,
                         fontweight="bold" if star[i, j] else "normal")
     ax.set_xticks(range(n), order, rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(n), order, fontsize=8)
@@ -454,7 +474,7 @@ def heatmaps(comparisons: Comparisons, folder: Path) -> list[tuple[str, Path]]:
     ``.pdf`` in ``folder``; returns (caption, PNG)."""
     from ..methods.croma.plots import save_figure
 
-    ranking = headline_rows(comparisons.ranking)
+    ranking = _first_metric(headline_rows(comparisons.ranking))
     if ranking.empty or len(ranking["encoder"].unique()) < 2:
         return []
     pairs = comparisons.pairs
@@ -462,12 +482,11 @@ def heatmaps(comparisons: Comparisons, folder: Path) -> list[tuple[str, Path]]:
     keys = ["dataset", "setting", "method", "metric", "finding", "row"]
     for key, part in ranking.groupby(keys, sort=False):
         method = methods.find(key[2])
-        first = next((m for m in (method.headline if method else ()) if m.name in set(ranking["metric"])), None)
-        if first is not None and key[3] != first.name:
-            continue
         sel = np.logical_and.reduce([pairs[c].astype(str) == str(v) for c, v in zip(keys, key)])
         unit = pairs[sel]
-        title = f"{method.title if method else key[2]} {key[3]}: {key[4]}"
+        title = f"{method.title if method else key[2]} {key[3]}: {key[4]}" + \
+            (f" ({key[5].replace(POOLED, 'pooled').replace('__mean__', 'mean')})" if key[5] and key[5] != POOLED
+             else "")
         fig = heatmap_figure(unit, part, title)
         png = save_figure(fig, folder / f"figure_which_{len(out) + 1}")[0]
         import matplotlib.pyplot as plt
@@ -480,22 +499,16 @@ def heatmaps(comparisons: Comparisons, folder: Path) -> list[tuple[str, Path]]:
 
 
 def first_metric_rows(comparisons: Comparisons) -> pd.DataFrame:
-    """The ranking's headline rows (:func:`headline_rows`) on each method's first compared headline
+    """The ranking's headline rows (:func:`headline_rows`) on each finding's first compared headline
     metric, as a report shows them: encoder, estimate, rank, whether it is in the best set and its gap to
     the best with the paired interval and Holm-adjusted p."""
-    ranking = headline_rows(comparisons.ranking)
-    if ranking.empty:
-        return ranking
-    keep = []
-    for stage, part in ranking.groupby("method", sort=False):
-        method = methods.find(stage)
-        order = [m.name for m in method.headline] if method is not None else []
-        metric = min(part["metric"].unique(), key=lambda m: order.index(m) if m in order else len(order))
-        keep.append(part[part["metric"] == metric])
-    rows = pd.concat(keep, ignore_index=True)
+    rows = _first_metric(headline_rows(comparisons.ranking))
+    if rows.empty:
+        return rows
     show = rows.assign(best_set=np.where(rows["in_best_set"].astype(bool), "yes", ""),
-                       row=rows["row"].astype(str).str.replace(POOLED, "pooled", regex=False))
-    columns = ["method", "metric", "finding", "encoder", "estimate", "rank", "best_set", "gap", "gap_ci_low",
+                       row=rows["row"].astype(str).str.replace(POOLED, "pooled", regex=False)
+                       .str.replace("__mean__", "mean", regex=False))
+    columns = ["method", "metric", "finding", "row", "encoder", "estimate", "rank", "best_set", "gap", "gap_ci_low",
                "gap_ci_high", "p_holm"]
     if show["dataset"].nunique() > 1:
         columns.insert(0, "dataset")

@@ -331,7 +331,8 @@ def _metrics(long: pd.DataFrame, stage: str) -> pd.DataFrame:
     """One stage's long rows as one row per (encoder, dataset, task, group) with ``n`` and one
     column per metric. Where the stage's group holds CANDOR's pooled matched group
     (``__pooled__``), only pooled rows are kept and the group's other parts (e.g. the target)
-    are appended to ``task`` where they differ from it."""
+    are appended to ``task`` where they differ from it. ``<metric>_ci_low`` / ``_ci_high`` hold
+    each metric's interval where the long rows give one."""
     keys = ["encoder", "dataset", "task", "group"]
     rows = long[long["stage"] == stage]
     parts = rows["group"].str.split(" / ")
@@ -343,6 +344,11 @@ def _metrics(long: pd.DataFrame, stage: str) -> pd.DataFrame:
     if rows.empty:
         return pd.DataFrame(columns=keys + ["n"])
     wide = rows.pivot_table(index=keys, columns="metric", values="value", sort=False).reset_index()
+    for bound in ("ci_low", "ci_high"):  # each metric's interval beside it, for the figures' error bars
+        if bound in rows.columns and rows[bound].notna().any():
+            part = rows.pivot_table(index=keys, columns="metric", values=bound, sort=False)
+            part.columns = [f"{m}_{bound}" for m in part.columns]
+            wide = wide.merge(part.reset_index(), on=keys, how="left")
     n = rows.groupby(keys, sort=False)["n"].first().rename("n").reset_index()
     wide = wide.merge(n, on=keys, how="left")
     wide.columns.name = None

@@ -28,7 +28,8 @@ register(Method(
     pairing=Pairing(metrics=(Paired("d", "mean", "discordant", where="query"),
                              Paired("d_all", "mean", "discordant_all", where="query"),
                              Paired("margin_auroc", "auroc", "margin", "label", pool_weight="query")),
-                    rows=("finding", "target", "acq_group"), pool="acq_group", table="items")))
+                    rows=("finding", "target", "acq_group"), pool="acq_group", table="items",
+                    mean_over="target")))
 register(Method(
     "retention", "CANDOR erasure retention: re-embed positives with the expert box filled",
     f"{__name__}.retention", display_name="occlusion retention",

@@ -31,15 +31,31 @@ MARKERS = "os^vD<>pP*Xh"
 RATE_LIMITS = (-0.05, 1.05)
 #: D and D_all sit this factor left and right of their number of positives (log axis)
 OFFSET = 1.08
+#: encoders sit this factor apart around their number of positives (log axis), so none hides another
+DODGE = 1.035
 #: points labelled with their encoder's name up to this many per measure
 MAX_LABELS = 12
 
 
 
 
+def _error_bars(ax, x, df: pd.DataFrame, col: str, colour) -> None:
+    """Each point's 95% interval (``<col>_ci_low`` / ``_ci_high``, where the frame has them) as a
+    vertical bar in its colour."""
+    if f"{col}_ci_low" not in df.columns:
+        return
+    lo, hi, y = (df[c].to_numpy(float) for c in (f"{col}_ci_low", f"{col}_ci_high", col))
+    ok = np.isfinite(lo) & np.isfinite(hi) & np.isfinite(y)
+    colours = np.broadcast_to(np.asarray(colour, dtype=object), y.shape)
+    for xi, yi, l_, h_, c in zip(np.asarray(x, float)[ok], y[ok], lo[ok], hi[ok], colours[ok]):
+        ax.errorbar(xi, yi, yerr=[[yi - l_], [h_ - yi]], fmt="none", ecolor=c, elinewidth=0.9, capsize=2, zorder=2)
+
+
 def _rate_axis(ax, label: str) -> None:
     """0 to 1 with a margin, the chance level 1/2 dashed."""
     ax.axhline(CHANCE, ls="--", color="k", lw=0.8)
+    ax.annotate("chance 1/2", (1, CHANCE), xycoords=("axes fraction", "data"), xytext=(-3, 3),
+                textcoords="offset points", ha="right", va="bottom", fontsize=7)
     ax.set_ylim(*RATE_LIMITS)
     ax.set_yticks(np.linspace(0, 1, 6))
     ax.set_ylabel(label)
@@ -47,7 +63,8 @@ def _rate_axis(ax, label: str) -> None:
 
 def positives_figure(df: pd.DataFrame) -> Figure:
     """D (filled circles) and D_all (open triangles, shifted right) against the number of positive
-    queries (log axis), one colour per encoder, each point labelled with its encoder where there
+    queries (log axis), one colour per encoder (encoders side by side, each point with its 95%
+    interval where the frame has one), each point labelled with its encoder where there
     are few; Spearman ρ of each measure in the legend where it is defined (3 or more distinct
     points); chance 1/2 dashed (candor.md Figure 2)."""
     _require(df, ("n", "d", "d_all"), "D vs positives")
@@ -61,14 +78,17 @@ def positives_figure(df: pd.DataFrame) -> Figure:
                                       ("d", "$D$ (equal sets)", "o", 1 / OFFSET)):
         enc = df["encoder"].astype(str) if "encoder" in df.columns else pd.Series("", index=df.index)
         colour = enc.map(colours)
-        ax.scatter(n * shift, df[col], s=28, marker=marker, zorder=3, linewidths=1.2,
+        # encoders side by side around their number of positives, so none hides another's markers
+        x = n * shift * DODGE ** (enc.map({e: k for k, e in enumerate(encoders)}) - (len(encoders) - 1) / 2)
+        _error_bars(ax, x, df, col, colour)
+        ax.scatter(x, df[col], s=28, marker=marker, zorder=3, linewidths=1.2,
                    facecolors="none" if col == "d_all" else colour, edgecolors=colour)
         rho = spearman(n, df[col])
         shown.append(Line2D([], [], ls="", marker=marker, color="0.3", mfc="none" if col == "d_all" else "0.3",
                             label=label if np.isnan(rho) else f"{label}: Spearman ρ = {rho:.3f}"))
         if col == "d" and len(df) <= MAX_LABELS and encoders != [""]:
-            for x, y, name in zip(n * shift, df[col], enc):
-                ax.annotate(name, (x, y), xytext=(-5, 0), textcoords="offset points", ha="right", va="center",
+            for x_, y, name in zip(x, df[col], enc):
+                ax.annotate(name, (x_, y), xytext=(-5, 0), textcoords="offset points", ha="right", va="center",
                             fontsize=7, color=colours[name])
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -100,6 +120,7 @@ def collapse_figure(df: pd.DataFrame) -> Figure:
     for k, encoder in enumerate(encoders):
         rows = df[df["encoder"].astype(str) == encoder]
         x = np.array([tasks.index(t) for t in rows["task"]], float) + (k - (len(encoders) - 1) / 2) * width
+        _error_bars(ax, x, rows, "d", f"C{k % 10}")
         ax.scatter(x, rows["d"], marker=MARKERS[k % len(MARKERS)], color=f"C{k % 10}", label=encoder, zorder=3)
     ax.set_xticks(range(len(tasks)), tasks, rotation=30, ha="right")
     ax.set_xlim(-0.5, len(tasks) - 0.5)

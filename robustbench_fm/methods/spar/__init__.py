@@ -6,7 +6,7 @@ labels), over the CT volumes of :mod:`robustbench_fm.data.ct` (NIfTI in RAS, the
 TotalSegmentator layouts, phantoms). What the numbers mean (a report's "How to read this"):
 ``guide``.
 """
-from .. import Method, register
+from .. import Method, Paired, Pairing, register
 from .params import FINDINGS, SparParams
 
 register(Method("spar", "SPAR-Bench spatial probes (Levels 1-3) on token sequences, frozen or finetuned",
@@ -15,4 +15,9 @@ register(Method("spar", "SPAR-Bench spatial probes (Levels 1-3) on token sequenc
                 group_columns=("label", "section", "head", "mode", "eval_dataset", "organ", "seed"),
                 param_columns=("epochs", "lr", "chance", "majority", "prior"), tables=f"{__name__}.tables",
                 figures=f"{__name__}.plots:report_figures", tables_after_run=True, params=SparParams,
-                findings=FINDINGS))
+                findings=FINDINGS,
+                # the test questions and tile sets are the same for every encoder: each probe's accuracy,
+                # Level 1's MED and Level 2's patch accuracy compared paired, resampling volumes (subjects)
+                pairing=Pairing(metrics=(Paired("accuracy", "mean", "accuracy"), Paired("med", "mean", "med"),
+                                         Paired("patch_acc", "mean", "patch_acc")), item="item",
+                                rows=("finding", "head", "mode", "eval_dataset", "seed", "organ"), table="items")))

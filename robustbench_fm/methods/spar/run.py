@@ -196,6 +196,8 @@ class TileTask:
             resized = np.array(self.s.slices.shape[-1:-3:-1], np.float32)  # (W, H) of the resized slices
             m, m_n = (metrics.localization(pred, self.centroids[idx], present, self.setup.sdr_px, scale=sc)
                       for sc in (resized, native))
+            dist = np.linalg.norm((pred - self.centroids[idx]) * resized, axis=-1)  # the 224 frame, as ``med``
+            self.items = self._slot_items(idx, present, "med", dist)
             overall = {"med": m["med"], "sdr": m["sdr"], "med_native": m_n["med"], "sdr_native": m_n["sdr"],
                        "n": m["n"]}
             per = [{"organ": o, "med": v, "med_native": v_n, "n": int(present[:, j].sum())} for j, (o, v, v_n) in
@@ -207,10 +209,21 @@ class TileTask:
             cells = np.empty_like(perm)
             cells[rows, perm] = hungarian(p, shown)
             m = metrics.permutation(cells, np.asarray(self.s.grid_cells[idx]), present)
+            self.items = self._slot_items(idx, present, "patch_acc",
+                                          (cells == np.asarray(self.s.grid_cells[idx])).astype(float))
             overall = {"patch_acc": m["patch_acc"], "perm_acc": m["perm_acc"], "n": m["n"]}
             per = [{"organ": o, "patch_acc": v, "n": int(present[:, j].sum())} for j, (o, v) in
                    enumerate(zip(ORGANS, m["per_slot_acc"]))]
         return [{"finding": self.level, "organ": "all", **overall}] + [{"finding": self.level, **r} for r in per]
+
+    def _slot_items(self, idx: np.ndarray, present: np.ndarray, metric: str, values: np.ndarray) -> pd.DataFrame:
+        """The items :meth:`score` scored, for paired comparisons between encoders (``Results.items``):
+        one per present organ slot of a test tile set, its ``metric`` value and its volume (subject)."""
+        at, slot = np.nonzero(present)
+        ids = self.s.table["sample_id"].to_numpy()[idx][at]
+        return pd.DataFrame({"item": [f"{i}:{ORGANS[j]}" for i, j in zip(ids, slot)], "finding": self.level,
+                             "organ": "all", metric: values[at, slot],
+                             "cluster": self.s.table["subject_id"].astype(str).to_numpy()[idx][at]})
 
 
 class QueryTask:
@@ -247,6 +260,12 @@ class QueryTask:
         pred = np.where(np.arange(MAX_CLASSES)[None] < k[:, None], out, -np.inf).argmax(-1)
         probes = np.array(L3_PROBES)[self.probe[idx]]
         ref = (None, None) if self.reference is None else (self.reference[0][idx], self.reference[1][idx])
+        q = self.s.questions
+        subject = self.s.slice_table["subject_id"].astype(str).to_numpy()[q["slice_row"].to_numpy()[idx]]
+        # the items scored, for paired comparisons between encoders: each question, right or wrong, its volume
+        self.items = pd.DataFrame({"item": q["question_id"].astype(str).to_numpy()[idx], "finding": probes,
+                                   "organ": "all", "accuracy": (pred == self.label[idx]).astype(float),
+                                   "cluster": subject})
         return [{**r, "organ": "all"} for r in metrics.probe_rows(pred, self.label[idx], probes, self.n_classes[idx],
                                                                   *ref)]
 
@@ -283,6 +302,7 @@ class EncoderRun:
         self.device, self.cache_dir, self.dataset = device, cache_dir, dataset
         self.oracle = isinstance(encoder, str) and encoder == ORACLE
         self._frozen: dict = {}
+        self.items: list[pd.DataFrame] = []  # what each configuration scored, item by item (run_encoder)
 
     # --- inputs per (mode, level, cohort)
     def _frozen_source(self, level: str, name: str, samples: SparSamples):
@@ -405,6 +425,7 @@ class EncoderRun:
                     continue
                 out = predict(model, t.batch, idx, setup.eval_batch_size, self.device, t.groups)
                 rows += [{**r, "eval_dataset": name} for r in t.score(out, idx)]
+                self.items.append(t.items.assign(eval_dataset=name, head=head, mode=mode, seed=seed))
         del model, tried
         per = info.get("by_probe", {})
         return [{"head": head, "mode": mode, "seed": seed, "epochs": info["epochs"], "lr": info["lr"], **r,
@@ -466,8 +487,11 @@ def configurations(encoder: str, heads, modes: dict, combined) -> list[tuple[str
 
 
 def run_encoder(encoder, samples: SparSamples, transfers: dict[str, SparSamples], setup: Setup,
-                configs: list[tuple[str, str]], device, cache_dir: Path | None, dataset: str) -> pd.DataFrame:
-    """Metric rows of every configuration x level x seed of one encoder (long over organs)."""
+                configs: list[tuple[str, str]], device, cache_dir: Path | None, dataset: str,
+                items: list | None = None) -> pd.DataFrame:
+    """Metric rows of every configuration x level x seed of one encoder (long over organs); ``items``
+    (a list) receives the scored items of every configuration (one frame each: item, finding, organ,
+    the metric's per-item value, cluster = volume, eval_dataset, head, mode, seed)."""
     run = EncoderRun(encoder, samples, transfers, setup, device, cache_dir, dataset)
     name = encoder if isinstance(encoder, str) else encoder.spec.name
     rows = []
@@ -477,4 +501,6 @@ def run_encoder(encoder, samples: SparSamples, transfers: dict[str, SparSamples]
                 for seed in setup.seeds:
                     log.info("spar %s: %s/%s %s seed %d", name, head, mode, level, seed)
                     rows += run.run_config(head, mode, level, seed)
+    if items is not None:
+        items += run.items
     return pd.DataFrame(rows)

@@ -76,13 +76,18 @@ def _transfer_samples(transfer: dict, cache_dir, seed: int) -> dict:
     return out
 
 
-def _save(rows: pd.DataFrame, encoder: str, dataset: str, out_dir: Path, params: dict) -> list[pd.DataFrame]:
+def _save(rows: pd.DataFrame, encoder: str, dataset: str, out_dir: Path, params: dict,
+          items: list | None = None) -> list[pd.DataFrame]:
+    """Each finding's rows (and its scored items, for paired comparisons: ``items.parquet``) under
+    ``results/<encoder>/<dataset>/spar/<finding>/``."""
     summaries = []
+    items = pd.concat(items, ignore_index=True) if items else None
     for finding, part in rows.groupby("finding", sort=False):
         part = part.reset_index(drop=True)
         part.insert(0, "encoder", encoder)
         part.insert(1, "dataset", dataset)
-        Results(summary=part, params={**params, "finding": finding}).save(
+        own = None if items is None else items[items["finding"] == finding].reset_index(drop=True)
+        Results(summary=part, params={**params, "finding": finding}, items=own).save(
             out_dir / "results" / encoder / dataset / "spar" / str(finding))
         summaries.append(part)
     return summaries
@@ -130,9 +135,11 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
             enc = job.embedder.load(name, device=device, **(p.encoder_overrides or {}).get(name, {}))
             configs = configurations(name, setup.heads, p.modes or {}, p.combined or [])
         own = setup_for(setup, (p.by_encoder or {}).get(name) or {})
-        rows = run_encoder(enc, samples, transfers, own, configs, device, cache_dir / "spar_tokens", job.dataset)
+        items: list[pd.DataFrame] = []
+        rows = run_encoder(enc, samples, transfers, own, configs, device, cache_dir / "spar_tokens", job.dataset,
+                           items)
         names = [config_label(name, h, m, labels, p.scratch or []) for h, m in zip(rows["head"], rows["mode"])]
         rows.insert(0, "label", [n[0] for n in names])
         rows.insert(1, "section", [n[1] for n in names])
-        summaries += _save(rows, name, job.dataset, out_dir, job.params)
+        summaries += _save(rows, name, job.dataset, out_dir, job.params, items)
     return summaries
