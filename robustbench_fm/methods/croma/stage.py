@@ -46,10 +46,26 @@ label × confounder cells (as the reference does), unless ``on_short="skip"``: t
 NaN CRoMa and the summary records ``n_short`` and ``short_cells``.
 
 ``summary`` (one row): ``ri, mari, tau, k, support, croma, f0, q_alpha, ltm, bio_knn_bacc,
-conf_knn_bacc, n`` (+ ``croma_std, n_subsets`` paired; + ``n_floor`` when units are at the rounding
-floor; + ``n_short, short_cells`` with ``on_short="skip"``; ``finding`` first when the app loop
-passes one). ``per_sample`` (manifest order): ``sample_id, croma, d_so, d_os, ri, mari``
-(+ ``subset`` paired); ``ri``/``mari`` are NaN where the unit has no typed neighbour in its top-k.
+conf_knn_bacc, n, selected_k_confounder, ri_median, ri_q_alpha, ri_ltm, mari_median, mari_q_alpha,
+mari_ltm, ss_undefined_frac, oo_undefined_frac, mixed_undefined_frac, croma_auc, croma_min,
+croma_delta, m_sweep, reason`` (+ ``ri_std, mari_std, croma_std, n_subsets`` paired; + ``n_floor``
+when units are at the rounding floor; + ``n_short, short_cells`` with ``on_short="skip"``;
+``finding`` first when the app loop passes one). The further fields are those croma's benchmark
+reports (its ``scripts/bench/benchmark.py``): ``selected_k_confounder`` = the k the confounder's kNN
+balanced accuracy peaks at over the grid; the RI / MaRI median, Q_α and LTM_α of the defined
+per-unit values (A.4); the undefined units by cause as fractions of all units (A.4: more SS than OO
+neighbours, more OO than SS, or mixed / none); CRoMa over m = 1..``m_sweep``: ``croma_auc`` (trapezoid
+area / width), ``croma_min``, ``croma_delta`` = value(m_sweep) − value(1) (croma.md A.3); the
+spreads over subsets (paired; croma writes 0 under ``all``). ``reason`` is "" or why CRoMa was not
+computed (a collapsed embedding: every margin denominator 0; RI and MaRI are still reported, as
+croma 1.0.1 still scores them). ``per_sample`` (manifest order): ``sample_id, croma, d_so, d_os, ri,
+mari, undefined`` (+ ``subset`` paired); ``ri``/``mari`` are NaN where the unit has no typed neighbour
+in its top-k, and ``undefined`` then names the cause (``ss_dominated``, ``oo_dominated``, ``mixed``).
+
+**MaRI arithmetic** (croma 1.0.1's, A.6): weights exp(−d/τ) in float64 summed per unit in slot
+order; where a unit's (or the pooled) total falls below float64's smallest normal number the ratio
+is taken from extended-precision log weights −d/τ, so a tiny or subnormal τ gives the
+winner-take-all limit (1 where the nearest typed neighbour is SO, 0 where OS), never NaN.
 """
 from __future__ import annotations
 
