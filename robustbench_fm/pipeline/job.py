@@ -753,12 +753,18 @@ def _check_scorable(job: Plan, manifest: pd.DataFrame) -> None:
 
 
 def _refuse_all_blank(stage: str, summary: pd.DataFrame) -> None:
-    """A run none of whose rows could be scored (every ``reason`` set) fails with one line naming
-    the first row's reason, after the summary, its table and the report are written."""
+    """A run none of whose rows could be scored (every ``reason`` set and every headline metric
+    blank) fails with one line naming the first row's reason, after the summary, its table and
+    the report are written. A row with a reason that keeps some headline metrics is scored in
+    part (CRoMa refused on a collapsed embedding, its RI and MaRI reported), so it does not fail."""
     if summary.empty or "reason" not in summary.columns:
         return
     reasons = summary["reason"].fillna("").astype(str)
     if (reasons == "").any():
+        return
+    headline = [m.name for m in methods.method(stage).headline] if stage in methods.names() else []
+    kept = [c for c in headline if c in summary.columns]
+    if kept and summary[kept].apply(pd.to_numeric, errors="coerce").notna().to_numpy().any():
         return
     first = summary.iloc[0]
     where = ", ".join(f"{c} '{first[c]}'" for c in ("encoder", "finding", "acq_group")

@@ -127,3 +127,23 @@ def test_a_bad_extraction_setting_is_the_users_error_named_by_its_key_before_any
         job.plan(cfg, [override])
     assert str(err.value).startswith(text)
     assert not (tmp_path / "outputs" / "demo_data").exists()  # planned before the dataset is generated
+
+
+def test_a_row_scored_in_part_is_not_refused_as_blank():
+    """Every row carries a reason: refused when the headline metrics are blank too (CANDOR's
+    unscored rows), kept when some headline metric is scored (CRoMa refused on a collapsed
+    embedding, its RI and MaRI reported; issue 42 item 3)."""
+    import math
+
+    import pandas as pd
+    import pytest
+
+    from robustbench_fm.core.errors import InvalidSetting
+
+    reason = "CRoMa not computed (RI and MaRI are): 80/80 units have a zero margin denominator"
+    partial = pd.DataFrame([dict(finding="bio_label", ri=0.5, mari=0.5, croma=math.nan, f0=math.nan,
+                                 ltm=math.nan, reason=reason)])
+    job._refuse_all_blank("croma", partial)  # no error
+    blank = partial.assign(ri=math.nan, mari=math.nan)
+    with pytest.raises(InvalidSetting, match="none of the 1 result rows could be scored.*CRoMa not computed"):
+        job._refuse_all_blank("croma", blank)

@@ -51,3 +51,23 @@ def test_collect_writes_long_format_beside_combined(collected):
     assert set(long["job"]) == {"0_planted_blur-planted-candor", "1_planted_sharp-planted-candor"}
     assert (sweep / "missing.txt").read_text() == "2_random_vit_s-planted-candor: failed (boom)\n"
     assert "| stage | encoder | dataset | task | group |" in out and "report.html" in out
+
+
+def test_croma_fields_of_issue_42_are_metrics_and_m_sweep_a_setting():
+    """The fields croma reports beyond the headline (issue 42) reach the long format as metrics;
+    m_sweep (the end of the m sweep) is a setting, and the reason text is not a metric."""
+    import numpy as np
+    from croma_cohorts import cohort
+
+    from robustbench_fm import evaluate
+
+    x, manifest = cohort(slides_per_cell=2, tiles_per_slide=10)
+    summary = evaluate("croma", x, manifest).summary.assign(encoder="e", dataset="d")
+    long = to_long(summary, "croma")
+    metrics = set(long["metric"])
+    assert {"selected_k_confounder", "ri_median", "ri_q_alpha", "ri_ltm", "mari_median", "mari_q_alpha", "mari_ltm",
+            "ss_undefined_frac", "oo_undefined_frac", "mixed_undefined_frac", "croma_auc", "croma_min",
+            "croma_delta"} <= metrics
+    assert not {"m_sweep", "k", "tau", "reason"} & metrics and set(long["group"]) == {""}
+    row = long.set_index("metric")["value"]
+    assert row["croma_auc"] == summary["croma_auc"][0] and np.isfinite(row["croma_delta"])

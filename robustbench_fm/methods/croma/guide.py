@@ -8,7 +8,10 @@ same label but another confounder value (e.g. another site) and d_OS to the 5 ne
 same confounder value: from −1 to 1, above 0 the biology dominates the neighbourhood, below 0 the confounder.
 croma is the median over samples (higher is better), f0 the share below 0, ltm the mean of the worst 10%; RI
 and MaRI are the share of biological matches among the nearest cross-confounder neighbours (0 to 1, higher is
-better).
+better); support is the share of samples that have such a neighbour, and the *_undefined_frac columns say why the
+others have none (ss: mostly same label and confounder, oo: mostly other label and confounder, mixed).
+croma_auc, croma_min and croma_delta summarise croma over m = 1 to m_sweep nearest samples (its mean, lowest value
+and change).
 """
 
 SHORTCUT = """

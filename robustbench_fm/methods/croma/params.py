@@ -48,7 +48,12 @@ class CromaParams(StageParams):
     m: int = 5
     """Nearest cross-group SO and OS candidates averaged per unit in CRoMa_i (§2.5; paper: m = 5)."""
     alpha: float = 0.10
-    """Tail level of Q_alpha and LTM_alpha (§2.6; paper: alpha = 0.10)."""
+    """Tail level of Q_alpha and LTM_alpha (§2.6; paper: alpha = 0.10), of CRoMa and of the defined
+    per-sample RI and MaRI (croma 1.0.1 takes the RI / MaRI tails at 0.10 whatever its CRoMa alpha)."""
+    m_sweep: int = 20
+    """CRoMa is also scored at m = 1..m_sweep (fewer where some unit has fewer SO or OS candidates,
+    never below m) for croma_auc, croma_min and croma_delta (croma.md A.3; croma's benchmark:
+    --croma-m-max 20)."""
     k_grid: tuple[int, ...] = DEFAULT_K_GRID
     """The k searched for k*: PathoROB's sparse grid [1,3,5,7,9] + range(11, 100, 10) (conventions A.5)."""
     k: int | None = None
@@ -76,6 +81,8 @@ class CromaParams(StageParams):
         m, alpha, k, tau = self.m, self.alpha, self.k, self.tau
         if isinstance(m, bool) or int(m) != m or m < 1:
             raise ValueError(f"croma: m={m!r} must be a positive integer (paper: m=5)")
+        if isinstance(self.m_sweep, bool) or int(self.m_sweep) != self.m_sweep or self.m_sweep < 1:
+            raise ValueError(f"croma: m_sweep={self.m_sweep!r} must be a positive integer (croma's benchmark: 20)")
         if not 0 < alpha < 1:
             raise ValueError(f"croma: alpha={alpha!r} must lie in (0, 1) (paper: alpha=0.10)")
         grid(self.k_grid)

@@ -46,13 +46,28 @@ label × confounder cells (as the reference does), unless ``on_short="skip"``: t
 NaN CRoMa and the summary records ``n_short`` and ``short_cells``.
 
 ``summary`` (one row): ``ri, mari, tau, k, support, croma, f0, q_alpha, ltm, bio_knn_bacc,
-conf_knn_bacc, n`` (+ ``croma_std, n_subsets`` paired; + ``n_floor`` when units are at the rounding
-floor; + ``n_short, short_cells`` with ``on_short="skip"``; ``finding`` first when the app loop
-passes one). ``per_sample`` (manifest order): ``sample_id, croma, d_so, d_os, ri, mari``, the counts
-``n_so, n_typed`` and MaRI's evidence ``so_weight, typed_weight`` (exp of the log evidence, the run's
-largest at 1) whose pooled ratios are RI and MaRI, and ``cluster`` (the ``exclude_col`` group: the slide
-paired comparisons resample) (+ ``subset`` paired); ``ri``/``mari`` are NaN where the unit has no typed
-neighbour in its top-k.
+conf_knn_bacc, n, selected_k_confounder, ri_median, ri_q_alpha, ri_ltm, mari_median, mari_q_alpha,
+mari_ltm, ss_undefined_frac, oo_undefined_frac, mixed_undefined_frac, croma_auc, croma_min,
+croma_delta, m_sweep, reason`` (+ ``ri_std, mari_std, croma_std, n_subsets`` paired; + ``n_floor``
+when units are at the rounding floor; + ``n_short, short_cells`` with ``on_short="skip"``;
+``finding`` first when the app loop passes one). The further fields are those croma's benchmark
+reports (its ``scripts/bench/benchmark.py``): ``selected_k_confounder`` = the k the confounder's kNN
+balanced accuracy peaks at over the grid; the RI / MaRI median, Q_α and LTM_α of the defined
+per-unit values (A.4); the undefined units by cause as fractions of all units (A.4: more SS than OO
+neighbours, more OO than SS, or mixed / none); CRoMa over m = 1..``m_sweep``: ``croma_auc`` (trapezoid
+area / width), ``croma_min``, ``croma_delta`` = value(m_sweep) − value(1) (croma.md A.3); the
+spreads over subsets (paired; croma writes 0 under ``all``). ``reason`` is "" or why CRoMa was not
+computed (a collapsed embedding: every margin denominator 0; RI and MaRI are still reported, as
+croma 1.0.1 still scores them). ``per_sample`` (manifest order): ``sample_id, croma, d_so, d_os, ri,
+mari, undefined``, the counts ``n_so, n_typed`` and MaRI's weights ``so_weight, typed_weight`` whose
+pooled ratios are RI and MaRI, and ``cluster`` (the ``exclude_col`` group: the slide paired comparisons
+between encoders resample) (+ ``subset`` paired); ``ri``/``mari`` are NaN where the unit has no typed neighbour
+in its top-k, and ``undefined`` then names the cause (``ss_dominated``, ``oo_dominated``, ``mixed``).
+
+**MaRI arithmetic** (croma 1.0.1's, A.6): weights exp(−d/τ) in float64 summed per unit in slot
+order; where a unit's (or the pooled) total falls below float64's smallest normal number the ratio
+is taken from extended-precision log weights −d/τ, so a tiny or subnormal τ gives the
+winner-take-all limit (1 where the nearest typed neighbour is SO, 0 where OS), never NaN.
 """
 from __future__ import annotations
 
@@ -71,15 +86,20 @@ from .knn import ScopeNeighbours, scope_neighbours, tie_keys
 from .params import DEFAULT_K_GRID, DESIGNS, ON_INCOMPLETE, ON_SHORT, CromaParams  # noqa: F401  (importable here)
 from .params import grid as _grid
 from .scores import (
+    UNDEFINED,
     count_share,
     croma_values,
+    distribution,
+    evidence,
     knn_balanced_accuracy,
-    log_evidence,
     pooled_share,
     resolve_tau,
+    slot_types,
     so_share,
+    spread,
+    sweep_summary,
     tail,
-    typed_slots,
+    undefined_causes,
 )
 
 PARAMS = CromaParams
@@ -105,7 +125,11 @@ class Scope:
 
 @dataclass
 class Prepared:
-    """The neighbour pass of every scope, enough to score any k ≤ ``kmax`` and any m ≤ ``m_max``."""
+    """The neighbour pass of every scope, enough to score any k ≤ ``k_max`` and any m ≤ ``m_max``.
+
+    ``k_grid``: the grid values below the largest scope size (k* and the confounder's k* are
+    chosen over them); ``k_max``: the longest list prepared (the grid's largest, or a fixed k
+    beyond it); ``m_max``: the end of the m sweep (:func:`sweep_end`)."""
 
     scopes: list[Scope]
     sample_ids: np.ndarray
@@ -115,7 +139,11 @@ class Prepared:
     columns: dict = field(default_factory=dict)
     dtype: type = np.float32
     dim: int = 1
+    k_max: int = 0
     clusters: np.ndarray | None = None  # each manifest row's exclude_col group (slide): the bootstrap cluster
+
+    def __post_init__(self):
+        self.k_max = self.k_max or max(self.k_grid)
 
 
 def check_params(**params) -> CromaParams:
@@ -214,24 +242,35 @@ def _short_units(scopes: list[Scope], m: int, label_col: str, confounder_col: st
     return total, text
 
 
-def _operating_grid(scopes: list[Scope], k_grid: tuple[int, ...], k: int | None) -> tuple[int, ...]:
-    """The k values scored: the grid (or the fixed k) restricted to k < scope size (A.5)."""
-    wanted = k_grid if k is None else (int(k),)
+def _operating_grid(scopes: list[Scope], k_grid: tuple[int, ...], k: int | None) -> tuple[tuple[int, ...], int]:
+    """(the grid restricted to k < scope size (A.5), the longest list to prepare: the grid's
+    largest k or the fixed k). With a fixed k the grid is still prepared, so the confounder's k*
+    (``selected_k_confounder``) is chosen over it as croma's benchmark does under median-k."""
     largest = max(s.size for s in scopes)
-    usable = tuple(v for v in wanted if v < largest)
-    if not usable:
-        raise ValueError(f"croma: no k in {list(wanted)} is below the largest scope size {largest}; "
+    usable = tuple(v for v in k_grid if v < largest)
+    wanted = usable if k is None else (int(k),)
+    if not wanted or wanted[0] >= largest:
+        shown = list(k_grid) if k is None else [int(k)]
+        raise ValueError(f"croma: no k in {shown} is below the largest scope size {largest}; "
                          "pass smaller k values")
-    return usable
+    return usable or wanted, max(usable + wanted)
+
+
+def sweep_end(scopes: list[Scope], m: int, m_sweep: int) -> int:
+    """The last m of the CRoMa m sweep: ``m_sweep`` (croma's benchmark: 20), lowered to the
+    fewest SO or OS candidates any unit has, never below the headline ``m``."""
+    smallest = min(int(min(so.min(), os_.min())) for so, os_ in map(typed_pool_sizes, scopes))
+    return max(int(m), min(int(m_sweep), smallest))
 
 
 def prepare(features, manifest: pd.DataFrame, label_col: str = "bio_label", confounder_col: str = "site",
             exclude_col: str = "slide_id", m: int = 5, k_grid=DEFAULT_K_GRID, k: int | None = None,
             design: str = "all", subset_col: str = "subset", on_short: str = "error", device="auto",
-            block_size: int = 4096, on_incomplete: str = "error") -> Prepared:
-    """Scopes and their single neighbour pass (cross-group top-kmax + typed top-m)."""
+            block_size: int = 4096, on_incomplete: str = "error", m_sweep: int = CromaParams.m_sweep) -> Prepared:
+    """Scopes and their single neighbour pass (cross-group top-k_max + typed top-m_max, m_max =
+    :func:`sweep_end`)."""
     check_params(m=m, k_grid=k_grid, k=k, design=design, on_short=on_short, block_size=block_size,
-                 on_incomplete=on_incomplete)
+                 on_incomplete=on_incomplete, m_sweep=m_sweep)
     x = l2_normalize(features.cpu().numpy() if isinstance(features, torch.Tensor) else features, "croma: features",
                      dtype=None)
     if len(x) != len(manifest):
@@ -244,16 +283,18 @@ def prepare(features, manifest: pd.DataFrame, label_col: str = "bio_label", conf
             raise ValueError(f"croma: {n_short} of {sum(s.size for s in scopes)} units have fewer than "
                              f"m={m} cross-group SO or OS candidates ({cells}); lower m, or pass "
                              "on_short='skip' to score the others")
-    grid = _operating_grid(scopes, _grid(k_grid), k)
+    grid, k_max = _operating_grid(scopes, _grid(k_grid), k)
+    m_max = sweep_end(scopes, int(m), int(m_sweep))
     feats = torch.as_tensor(x).to(resolve_device(device))
     sample_ids = manifest["sample_id"].astype(str).to_numpy()
     for s in scopes:
         rows = torch.as_tensor(s.rows, device=feats.device)
-        s.nb = scope_neighbours(feats[rows], s.labels, s.confs, s.groups, max(grid), int(m), block_size,
+        s.nb = scope_neighbours(feats[rows], s.labels, s.confs, s.groups, k_max, m_max, block_size,
                                 tie_key=tie_keys(sample_ids[s.rows]))
     columns = dict(label_col=label_col, confounder_col=confounder_col, exclude_col=exclude_col)
-    return Prepared(scopes, manifest["sample_id"].astype(str).to_numpy(), design, grid, int(m), columns,
-                    x.dtype.type, int(x.shape[1]), _strings(manifest, exclude_col, "exclude_col"))
+    return Prepared(scopes, manifest["sample_id"].astype(str).to_numpy(), design, grid, m_max, columns,
+                    x.dtype.type, int(x.shape[1]), k_max,
+                    _strings(manifest, exclude_col, "exclude_col"))
 
 
 def zero_margin_tolerance(dtype, dim: int) -> float:
@@ -285,9 +326,11 @@ def _margins(prep: Prepared, s: Scope, m: int) -> tuple[np.ndarray, np.ndarray, 
     return d_so, d_os, c, floor
 
 
-def check_margins(prep: Prepared, m: int) -> int:
-    """Units at the rounding floor (:func:`margin_floor`) over all scopes; refuses, in one line,
-    only when no unit can be scored, and warns (naming float64) when some are at the floor."""
+def check_margins(prep: Prepared, m: int) -> tuple[int, str]:
+    """(units at the rounding floor (:func:`margin_floor`) over all scopes, why CRoMa is not
+    computed or ""). When no unit can be scored (every margin denominator is 0: a collapsed
+    embedding) CRoMa is refused with that reason, as croma 1.0.1 refuses its CRoMa call while its
+    RI and MaRI calls still score; units at the floor are warned about (naming float64)."""
     n = sum(s.size for s in prep.scopes)
     zero = floor = 0
     for s in prep.scopes:
@@ -296,15 +339,17 @@ def check_margins(prep: Prepared, m: int) -> int:
         zero, floor = zero + int(z.sum()), floor + int(f.sum())
     name, tol = np.dtype(prep.dtype).name, zero_margin_tolerance(prep.dtype, prep.dim)
     if zero and zero == n:
-        raise ValueError(f"croma: {zero}/{n} units have a zero margin denominator (d_OS + d_SO = 0: their m "
-                         "nearest SO and OS candidates are identical rows, a collapsed embedding); no CRoMa "
-                         "can be computed, check the features")
+        reason = (f"CRoMa not computed (RI and MaRI are): {zero}/{n} units have a zero margin denominator "
+                  "(d_OS + d_SO = 0: their m nearest SO and OS candidates are identical rows, a collapsed "
+                  "embedding); check the features")
+        warnings.warn(f"croma: {reason}", RuntimeWarning, stacklevel=3)
+        return floor, reason
     if floor:
         warnings.warn(f"croma: {floor}/{n} units have d_OS + d_SO <= {tol:.2g}, the {name} rounding floor "
                       f"(n_floor in the summary; {zero} of them exactly 0, identical rows, left NaN): their "
                       "CRoMa_i carry rounding error; pass float64 features to compute them exactly",
                       RuntimeWarning, stacklevel=3)
-    return floor
+    return floor, ""
 
 
 def _mean_over_scopes(prep: Prepared, codes_of, ks) -> dict[int, float]:
@@ -318,6 +363,12 @@ def _mean_over_scopes(prep: Prepared, codes_of, ks) -> dict[int, float]:
     return out
 
 
+def _best_k(prep: Prepared, scores: dict[int, float]) -> int:
+    """The first maximum in grid order (all), in ascending k order (paired) (conventions A.5)."""
+    order = list(prep.k_grid) if prep.design == "all" else sorted(scores)
+    return max((k for k in order if k in scores), key=lambda k: (scores[k], -order.index(k)))
+
+
 def select_k(prep: Prepared) -> tuple[int, dict[int, float]]:
     """k* and the label kNN balanced accuracy over the grid: first maximum in grid order (all),
     in ascending k order (paired: mean over subsets) (conventions A.5)."""
@@ -325,9 +376,14 @@ def select_k(prep: Prepared) -> tuple[int, dict[int, float]]:
     if not scores:
         raise ValueError("croma: no unit has any cross-group neighbour; every row shares one "
                          "exclude_col group, so k cannot be selected")
-    order = list(prep.k_grid) if prep.design == "all" else sorted(scores)
-    best = max((k for k in order if k in scores), key=lambda k: (scores[k], -order.index(k)))
-    return best, scores
+    return _best_k(prep, scores), scores
+
+
+def select_k_confounder(prep: Prepared) -> int | None:
+    """The k the confounder's kNN balanced accuracy peaks at over the grid, by the rule of
+    :func:`select_k` (croma's benchmark, ``selected_k_confounder``); None where no unit votes."""
+    scores = confounder_curve(prep)
+    return _best_k(prep, scores) if scores else None
 
 
 def confounder_curve(prep: Prepared) -> dict[int, float]:
@@ -360,40 +416,39 @@ def score(prep: Prepared, k: int, m: int = 5, alpha: float = 0.10, tau: float | 
           on_short: str = "error") -> tuple[dict, pd.DataFrame, str]:
     """Summary row, per-sample table and how τ was set ("auto" | "fallback" | "pinned") at
     operating ``k`` (see module doc)."""
-    if k > max(prep.k_grid):
-        raise ValueError(f"croma: k={k} exceeds the prepared neighbour lists (k <= {max(prep.k_grid)})")
-    slots = [typed_slots(s.labels, s.confs, s.nb, k) for s in prep.scopes]
-    typed = np.concatenate([d[so | os_] for so, os_, d in slots])
+    if k > prep.k_max:
+        raise ValueError(f"croma: k={k} exceeds the prepared neighbour lists (k <= {prep.k_max})")
+    if not 1 <= m <= prep.m_max:
+        raise ValueError(f"croma: m={m} is outside 1..{prep.m_max} prepared; prepare with m={m}")
+    slots = [slot_types(s.labels, s.confs, s.nb, k) for s in prep.scopes]
+    typed = np.concatenate([d[so | os_] for so, os_, _, _, d in slots])
     tau_used, tau_source = resolve_tau(typed) if tau is None else (float(tau), "pinned")
     if tau is not None and typed.size:
         median = float(np.median(typed))
         if not median / 4 <= tau <= median * 4:
             warnings.warn(f"croma: pinned tau={tau} is off the typed-distance scale (median {median:.3g}, "
                           f"principled range [{median / 4:.3g}, {median * 4:.3g}])", RuntimeWarning, stacklevel=3)
-    so_all, os_all = (np.concatenate(part) for part in zip(*[(so, os_) for so, os_, _ in slots]))
+    so_all, os_all = (np.concatenate(part) for part in zip(*[(so, os_) for so, os_, _, _, _ in slots]))
     _, ri_pooled = count_share(so_all, os_all)
-    mari_ev = [log_evidence(so, os_, d, tau_used) for so, os_, d in slots]
-    mari_pooled = pooled_share(*(np.concatenate(part) for part in zip(*mari_ev)))
+    mari_ev = [evidence(so, os_, d, tau_used) for so, os_, _, _, d in slots]
+    mari_pooled = pooled_share(mari_ev)
     bio = _mean_over_scopes(prep, lambda s: s.labels, [k])
     conf = _mean_over_scopes(prep, lambda s: s.confs, [k])
     if k not in bio:
         raise ValueError(f"croma: k={k} is not below any scope size or no unit has a cross-group neighbour")
 
-    n_floor = check_margins(prep, m)
-    curves = croma_by_m(prep, [m], alpha).iloc[0]
+    n_floor, refused = check_margins(prep, m)
+    ms = list(range(1, prep.m_max + 1))
+    by_m = croma_by_m(prep, ms, alpha).set_index("m")
+    curves = by_m.loc[m]
     parts = []
-    # MaRI's evidence as weights on one scale (the largest log evidence of the run at 1): the pooled MaRI is
-    # Σ so_weight / Σ typed_weight, what paired comparisons resample (Method.pairing)
-    top = max((float(np.max(np.r_[a[np.isfinite(a)], b[np.isfinite(b)]], initial=-np.inf)) for a, b in mari_ev),
-              default=-np.inf)
-    top = top if np.isfinite(top) else 0.0
-    for s, (so, os_, _), (mso, mos) in zip(prep.scopes, slots, mari_ev):
+    for s, (so, os_, ss, oo, _), ev in zip(prep.scopes, slots, mari_ev):
         d_so, d_os, c, _ = _margins(prep, s, m)
-        w_so, w_os = np.exp(mso - top), np.exp(mos - top)
         part = pd.DataFrame({"sample_id": prep.sample_ids[s.rows], "croma": c, "d_so": d_so, "d_os": d_os,
-                             "ri": count_share(so, os_)[0], "mari": so_share(mso, mos),
+                             "ri": count_share(so, os_)[0], "mari": so_share(ev),
+                             "undefined": np.asarray(UNDEFINED, dtype=object)[undefined_causes(so, os_, ss, oo)],
                              "n_so": so.sum(axis=1), "n_typed": so.sum(axis=1) + os_.sum(axis=1),
-                             "so_weight": w_so, "typed_weight": w_so + w_os,
+                             "so_weight": ev.so, "typed_weight": ev.so + ev.os,
                              "cluster": prep.clusters[s.rows] if prep.clusters is not None else
                              prep.sample_ids[s.rows], "_row": s.rows})
         if prep.design == "paired_2x2":
@@ -401,18 +456,35 @@ def score(prep: Prepared, k: int, m: int = 5, alpha: float = 0.10, tau: float | 
         parts.append(part)
     per_sample = pd.concat(parts, ignore_index=True).sort_values("_row", kind="stable")
     per_sample = per_sample.drop(columns="_row").reset_index(drop=True)
+    causes = per_sample["undefined"].value_counts()
+    ri_dist, mari_dist = (distribution(per_sample[c].to_numpy(), alpha) for c in ("ri", "mari"))
+    auc, low, delta = sweep_summary(ms, by_m["croma"].to_numpy())
 
     row = dict(ri=ri_pooled, mari=mari_pooled, tau=tau_used, k=int(k),
                support=float((so_all | os_all).any(axis=1).mean()), croma=curves["croma"],
                f0=curves["f0"], q_alpha=curves["q_alpha"], ltm=curves["ltm"], bio_knn_bacc=bio[k],
                conf_knn_bacc=conf.get(k, np.nan), n=int(len(per_sample)))
+    k_conf = select_k_confounder(prep)
+    row.update(selected_k_confounder=np.nan if k_conf is None else int(k_conf),
+               ri_median=ri_dist[0], ri_q_alpha=ri_dist[1], ri_ltm=ri_dist[2],
+               mari_median=mari_dist[0], mari_q_alpha=mari_dist[1], mari_ltm=mari_dist[2],
+               **{f"{cause.split('_')[0]}_undefined_frac": causes.get(cause, 0) / len(per_sample)
+                  for cause in UNDEFINED[1:]},
+               croma_auc=auc, croma_min=low, croma_delta=delta, m_sweep=int(prep.m_max))
     if prep.design == "paired_2x2":
-        row.update(croma_std=curves["croma_std"], n_subsets=len(prep.scopes))
+        ri_pairs = [count_share(so, os_)[1] for so, os_, _, _, _ in slots]
+        row.update(ri_std=spread(ri_pairs), mari_std=spread([pooled_share([ev]) for ev in mari_ev]),
+                   croma_std=curves["croma_std"], n_subsets=len(prep.scopes))
     if n_floor:
         row.update(n_floor=n_floor)
     if on_short == "skip":
         n_short, cells = _short_units(prep.scopes, m, prep.columns["label_col"], prep.columns["confounder_col"])
         row.update(n_short=n_short, short_cells=cells)
+    if refused:
+        for key in ("croma", "f0", "q_alpha", "ltm", "croma_auc", "croma_min", "croma_delta", "croma_std"):
+            if key in row:
+                row[key] = np.nan
+    row["reason"] = refused
     return row, per_sample, tau_source
 
 
@@ -428,11 +500,12 @@ def run(features, manifest: pd.DataFrame, finding: str | None = None, **params) 
     confounder_col, exclude_col, m, alpha, k_grid, k = p.confounder_col, p.exclude_col, p.m, p.alpha, p.k_grid, p.k
     tau, design, subset_col, on_short, device, block_size = p.tau, p.design, p.subset_col, p.on_short, p.device, \
         p.block_size
-    on_incomplete = p.on_incomplete
+    on_incomplete, m_sweep = p.on_incomplete, p.m_sweep
     label_col = p.label_col if finding is None else finding
     prep = prepare(features, manifest, label_col=label_col, confounder_col=confounder_col,
                    exclude_col=exclude_col, m=m, k_grid=k_grid, k=k, design=design, subset_col=subset_col,
-                   on_short=on_short, device=device, block_size=block_size, on_incomplete=on_incomplete)
+                   on_short=on_short, device=device, block_size=block_size, on_incomplete=on_incomplete,
+                   m_sweep=m_sweep)
     k_source, bacc_by_k = "fixed", {}
     if k is None:
         (k, bacc_by_k), k_source = select_k(prep), "selected"
@@ -443,6 +516,6 @@ def run(features, manifest: pd.DataFrame, finding: str | None = None, **params) 
                   alpha=alpha, k_grid=list(_grid(k_grid)), k=int(k), k_source=k_source,
                   bio_knn_bacc_by_k={str(kk): v for kk, v in bacc_by_k.items()}, tau=tau,
                   design=design, subset_col=subset_col, on_short=on_short, on_incomplete=on_incomplete,
-                  finding=finding,
+                  m_sweep=m_sweep, finding=finding,
                   device=str(device), block_size=block_size, tau_source=tau_source)
     return Results(summary=pd.DataFrame([row]), per_sample=per_sample, params=params)

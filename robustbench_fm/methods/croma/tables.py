@@ -76,7 +76,6 @@ SCORE_COLUMNS = {"bio bacc": "bio_knn_bacc", "conf bacc": "conf_knn_bacc", "RI":
 #: bold = best per score column (captions: conf bacc and Δ are diagnostics)
 BEST = {"bio bacc": "max", "RI": "max", "MaRI": "max", "CRoMa": "max", "F(0)": "min", "LTM10": "max",
         "support": "max"}
-M_SWEEP = tuple(range(1, 21))
 ALPHAS = (0.05, 0.10, 0.20)
 PROTOCOLS = ("median-k", "k-star")
 
@@ -144,6 +143,7 @@ def _croma_params(cfg, stage: str) -> dict:
         params, findings = _default_params(), ["bio_label"]
     params["device"] = str(cfg.get("device", "auto"))
     params.setdefault("on_incomplete", CromaParams.on_incomplete)  # a job config from before the option
+    params.setdefault("m_sweep", CromaParams.m_sweep)  # likewise
     params["stage_k"] = params.pop("k", None)  # a k the user fixed for the jobs: the panel's k policy
     return {"findings": findings, **params}
 
@@ -172,13 +172,13 @@ def _features(entry: Path, manifest: pd.DataFrame) -> np.ndarray:
 
 
 def _m_sweep(manifest: pd.DataFrame, params: dict, label_col: str) -> int:
-    """Largest m ≤ 20 every unit has candidates for (at least the stage's m)."""
+    """Largest m ≤ ``m_sweep`` (20) every unit has candidates for (at least the stage's m;
+    :func:`~robustbench_fm.methods.croma.stage.sweep_end`)."""
     from . import stage as croma  # lazy: imports torch
 
     scopes = croma.build_scopes(manifest, label_col, params["confounder_col"], params["exclude_col"],
                                 params["design"], params["subset_col"], params["on_incomplete"])
-    smallest = min(int(min(so.min(), os_.min())) for so, os_ in map(croma.typed_pool_sizes, scopes))
-    return max(int(params["m"]), min(max(M_SWEEP), smallest))
+    return croma.sweep_end(scopes, params["m"], params["m_sweep"])
 
 
 @dataclass
@@ -346,7 +346,7 @@ def _score_benchmark(results: SweepResults, key: str, group: dict, protocol: str
         policy = KPolicy(int(stage_k), policy.roster, policy.partial)
     manifest = _manifest(results, cfg, entries)
     prep_keys = ("confounder_col", "exclude_col", "k_grid", "design", "subset_col", "on_short", "on_incomplete",
-                 "device", "block_size")
+                 "device", "block_size", "m_sweep")
     summaries, by_ms, by_alphas = [], [], []
     for finding in findings:
         m_max = _m_sweep(manifest, params, finding)
