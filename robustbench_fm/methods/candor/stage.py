@@ -11,6 +11,8 @@ For one task (a binary finding, or one class against the other classes of its fa
   all positives / negatives of s; a query that is in R+_s is removed from it (it then meets n−1
   positives, chance level ≤ 1/2 + k/n, candor.md "The Discordance Rate and Its Chance Level");
 * c±(x) = mean cosine similarity of the k nearest in R±_s; DM(x) = c−(x) − c+(x) (Eq. 1);
+  bitwise-identical feature vectors are one vector (:func:`~robustbench_fm.core.neighbors.distinct_rows`):
+  similarities are taken between distinct vectors, so copies get bitwise-equal c±, DM and margins;
   x is discordant iff DM(x) > 0 (ties are concordant);
 * D_s = share of discordant queries; D_all with all positives / all negatives of s as candidates,
   the query excluded ("Unequal Candidate Sets": above 1/2 even on label-independent features);
@@ -64,7 +66,7 @@ from sklearn.metrics import roc_auc_score
 
 from ...core.devices import resolve_device
 from ...core.errors import InvalidSetting
-from ...core.neighbors import Shortlist, l2_normalize, topk_similarity
+from ...core.neighbors import Shortlist, distinct_rows, l2_normalize, topk_similarity
 from ...core.results import Results
 from ...core.stats import (
     LinearizedAUROC,
@@ -147,8 +149,8 @@ def equal_size_drops(queries: np.ndarray, bank_pos: np.ndarray, bank_neg: np.nda
 
 
 def masked_mean_topk(feats: torch.Tensor, queries, cands, k: int, clusters: np.ndarray | None = None,
-                     drops: np.ndarray | None = None, block_size: int = 4096, backend: str = "torch"
-                     ) -> np.ndarray:
+                     drops: np.ndarray | None = None, block_size: int = 4096, backend: str = "torch",
+                     vectors: np.ndarray | None = None) -> np.ndarray:
     """c(x) over the candidates minus the query itself, minus the query's cluster (``clusters``
     given: its patient's images) and minus ``drops[i]`` (≥ 0) for query i; NaN when fewer than
     k candidates remain.
@@ -163,7 +165,7 @@ def masked_mean_topk(feats: torch.Tensor, queries, cands, k: int, clusters: np.n
     reach = min(k + extra, len(cands) - int(np.isin(queries, cands).any()))
     if reach < k or not len(queries):
         return np.full(len(queries), np.nan)
-    values, at = topk_similarity(feats, queries, cands, reach, block_size, backend=backend)
+    values, at = topk_similarity(feats, queries, cands, reach, block_size, backend=backend, vectors=vectors)
     values, rows = values.double().cpu().numpy(), cands[at.cpu().numpy()]
     gone = np.zeros(values.shape, bool)
     if clusters is not None:
@@ -185,6 +187,7 @@ class _Setting:
     exact: bool
     block_size: int
     backend: str
+    vectors: np.ndarray | None = None  # each row's vector id (core.neighbors.distinct_rows): copies tie exactly
 
 
 def _neighbour_means(s: _Setting, shortlist, queries, cands, drops=None) -> np.ndarray:
@@ -192,7 +195,7 @@ def _neighbour_means(s: _Setting, shortlist, queries, cands, drops=None) -> np.n
     changes the candidate set per query."""
     if s.exact or drops is not None:
         return masked_mean_topk(s.feats, queries, cands, s.k, s.clusters if s.exclude_patient else None,
-                                drops, s.block_size, s.backend)
+                                drops, s.block_size, s.backend, s.vectors)
     return shortlist.mean_topk(queries, cands, s.k)
 
 
@@ -287,8 +290,10 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     if any(t.kind != "binary" for t in tasks):
         replace(p, task="family_one_vs_rest").check()
     clusters = pd.factorize(manifest[cluster_col].astype(str), sort=True)[0]
-    setting = _Setting(torch.as_tensor(l2_normalize(features), device=resolve_device(p.device)), k, clusters,
-                       p.exclude_patient, p.exclude_patient or unmatched, p.block_size, p.backend)
+    unit = l2_normalize(features)
+    setting = _Setting(torch.as_tensor(unit, device=resolve_device(p.device)), k, clusters,
+                       p.exclude_patient, p.exclude_patient or unmatched, p.block_size, p.backend,
+                       distinct_rows(unit)[1])
     pools = {i: _pooled_sets(t.labels, bank_size, seed) for i, t in enumerate(tasks)} \
         if unmatched else {}
     sample_ids = manifest["sample_id"].to_numpy()
@@ -318,7 +323,8 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
                 row["reason"] = "no positive in the sampled images"
                 continue
             if group_shortlist is None and not setting.exact:
-                group_shortlist = Shortlist(setting.feats, labelled, p.shortlist, p.block_size, p.backend)
+                group_shortlist = Shortlist(setting.feats, labelled, p.shortlist, p.block_size, p.backend,
+                                            setting.vectors)
             drops = equal_size_drops(q, bank_pos, bank_neg, ct.task_rng(seed, group, t.target, "equal_size")) \
                 if p.equal_size else None
             c_pos, c_neg, c_pos_all, c_neg_all, everyone, margin, y = _score_group(
