@@ -17,7 +17,11 @@ For one task (a binary finding, or one class against the other classes of its fa
 * D_s = share of discordant queries; D_all with all positives / all negatives of s as candidates,
   the query excluded ("Unequal Candidate Sets": above 1/2 even on label-independent features);
 * margin AUROC: every labelled image of s scored by c+ − c− against the banks, each image
-  excluded from the bank holding it ("Baselines");
+  excluded from the bank holding it ("Baselines"). Its chance level is not 1/2 where banks are
+  small: an image in its own bank meets n − 1 of its class and n of the other, so it scores low
+  (a positive) or high (a negative). ``margin_chance_low`` (:func:`margin_chance_low`) bounds it:
+  for label-free features 1/2 − k/n+ − k/n− ≤ chance ≤ 1/2 with every image in the banks' groups
+  scored (n± the scored positives and negatives); simulated 0.42 at 12 vs 12 (k = 5, d = 32);
 * ± and 95% interval of D, D_all and the margin AUROC: ``n_boot`` resamples of patients
   (``cluster_col``) with the banks fixed ("Reporting"). A row resamples the patients of its own
   queries (the margin AUROC: of the images it scores), never every patient of the manifest; a pooled
@@ -49,7 +53,7 @@ group's labelled images are computed once and shared by every task's banks and q
 
 ``summary`` columns: finding, acq_group (``"__pooled__"`` for the pool), target, n_queries, n_pos,
 n_neg, bank_size, k, d, d_sd, d_ci_low, d_ci_high, d_all, d_all_sd, d_all_ci_low, d_all_ci_high,
-margin_auroc, margin_auroc_sd, margin_auroc_ci_low, margin_auroc_ci_high, reason.
+margin_auroc, margin_auroc_sd, margin_auroc_ci_low, margin_auroc_ci_high, margin_chance_low, reason.
 ``per_sample`` columns: sample_id, finding, target, acq_group, c_pos, c_neg, dm, discordant,
 c_pos_all, c_neg_all, dm_all, discordant_all.
 """
@@ -338,6 +342,10 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
             disc, disc_all = (c_neg - c_pos) > 0, (c_neg_all - c_pos_all) > 0
             auroc = float(roc_auc_score(y[scored], margin[scored])) if len(np.unique(y[scored])) == 2 else np.nan
             row.update(n_queries=len(q), d=float(disc.mean()), d_all=float(disc_all.mean()), margin_auroc=auroc)
+            if np.isfinite(auroc) and not p.exclude_patient:  # the patient's other images are not exchangeable
+                mp, mn = everyone[scored & (y == 1)], everyone[scored & (y == 0)]
+                row["margin_chance_low"] = margin_chance_low(k, len(bank_pos), int(np.isin(mp, bank_pos).sum()),
+                                                             len(mp), int(np.isin(mn, bank_neg).sum()), len(mn))
             per_sample.append(pd.DataFrame({
                 "sample_id": sample_ids[q], "finding": t.finding, "target": t.target, "acq_group": group,
                 "c_pos": c_pos, "c_neg": c_neg, "dm": c_neg - c_pos, "discordant": disc,
@@ -382,10 +390,33 @@ def _pooled_sets(labels, bank_size, seed):
     return pos, neg, bank_pos, bank_neg
 
 
+def margin_chance_low(k: int, n_bank: int, own_pos: int, n_pos: int, own_neg: int, n_neg: int) -> float:
+    """The lowest chance level of the margin AUROC for label-free features (the bound stated beside
+    it, as candor.md "The Discordance Rate and Its Chance Level" states D's ≤ 1/2 + k/n): the
+    group's banks hold ``n_bank`` images each; ``own_pos`` of the ``n_pos`` scored positives are in
+    R+ and ``own_neg`` of the ``n_neg`` scored negatives in R−.
+
+    Derivation (features i.i.d., continuous; a positive p in R+ and a negative q in R−, S± = R± less
+    p / q, n − 1 each): t(x) = c(x; S+) − c(x; S−) scores p and q against the same sets that hold
+    neither, so t(p), t(q) are exchangeable and P(t(p) > t(q)) = 1/2. The stage scores
+    s(p) = c(p; S+) − c(p; S− ∪ {q}) ≤ t(p) and s(q) = c(q; S+ ∪ {p}) − c(q; S−) ≥ t(q): adding a
+    candidate never lowers a top-k mean, and it changes it only if it enters the top k of the n,
+    probability k/n by exchangeability. Hence 1/2 − 2k/n ≤ P(s(p) > s(q)) ≤ 1/2; a pair with only p
+    (only q) in its bank loses at most k/n, a pair with neither nothing. Averaged over the pairs:
+    1/2 − (k/n)(own_pos/n_pos + own_neg/n_neg) ≤ chance ≤ 1/2, i.e. 1/2 − k/n+ − k/n− when the banks
+    hold all their images' class (clipped at 0). The bound is distribution-free; the realised chance
+    depends on the geometry (simulated with Gaussian features, d = 32, k = 5: 0.42 at 12 vs 12,
+    0.49 at 45 vs 255, against bounds 0 and 0.37)."""
+    if min(n_bank, n_pos, n_neg) <= 0:
+        return float("nan")
+    return float(max(0.0, 0.5 - k / n_bank * (own_pos / n_pos + own_neg / n_neg)))
+
+
 def _row(t: ct.Task, group: str, k: int, **values) -> dict:
     row = dict(finding=t.finding, acq_group=group, target=t.target, n_queries=0, n_pos=0, n_neg=0,
                bank_size=pd.NA, k=k)
     row.update({f"{m}{s}": np.nan for m in METRICS for s in ("", "_sd", "_ci_low", "_ci_high")})
+    row["margin_chance_low"] = np.nan
     row["reason"] = ""
     row.update(values)
     return row
@@ -421,8 +452,15 @@ def _pooled_row(t: ct.Task, k: int, parts: list[dict]) -> dict:
                n_neg=sum(p["row"]["n_neg"] for p in parts), d=float(disc[:, 0].mean()),
                d_all=float(disc[:, 1].mean()),
                margin_auroc=float(np.nan_to_num([p["row"]["margin_auroc"] for p in parts]) @ weights / weights.sum())
-               if weights.sum() else np.nan)
+               if weights.sum() else np.nan,
+               margin_chance_low=_weighted([p["row"]["margin_chance_low"] for p in parts], weights))
     return row
+
+
+def _weighted(values, weights: np.ndarray) -> float:
+    """The ``weights``-weighted mean of ``values`` over the rows weighted above 0 (NaN if one is NaN)."""
+    values, kept = np.asarray(values, float), weights > 0
+    return float(values[kept] @ weights[kept] / weights[kept].sum()) if kept.any() else np.nan
 
 
 def _auroc_weights(parts: list[dict]) -> np.ndarray:
@@ -448,7 +486,8 @@ def _combined_rows(tasks, pooled, k) -> list[tuple[dict, list[int], np.ndarray]]
                        n_neg=sum(pooled[i]["n_neg"] for i in members),
                        d=float(weights @ values["d"] / weights.sum()),
                        d_all=float(weights @ values["d_all"] / weights.sum()),
-                       margin_auroc=float(values["margin_auroc"].mean()))
+                       margin_auroc=float(values["margin_auroc"].mean()),
+                       margin_chance_low=float(np.mean([pooled[i]["margin_chance_low"] for i in members])))
         out.append((row, members, weights))
     return out
 
