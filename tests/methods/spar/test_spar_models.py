@@ -441,7 +441,7 @@ def test_the_oracle_reads_what_each_question_compares_from_its_encoding():
     st = pd.DataFrame({"sample_id": [f"s{i}" for i in range(m)], "split": "train", "dataset": "word",
                        "height": 400, "width": 512, "spacing_x": 0.6, "spacing_y": 1.1})
     q = make_questions(st, present, cent, areas, np.full(m, 400 * 512), np.full(m, -1), rng,
-                       distance_questions=6, frame_mm=slice_frame_mm(st))
+                       distance_questions=6, frame_mm=slice_frame_mm(st), distance_rule="random")
     s = SparSamples(pd.DataFrame(), np.zeros((0, 16, 8, 8), np.uint8), np.zeros((0, 16), bool),
                     np.zeros((0, 16, 2), np.float32), np.zeros((0, 16, 2), np.float32), np.zeros((0, 16), np.int64),
                     np.zeros((m, 8, 8), np.uint8), st, q, present, cent, areas, np.full(m, -1))
