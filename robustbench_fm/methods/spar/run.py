@@ -149,10 +149,18 @@ def cached_tokens(backbone, images, n: int, key: str, cache_dir: Path | None, ba
 class TileTask:
     """Levels 1-2 over the 16 organ tiles. Level 2 presents the tiles shuffled (a fresh order per
     training batch, a fixed seeded order for evaluation); the target of each input position is
-    the grid cell of the organ it holds."""
+    the grid cell of the organ it holds. ``train``: the in-domain TRAINING tile sets (also for a
+    transfer cohort) the canonical-recall rows are taken from: each organ's mean position (Level 1,
+    ``ref_med``) and its usual cell (Level 2, ``ref_perm_acc``; :mod:`.metrics`)."""
 
-    def __init__(self, level: str, samples: SparSamples, source, device, setup: Setup, seed: int):
+    def __init__(self, level: str, samples: SparSamples, source, device, setup: Setup, seed: int,
+                 train: SparSamples | None = None, train_idx: np.ndarray | None = None):
         self.level, self.s, self.source, self.device, self.setup = level, samples, source, device, setup
+        self.reference = None
+        if train is not None and train_idx is not None and len(train_idx):
+            t_present = np.asarray(train.present[train_idx])
+            self.reference = metrics.mean_position(train.centroids[train_idx], t_present) \
+                if level == "localization" else metrics.usual_cells(train.grid_cells[train_idx], t_present)
         self.groups = None  # batches mix all samples
         n, t = samples.present.shape
         rng = np.random.default_rng(seed)
@@ -200,6 +208,13 @@ class TileTask:
                        "n": m["n"]}
             per = [{"organ": o, "med": v, "med_native": v_n, "n": int(present[:, j].sum())} for j, (o, v, v_n) in
                    enumerate(zip(ORGANS, m["per_slot_med"], m_n["per_slot_med"]))]
+            if self.reference is not None:  # each organ's mean training position, in both frames
+                guess = np.broadcast_to(self.reference, pred.shape)
+                r, r_n = (metrics.localization(guess, self.centroids[idx], present, self.setup.sdr_px, scale=sc)
+                          for sc in (resized, native))
+                overall.update(ref_med=r["med"], ref_med_native=r_n["med"])
+                for row, v, v_n in zip(per, r["per_slot_med"], r_n["per_slot_med"]):
+                    row.update(ref_med=v, ref_med_native=v_n)
         else:
             shown = present[rows, perm]  # present slots only (spar.md Level 2: missing slots are ignored)
             p = sinkhorn(torch.from_numpy(out), self.setup.sinkhorn_tau, self.setup.sinkhorn_iters,
@@ -210,6 +225,12 @@ class TileTask:
             overall = {"patch_acc": m["patch_acc"], "perm_acc": m["perm_acc"], "n": m["n"]}
             per = [{"organ": o, "patch_acc": v, "n": int(present[:, j].sum())} for j, (o, v) in
                    enumerate(zip(ORGANS, m["per_slot_acc"]))]
+            if self.reference is not None:  # each organ in its usual training cell
+                r = metrics.permutation(metrics.usual_cell_assignment(self.reference, present),
+                                        np.asarray(self.s.grid_cells[idx]), present)
+                overall.update(ref_patch_acc=r["patch_acc"], ref_perm_acc=r["perm_acc"])
+                for row, v in zip(per, r["per_slot_acc"]):
+                    row.update(ref_patch_acc=v)
         return [{"finding": self.level, "organ": "all", **overall}] + [{"finding": self.level, **r} for r in per]
 
 
@@ -218,7 +239,7 @@ class QueryTask:
     head (:class:`~robustbench_fm.methods.spar.heads.ProbeHeads`), which answers with its own
     number of classes and is trained on its own cross-entropy. ``train``: the training questions
     (of the in-domain cohort, also for a transfer cohort) that the majority-class and question-only
-    reference answers are taken from (:func:`metrics.reference_answers`)."""
+    reference answers are taken from (:func:`metrics.reference_answers`, :func:`metrics.canonical_answers`)."""
 
     def __init__(self, samples: SparSamples, source, view_of: np.ndarray, device, train: pd.DataFrame | None = None):
         q = samples.questions
@@ -228,7 +249,8 @@ class QueryTask:
         self.groups = self.probe  # batches of one probe: each step trains the head its batch routes to
         self.label = q["label"].to_numpy(np.int64)
         self.n_classes = q["n_classes"].to_numpy(np.int64)
-        self.reference = None if train is None else metrics.reference_answers(train, q)
+        self.reference = None if train is None else \
+            (*metrics.reference_answers(train, q), metrics.canonical_answers(train, q))
 
     def batch(self, idx, rng):
         x = torch.from_numpy(np.asarray(self.source(self.view_of[idx]))).to(self.device)
@@ -246,7 +268,7 @@ class QueryTask:
         k = self.n_classes[idx]
         pred = np.where(np.arange(MAX_CLASSES)[None] < k[:, None], out, -np.inf).argmax(-1)
         probes = np.array(L3_PROBES)[self.probe[idx]]
-        ref = (None, None) if self.reference is None else (self.reference[0][idx], self.reference[1][idx])
+        ref = (None, None, None) if self.reference is None else tuple(r[idx] for r in self.reference)
         return [{**r, "organ": "all"} for r in metrics.probe_rows(pred, self.label[idx], probes, self.n_classes[idx],
                                                                   *ref)]
 
@@ -315,7 +337,8 @@ class EncoderRun:
 
     def _task(self, level, samples, source, view_of, seed):
         if level in TILE_LEVELS:
-            return TileTask(level, samples, source, self.device, self.setup, seed)
+            return TileTask(level, samples, source, self.device, self.setup, seed, self.samples,
+                            _split_idx(self.samples.table, "train"))
         q = self.samples.questions
         return QueryTask(samples, source, view_of, self.device, train=q[q["split"] == "train"])
 
