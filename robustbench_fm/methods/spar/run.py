@@ -28,8 +28,17 @@ import torch
 
 from . import metrics
 from .heads import MAX_CLASSES, MLPHead, ProbeHeads, SparModel, TransformerHead, probe_losses
-from .models import AskedTokens, Backbone, CombinedViT, OracleBackbone, oracle_asked
-from .params import ORACLE, SparParams
+from .models import (
+    AskedTokens,
+    Backbone,
+    CombinedViT,
+    OracleBackbone,
+    canonical_geometry,
+    canonical_tile_tokens,
+    canonical_view_tokens,
+    oracle_asked,
+)
+from .params import CANONICAL, PLANTED, SparParams
 from .probes import N_CLASSES
 from .samples import L3_PROBES, ORGANS, SparSamples, apply_transform
 from .sinkhorn import hungarian, permutation_loss, sinkhorn
@@ -296,14 +305,16 @@ def _split_idx(table: pd.DataFrame, split: str) -> np.ndarray:
 
 class EncoderRun:
     """All configurations of one loaded encoder (or of the planted oracle, ``encoder`` =
-    :data:`~robustbench_fm.methods.spar.models.ORACLE`, frozen only) on one dataset and its
+    :data:`~robustbench_fm.methods.spar.params.ORACLE`, or the canonical-anatomy backbone,
+    :data:`~robustbench_fm.methods.spar.params.CANONICAL`, frozen only) on one dataset and its
     transfer datasets."""
 
     def __init__(self, encoder, samples: SparSamples, transfers: dict[str, SparSamples], setup: Setup,
                  device: torch.device, cache_dir: Path | None, dataset: str):
         self.encoder, self.samples, self.transfers, self.setup = encoder, samples, transfers, setup
         self.device, self.cache_dir, self.dataset = device, cache_dir, dataset
-        self.oracle = isinstance(encoder, str) and encoder == ORACLE
+        self.oracle = isinstance(encoder, str) and encoder in PLANTED  # a planted backbone (ORACLE, CANONICAL)
+        self.planted = encoder if self.oracle else None
         self._frozen: dict = {}
 
     # --- inputs per (mode, level, cohort)
@@ -317,11 +328,15 @@ class EncoderRun:
             n = len(ids) if tiles else len(views)
             images = (lambda r: samples.tiles[r]) if tiles else (lambda r: view_images(samples, views, r))
             if self.oracle:  # planted tokens from the masks: cheap, never cached on disk
-                backbone = OracleBackbone.for_tiles(samples) if tiles else \
-                    OracleBackbone.for_views(samples, views, images)
-                tokens = cached_tokens(backbone, images, n, ORACLE, None, self.setup.eval_batch_size, tiles)
+                geometry = None
+                if self.planted == CANONICAL:  # the usual anatomy of the in-domain TRAINING data
+                    backbone, geometry = self._canonical(tiles, name, samples, views, images)
+                else:
+                    backbone = OracleBackbone.for_tiles(samples) if tiles else \
+                        OracleBackbone.for_views(samples, views, images)
+                tokens = cached_tokens(backbone, images, n, self.planted, None, self.setup.eval_batch_size, tiles)
                 if not tiles:  # the oracle reads the question too: tokens per question (models.AskedTokens)
-                    asked = oracle_asked(samples, views, view_of, encode_questions(samples.questions))
+                    asked = oracle_asked(samples, views, view_of, encode_questions(samples.questions), geometry)
                     tokens, view_of = AskedTokens(tokens, view_of, asked), np.arange(len(view_of))
                 self._frozen[key] = (tokens, view_of, True)
                 return self._frozen[key]
@@ -334,6 +349,23 @@ class EncoderRun:
                                    self.setup.eval_batch_size, tiles)
             self._frozen[key] = (tokens, view_of, backbone.has_cls)
         return self._frozen[key]
+
+    def _canonical(self, tiles: bool, name: str, samples: SparSamples, views, images):
+        """(backbone, Level 3 geometry or None) of the planted canonical-anatomy backbone on cohort
+        ``name``: each organ's mean position over the in-domain TRAINING tile sets (Levels 1-2) or
+        slices (Level 3); at Level 3 the view's transform is known on the in-domain cohort only."""
+        own = self.samples
+        if tiles:
+            train = _split_idx(own.table, "train")
+            mean_xy = metrics.mean_position(own.centroids[train], own.present[train])
+            flat = np.asarray(samples.tiles).reshape(-1, *samples.tiles.shape[2:])
+            tok = canonical_tile_tokens(samples, mean_xy)
+            return OracleBackbone(flat, tok.reshape(-1, *tok.shape[2:])), None
+        train = np.flatnonzero((own.slice_table["split"] == "train").to_numpy())
+        mean_xy = metrics.mean_position(own.slice_centroids[train], own.slice_present[train])
+        known = name == self.dataset
+        backbone = OracleBackbone(images(np.arange(len(views))), canonical_view_tokens(mean_xy, views, known))
+        return backbone, canonical_geometry(mean_xy, views, known)
 
     def _task(self, level, samples, source, view_of, seed):
         if level in TILE_LEVELS:
@@ -355,7 +387,8 @@ class EncoderRun:
     def _model(self, mode: str, head: str, level: str) -> SparModel:
         tiles = level in TILE_LEVELS
         if self.oracle and (mode != "frozen" or head == "combined"):
-            raise ValueError(f"the planted '{ORACLE}' backbone is fixed: configure it frozen with mlp/transformer "
+            raise ValueError(f"the planted '{self.planted}' backbone is fixed: configure it frozen with "
+                             "mlp/transformer "
                              "heads only")
         if head == "combined":
             enc = copy.deepcopy(self.encoder)

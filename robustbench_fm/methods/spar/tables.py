@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ...core.tables import PaperTable, SweepResults
-from .params import DEFAULT_LABELS, ORACLE
+from .params import DEFAULT_LABELS, PLANTED
 
 TABLES = ["spar_table1", "spar_table2", "spar_table3", "spar_table4", "spar_table5"]
 
@@ -59,9 +59,8 @@ def _rows(results: SweepResults) -> pd.DataFrame:
     return df[df["section"].isin(SECTIONS)] if "section" in df else df
 
 
-#: planted calibration backbones (``stage.params.planted``): their rows are shown, never picked as the best
-#: or worst encoder configuration (Table 2), since their tokens are computed from the answers' masks
-PLANTED = (ORACLE,)
+# planted calibration backbones (params.PLANTED, ``stage.params.planted``): their rows are shown, never picked as
+# the best or worst encoder configuration (Table 2), since their tokens are computed from the answers' masks
 
 
 def _not_planted(df: pd.DataFrame) -> pd.DataFrame:
