@@ -21,6 +21,16 @@ is bounded by one tile whatever the set sizes. The pieces:
 The engine computes in the dtype of the tensor it is given: float32 for CANDOR, float64 features
 stay float64 for CRoMa (conventions A.1; its agreement with the reference is checked in float64).
 
+**Identical rows are one vector** (``vectors``, from :func:`distinct_rows`). Inside one matrix
+product two bitwise-identical rows can get different similarities to the same candidate (the BLAS
+kernel rounds each output position its own way), so duplicated feature vectors would not tie
+exactly. Given each row's vector id, :func:`topk_similarity` and :class:`Shortlist` compute the
+products between distinct vectors only, each pair of distinct vectors once per search (a vector
+and itself: exactly 1), and expand them to the member rows by indexing: rows sharing a vector get
+the very same similarities, so CANDOR's c(x) and margins of copies are bitwise equal (CRoMa's
+scope pass, :mod:`robustbench_fm.methods.croma.knn`, does the same). Without duplicates the search
+is the plain blocked product.
+
 Ties between equal similarities are broken by ``torch.topk``, whose order among equal values is
 unspecified. CANDOR's c(x) and CRoMa's typed distances read only values, which ties cannot change
 (conventions A.7); CRoMa's neighbour identities follow the reference, whose ties are arbitrary too
@@ -77,6 +87,92 @@ def l2_normalize(x: np.ndarray, source: str = "features", dtype=np.float32) -> n
     out = x if in_place and x.flags.writeable else np.empty_like(x)
     for lo in range(0, n, step):
         np.divide(x[lo:lo + step], norms[lo:lo + step], out=out[lo:lo + step])
+    return out
+
+
+def _exact_distinct(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first row of each distinct row, each row's id) of a small 2-D array, by its bytes (−0 as +0)."""
+    flat = np.ascontiguousarray(flat + flat.dtype.type(0))  # −0 + 0 = +0
+    _, first, vid = np.unique(flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel(),
+                              return_index=True, return_inverse=True)
+    return first.astype(np.int64), vid.ravel().astype(np.int64)
+
+
+def distinct_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first row of each distinct vector, each row's vector id [N]): rows are one vector when their
+    bytes are equal (after −0 → +0). Rows are hashed block by block (:data:`NORMALIZE_BLOCK_BYTES`
+    of working set, no copy of the matrix) and rows sharing a hash are compared byte for byte, so a
+    hash collision never merges two vectors."""
+    x = np.asarray(x)
+    flat = x.reshape(len(x), -1)
+    if len(x) == 0 or flat.shape[1] == 0 or (flat.dtype.itemsize * flat.shape[1]) % 4:
+        return _exact_distinct(flat) if len(x) and flat.shape[1] else (np.zeros(min(1, len(x)), np.int64),
+                                                                      np.zeros(len(x), np.int64))
+    words = flat.dtype.itemsize * flat.shape[1] // 4
+    weights = np.random.default_rng(0).integers(1, 2**62, size=words, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    step = max(1, NORMALIZE_BLOCK_BYTES // (8 * words))
+    keys = np.empty(len(x), np.uint64)
+    for lo in range(0, len(x), step):
+        block = np.ascontiguousarray(flat[lo:lo + step] + flat.dtype.type(0)).view(np.uint32).astype(np.uint64)
+        keys[lo:lo + step] = (block * weights).sum(axis=1)  # wraps modulo 2**64
+    _, first, vid = np.unique(keys, return_index=True, return_inverse=True)
+    first, vid = first.astype(np.int64), vid.ravel().astype(np.int64)
+    counts = np.bincount(vid)
+    if (counts == 1).all():
+        return first, vid
+    shared = np.flatnonzero(counts > 1)
+    members = np.argsort(vid, kind="stable")
+    starts = np.r_[0, np.cumsum(counts)]
+    next_id = len(first)
+    extra_first = []
+    for h in shared.tolist():  # rows with one hash: split them by their bytes (a collision becomes new ids)
+        rows = members[starts[h]:starts[h + 1]]
+        sub_first, sub = _exact_distinct(flat[rows])
+        if len(sub_first) > 1:
+            new = np.r_[h, next_id + np.arange(len(sub_first) - 1)]
+            vid[rows] = new[sub]
+            first[h] = rows[sub_first[0]]
+            extra_first += rows[sub_first[1:]].tolist()
+            next_id += len(sub_first) - 1
+    return np.r_[first, np.asarray(extra_first, np.int64)], vid
+
+
+def _has_copies(vectors: np.ndarray | None, rows: np.ndarray) -> bool:
+    """Whether two of ``rows`` share a vector id."""
+    return vectors is not None and len(np.unique(vectors[rows])) < len(np.unique(rows))
+
+
+def _representatives(vectors: np.ndarray) -> np.ndarray:
+    """One row of every vector id (index: the id)."""
+    rep = np.empty(int(vectors.max()) + 1 if len(vectors) else 0, np.int64)
+    rep[vectors] = np.arange(len(vectors))
+    return rep
+
+
+def _distinct_product(feats: torch.Tensor, rep: np.ndarray, a_ids: np.ndarray, b_ids: np.ndarray) -> torch.Tensor:
+    """Similarities of the vectors ``a_ids`` (rows) × ``b_ids`` (columns), one product; a vector and
+    itself exactly 1 (unit rows)."""
+    device = feats.device
+    sims = feats[torch.as_tensor(rep[a_ids], device=device)] @ feats[torch.as_tensor(rep[b_ids], device=device)].T
+    same = torch.as_tensor(a_ids[:, None] == b_ids[None, :], device=device)
+    return sims.masked_fill_(same, 1.0)
+
+
+def _chunks(p0: int, p1: int, width: int) -> list[tuple[int, int]]:
+    return [(r, min(r + width, p1)) for r in range(p0, p1, width)]
+
+
+def _vector_blocks(ids: np.ndarray, width: int) -> list[tuple[int, int]]:
+    """(start, end) positions of ``ids`` (sorted vector ids, one per member) cut between vectors into
+    blocks of at most ``width`` members (a vector with more members is a block of its own)."""
+    bounds = runs(ids)
+    out, start = [], 0
+    for s, e in bounds:
+        if s > start and e - start > width:
+            out.append((start, s))
+            start = s
+    if len(ids):
+        out.append((start, len(ids)))
     return out
 
 
@@ -196,8 +292,8 @@ class SameGroupMask:
 
 
 def topk_similarity(feats: torch.Tensor, query_rows: np.ndarray, cand_rows: np.ndarray, k: int,
-                    block_size: int = 4096, cand_block: int = 65536, backend: str = "torch"
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    block_size: int = 4096, cand_block: int = 65536, backend: str = "torch",
+                    vectors: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` largest cosine similarities of each query among the candidates, self excluded.
 
     ``feats`` is the unit-norm matrix (on the compute device); ``query_rows`` and ``cand_rows``
@@ -208,6 +304,9 @@ def topk_similarity(feats: torch.Tensor, query_rows: np.ndarray, cand_rows: np.n
     Returns (similarities [Q, k] sorted descending, candidate positions [Q, k]) on the device.
     ``backend="faiss"`` gives the same neighbours from an exact faiss index (ties may be broken
     differently; the similarities agree to float tolerance).
+    ``vectors``: the vector id of every row of ``feats`` (:func:`distinct_rows`); where queries or
+    candidates share a vector the products are taken between distinct vectors and expanded
+    (:func:`_distinct_topk`), so copies get bitwise-equal similarities (the torch backend).
     """
     query_rows = np.asarray(query_rows, dtype=np.int64)
     cand_rows = np.asarray(cand_rows, dtype=np.int64)
@@ -218,6 +317,8 @@ def topk_similarity(feats: torch.Tensor, query_rows: np.ndarray, cand_rows: np.n
         return _faiss_topk(feats, query_rows, cand_rows, k)
     if backend != "torch":
         raise ValueError(f"neighbour backend '{backend}' is not one of torch, faiss")
+    if _has_copies(vectors, np.r_[query_rows, cand_rows]):
+        return _distinct_topk(feats, query_rows, cand_rows, k, block_size, cand_block, np.asarray(vectors))
     device = feats.device
     # Position of each query inside the candidate set (-1 when absent), to mask self-matches.
     order = np.argsort(cand_rows, kind="stable")
@@ -243,6 +344,47 @@ def topk_similarity(feats: torch.Tensor, query_rows: np.ndarray, cand_rows: np.n
     return torch.cat(values), torch.cat(indices)
 
 
+def _distinct_topk(feats: torch.Tensor, query_rows: np.ndarray, cand_rows: np.ndarray, k: int, block_size: int,
+                   cand_block: int, vectors: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`topk_similarity` with products between distinct vectors: queries and candidates are
+    ordered by vector id, cut into blocks of whole vectors, each (query block, candidate block)
+    product computed once and expanded to member rows (in chunks of at most ``block_size`` ×
+    ``cand_block``); the query itself is masked as a candidate. Copies of a vector therefore read
+    the same entries of the same products."""
+    device = feats.device
+    rep = _representatives(vectors)
+    q_order = np.argsort(vectors[query_rows], kind="stable")
+    c_order = np.argsort(vectors[cand_rows], kind="stable")
+    qv, cv = vectors[query_rows][q_order], vectors[cand_rows][c_order]
+    c_rows = cand_rows[c_order]
+    by_row = np.argsort(c_rows, kind="stable")  # each query's own position among the candidates, or -1
+    at = np.searchsorted(c_rows[by_row], query_rows[q_order]).clip(max=max(len(c_rows) - 1, 0))
+    self_pos = np.where(c_rows[by_row][at] == query_rows[q_order], by_row[at], -1) if len(c_rows) else \
+        np.full(len(query_rows), -1)
+    best = RunningTopK(len(query_rows), k, feats)
+    for q0, q1 in _vector_blocks(qv, block_size):
+        q_ids = np.unique(qv[q0:q1])
+        for c0, c1 in _vector_blocks(cv, cand_block):
+            c_ids = np.unique(cv[c0:c1])
+            sims = _distinct_product(feats, rep, q_ids, c_ids)
+            for r0, r1 in _chunks(q0, q1, block_size):
+                rsel = torch.as_tensor(np.searchsorted(q_ids, qv[r0:r1]), device=device)
+                for s0, s1 in _chunks(c0, c1, cand_block):
+                    part = sims[rsel][:, torch.as_tensor(np.searchsorted(c_ids, cv[s0:s1]), device=device)]
+                    local = self_pos[r0:r1] - s0
+                    hit = np.flatnonzero((local >= 0) & (local < s1 - s0))
+                    if len(hit):
+                        part[torch.as_tensor(hit, device=device), torch.as_tensor(local[hit], device=device)] = \
+                            float("-inf")
+                    best.update(r0, part, s0)
+    values, idx = best.result()
+    back = np.empty(len(query_rows), np.int64)
+    back[q_order] = np.arange(len(query_rows))
+    back_t = torch.as_tensor(back, device=device)
+    c_back = torch.as_tensor(c_order, device=device)
+    return values[back_t], c_back[idx[back_t]]
+
+
 def _faiss_topk(feats: torch.Tensor, query_rows: np.ndarray, cand_rows: np.ndarray, k: int):
     """Exact inner-product search with faiss (GPU index when faiss-gpu and CUDA are present)."""
     try:
@@ -266,9 +408,11 @@ def _faiss_topk(feats: torch.Tensor, query_rows: np.ndarray, cand_rows: np.ndarr
 
 
 def mean_topk_similarity(feats: torch.Tensor, query_rows, cand_rows, k: int,
-                         block_size: int = 4096, backend: str = "torch") -> np.ndarray:
-    """c(x) = (1/k) Σ_{z ∈ N_k(x; R)} <g(x), g(z)> for every query (candor.md, Eq. 1 for c±)."""
-    values, _ = topk_similarity(feats, query_rows, cand_rows, k, block_size, backend=backend)
+                         block_size: int = 4096, backend: str = "torch", vectors: np.ndarray | None = None
+                         ) -> np.ndarray:
+    """c(x) = (1/k) Σ_{z ∈ N_k(x; R)} <g(x), g(z)> for every query (candor.md, Eq. 1 for c±);
+    ``vectors``: as for :func:`topk_similarity` (copies get bitwise-equal c(x))."""
+    values, _ = topk_similarity(feats, query_rows, cand_rows, k, block_size, backend=backend, vectors=vectors)
     return values.double().mean(dim=1).cpu().numpy()
 
 
@@ -285,11 +429,14 @@ class Shortlist:
     """
 
     def __init__(self, feats: torch.Tensor, rows, size: int = 256, block_size: int = 4096,
-                 backend: str = "torch"):
-        self.feats, self.backend, self.block_size = feats, backend, block_size
+                 backend: str = "torch", vectors: np.ndarray | None = None):
+        self.feats, self.backend, self.block_size, self.vectors = feats, backend, block_size, vectors
         self.rows = np.sort(np.asarray(rows, dtype=np.int64))
         n, device = len(self.rows), feats.device
         self.size = max(0, min(size, n - 1))
+        if _has_copies(vectors, self.rows):
+            self.values, self.members = self._distinct_pass(np.asarray(vectors))
+            return
         x = feats[torch.as_tensor(self.rows, device=device)]
         best = RunningTopK(n, self.size, x)
         for a0, _, b0, _, sims in symmetric_tiles(x, block_size):
@@ -300,6 +447,39 @@ class Shortlist:
                 best.update(b0, sims.T, a0)
         self.values, members = best.result()
         self.members = torch.as_tensor(self.rows, device=device)[members]
+
+    def _distinct_pass(self, vectors: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The symmetric pass over distinct vectors (module doc): rows ordered by vector id, cut into
+        blocks of whole vectors, each pair of blocks' product computed once (a vector and itself:
+        1; the diagonal block's lower triangle copied from its upper one, so every similarity is
+        symmetric bitwise), expanded to member rows, each row itself masked; (values, member rows) in
+        ``rows`` order."""
+        device, width = self.feats.device, self.block_size
+        order = np.argsort(vectors[self.rows], kind="stable")
+        ids = vectors[self.rows][order]
+        rep = _representatives(vectors)
+        blocks = _vector_blocks(ids, width)
+        best = RunningTopK(len(self.rows), self.size, self.feats)
+        for a, (p0, p1) in enumerate(blocks):
+            a_ids = np.unique(ids[p0:p1])
+            for q0, q1 in blocks[a:]:
+                b_ids = np.unique(ids[q0:q1])
+                sims = _distinct_product(self.feats, rep, a_ids, b_ids)
+                if q0 == p0:  # one entry per pair of vectors, as off the diagonal: sim(u, v) == sim(v, u)
+                    sims = torch.triu(sims) + torch.triu(sims, 1).T
+                for r0, r1 in _chunks(p0, p1, width):
+                    rsel = torch.as_tensor(np.searchsorted(a_ids, ids[r0:r1]), device=device)
+                    for c0, c1 in _chunks(q0, q1, width):
+                        part = sims[rsel][:, torch.as_tensor(np.searchsorted(b_ids, ids[c0:c1]), device=device)]
+                        if r0 == c0:
+                            part.fill_diagonal_(float("-inf"))
+                        best.update(r0, part, c0)
+                        if q0 != p0:
+                            best.update(c0, part.T, r0)
+        values, members = best.result()
+        back = torch.as_tensor(np.argsort(order, kind="stable"), device=device)
+        proc_rows = torch.as_tensor(self.rows[order], device=device)
+        return values[back], proc_rows[members[back]]
 
     def _local(self, query_rows: np.ndarray) -> np.ndarray:
         at = np.searchsorted(self.rows, query_rows)
@@ -334,7 +514,7 @@ class Shortlist:
             todo = todo[~done]
         if len(todo):
             out[todo] = mean_topk_similarity(self.feats, query_rows[todo], cand_rows, k,
-                                             self.block_size, self.backend)
+                                             self.block_size, self.backend, self.vectors)
         return out
 
     def _first_hits(self, local: torch.Tensor, in_r: torch.Tensor, k: int, width: int):

@@ -155,19 +155,26 @@ def test_a_stage_override_is_checked_against_the_generated_options():
 
 
 def test_the_spar_sample_options_override_as_the_docs_write_them(tmp_path):
-    """``dataset.options.distance_rule=varying`` (docs/methods/spar.md) composes without ``+`` on every
+    """``dataset.options.distance_rule=...`` (docs/methods/spar.md) composes without ``+`` on every
     SPAR cohort's card and on the demo's zero-shot cohort, and each card's sample options are those
-    ``build_samples`` accepts, at its defaults."""
+    ``build_samples`` accepts, at its defaults: the paper's distance rule (``varying``, issue 42 item
+    4) on WORD and TotalSegmentator, in every paper experiment and the command line's zero-shot cohort;
+    ``random`` only on the demo's phantoms (its card and its zero-shot cohort)."""
     from robustbench_fm.data.ct.layouts import SAMPLE_OPTIONS, sample_options
 
-    for dataset in ("word", "totalsegmentator", "spar_phantom_word"):
-        cfg = compose_cfg([f"dataset={dataset}", "dataset.options.distance_rule=varying",
+    assert SAMPLE_OPTIONS["distance_rule"] == "varying"
+    for dataset, rule in (("word", "varying"), ("totalsegmentator", "varying"), ("spar_phantom_word", "random")):
+        cfg = compose_cfg([f"dataset={dataset}", "dataset.options.distance_rule=random",
                            "dataset.options.distance_questions=4"], tmp_path)
-        assert (cfg.dataset.options.distance_rule, cfg.dataset.options.distance_questions) == ("varying", 4)
+        assert (cfg.dataset.options.distance_rule, cfg.dataset.options.distance_questions) == ("random", 4)
         card = dict(compose_cfg([f"dataset={dataset}"], tmp_path).dataset.options)
         opts = sample_options(dataset, card)
-        assert {k: opts[k] for k in ("distance_questions", "distance_rule")} == \
-            {k: SAMPLE_OPTIONS[k] for k in ("distance_questions", "distance_rule")}
+        assert (opts["distance_questions"], opts["distance_rule"]) == (SAMPLE_OPTIONS["distance_questions"], rule)
+    for experiment in ("spar_word", "spar_vqa", "spar_ablation_pooled_tokens"):
+        cfg = compose_cfg([f"experiment={experiment}"], tmp_path)
+        assert sample_options("word", dict(cfg.dataset.options))["distance_rule"] == "varying"
+        for spec in (cfg.stage.params.get("transfer") or {}).values():
+            assert sample_options(spec.dataset, dict(spec.options or {}))["distance_rule"] == "varying"
     cfg = compose_cfg(["experiment=spar_demo", "dataset.options.distance_rule=varying",
                        "stage.params.transfer.totalsegmentator.options.distance_rule=varying"], tmp_path)
     assert cfg.dataset.options.distance_rule == "varying" and cfg.dataset.options.distance_questions == 8

@@ -205,3 +205,36 @@ def test_filled_lists_mark_absent_slots():
     assert v.shape == i.shape == (3, 5)
     assert (v[:, :3].sum(1) == 1).all() and torch.isinf(v[:, 3:]).all() and (i[:, 3:] == -1).all()
     assert RunningTopK(3, 2, x).result()[0].shape == (3, 0)  # nothing seen, nothing kept
+
+
+@pytest.mark.parametrize("n, block_size, d", [(257, 64, 7), (97, 256, 1000), (513, 256, 384)])
+def test_copies_of_a_vector_get_bitwise_equal_scores(n, block_size, d):
+    """Issue 42 item 7: rows with the same bytes are one vector (``distinct_rows``); given their
+    ids, the shortlist and the exact search compute products between distinct vectors, so every
+    copy gets the very same c(x) (bitwise), equal to a float64 brute force on the distinct vectors
+    (a vector and itself: exactly 1). Without ``vectors`` (the old path) 97 copy groups of these
+    cases differed in the last bits (BLAS rounds each output position its own way)."""
+    from robustbench_fm.core.neighbors import distinct_rows
+
+    rng = np.random.default_rng(n + d)
+    base = rng.normal(size=(20, d)).astype(np.float32)
+    vid = rng.integers(0, 20, size=n)
+    unit = l2_normalize(base[vid])
+    first, vectors = distinct_rows(unit)
+    assert len(first) == len(np.unique(vid)) == len(set(zip(vid, vectors)))  # the same partition
+    assert (unit[first[vectors]] == unit).all()
+    x = torch.as_tensor(unit)
+    rows, bank = np.arange(n), np.sort(rng.choice(n, size=n // 3, replace=False))
+    ref_unit = base.astype(np.float64) / np.linalg.norm(base.astype(np.float64), axis=1, keepdims=True)
+    sims = ref_unit @ ref_unit.T
+    np.fill_diagonal(sims, 1.0)
+    ref = np.array([np.sort([sims[vid[i], vid[j]] for j in bank if j != i])[::-1][:5].mean() for i in rows])
+    in_bank = np.isin(rows, bank)
+    for got in (Shortlist(x, rows, 8, block_size, vectors=vectors).mean_topk(rows, bank, 5),
+                Shortlist(x, rows, 256, block_size, vectors=vectors).mean_topk(rows, bank, 5),
+                mean_topk_similarity(x, rows, bank, 5, block_size, vectors=vectors)):
+        np.testing.assert_allclose(got, ref, atol=1e-6)
+        for v in np.unique(vid):
+            for member in (True, False):
+                same = got[(vid == v) & (in_bank == member)]
+                assert len(np.unique(same)) <= 1, (v, member, same)

@@ -177,8 +177,10 @@ DATASET_LAYOUTS = {"word": "word", "lits": "lits", "totalsegmentator": "totalseg
                    "spar_phantom_word": "word", "spar_phantom_totalsegmentator": "totalsegmentator"}
 #: Options of build_samples, and the phantom-generation options it accepts and ignores (they
 #: arrive with the dataset config's ``options`` that ``generate`` also receives).
+#: ``distance_rule``: ``varying`` (spar.md 3.1's distance control: only pairs of organ pairs whose order
+#: changes across slices), the paper's; the demo's phantoms ask ``random`` (configs/dataset/spar_phantom_word.yaml)
 SAMPLE_OPTIONS = {"lits_root": None, "n_lits": 20, "min_organs": 5, "size": 224, "distance_questions": 1,
-                  "distance_rule": "random"}
+                  "distance_rule": "varying"}
 GENERATOR_OPTIONS = ("n_subjects", "phantom_seed")
 #: the lowest value each numeric sample option accepts
 _MINIMA = {"min_organs": 1, "size": 8, "n_lits": 0, "distance_questions": 1}

@@ -14,7 +14,11 @@ positives, D above 0.5 that positives are nearer to negatives than to each other
 
 D_all takes every positive and negative of the group as candidates, so with more negatives than positives it
 lies above 0.5 even for uninformative features (compare encoders on D); the margin AUROC ranks every image by
-c+ − c− (chance 0.5, higher is better). [low, high] is the 95% interval of {n_boot:,} bootstrap resamples
+c+ − c− (higher is better). Its chance level is 0.5 only for large banks: an image scored against the bank
+holding it meets one image of its own class fewer, so uninformative features score below 0.5, at least
+margin_chance_low = 0.5 − k/n+ − k/n− (n± the group's positives and negatives held in the banks; e.g. 0.42 in
+simulation at 12 vs 12 with k = 5, where the bound itself is 0). Read a margin AUROC against margin_chance_low
+where it lies well below 0.5, i.e. in small groups. [low, high] is the 95% interval of {n_boot:,} bootstrap resamples
 clustered by patient, with the candidate sets held fixed.
 """
 

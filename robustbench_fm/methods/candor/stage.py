@@ -11,11 +11,17 @@ For one task (a binary finding, or one class against the other classes of its fa
   all positives / negatives of s; a query that is in R+_s is removed from it (it then meets n−1
   positives, chance level ≤ 1/2 + k/n, candor.md "The Discordance Rate and Its Chance Level");
 * c±(x) = mean cosine similarity of the k nearest in R±_s; DM(x) = c−(x) − c+(x) (Eq. 1);
+  bitwise-identical feature vectors are one vector (:func:`~robustbench_fm.core.neighbors.distinct_rows`):
+  similarities are taken between distinct vectors, so copies get bitwise-equal c±, DM and margins;
   x is discordant iff DM(x) > 0 (ties are concordant);
 * D_s = share of discordant queries; D_all with all positives / all negatives of s as candidates,
   the query excluded ("Unequal Candidate Sets": above 1/2 even on label-independent features);
 * margin AUROC: every labelled image of s scored by c+ − c− against the banks, each image
-  excluded from the bank holding it ("Baselines");
+  excluded from the bank holding it ("Baselines"). Its chance level is not 1/2 where banks are
+  small: an image in its own bank meets n − 1 of its class and n of the other, so it scores low
+  (a positive) or high (a negative). ``margin_chance_low`` (:func:`margin_chance_low`) bounds it:
+  for label-free features 1/2 − k/n+ − k/n− ≤ chance ≤ 1/2 with every image in the banks' groups
+  scored (n± the scored positives and negatives); simulated 0.42 at 12 vs 12 (k = 5, d = 32);
 * ± and 95% interval of D, D_all and the margin AUROC: ``n_boot`` resamples of patients
   (``cluster_col``) with the banks fixed ("Reporting"). A row resamples the patients of its own
   queries (the margin AUROC: of the images it scores), never every patient of the manifest; a pooled
@@ -47,7 +53,7 @@ group's labelled images are computed once and shared by every task's banks and q
 
 ``summary`` columns: finding, acq_group (``"__pooled__"`` for the pool), target, n_queries, n_pos,
 n_neg, bank_size, k, d, d_sd, d_ci_low, d_ci_high, d_all, d_all_sd, d_all_ci_low, d_all_ci_high,
-margin_auroc, margin_auroc_sd, margin_auroc_ci_low, margin_auroc_ci_high, reason.
+margin_auroc, margin_auroc_sd, margin_auroc_ci_low, margin_auroc_ci_high, margin_chance_low, reason.
 ``per_sample`` columns: sample_id, finding, target, acq_group, c_pos, c_neg, dm, discordant,
 c_pos_all, c_neg_all, dm_all, discordant_all.
 """
@@ -64,7 +70,7 @@ from sklearn.metrics import roc_auc_score
 
 from ...core.devices import resolve_device
 from ...core.errors import InvalidSetting
-from ...core.neighbors import Shortlist, l2_normalize, topk_similarity
+from ...core.neighbors import Shortlist, distinct_rows, l2_normalize, topk_similarity
 from ...core.results import Results
 from ...core.stats import (
     MIN_CLUSTERS,
@@ -152,8 +158,8 @@ def equal_size_drops(queries: np.ndarray, bank_pos: np.ndarray, bank_neg: np.nda
 
 
 def masked_mean_topk(feats: torch.Tensor, queries, cands, k: int, clusters: np.ndarray | None = None,
-                     drops: np.ndarray | None = None, block_size: int = 4096, backend: str = "torch"
-                     ) -> np.ndarray:
+                     drops: np.ndarray | None = None, block_size: int = 4096, backend: str = "torch",
+                     vectors: np.ndarray | None = None) -> np.ndarray:
     """c(x) over the candidates minus the query itself, minus the query's cluster (``clusters``
     given: its patient's images) and minus ``drops[i]`` (≥ 0) for query i; NaN when fewer than
     k candidates remain.
@@ -168,7 +174,7 @@ def masked_mean_topk(feats: torch.Tensor, queries, cands, k: int, clusters: np.n
     reach = min(k + extra, len(cands) - int(np.isin(queries, cands).any()))
     if reach < k or not len(queries):
         return np.full(len(queries), np.nan)
-    values, at = topk_similarity(feats, queries, cands, reach, block_size, backend=backend)
+    values, at = topk_similarity(feats, queries, cands, reach, block_size, backend=backend, vectors=vectors)
     values, rows = values.double().cpu().numpy(), cands[at.cpu().numpy()]
     gone = np.zeros(values.shape, bool)
     if clusters is not None:
@@ -190,6 +196,7 @@ class _Setting:
     exact: bool
     block_size: int
     backend: str
+    vectors: np.ndarray | None = None  # each row's vector id (core.neighbors.distinct_rows): copies tie exactly
 
 
 def _neighbour_means(s: _Setting, shortlist, queries, cands, drops=None) -> np.ndarray:
@@ -197,7 +204,7 @@ def _neighbour_means(s: _Setting, shortlist, queries, cands, drops=None) -> np.n
     changes the candidate set per query."""
     if s.exact or drops is not None:
         return masked_mean_topk(s.feats, queries, cands, s.k, s.clusters if s.exclude_patient else None,
-                                drops, s.block_size, s.backend)
+                                drops, s.block_size, s.backend, s.vectors)
     return shortlist.mean_topk(queries, cands, s.k)
 
 
@@ -292,8 +299,10 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     if any(t.kind != "binary" for t in tasks):
         replace(p, task="family_one_vs_rest").check()
     clusters = pd.factorize(manifest[cluster_col].astype(str), sort=True)[0]
-    setting = _Setting(torch.as_tensor(l2_normalize(features), device=resolve_device(p.device)), k, clusters,
-                       p.exclude_patient, p.exclude_patient or unmatched, p.block_size, p.backend)
+    unit = l2_normalize(features)
+    setting = _Setting(torch.as_tensor(unit, device=resolve_device(p.device)), k, clusters,
+                       p.exclude_patient, p.exclude_patient or unmatched, p.block_size, p.backend,
+                       distinct_rows(unit)[1])
     pools = {i: _pooled_sets(t.labels, bank_size, seed) for i, t in enumerate(tasks)} \
         if unmatched else {}
     sample_ids = manifest["sample_id"].to_numpy()
@@ -324,7 +333,8 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
                 row["reason"] = "no positive in the sampled images"
                 continue
             if group_shortlist is None and not setting.exact:
-                group_shortlist = Shortlist(setting.feats, labelled, p.shortlist, p.block_size, p.backend)
+                group_shortlist = Shortlist(setting.feats, labelled, p.shortlist, p.block_size, p.backend,
+                                            setting.vectors)
             drops = equal_size_drops(q, bank_pos, bank_neg, ct.task_rng(seed, group, t.target, "equal_size")) \
                 if p.equal_size else None
             c_pos, c_neg, c_pos_all, c_neg_all, everyone, margin, y = _score_group(
@@ -338,6 +348,10 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
             disc, disc_all = (c_neg - c_pos) > 0, (c_neg_all - c_pos_all) > 0
             auroc = float(roc_auc_score(y[scored], margin[scored])) if len(np.unique(y[scored])) == 2 else np.nan
             row.update(n_queries=len(q), d=float(disc.mean()), d_all=float(disc_all.mean()), margin_auroc=auroc)
+            if np.isfinite(auroc) and not p.exclude_patient:  # the patient's other images are not exchangeable
+                mp, mn = everyone[scored & (y == 1)], everyone[scored & (y == 0)]
+                row["margin_chance_low"] = margin_chance_low(k, len(bank_pos), int(np.isin(mp, bank_pos).sum()),
+                                                             len(mp), int(np.isin(mn, bank_neg).sum()), len(mn))
             per_sample.append(pd.DataFrame({
                 "sample_id": sample_ids[q], "finding": t.finding, "target": t.target, "acq_group": group,
                 "c_pos": c_pos, "c_neg": c_neg, "dm": c_neg - c_pos, "discordant": disc,
@@ -404,10 +418,33 @@ def _pooled_sets(labels, bank_size, seed):
     return pos, neg, bank_pos, bank_neg
 
 
+def margin_chance_low(k: int, n_bank: int, own_pos: int, n_pos: int, own_neg: int, n_neg: int) -> float:
+    """The lowest chance level of the margin AUROC for label-free features (the bound stated beside
+    it, as candor.md "The Discordance Rate and Its Chance Level" states D's ≤ 1/2 + k/n): the
+    group's banks hold ``n_bank`` images each; ``own_pos`` of the ``n_pos`` scored positives are in
+    R+ and ``own_neg`` of the ``n_neg`` scored negatives in R−.
+
+    Derivation (features i.i.d., continuous; a positive p in R+ and a negative q in R−, S± = R± less
+    p / q, n − 1 each): t(x) = c(x; S+) − c(x; S−) scores p and q against the same sets that hold
+    neither, so t(p), t(q) are exchangeable and P(t(p) > t(q)) = 1/2. The stage scores
+    s(p) = c(p; S+) − c(p; S− ∪ {q}) ≤ t(p) and s(q) = c(q; S+ ∪ {p}) − c(q; S−) ≥ t(q): adding a
+    candidate never lowers a top-k mean, and it changes it only if it enters the top k of the n,
+    probability k/n by exchangeability. Hence 1/2 − 2k/n ≤ P(s(p) > s(q)) ≤ 1/2; a pair with only p
+    (only q) in its bank loses at most k/n, a pair with neither nothing. Averaged over the pairs:
+    1/2 − (k/n)(own_pos/n_pos + own_neg/n_neg) ≤ chance ≤ 1/2, i.e. 1/2 − k/n+ − k/n− when the banks
+    hold all their images' class (clipped at 0). The bound is distribution-free; the realised chance
+    depends on the geometry (simulated with Gaussian features, d = 32, k = 5: 0.42 at 12 vs 12,
+    0.49 at 45 vs 255, against bounds 0 and 0.37)."""
+    if min(n_bank, n_pos, n_neg) <= 0:
+        return float("nan")
+    return float(max(0.0, 0.5 - k / n_bank * (own_pos / n_pos + own_neg / n_neg)))
+
+
 def _row(t: ct.Task, group: str, k: int, **values) -> dict:
     row = dict(finding=t.finding, acq_group=group, target=t.target, n_queries=0, n_pos=0, n_neg=0,
                bank_size=pd.NA, k=k)
     row.update({f"{m}{s}": np.nan for m in METRICS for s in ("", "_sd", "_ci_low", "_ci_high")})
+    row["margin_chance_low"] = np.nan
     row["reason"] = row["note"] = ""
     row.update(values)
     return row
@@ -443,8 +480,15 @@ def _pooled_row(t: ct.Task, k: int, parts: list[dict]) -> dict:
                n_neg=sum(p["row"]["n_neg"] for p in parts), d=float(disc[:, 0].mean()),
                d_all=float(disc[:, 1].mean()),
                margin_auroc=float(np.nan_to_num([p["row"]["margin_auroc"] for p in parts]) @ weights / weights.sum())
-               if weights.sum() else np.nan)
+               if weights.sum() else np.nan,
+               margin_chance_low=_weighted([p["row"]["margin_chance_low"] for p in parts], weights))
     return row
+
+
+def _weighted(values, weights: np.ndarray) -> float:
+    """The ``weights``-weighted mean of ``values`` over the rows weighted above 0 (NaN if one is NaN)."""
+    values, kept = np.asarray(values, float), weights > 0
+    return float(values[kept] @ weights[kept] / weights[kept].sum()) if kept.any() else np.nan
 
 
 def _auroc_weights(parts: list[dict]) -> np.ndarray:
@@ -470,7 +514,8 @@ def _combined_rows(tasks, pooled, k) -> list[tuple[dict, list[int], np.ndarray]]
                        n_neg=sum(pooled[i]["n_neg"] for i in members),
                        d=float(weights @ values["d"] / weights.sum()),
                        d_all=float(weights @ values["d_all"] / weights.sum()),
-                       margin_auroc=float(values["margin_auroc"].mean()))
+                       margin_auroc=float(values["margin_auroc"].mean()),
+                       margin_chance_low=float(np.mean([pooled[i]["margin_chance_low"] for i in members])))
         out.append((row, members, weights))
     return out
 

@@ -130,6 +130,70 @@ def reference_answers(train: pd.DataFrame, asked: pd.DataFrame) -> tuple[np.ndar
     return fallback, prior
 
 
+def canonical_answers(train: pd.DataFrame, asked: pd.DataFrame) -> np.ndarray:
+    """The canonical-recall answer to every question of ``asked`` from TRAINING labels only (issue
+    42 item 5; spar.md Section 5: "what we measured in domain was recall of canonical anatomy"):
+    the most frequent training label of the same question (:func:`question_key`) shown the same
+    way (the ``transform`` the slice is presented under), else the question-only prior's answer.
+    On relative position that is the organ pair plus whether the slice is flipped: what knowing the
+    usual arrangement and the image's orientation allows, without reading this patient's anatomy.
+    On distance, size, symmetry and counting (always shown unflipped) it equals the question-only
+    prior. It does not apply to orientation, whose presentation is the answer: -1 there (and for a
+    probe without training questions), so its rate is NaN.
+
+    Returns int64 labels [len(asked)]."""
+    _, prior = reference_answers(train, asked)
+    votes: dict = {}
+    for (key, flip), t, label in zip(_keys(train), train["transform"].astype(str), train["label"].to_numpy()):
+        votes.setdefault((key, t), []).append(1 - label if flip else label)
+    answer = prior.copy()
+    for i, ((key, flip), t) in enumerate(zip(_keys(asked), asked["transform"].astype(str))):
+        if (key, t) in votes:
+            v = _most_frequent(votes[(key, t)])
+            answer[i] = 1 - v if flip else v
+    answer[asked["probe"].astype(str).to_numpy() == "orientation"] = -1
+    return answer
+
+
+def mean_position(centroids: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Level 1's canonical-recall prediction (issue 42 item 5): each organ's mean normalised
+    centroid [16, 2] over the TRAINING tile sets where it is present (``centroids`` [N, 16, 2],
+    ``present`` [N, 16]); (0.5, 0.5) for an organ never present. Predicting it for every tile of
+    that organ is what knowing which organ a tile shows allows: the crop removes its position."""
+    present = np.asarray(present, bool)
+    xy = np.where(present[..., None], np.nan_to_num(np.asarray(centroids, np.float64)), 0.0).sum(0)
+    n = present.sum(0)[:, None]
+    return np.where(n > 0, xy / np.maximum(n, 1), 0.5)
+
+
+def usual_cells(cells: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """How often each organ sat in each Level 2 grid cell in the TRAINING tile sets [16 organs, 16 cells]."""
+    cells, present = np.asarray(cells), np.asarray(present, bool)
+    counts = np.zeros((cells.shape[1], cells.shape[1]), np.int64)
+    organ = np.broadcast_to(np.arange(cells.shape[1]), cells.shape)
+    np.add.at(counts, (organ[present], cells[present]), 1)
+    return counts
+
+
+def usual_cell_assignment(counts: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Level 2's canonical-recall prediction (issue 42 item 5): the cells [N, 16] of each tile set's
+    present organs chosen from organ identity alone, the assignment of distinct cells with the
+    most training occurrences (:func:`usual_cells`; Hungarian, ``scipy.optimize.linear_sum_assignment``,
+    as the heads' read-out); absent organs take the remaining cells in slot order."""
+    from scipy.optimize import linear_sum_assignment
+
+    present = np.asarray(present, bool)
+    n, t = present.shape
+    out = np.empty((n, t), np.int64)
+    for i, row in enumerate(present):
+        organs = np.flatnonzero(row)
+        r, c = linear_sum_assignment(-counts[organs].astype(np.float64))
+        out[i, organs[r]] = c
+        rest = np.setdiff1d(np.arange(t), c)
+        out[i, np.flatnonzero(~row)] = rest
+    return out
+
+
 def _keys(questions: pd.DataFrame) -> list:
 
     cols = [questions[c].astype(str).to_numpy() if c in questions else np.full(len(questions), "")
@@ -143,16 +207,19 @@ def _rate(answer, label: np.ndarray, sel: np.ndarray) -> float:
     return float("nan") if (answer < 0).all() else float((answer == label[sel]).mean())
 
 
-def probe_rows(pred, label, probe, n_classes, majority_pred=None, prior_pred=None) -> list[dict]:
+def probe_rows(pred, label, probe, n_classes, majority_pred=None, prior_pred=None, canonical_pred=None) -> list[dict]:
     """One row per Level 3 probe present and one ``macro`` row: ``finding``, ``accuracy``, ``n``,
-    ``chance`` (1 / classes), ``majority`` and ``prior``; macro's chance, majority and prior are
-    the unweighted means over the probes, like its accuracy.
+    ``chance`` (1 / classes), ``majority``, ``prior`` and ``canonical``; macro's chance, majority,
+    prior and canonical are the unweighted means over the probes, like its accuracy (canonical: NaN
+    where orientation, to which it does not apply, is among them).
 
     ``majority``: the accuracy of answering the TRAINING majority label (``majority_pred``, from
     :func:`reference_answers`). Without it, the share of the most frequent label among the scored
     labels (the earlier rule read the test labels; chat models, which have no
     training, still use it where no training questions are given). ``prior``: the accuracy of the
-    question-only prior ``prior_pred`` (NaN without it)."""
+    question-only prior ``prior_pred`` (NaN without it). ``canonical``: the accuracy of the
+    canonical-recall answers ``canonical_pred`` (:func:`canonical_answers`; NaN without them and on
+    orientation)."""
     label, probe, n_classes = np.asarray(label), np.asarray(probe), np.asarray(n_classes)
     acc = probe_accuracy(pred, label, probe)
     rows = []
@@ -162,8 +229,9 @@ def probe_rows(pred, label, probe, n_classes, majority_pred=None, prior_pred=Non
         sel = probe == p
         rows.append({"finding": p, "accuracy": v, "n": int(sel.sum()), "chance": chance(int(n_classes[sel][0])),
                      "majority": majority(label[sel]) if majority_pred is None else _rate(majority_pred, label, sel),
-                     "prior": float("nan") if prior_pred is None else _rate(prior_pred, label, sel)})
+                     "prior": float("nan") if prior_pred is None else _rate(prior_pred, label, sel),
+                     "canonical": float("nan") if canonical_pred is None else _rate(canonical_pred, label, sel)})
     rows.append({"finding": "macro", "accuracy": acc["macro"], "n": len(label),
                  **{k: float(np.mean([r[k] for r in rows])) if rows else float("nan")
-                    for k in ("chance", "majority", "prior")}})
+                    for k in ("chance", "majority", "prior", "canonical")}})
     return rows

@@ -313,6 +313,14 @@ def oracle_view_tokens(samples, views) -> np.ndarray:
     classes = np.concatenate([one_hot(t_idx, len(TRANSFORMS)), one_hot(symm, 3, both),
                               one_hot(size, 3, present[:, LIVER]),
                               one_hot(tumour_count_class(np.maximum(tumours, 0)), 3, tumours >= 0)], axis=-1)
+    return _view_layout(present, x_rank, d_rank, table, classes)
+
+
+def _view_layout(present, x_rank, d_rank, table, classes) -> np.ndarray:
+    """The Level 3 token layout of :func:`oracle_view_tokens` from its parts (shared by the planted
+    backbones): token 0 = classes, presence, x ranks, pair-distance ranks, the asked entries; tokens
+    1-16 = identity, presence, x rank, pair-distance row, classes; signed."""
+    n_view, n_org = present.shape
     cls = np.concatenate([classes, present.astype(float), x_rank, d_rank], axis=-1)
     assert cls.shape[-1] == _ASKED_AT  # the asked entries come next (AskedTokens writes them there)
     cls = np.concatenate([cls, np.zeros((n_view, ORACLE_ASKED))], axis=-1)
@@ -340,15 +348,17 @@ def decode_questions(cond: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return cond[:, :n_probes].argmax(-1), np.where(organs.any(-1), organs.argmax(-1), -1)
 
 
-def oracle_asked(samples, views, view_of: np.ndarray, cond: np.ndarray) -> np.ndarray:
+def oracle_asked(samples, views, view_of: np.ndarray, cond: np.ndarray, geometry=None) -> np.ndarray:
     """[Q, ORACLE_ASKED]: the two quantities each Level 3 question compares, read off its view's
     masks (:func:`_view_geometry`) at the organs its encoding ``cond`` names (:func:`decode_questions`):
     relative position "Is A left or right of B?", the presented x ranks of A and B (label 1 when
     A's is the smaller); distance "d(A, B) > d(C, D)?", the distance ranks of pair (A, B) and pair
     (C, D) among the slice's present pairs (label 1 when the first is the larger); zeros for the
     other probes, whose classes token 0 holds already. Still ranks, so a head must learn the
-    comparison; what it no longer has to learn is the lookup (see :class:`AskedTokens`)."""
-    present, x_rank, _, table, _ = _view_geometry(samples, views)
+    comparison; what it no longer has to learn is the lookup (see :class:`AskedTokens`).
+    ``geometry``: the views' geometry in :func:`_view_geometry`'s form (default: the masks'; the
+    canonical backbone passes :func:`canonical_geometry`'s)."""
+    present, x_rank, _, table, _ = _view_geometry(samples, views) if geometry is None else geometry
     probe, organ = decode_questions(cond)
     v = np.asarray(view_of, np.int64)
     out = np.zeros((len(v), ORACLE_ASKED))
@@ -394,6 +404,59 @@ class AskedTokens:
         out[..., 0, at] = asked
         out[..., 0, self.half + at.start:self.half + at.stop] = -asked
         return out
+
+
+# ------------------------------------------------------------------ the planted canonical-anatomy backbone
+
+def canonical_tile_tokens(samples, mean_xy: np.ndarray) -> np.ndarray:
+    """Planted Level 1-2 tokens [N, 16, 1, 32 + 4 * ORACLE_BINS] of the canonical-anatomy backbone
+    (issue 42 item 6): each present tile's organ identity (signed one-hot) and its organ's USUAL
+    position, ``mean_xy`` [16, 2] (the training tile sets' mean centroid,
+    :func:`~robustbench_fm.methods.spar.metrics.mean_position`) as Gaussian bumps; zeros for an
+    absent tile. No per-slice geometry: the tokens of an organ are the same on every slice, so heads
+    on them reach the Canonical recall row (MED of the mean position, Perm of the usual cell) and
+    no further."""
+    present = np.asarray(samples.present, bool)
+    n, t = present.shape
+    per_organ = np.concatenate([_one_hot(np.arange(t), t), _bumps(mean_xy[:, 0]), _bumps(mean_xy[:, 1])], axis=-1)
+    tok = np.broadcast_to(per_organ, (n, t, per_organ.shape[-1])).copy()
+    tok[~present] = 0.0
+    return tok[:, :, None, :].astype(np.float32)
+
+
+def canonical_geometry(mean_xy: np.ndarray, views, known: bool):
+    """:func:`_view_geometry`'s tuple for the canonical backbone: every organ present at its usual
+    position ``mean_xy`` [16, 2] (normalised frame), moved by the view's transform when the backbone
+    ``known`` it (an in-domain image) and left as usual otherwise (transform index -1): the x ranks
+    and pair-distance ranks of the usual anatomy, never of this slice."""
+    transforms = views["transform"].to_numpy() if known else np.full(len(views), "none")
+    n_org = len(mean_xy)
+    xy = np.stack([transform_points(mean_xy, t) for t in transforms]) if len(views) else \
+        np.zeros((0, n_org, 2))
+    present = np.ones((len(views), n_org), bool)
+    i, j = _PAIRS
+    dist = np.broadcast_to(np.linalg.norm(mean_xy[i] - mean_xy[j], axis=-1), (len(views), len(i)))
+    d_rank = _ranks(dist, np.ones(dist.shape, bool))
+    table = np.zeros((len(views), n_org, n_org))
+    table[:, i, j] = d_rank
+    table[:, j, i] = d_rank
+    t_idx = np.array([TRANSFORMS.index(t) for t in views["transform"]], np.int64) if known else \
+        np.full(len(views), -1, np.int64)
+    return present, _ranks(xy[..., 0], present), d_rank, table, t_idx
+
+
+def canonical_view_tokens(mean_xy: np.ndarray, views, known: bool) -> np.ndarray:
+    """Planted Level 3 tokens of the canonical-anatomy backbone in the oracle's layout
+    (:func:`_view_layout`) from :func:`canonical_geometry`: the view's transform where it is
+    ``known`` (the backbone recognises the orientation of the training cohort's images, as a model
+    that learnt the in-domain appearance does; zero-shot it does not), no symmetry, size or tumour
+    class (those need the slice). Heads on it, given the question's organs (:func:`oracle_asked`
+    with this geometry), answer relative position as the Canonical recall row does in domain (the
+    organ pair plus the flip) and at chance zero-shot, where both forms of a question look alike."""
+    present, x_rank, d_rank, table, t_idx = canonical_geometry(mean_xy, views, known)
+    classes = np.concatenate([_one_hot(t_idx, len(TRANSFORMS), t_idx >= 0)[..., :len(TRANSFORMS)],
+                              np.zeros((len(views), 9))], axis=-1)
+    return _view_layout(present, x_rank, d_rank, table, classes)
 
 
 def _digest(image: np.ndarray) -> bytes:

@@ -18,9 +18,15 @@ FINDINGS = ("localization", "permutation", "relative_position", "orientation", "
 #: the planted calibration backbone (``planted``): tokens computed from the organ masks
 #: (:class:`~robustbench_fm.methods.spar.models.OracleBackbone`), not a paper configuration
 ORACLE = "spar_oracle"
+#: the planted canonical-anatomy backbone (``planted``): organ identity and the training cohort's usual
+#: anatomy, no per-slice geometry (:func:`~robustbench_fm.methods.spar.models.canonical_tile_tokens`,
+#: :func:`~robustbench_fm.methods.spar.models.canonical_view_tokens`); issue 42 item 6
+CANONICAL = "spar_canonical"
+#: every planted backbone ``planted`` accepts
+PLANTED = (ORACLE, CANONICAL)
 #: row labels of the paper's tables (spar.md Table 1)
 DEFAULT_LABELS = {"resnet50_in1k": "CNN", "vit_b32_in1k": "ViT", "rad_dino": "RadDINO", "biomedclip": "BiomedCLIP",
-                  "sam_med2d": "SAM-Med2D", ORACLE: "Oracle"}
+                  "sam_med2d": "SAM-Med2D", ORACLE: "Oracle", CANONICAL: "Canonical"}
 #: the training-setup fields ``by_encoder`` may set per encoder
 BY_ENCODER = ("batch_size", "max_epochs", "patience", "lr", "lr_search", "hidden", "d_model", "head_layers")
 #: how a run picks Adam's learning rate (``lr_selection``): ``fixed`` trains every model at ``lr``
@@ -125,7 +131,10 @@ class SparParams(StageParams):
     planted: list = field(default_factory=list)
     """Planted calibration backbones run (frozen, with ``heads``) besides the job's encoders:
     ``spar_oracle``, whose tokens are computed from the organ masks, so its heads must reach
-    near-perfect Levels 1-3 (our check that the pipeline can learn; not in the paper)."""
+    near-perfect Levels 1-3 (our check that the pipeline can learn; not in the paper);
+    ``spar_canonical``, which knows organ identity and the training cohort's usual anatomy but
+    not the slice (it recognises the orientation of in-domain images only), so it must score like
+    the Canonical recall row in domain and fall to chance zero-shot (spar.md's central reading)."""
     vqa_models: list = field(default_factory=list)
     """SPAR-VQA: chat models (:data:`robustbench_fm.methods.spar.vqa.MODELS`) instead of encoders."""
     vqa: dict = field(default_factory=dict)
@@ -145,9 +154,9 @@ class SparParams(StageParams):
             bad = [m for m in own if m not in MODES]
             if bad:
                 raise ValueError(f"stage.params.modes.{enc}: unknown {bad}; use {', '.join(MODES)}")
-        bad = [m for m in self.planted if m != ORACLE]
+        bad = [m for m in self.planted if m not in PLANTED]
         if bad:
-            raise ValueError(f"stage.params.planted: unknown {bad}; use {ORACLE}")
+            raise ValueError(f"stage.params.planted: unknown {bad}; use {', '.join(PLANTED)}")
         bad = [m for m in self.vqa_models if m not in MODELS]
         if bad:
             raise ValueError(f"stage.params.vqa_models: unknown {bad}; known: {', '.join(MODELS)}")

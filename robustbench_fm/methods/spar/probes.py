@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ...data.ct.layouts import ORGANS
+from ...data.ct.layouts import ORGANS, SAMPLE_OPTIONS
 
 #: The six Level-3 probes (spar.md section 3.1, Level 3 (i)-(vi)).
 L3_PROBES = ("relative_position", "orientation", "kidney_symmetry", "liver_size", "distance_compare", "tumour_count")
@@ -221,7 +221,8 @@ def pick_distance_questions(slices: np.ndarray, present: np.ndarray, centroids: 
 def make_questions(slice_table: pd.DataFrame, present: np.ndarray, centroids: np.ndarray, areas: np.ndarray,
                    slice_pixels: np.ndarray, tumours: np.ndarray, rng: np.random.Generator,
                    probes: tuple[str, ...] = L3_PROBES, size: int = 224, distance_questions: int = 1,
-                   frame_mm: np.ndarray | None = None, distance_rule: str = "random") -> pd.DataFrame:
+                   frame_mm: np.ndarray | None = None,
+                   distance_rule: str = SAMPLE_OPTIONS["distance_rule"]) -> pd.DataFrame:
     """Level-3 questions over the slices (section 3.1 (i)-(vi)), one row per question.
 
     ``present`` (M, 16) bool, ``centroids`` (M, 16, 2) normalised display (x, y), ``areas`` (M, 16)
@@ -236,22 +237,22 @@ def make_questions(slice_table: pd.DataFrame, present: np.ndarray, centroids: np
       at least one pixel of the ``size`` frame horizontally, asked in original and h-flipped form;
     - orientation: one transform per slice, a shuffled cycle of the five so classes are balanced;
     - symmetry: slices with both kidneys present, undersampled to balance classes per split;
-    - distance (``distance_rule="random"``, the default): ``distance_questions`` draws per slice
-      (default 1) of four distinct random present organs, label 1 when d(A, B) > d(C, D); exact
-      ties and a repeat of a drawn pair of pairs are skipped. spar.md Section 3.1 (v): "Is the
-      distance between one organ pair greater or less than another? ... Distance compares organ
-      pairs that change across slices" gives no count per slice; one is our default (a real
-      cohort has thousands of slices), more suit a small cohort, where a head must see each organ
-      pair often enough to read its distance (the demo asks 8). In canonical anatomy most pairs
-      of pairs drawn so never change order: the question-only prior scores 0.87-0.91 in the demo.
-    - distance (``distance_rule="varying"``): the paper's control read literally ("Distance
-      compares organ pairs that change across slices, so no single ordering applies"): only pairs
-      of pairs whose order changes across a split's slices, balanced per pair of pairs and split,
-      at most ``distance_questions`` per slice (:func:`pick_distance_questions`), so the
-      question-only prior scores 0.5 (0.51 in domain, 0.50 zero-shot on the demo's phantoms). The
-      dataset option ``distance_rule`` chooses. ``random`` stays the default: it asks more
-      questions (the demo's training split, 8 per slice: about 1,200 against 560 here), and the
-      tables' question-only prior row shows what the organ pairs alone allow under it.
+    - distance (``distance_rule="varying"``, the default: ``SAMPLE_OPTIONS``): the paper's control
+      read literally (spar.md Section 3.1: "Distance compares organ pairs that change across
+      slices, so no single ordering applies"): only pairs of pairs whose order changes across a
+      split's slices, balanced per pair of pairs and split, at most ``distance_questions`` per
+      slice (:func:`pick_distance_questions`), so the question-only prior sits near 0.5 (0.470 in
+      domain, 0.493 zero-shot on the demo's phantoms at 8 per slice: 168 and 298 test questions).
+      spar.md gives no count per slice; one is our default (a real cohort has thousands of
+      slices), more suit a small cohort, where a head must see each organ pair often enough to
+      read its distance.
+    - distance (``distance_rule="random"``, the demo's): ``distance_questions`` draws per slice of
+      four distinct random present organs, label 1 when d(A, B) > d(C, D); exact ties and a
+      repeat of a drawn pair of pairs are skipped. In canonical anatomy most pairs of pairs drawn
+      so never change order: the question-only prior scores 0.873 in domain and 0.909 zero-shot
+      on the demo's phantoms; the tables' prior row shows it. It asks more questions (the demo's
+      training split, 8 per slice: 1,226 against 592 under ``varying``), which the demo's heads
+      need.
     Distances are Euclidean in mm where the slice's pixel spacing is known (``frame_mm``): the
     anatomy's own geometry. Where it is unknown they are in the ``size`` x ``size`` resized frame,
     which squashes a non-square slice (a 512 x 400 slice shrinks x by 224/512 and y by 224/400),

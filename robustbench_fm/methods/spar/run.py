@@ -28,8 +28,17 @@ import torch
 
 from . import metrics
 from .heads import MAX_CLASSES, MLPHead, ProbeHeads, SparModel, TransformerHead, probe_losses
-from .models import AskedTokens, Backbone, CombinedViT, OracleBackbone, oracle_asked
-from .params import ORACLE, SparParams
+from .models import (
+    AskedTokens,
+    Backbone,
+    CombinedViT,
+    OracleBackbone,
+    canonical_geometry,
+    canonical_tile_tokens,
+    canonical_view_tokens,
+    oracle_asked,
+)
+from .params import CANONICAL, PLANTED, SparParams
 from .probes import N_CLASSES
 from .samples import L3_PROBES, ORGANS, SparSamples, apply_transform
 from .sinkhorn import hungarian, permutation_loss, sinkhorn
@@ -149,10 +158,18 @@ def cached_tokens(backbone, images, n: int, key: str, cache_dir: Path | None, ba
 class TileTask:
     """Levels 1-2 over the 16 organ tiles. Level 2 presents the tiles shuffled (a fresh order per
     training batch, a fixed seeded order for evaluation); the target of each input position is
-    the grid cell of the organ it holds."""
+    the grid cell of the organ it holds. ``train``: the in-domain TRAINING tile sets (also for a
+    transfer cohort) the canonical-recall rows are taken from: each organ's mean position (Level 1,
+    ``ref_med``) and its usual cell (Level 2, ``ref_perm_acc``; :mod:`.metrics`)."""
 
-    def __init__(self, level: str, samples: SparSamples, source, device, setup: Setup, seed: int):
+    def __init__(self, level: str, samples: SparSamples, source, device, setup: Setup, seed: int,
+                 train: SparSamples | None = None, train_idx: np.ndarray | None = None):
         self.level, self.s, self.source, self.device, self.setup = level, samples, source, device, setup
+        self.reference = None
+        if train is not None and train_idx is not None and len(train_idx):
+            t_present = np.asarray(train.present[train_idx])
+            self.reference = metrics.mean_position(train.centroids[train_idx], t_present) \
+                if level == "localization" else metrics.usual_cells(train.grid_cells[train_idx], t_present)
         self.groups = None  # batches mix all samples
         n, t = samples.present.shape
         rng = np.random.default_rng(seed)
@@ -202,6 +219,13 @@ class TileTask:
                        "n": m["n"]}
             per = [{"organ": o, "med": v, "med_native": v_n, "n": int(present[:, j].sum())} for j, (o, v, v_n) in
                    enumerate(zip(ORGANS, m["per_slot_med"], m_n["per_slot_med"]))]
+            if self.reference is not None:  # each organ's mean training position, in both frames
+                guess = np.broadcast_to(self.reference, pred.shape)
+                r, r_n = (metrics.localization(guess, self.centroids[idx], present, self.setup.sdr_px, scale=sc)
+                          for sc in (resized, native))
+                overall.update(ref_med=r["med"], ref_med_native=r_n["med"])
+                for row, v, v_n in zip(per, r["per_slot_med"], r_n["per_slot_med"]):
+                    row.update(ref_med=v, ref_med_native=v_n)
         else:
             shown = present[rows, perm]  # present slots only (spar.md Level 2: missing slots are ignored)
             p = sinkhorn(torch.from_numpy(out), self.setup.sinkhorn_tau, self.setup.sinkhorn_iters,
@@ -214,6 +238,12 @@ class TileTask:
             overall = {"patch_acc": m["patch_acc"], "perm_acc": m["perm_acc"], "n": m["n"]}
             per = [{"organ": o, "patch_acc": v, "n": int(present[:, j].sum())} for j, (o, v) in
                    enumerate(zip(ORGANS, m["per_slot_acc"]))]
+            if self.reference is not None:  # each organ in its usual training cell
+                r = metrics.permutation(metrics.usual_cell_assignment(self.reference, present),
+                                        np.asarray(self.s.grid_cells[idx]), present)
+                overall.update(ref_patch_acc=r["patch_acc"], ref_perm_acc=r["perm_acc"])
+                for row, v in zip(per, r["per_slot_acc"]):
+                    row.update(ref_patch_acc=v)
         return [{"finding": self.level, "organ": "all", **overall}] + [{"finding": self.level, **r} for r in per]
 
     def _slot_items(self, idx: np.ndarray, present: np.ndarray, metric: str, values: np.ndarray) -> pd.DataFrame:
@@ -231,7 +261,7 @@ class QueryTask:
     head (:class:`~robustbench_fm.methods.spar.heads.ProbeHeads`), which answers with its own
     number of classes and is trained on its own cross-entropy. ``train``: the training questions
     (of the in-domain cohort, also for a transfer cohort) that the majority-class and question-only
-    reference answers are taken from (:func:`metrics.reference_answers`)."""
+    reference answers are taken from (:func:`metrics.reference_answers`, :func:`metrics.canonical_answers`)."""
 
     def __init__(self, samples: SparSamples, source, view_of: np.ndarray, device, train: pd.DataFrame | None = None):
         q = samples.questions
@@ -241,7 +271,8 @@ class QueryTask:
         self.groups = self.probe  # batches of one probe: each step trains the head its batch routes to
         self.label = q["label"].to_numpy(np.int64)
         self.n_classes = q["n_classes"].to_numpy(np.int64)
-        self.reference = None if train is None else metrics.reference_answers(train, q)
+        self.reference = None if train is None else \
+            (*metrics.reference_answers(train, q), metrics.canonical_answers(train, q))
 
     def batch(self, idx, rng):
         x = torch.from_numpy(np.asarray(self.source(self.view_of[idx]))).to(self.device)
@@ -259,7 +290,7 @@ class QueryTask:
         k = self.n_classes[idx]
         pred = np.where(np.arange(MAX_CLASSES)[None] < k[:, None], out, -np.inf).argmax(-1)
         probes = np.array(L3_PROBES)[self.probe[idx]]
-        ref = (None, None) if self.reference is None else (self.reference[0][idx], self.reference[1][idx])
+        ref = (None, None, None) if self.reference is None else tuple(r[idx] for r in self.reference)
         q = self.s.questions
         subject = self.s.slice_table["subject_id"].astype(str).to_numpy()[q["slice_row"].to_numpy()[idx]]
         # the items scored, for paired comparisons between encoders: each question, right or wrong, its volume
@@ -293,14 +324,16 @@ def _split_idx(table: pd.DataFrame, split: str) -> np.ndarray:
 
 class EncoderRun:
     """All configurations of one loaded encoder (or of the planted oracle, ``encoder`` =
-    :data:`~robustbench_fm.methods.spar.models.ORACLE`, frozen only) on one dataset and its
+    :data:`~robustbench_fm.methods.spar.params.ORACLE`, or the canonical-anatomy backbone,
+    :data:`~robustbench_fm.methods.spar.params.CANONICAL`, frozen only) on one dataset and its
     transfer datasets."""
 
     def __init__(self, encoder, samples: SparSamples, transfers: dict[str, SparSamples], setup: Setup,
                  device: torch.device, cache_dir: Path | None, dataset: str):
         self.encoder, self.samples, self.transfers, self.setup = encoder, samples, transfers, setup
         self.device, self.cache_dir, self.dataset = device, cache_dir, dataset
-        self.oracle = isinstance(encoder, str) and encoder == ORACLE
+        self.oracle = isinstance(encoder, str) and encoder in PLANTED  # a planted backbone (ORACLE, CANONICAL)
+        self.planted = encoder if self.oracle else None
         self._frozen: dict = {}
         self.items: list[pd.DataFrame] = []  # what each configuration scored, item by item (run_encoder)
 
@@ -315,11 +348,15 @@ class EncoderRun:
             n = len(ids) if tiles else len(views)
             images = (lambda r: samples.tiles[r]) if tiles else (lambda r: view_images(samples, views, r))
             if self.oracle:  # planted tokens from the masks: cheap, never cached on disk
-                backbone = OracleBackbone.for_tiles(samples) if tiles else \
-                    OracleBackbone.for_views(samples, views, images)
-                tokens = cached_tokens(backbone, images, n, ORACLE, None, self.setup.eval_batch_size, tiles)
+                geometry = None
+                if self.planted == CANONICAL:  # the usual anatomy of the in-domain TRAINING data
+                    backbone, geometry = self._canonical(tiles, name, samples, views, images)
+                else:
+                    backbone = OracleBackbone.for_tiles(samples) if tiles else \
+                        OracleBackbone.for_views(samples, views, images)
+                tokens = cached_tokens(backbone, images, n, self.planted, None, self.setup.eval_batch_size, tiles)
                 if not tiles:  # the oracle reads the question too: tokens per question (models.AskedTokens)
-                    asked = oracle_asked(samples, views, view_of, encode_questions(samples.questions))
+                    asked = oracle_asked(samples, views, view_of, encode_questions(samples.questions), geometry)
                     tokens, view_of = AskedTokens(tokens, view_of, asked), np.arange(len(view_of))
                 self._frozen[key] = (tokens, view_of, True)
                 return self._frozen[key]
@@ -333,9 +370,27 @@ class EncoderRun:
             self._frozen[key] = (tokens, view_of, backbone.has_cls)
         return self._frozen[key]
 
+    def _canonical(self, tiles: bool, name: str, samples: SparSamples, views, images):
+        """(backbone, Level 3 geometry or None) of the planted canonical-anatomy backbone on cohort
+        ``name``: each organ's mean position over the in-domain TRAINING tile sets (Levels 1-2) or
+        slices (Level 3); at Level 3 the view's transform is known on the in-domain cohort only."""
+        own = self.samples
+        if tiles:
+            train = _split_idx(own.table, "train")
+            mean_xy = metrics.mean_position(own.centroids[train], own.present[train])
+            flat = np.asarray(samples.tiles).reshape(-1, *samples.tiles.shape[2:])
+            tok = canonical_tile_tokens(samples, mean_xy)
+            return OracleBackbone(flat, tok.reshape(-1, *tok.shape[2:])), None
+        train = np.flatnonzero((own.slice_table["split"] == "train").to_numpy())
+        mean_xy = metrics.mean_position(own.slice_centroids[train], own.slice_present[train])
+        known = name == self.dataset
+        backbone = OracleBackbone(images(np.arange(len(views))), canonical_view_tokens(mean_xy, views, known))
+        return backbone, canonical_geometry(mean_xy, views, known)
+
     def _task(self, level, samples, source, view_of, seed):
         if level in TILE_LEVELS:
-            return TileTask(level, samples, source, self.device, self.setup, seed)
+            return TileTask(level, samples, source, self.device, self.setup, seed, self.samples,
+                            _split_idx(self.samples.table, "train"))
         q = self.samples.questions
         return QueryTask(samples, source, view_of, self.device, train=q[q["split"] == "train"])
 
@@ -352,7 +407,8 @@ class EncoderRun:
     def _model(self, mode: str, head: str, level: str) -> SparModel:
         tiles = level in TILE_LEVELS
         if self.oracle and (mode != "frozen" or head == "combined"):
-            raise ValueError(f"the planted '{ORACLE}' backbone is fixed: configure it frozen with mlp/transformer "
+            raise ValueError(f"the planted '{self.planted}' backbone is fixed: configure it frozen with "
+                             "mlp/transformer "
                              "heads only")
         if head == "combined":
             enc = copy.deepcopy(self.encoder)

@@ -11,14 +11,18 @@ values are compared against; the native slice frame (512 px on WORD) is shown be
 Reference rows under the configurations: ``Chance`` (1 / classes, the paper's), ``Majority class``
 (always the most frequent TRAINING label) and ``Question-only prior`` (the most frequent training
 label of the same question, e.g. the same pair of organ pairs for distance:
-:func:`~robustbench_fm.methods.spar.metrics.reference_answers`). Table 2 also has an ``n=`` row, the
-number of items per probe, as the published header prints it."""
+:func:`~robustbench_fm.methods.spar.metrics.reference_answers`) and ``Canonical recall``
+(:data:`CANONICAL`: what recalling the usual anatomy gives, from the training data only: each organ's
+mean training position for MED, its usual training cell for Perm, the organ pair plus whether the
+slice is flipped for relative position; also in Tables 3-4 per organ). Table 2 also has an ``n=`` row,
+the number of items per probe, as the published header prints it."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from ...core.tables import PaperTable, SweepResults
-from .params import DEFAULT_LABELS, ORACLE
+from .params import DEFAULT_LABELS, PLANTED
 
 TABLES = ["spar_table1", "spar_table2", "spar_table3", "spar_table4", "spar_table5"]
 
@@ -31,6 +35,14 @@ COHORTS = {"word": "WORD", "totalsegmentator": "TotalSegmentator", "lits": "LiTS
 SECTIONS = ("Trained from scratch", "Frozen foundation models", "Finetuned foundation models")
 MAJORITY = "Majority class"
 PRIOR = "Question-only prior"
+#: the canonical-recall reference row (issue 42 item 5; spar.md Section 5: "what we measured in domain
+#: was recall of canonical anatomy"): from the in-domain TRAINING data only, MED of each organ's mean
+#: position, Perm of each organ in its usual cell, Level 3 from the question plus how the slice is
+#: shown (relative position: organ pair + flipped or not; metrics.canonical_answers); Orient blank
+CANONICAL = "Canonical recall"
+#: Level 1-2 columns of the canonical-recall row and the result columns they read
+CANONICAL_LEVELS = {"MED": ("localization", "ref_med"), "MED (native)": ("localization", "ref_med_native"),
+                    "Perm": ("permutation", "ref_perm_acc")}
 N_ROW = "n="
 #: Table 3's frame column: the default 224 frame, then the native slice frame
 FRAMES = {"med": "224 px", "med_native": "native px"}
@@ -47,9 +59,8 @@ def _rows(results: SweepResults) -> pd.DataFrame:
     return df[df["section"].isin(SECTIONS)] if "section" in df else df
 
 
-#: planted calibration backbones (``stage.params.planted``): their rows are shown, never picked as the best
-#: or worst encoder configuration (Table 2), since their tokens are computed from the answers' masks
-PLANTED = (ORACLE,)
+# planted calibration backbones (params.PLANTED, ``stage.params.planted``): their rows are shown, never picked as
+# the best or worst encoder configuration (Table 2), since their tokens are computed from the answers' masks
 
 
 def _not_planted(df: pd.DataFrame) -> pd.DataFrame:
@@ -64,7 +75,7 @@ def _reference_rows(frame: pd.DataFrame) -> tuple:
         return ()
     model = frame["Model"].astype(str)
     planted = tuple(f"{DEFAULT_LABELS[p]}-" for p in PLANTED)
-    return tuple(frame.index[model.isin(["Chance", MAJORITY, PRIOR, N_ROW]) | model.str.startswith(planted)])
+    return tuple(frame.index[model.isin(["Chance", MAJORITY, PRIOR, CANONICAL, N_ROW]) | model.str.startswith(planted)])
 
 
 def _order(frame: pd.DataFrame) -> pd.DataFrame:
@@ -123,7 +134,24 @@ def _baselines(df: pd.DataFrame, columns, **fields) -> pd.DataFrame:
         values = _chance(df, columns, metric)
         if values:
             rows.append({**fields, "label": label, **values})
+    canonical = _canonical(df, columns)
+    if canonical:
+        rows.append({**fields, "label": CANONICAL, **canonical})
     return pd.DataFrame(rows)
+
+
+def _canonical(df: pd.DataFrame, columns) -> dict:
+    """The canonical-recall row's values (:data:`CANONICAL`): Level 3 columns from ``canonical``,
+    MED, MED (native) and Perm from the reference columns of the overall Level 1-2 rows (means over
+    the rows, which share their training data); only the columns in ``columns`` and results that
+    record them."""
+    out = {k: v for k, v in _chance(df, columns, "canonical").items() if np.isfinite(v)}
+    overall = df[df["organ"] == "all"] if "organ" in df else df
+    for col, (finding, metric) in CANONICAL_LEVELS.items():
+        part = overall[overall["finding"] == finding]
+        if col in columns and metric in part and part[metric].notna().any():
+            out[col] = float(part[metric].mean())
+    return out
 
 
 def spar_table1(results: SweepResults) -> list[PaperTable]:
@@ -138,8 +166,9 @@ def spar_table1(results: SweepResults) -> list[PaperTable]:
             table = _order(_level_frame(part))
             table.insert(0, "Cohort", cohort)
             table["section"] = cohort + " / " + table["section"]
-            frames.append(pd.concat([table, _baselines(part, ("RelPos", "Orient", "Symm"), Cohort=cohort,
-                                                       section=cohort)], ignore_index=True))
+            frames.append(pd.concat([table, _baselines(part, ("MED", "MED (native)", "Perm", "RelPos", "Orient",
+                                                              "Symm"), Cohort=cohort, section=cohort)],
+                                    ignore_index=True))
     cols = ["Cohort", "Section", "Model", "MED", "MED (native)", "Perm", "RelPos", "Orient", "Symm"]
     frame = (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()) \
         .rename(columns={"section": "Section", "label": "Model"}).reindex(columns=cols)
@@ -165,7 +194,12 @@ def _per_organ(results: SweepResults, finding: str, metrics: dict, name: str, ca
         if df.empty or metric not in df:
             continue
         wide = df.groupby(["label", "section", "organ"], sort=False)[metric].mean().unstack("organ").reset_index()
-        wide = _order(wide).rename(columns={"section": "Section", "label": "Model", **ORGAN_COLUMNS})
+        wide = _order(wide)
+        if f"ref_{metric}" in df and df[f"ref_{metric}"].notna().any():  # the canonical-recall row (CANONICAL)
+            ref = df.groupby("organ", sort=False)[f"ref_{metric}"].mean()
+            wide = pd.concat([wide, pd.DataFrame([{"label": CANONICAL, "section": "", **ref.to_dict()}])],
+                             ignore_index=True)
+        wide = wide.rename(columns={"section": "Section", "label": "Model", **ORGAN_COLUMNS})
         wide["Model"] = wide["Model"].str.replace("-Combined", "-Comb", regex=False)
         if k:
             wide["Section"] = wide["Section"] + NATIVE_SECTION

@@ -151,3 +151,37 @@ def test_the_cohort_exercises_ties_and_bank_members():
     images = np.flatnonzero((man["acq_group"] == group).to_numpy())
     qs, bank_pos, _ = candor.draw_group(images, pos, neg, 30, 120, candor.group_rng(42, group))
     assert 0 < np.isin(qs, bank_pos).sum() < len(qs)
+
+
+def test_duplicated_vectors_tie_exactly_in_the_margin_auroc():
+    """Issue 42 item 7: 513 images that are copies of 20 Gaussian vectors (d = 384). The margin
+    AUROC equals an exact-tie brute force (float64 similarities of the distinct vectors, a vector
+    and itself exactly 1), and the queries' c± are bitwise equal among copies in the same bank
+    situation. Before, the shortlist's float32 products rounded copies apart: AUROC 0.45722 against
+    the brute force's 0.45716."""
+    rng = np.random.default_rng(5)
+    n, k, bank = 513, 5, 60
+    base = rng.normal(size=(20, 384)).astype(np.float32)
+    vid = rng.integers(0, 20, size=n)
+    y = (rng.random(n) < 0.4).astype(float)
+    man = pd.DataFrame({"sample_id": [f"s{i:04d}" for i in range(n)], "patient_id": [f"p{i}" for i in range(n)],
+                        "acq_group": "g", "f": y})
+    res = robustbench_fm.evaluate("candor", base[vid], man, finding="f", k=k, n_boot=0, bank_size=bank,
+                                  block_size=256)
+    unit = base.astype(np.float64) / np.linalg.norm(base.astype(np.float64), axis=1, keepdims=True)
+    sims = unit @ unit.T
+    np.fill_diagonal(sims, 1.0)
+    pos, neg = np.flatnonzero(y == 1), np.flatnonzero(y == 0)
+    _, bank_pos, bank_neg = candor.draw_group(np.arange(n), pos, neg, bank, 4000, candor.group_rng(42, "g"))
+
+    def c(i, cands):
+        return np.sort([sims[vid[i], vid[j]] for j in cands if j != i])[::-1][:k].mean()
+
+    images = np.r_[pos, neg]
+    margin = np.array([c(i, bank_pos) - c(i, bank_neg) for i in images])
+    want = auroc(margin, np.r_[np.ones(len(pos)), np.zeros(len(neg))])
+    assert res.summary.set_index("acq_group").loc["g", "margin_auroc"] == pytest.approx(want, abs=1e-12)
+    per = res.per_sample.assign(vector=vid[res.per_sample["sample_id"].str[1:].astype(int)],
+                                in_bank=res.per_sample["sample_id"].isin(man["sample_id"].to_numpy()[bank_pos]))
+    assert (per.groupby(["vector", "in_bank"])[["c_pos", "c_neg"]].nunique() == 1).all().all()
+    assert per.groupby(["vector", "in_bank"]).size().max() > 1

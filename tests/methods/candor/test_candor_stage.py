@@ -270,3 +270,49 @@ def test_a_group_row_of_three_query_patients_gets_no_interval_but_a_note():
     assert row["note"].startswith("no interval or p-value: 3 distinct values of 'patient_id'")
     other = res.summary.set_index("acq_group").loc["h"]
     assert other["note"] == "" and other["d_ci_low"] < other["d"] < other["d_ci_high"]
+
+
+def _label_free_aurocs(n_pos, n_neg, k, reps, d=32):
+    """Margin AUROC and its recorded chance bound of ``reps`` label-free cohorts (Gaussian features,
+    one matched group, banks holding every image)."""
+    n = n_pos + n_neg
+    man = pd.DataFrame({"sample_id": [f"s{i}" for i in range(n)], "patient_id": [f"p{i}" for i in range(n)],
+                        "acq_group": "g", "f": np.r_[np.ones(n_pos), np.zeros(n_neg)]})
+    rows = [candor.run(np.random.default_rng(r).normal(size=(n, d)).astype(np.float32), man, "f", k=k,
+                       n_boot=0).summary.iloc[0] for r in range(reps)]
+    return np.array([r["margin_auroc"] for r in rows]), {r["margin_chance_low"] for r in rows}
+
+
+@pytest.mark.parametrize("k, bound", [(5, 0.0), (1, 0.5 - 1 / 12 - 1 / 12)])
+def test_margin_auroc_chance_bound_holds_under_label_free_features(k, bound):
+    """Issue 42 item 8: with 12 positives and 12 negatives every image sits in its own bank and meets
+    n - 1 of its class, so label-free features score below 0.5 (simulated 0.421 +- 0.011 at k = 5,
+    0.457 at k = 1, 200 cohorts each); the recorded bound 1/2 - k/n+ - k/n- (stage.margin_chance_low)
+    lies below the mean and 0.5 above it."""
+    auroc, recorded = _label_free_aurocs(12, 12, k, 200)
+    assert len(recorded) == 1 and recorded.pop() == pytest.approx(bound)
+    mean, se = auroc.mean(), auroc.std() / np.sqrt(len(auroc))
+    assert bound <= mean - 2 * se and mean + 2 * se < 0.5, (mean, se)
+
+
+def test_margin_chance_low_by_hand():
+    """The bound of a 45 vs 255 group with banks of 45 (every positive in R+, 45 of 255 negatives in
+    R-): 1/2 - (5/45)(45/45 + 45/255) = 1/2 - 5/45 - 5/255; small groups clip at 0; the pooled row is
+    the query-weighted mean of its groups'."""
+    assert candor.margin_chance_low(5, 45, 45, 45, 45, 255) == pytest.approx(0.5 - 5 / 45 - 5 / 255)
+    assert candor.margin_chance_low(5, 12, 12, 12, 12, 12) == 0.0
+    assert candor.margin_chance_low(5, 4000, 4000, 4000, 4000, 9000) == pytest.approx(0.5 - 5 / 4000 - 5 / 9000)
+    n = 300
+    man = pd.DataFrame({"sample_id": [f"s{i}" for i in range(n)], "patient_id": [f"p{i}" for i in range(n)],
+                        "acq_group": np.where(np.arange(n) < 150, "a", "b"),
+                        "f": np.r_[np.ones(45), np.zeros(105), np.ones(30), np.zeros(120)]})
+    rows = candor.run(np.random.default_rng(0).normal(size=(n, 16)), man, "f", k=5, n_boot=0).summary
+    rows = rows.set_index("acq_group")
+    want = {"a": 0.5 - 5 / 45 - 5 / 105, "b": 0.5 - 5 / 30 - 5 / 120}
+    for g, v in want.items():
+        assert rows.loc[g, "margin_chance_low"] == pytest.approx(v)
+    w = rows.loc[["a", "b"], "n_queries"].to_numpy(float)
+    assert rows.loc[candor.POOLED, "margin_chance_low"] == pytest.approx(w @ list(want.values()) / w.sum())
+    excluded = candor.run(np.random.default_rng(0).normal(size=(n, 16)), man, "f", k=5, n_boot=0,
+                          exclude_patient=True).summary
+    assert excluded["margin_chance_low"].isna().all()

@@ -441,7 +441,7 @@ def test_the_oracle_reads_what_each_question_compares_from_its_encoding():
     st = pd.DataFrame({"sample_id": [f"s{i}" for i in range(m)], "split": "train", "dataset": "word",
                        "height": 400, "width": 512, "spacing_x": 0.6, "spacing_y": 1.1})
     q = make_questions(st, present, cent, areas, np.full(m, 400 * 512), np.full(m, -1), rng,
-                       distance_questions=6, frame_mm=slice_frame_mm(st))
+                       distance_questions=6, frame_mm=slice_frame_mm(st), distance_rule="random")
     s = SparSamples(pd.DataFrame(), np.zeros((0, 16, 8, 8), np.uint8), np.zeros((0, 16), bool),
                     np.zeros((0, 16, 2), np.float32), np.zeros((0, 16, 2), np.float32), np.zeros((0, 16), np.int64),
                     np.zeros((m, 8, 8), np.uint8), st, q, present, cent, areas, np.full(m, -1))
@@ -569,3 +569,25 @@ def test_by_encoder_overrides_one_encoders_training_setup():
     assert own.train.lr == 5e-3 and base.train.lr == 1e-4
     assert (own.hidden, own.lr_search, own.d_model) == (256, (5e-3,), base.d_model)
     assert setup_for(base, {}) == base
+
+
+def test_canonical_view_tokens_know_the_transform_in_domain_only():
+    """Issue 42 item 6: the canonical backbone's Level 3 tokens come from the usual positions only.
+    Known (in domain), a flipped view reverses the x ranks and carries its transform one-hot;
+    unknown (zero-shot), the original and flipped views get identical tokens and asked entries, so
+    a head must answer both forms alike (chance on relative position). Distance ranks never move."""
+    from robustbench_fm.methods.spar.models import canonical_geometry, canonical_view_tokens
+
+    mean_xy = np.stack([np.linspace(0.1, 0.9, 16), np.linspace(0.2, 0.8, 16) ** 2], -1)
+    views = pd.DataFrame({"slice_row": [0, 0], "transform": ["none", "hflip"]})
+    _, x_known, d_known, _, t_known = canonical_geometry(mean_xy, views, known=True)
+    _, x_unknown, d_unknown, _, t_unknown = canonical_geometry(mean_xy, views, known=False)
+    np.testing.assert_allclose(x_known[0], np.arange(16) / 15)
+    np.testing.assert_allclose(x_known[1], 1 - np.arange(16) / 15)
+    np.testing.assert_array_equal(x_unknown[0], x_unknown[1])
+    np.testing.assert_array_equal(d_known, d_unknown)
+    assert t_known.tolist() == [0, 1] and t_unknown.tolist() == [-1, -1]
+    known, unknown = canonical_view_tokens(mean_xy, views, True), canonical_view_tokens(mean_xy, views, False)
+    assert not np.array_equal(known[0], known[1])
+    np.testing.assert_array_equal(unknown[0], unknown[1])
+    assert (unknown[:, 0, :5] == 0).all() and known[1, 0, 1] == 1.0  # the transform one-hot, signed

@@ -21,7 +21,8 @@ def phantom(tmp_path_factory):
     root = tmp_path_factory.mktemp("spar_phantom")
     phantoms.write_phantoms(root, "word", n_subjects=8, seed=3)
     phantoms.write_phantoms(root / "lits", "lits", n_subjects=5, seed=4)
-    s = build_samples("spar_phantom_word", root, root / "cache", seed=7, size=SIZE, n_lits=4)
+    s = build_samples("spar_phantom_word", root, root / "cache", seed=7, size=SIZE, n_lits=4,
+                      distance_rule="random")  # the phantom card's rule (the demo's)
     return root, s
 
 
@@ -138,7 +139,8 @@ def test_distance_questions_draws_that_many_distinct_questions_per_slice_and_one
     args = (s.slice_table, s.slice_present, s.slice_centroids, s.slice_areas, pixels, s.slice_tumours)
 
     def ask(k):
-        return probes.make_questions(*args, np.random.default_rng(7), size=SIZE, distance_questions=k)
+        return probes.make_questions(*args, np.random.default_rng(7), size=SIZE, distance_questions=k,
+                                     distance_rule="random")
 
     one, many = ask(1), ask(8)
     pd_testing.assert_frame_equal(one, s.questions)  # build_samples' default is one draw per slice
@@ -206,7 +208,7 @@ def test_distance_labels_are_measured_in_mm_when_the_spacing_is_known():
     for frame, longer in ((slice_frame_mm(table), 1), (np.full((1, 2), np.nan), 0), (None, 0)):
         q = probes.make_questions(table, present, centroids, np.zeros((1, 16), np.int64), np.array([80000]),
                                   np.array([-1]), np.random.default_rng(0), probes=("distance_compare",), size=224,
-                                  distance_questions=40, frame_mm=frame)
+                                  distance_questions=40, frame_mm=frame, distance_rule="random")
         first = q[[{a, b} == pair for a, b in zip(q["organ_a"], q["organ_b"])]]
         second = q[[{c, d} == pair for c, d in zip(q["organ_c"], q["organ_d"])]]
         assert len(first) + len(second) == 1, q                            # the pairing is asked once
@@ -318,15 +320,15 @@ def test_varying_distance_rule_asks_pairs_whose_order_changes_balanced_per_pair_
 
 
 def test_the_distance_rule_is_a_dataset_option(phantom):
-    """``dataset.options.distance_rule=varying`` reaches the questions (those of make_questions under
-    that rule, from the same seed); at its default the samples' cache key is the one caches had
-    before the option existed, so they stay valid; an unknown rule is refused in one line."""
+    """``dataset.options.distance_rule=varying`` (the default since issue 42 item 4) reaches the
+    questions (those of make_questions under that rule, from the same seed); under ``random`` (the
+    default before) the samples' cache key is the one caches had before the option existed, so
+    they stay valid; an unknown rule is refused in one line."""
     from robustbench_fm.data.ct.layouts import sample_options
     from robustbench_fm.methods.spar.samples import content_key, slice_frame_mm
 
     root, s = phantom
-    varying = build_samples("spar_phantom_word", root, root / "cache", seed=7, size=SIZE, n_lits=4,
-                            distance_rule="varying")
+    varying = build_samples("spar_phantom_word", root, root / "cache", seed=7, size=SIZE, n_lits=4)
     st = varying.slice_table
     want = probes.make_questions(st, varying.slice_present, varying.slice_centroids, varying.slice_areas,
                                  (st["height"] * st["width"]).to_numpy(), varying.slice_tumours,
@@ -334,7 +336,7 @@ def test_the_distance_rule_is_a_dataset_option(phantom):
                                  distance_rule="varying")
     pd_testing.assert_frame_equal(varying.questions, want)
     assert not varying.questions.equals(s.questions)
-    opts = sample_options("spar_phantom_word", {"size": SIZE, "n_lits": 4})
+    opts = sample_options("spar_phantom_word", {"size": SIZE, "n_lits": 4, "distance_rule": "random"})
     before = {k: v for k, v in opts.items() if k != "distance_rule"}
     assert content_key("spar_phantom_word", [], 7, opts) == content_key("spar_phantom_word", [], 7, before)
     assert content_key("spar_phantom_word", [], 7, {**opts, "distance_rule": "varying"}) != \

@@ -396,3 +396,94 @@ def test_tables_show_the_question_only_prior_and_table2_an_n_row():
     assert frame.index[0] == "n=" and frame.loc["n=", "Size"] == 55 and frame.loc["n=", "RelPos"] == 216
     assert frame.loc["n=", "Macro"] == 55 + 216
     assert {0, len(t2.frame) - 1} <= set(t2.unranked)                     # n= and the prior row are never marked best
+
+
+# ------------------------------------------------------------------ issue 42 item 5: canonical recall
+
+def test_canonical_recall_answers_relative_position_from_the_pair_and_the_flip():
+    """Training: (liver, spleen) is 1 ("A left of B") in 2 of 3 unflipped slices and 0 in both
+    flipped ones; (spleen, liver) votes with its label flipped. The canonical answer of (spleen,
+    liver) unflipped is therefore 0 and flipped 1, while the question-only prior (which ignores the
+    flip: 2 votes for "liver left of spleen" against 4) answers 1 to both forms. Distance is the
+    prior's; orientation does not apply (-1)."""
+    train = pd.DataFrame({
+        "probe": ["relative_position"] * 6 + ["distance_compare", "distance_compare", "orientation"],
+        "organ_a": ["liver", "liver", "liver", "liver", "liver", "spleen", "liver", "liver", ""],
+        "organ_b": ["spleen", "spleen", "spleen", "spleen", "spleen", "liver", "spleen", "spleen", ""],
+        "organ_c": [""] * 6 + ["stomach", "stomach", ""], "organ_d": [""] * 6 + ["pancreas", "pancreas", ""],
+        "transform": ["none", "none", "none", "hflip", "hflip", "hflip", "none", "none", "hflip"],
+        "label": [1, 1, 0, 0, 0, 1, 1, 1, 1]})
+    asked = pd.DataFrame({
+        "probe": ["relative_position", "relative_position", "relative_position", "distance_compare", "orientation"],
+        "organ_a": ["spleen", "spleen", "liver", "stomach", ""],
+        "organ_b": ["liver", "liver", "stomach", "pancreas", ""],
+        "organ_c": ["", "", "", "liver", ""], "organ_d": ["", "", "", "spleen", ""],
+        "transform": ["none", "hflip", "none", "none", "vflip"], "label": [0, 1, 1, 0, 2]})
+    # (liver, spleen) none: votes 1, 1, 0 -> 1; hflip: 0, 0 and (spleen, liver) 1 -> flipped 0 -> 0
+    # asked (spleen, liver) none -> 1 - 1 = 0; hflip -> 1 - 0 = 1; (liver, stomach) unseen -> prior -> majority
+    canonical = metrics.canonical_answers(train, asked)
+    _, prior = metrics.reference_answers(train, asked)
+    assert canonical.tolist() == [0, 1, prior[2], 1 - 1, -1]
+    assert prior[0] == prior[1]  # the prior cannot tell the flipped form from the original
+    rows = {r["finding"]: r for r in metrics.probe_rows(canonical, asked["label"].to_numpy(), asked["probe"].to_numpy(),
+                                                        np.array([2, 2, 2, 2, 5]), canonical_pred=canonical)}
+    assert rows["relative_position"]["canonical"] == pytest.approx(
+        np.mean(canonical[:3] == asked["label"].to_numpy()[:3]))
+    assert np.isnan(rows["orientation"]["canonical"]) and np.isnan(rows["macro"]["canonical"])
+
+
+def test_mean_position_and_usual_cell_rows_by_hand():
+    """Level 1: organ 0 at (0.2, 0.4) and (0.4, 0.6) in training -> mean (0.3, 0.5); a test tile at
+    (0.3, 0.6) is 0.1 * 224 px off in the 224 frame and 0.1 * 100 in a 100 px native frame.
+    Level 2: organ 0 sat in cell 5 twice and cell 6 once, organ 1 in cell 5 once and cell 7
+    twice: the most training occurrences put 0 -> 5 and 1 -> 7 (not both in 5)."""
+    present = np.zeros((2, N), bool)
+    present[:, 0] = True
+    cent = np.full((2, N, 2), np.nan)
+    cent[:, 0] = [(0.2, 0.4), (0.4, 0.6)]
+    np.testing.assert_allclose(metrics.mean_position(cent, present)[0], [0.3, 0.5])
+    assert (metrics.mean_position(cent, present)[1:] == 0.5).all()
+    train = _tile_samples(present, np.nan_to_num(cent, nan=0.5), [(100, 100)] * 2)
+    test_present = np.zeros((1, N), bool)
+    test_present[0, 0] = True
+    test_cent = np.full((1, N, 2), 0.5)
+    test_cent[0, 0] = (0.3, 0.6)
+    s = _tile_samples(test_present, test_cent, [(100, 100)])
+    task = TileTask("localization", s, None, CPU, Setup(), seed=0, train=train, train_idx=np.arange(2))
+    row = task.score(np.zeros((1, N, 2), np.float32), np.arange(1))[0]
+    assert row["ref_med"] == pytest.approx(0.1 * 224) and row["ref_med_native"] == pytest.approx(0.1 * 100)
+    cells = np.zeros((3, N), np.int64)
+    occupied = np.zeros((3, N), bool)
+    occupied[:, :2] = True
+    cells[:, 0], cells[:, 1] = [5, 5, 6], [5, 7, 7]
+    counts = metrics.usual_cells(cells, occupied)
+    assert counts[0, 5] == 2 and counts[0, 6] == 1 and counts[1, 7] == 2 and counts.sum() == 6
+    both = np.zeros((1, N), bool)
+    both[0, :2] = True
+    assigned = metrics.usual_cell_assignment(counts, both)[0]
+    assert (assigned[0], assigned[1]) == (5, 7) and sorted(assigned) == list(range(N))
+
+
+def test_tables_show_the_canonical_recall_row():
+    """Table 1 and 5 end with Canonical recall (MED, MED (native), Perm from the Level 1-2 reference
+    columns, RelPos from ``canonical``; Orient blank); it is a reference row, never marked best;
+    Tables 3 and 4 carry it per organ."""
+    df = _summary()
+    df["canonical"] = np.where(df["finding"] == "relative_position", 0.93, 0.7)
+    df.loc[df["finding"] == "localization", "ref_med"] = 7.46
+    df.loc[df["finding"] == "localization", "ref_med_native"] = 3.2
+    df.loc[df["finding"] == "permutation", "ref_perm_acc"] = 0.298
+    t1 = tables.spar_table1(_Results(df))[0]
+    part = t1.frame[t1.frame["Cohort"] == "WORD (in domain)"].set_index("Model")
+    assert part.index[-1] == tables.CANONICAL
+    row = part.loc[tables.CANONICAL]
+    assert (row["MED"], row["MED (native)"], row["Perm"], row["RelPos"]) == (7.46, 3.2, 0.298, 0.93)
+    assert np.isnan(row["Orient"])
+    assert t1.frame.index[t1.frame["Model"] == tables.CANONICAL].tolist()[0] in t1.unranked
+    t5 = tables.spar_table5(_Results(df))[0].frame.set_index("Model")
+    assert t5.loc[tables.CANONICAL, "RelPos"] == 0.93 and t5.loc[tables.CANONICAL, "Size"] == 0.7
+    organ = pd.DataFrame([{"label": "CNN-MLP", "section": "Trained from scratch", "seed": 1, "dataset": "word",
+                           "eval_dataset": "word", "finding": "localization", "organ": "liver", "med": 9.0,
+                           "med_native": 20.0, "ref_med": 7.0, "ref_med_native": 15.0}])
+    t3 = tables.spar_table3(_Results(organ))[0].frame
+    assert t3.loc[t3["Model"] == tables.CANONICAL, "Liver"].tolist() == [7.0, 15.0]
