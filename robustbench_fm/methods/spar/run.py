@@ -253,7 +253,13 @@ class TileTask:
         ids = self.s.table["sample_id"].to_numpy()[idx][at]
         return pd.DataFrame({"item": [f"{i}:{ORGANS[j]}" for i, j in zip(ids, slot)], "finding": self.level,
                              "organ": "all", metric: values[at, slot],
-                             "cluster": self.s.table["subject_id"].astype(str).to_numpy()[idx][at]})
+                             "cluster": _volumes(self.s.table)[idx][at]})
+
+
+def _volumes(table: pd.DataFrame) -> np.ndarray:
+    """Each row's volume (``subject_id``: the cluster paired comparisons resample), its sample_id where
+    a table names no subject."""
+    return table["subject_id" if "subject_id" in table.columns else "sample_id"].astype(str).to_numpy()
 
 
 class QueryTask:
@@ -292,7 +298,7 @@ class QueryTask:
         probes = np.array(L3_PROBES)[self.probe[idx]]
         ref = (None, None, None) if self.reference is None else tuple(r[idx] for r in self.reference)
         q = self.s.questions
-        subject = self.s.slice_table["subject_id"].astype(str).to_numpy()[q["slice_row"].to_numpy()[idx]]
+        subject = _volumes(self.s.slice_table)[q["slice_row"].to_numpy()[idx]]
         # the items scored, for paired comparisons between encoders: each question, right or wrong, its volume
         self.items = pd.DataFrame({"item": q["question_id"].astype(str).to_numpy()[idx], "finding": probes,
                                    "organ": "all", "accuracy": (pred == self.label[idx]).astype(float),
