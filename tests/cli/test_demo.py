@@ -60,9 +60,27 @@ def test_readme_table_is_what_the_demo_prints(demo):
     stdout = demo[-1]
     readme = (ROOT / "README.md").read_text()
     shown = re.search(r"^```text\n(.*?)^```", readme, re.S | re.M).group(1)
-    assert shown.splitlines()[0].startswith("| encoder |") and len(shown.splitlines()) == 5
-    missing = [line for line in shown.splitlines() if line not in stdout.splitlines()]
+    lines = [line for line in shown.splitlines() if line]
+    assert lines[0].startswith("| encoder |") and len(lines) == 6  # the table, then the verdict
+    missing = [line for line in lines if line not in stdout.splitlines()]
     assert not missing, f"README's demo table differs from the demo's output: {missing}\n{stdout[-2000:]}"
+
+
+def test_the_demo_says_which_encoder_first(demo):
+    """Issue 46: planted_sharp alone is in the best set on D, and the report opens with that verdict."""
+    run1 = demo[3]
+    ranking = pd.read_csv(run1 / "ranking.csv", keep_default_na=False, na_values=[""])
+    d = ranking[ranking["metric"] == "d"]
+    assert d[d["in_best_set"].astype(str) == "True"]["encoder"].tolist() == ["planted_sharp"]
+    pairs = pd.read_csv(run1 / "comparisons.csv", keep_default_na=False, na_values=[""])
+    assert {"method", "metric", "finding", "row", "encoder_a", "encoder_b", "estimate_a", "estimate_b", "difference",
+            "ci_low", "ci_high", "p", "p_holm", "n_items", "n_clusters", "better"} <= set(pairs.columns)
+    assert len(pairs) == 9 and (pairs["n_items"][pairs["metric"] == "d"] == 100).all()
+    report = (run1 / "report.md").read_text()
+    which = report.split("## Which encoder\n\n", 1)[1]
+    assert which.startswith("marker, CANDOR d (lower is better): planted_sharp is best alone (0.000)")
+    html = (run1 / "report.html").read_text()
+    assert html.index("<h2>Which encoder</h2>") < html.index("<h2>How to read this</h2>")
 
 
 def test_second_run_hits_the_cache_with_zero_forwards(demo):
@@ -96,6 +114,9 @@ def test_multirun_over_encoders(demo, tmp_path):
         f"paths.cache_dir={out / 'cache' / 'features'}", f"dataset.root={out / 'demo_data' / 'planted'}")
     jobs = sorted(p for p in latest_run(tmp_path, "multirun").iterdir() if p.is_dir())
     assert [j.name for j in jobs] == ["0_planted_blur-planted-candor", "1_planted_sharp-planted-candor"]
+    sweep = latest_run(tmp_path, "multirun")  # the collect step compares the sweep's two encoders
+    better = pd.read_csv(sweep / "comparisons.csv", keep_default_na=False, na_values=[""])
+    assert better[better["metric"] == "d"]["better"].tolist() == ["planted_sharp"]
     for job, name in zip(jobs, ["planted_blur", "planted_sharp"]):
         s = pd.read_parquet(job / "summary.parquet")
         assert s["encoder"].unique().tolist() == [name]

@@ -32,4 +32,15 @@ def test_real_weights_are_more_concordant_than_random_ones(tmp_path):
     readme = (ROOT / "README.md").read_text().split("## A real pretrained encoder", 1)[1]
     shown = readme.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
     printed = proc.stdout.splitlines()
-    assert len(shown) == 3 and all(line in printed for line in shown), (shown, proc.stdout[-3000:])
+    shown = [line for line in shown if line]
+    assert len(shown) == 4 and all(line in printed for line in shown), (shown, proc.stdout[-3000:])
+    # issue 46: the paired comparison says the real weights are better on the pooled D, its interval excluding 0
+    pairs = pd.read_csv(run / "comparisons.csv", keep_default_na=False, na_values=[""])
+    d = pairs[(pairs["metric"] == "d") & (pairs["row"] == "__mean__ / __pooled__")].iloc[0]
+    assert {d["encoder_a"], d["encoder_b"]} == {"efficientnet_lite0_in1k", "random_efficientnet_lite0"}
+    sign = 1 if d["encoder_a"] == "efficientnet_lite0_in1k" else -1  # real minus random
+    assert sign * d["difference"] == pytest.approx(real["d"] - rand["d"], abs=1e-12)
+    assert sign * d["ci_high"] < 0 if sign == 1 else sign * d["ci_low"] < 0
+    assert d["better"] == "efficientnet_lite0_in1k" and d["p_holm"] < 0.05
+    assert shown[-1].startswith("- bio_label (mean over its classes), CANDOR d (lower is better): "
+                                "efficientnet_lite0_in1k is best alone")

@@ -81,3 +81,10 @@ def test_bench_gpu_paths_new_sections_run_at_toy_size_on_cpu(tmp_path):
     assert result["panel"]["entries_byte_identical"] == {m: True for m in result["panel"]["models"]}
     for name in ("candor_floor", "croma_floor"):
         assert result[name]["ratio_over_similarity_floor"] > 0 and result[name]["profile_top"]
+
+
+def test_bench_compare_counts_every_pair_metric_and_row(tmp_path):
+    out = tmp_path / "compare.json"
+    result = load("bench_compare").main(["--encoders", "4", "--queries", "400", "--n-boot", "50", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert result["pairs"] == 6 * 3 * 3  # 6 pairs x (D, D_all, margin AUROC) x (2 groups + pooled)

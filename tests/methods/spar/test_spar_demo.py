@@ -227,3 +227,17 @@ def test_the_canonical_backbone_recalls_anatomy_in_domain_and_falls_to_chance_ze
     canonical = t1[t1["Model"] == "Canonical recall"].set_index("Cohort")
     assert canonical.loc["spar_phantom_word (in domain)", "RelPos"] >= 0.85
     assert canonical.loc["spar_phantom_word (in domain)", "MED"] == pytest.approx(7.46, abs=0.01)
+
+
+def test_encoders_are_compared_paired_on_the_same_questions(run):
+    """Issue 46: every probe's accuracy, Level 1's MED and Level 2's patch accuracy of the demo's encoders
+    are compared on the same test questions and tile slots, resampling volumes, and each estimate is the
+    stage's own summary value (else comparisons_notes.txt would say which was not compared)."""
+    pairs = pd.read_csv(run / "comparisons.csv", keep_default_na=False, na_values=[""])
+    assert {"accuracy", "med", "patch_acc"} <= set(pairs["metric"])
+    assert not (run / "comparisons_notes.txt").exists()
+    assert (pairs["n_clusters"] >= 5).all() and pairs["p_holm"].notna().all()
+    ranking = pd.read_csv(run / "ranking.csv", keep_default_na=False, na_values=[""])
+    relpos = ranking[(ranking["metric"] == "accuracy") & (ranking["finding"] == "relative_position")]
+    assert not relpos.empty and set(relpos["best"]) <= {"spar_oracle", "spar_canonical"}
+    assert "## Which encoder" in (run / "report.md").read_text()
