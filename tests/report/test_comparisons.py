@@ -131,3 +131,12 @@ def test_rank_rebuilds_from_finished_results_and_refuses_what_it_cannot_compare(
     assert "holds no two encoders" in capsys.readouterr().err
     assert rank_command(str(tmp_path / "nowhere")) == 2
     assert "holds no finished run" in capsys.readouterr().err
+
+
+def test_error_detection_aurocs_are_compared_per_detector(tmp_path):
+    manifest, feats = _cohort()
+    run = _run(tmp_path, "error_detection", {k: feats[k] for k in ("sharp", "blur")}, manifest, ["marker"],
+               n_boot=0, epochs=3, n_members=2, k=3, bank_size=20)
+    found = cmp.build(run, n_boot=50)
+    assert found.notes == []  # each detector's AUROC of each encoder's own head errors, as its summary has it
+    assert set(found.pairs["metric"]) == {"auroc"} and found.pairs["row"].str.endswith("msp").any()

@@ -42,7 +42,10 @@ register(Method("error_detection", "failure detection: MSP, energy, kNN, Mahalan
                 guide=f"{__name__}.guide:ERROR_DETECTION", group_columns=("stratum", "method"),
                 console_columns=("encoder", "finding", "stratum", "method", "auroc", "diff_vs_msp", "q_value", "n",
                                  "n_errors"),
-                tables=f"{__name__}.tables", params=ErrorDetectionParams))
+                tables=f"{__name__}.tables", params=ErrorDetectionParams,
+                # each detector's AUROC for the head's errors, on the same test rows for every encoder
+                pairing=Pairing(metrics=(Paired("auroc", "auroc", "score", "error"),),
+                                rows=("finding", "stratum", "method"), table="items")))
 register(Method("candor_heads", "head errors joined with CANDOR discordance per sample (Table 4)",
                 f"{__name__}.candor_heads", display_name="CANDOR and head errors",
                 headline=(("auroc", "higher"), ("d", "lower"), ("miss_discordant", "lower"), ("miss_other", "lower")),

@@ -206,4 +206,19 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, **params) ->
     tested = summary["p_value"].notna()
     if tested.any():
         summary.loc[tested, "q_value"] = bh_adjust(summary.loc[tested, "p_value"])[0]
-    return Results(summary=summary, per_sample=per, params=params)
+    return Results(summary=summary, per_sample=per, params=params,
+                   items=_items(per, scores, clusters, parts))
+
+
+def _items(per: pd.DataFrame, scores: pd.DataFrame, clusters: np.ndarray, parts) -> pd.DataFrame:
+    """The scored test rows of every (stratum, detector) in long form, for paired comparisons between
+    encoders (``Results.items``): the detector's score and whether the head erred, and the row's patient.
+    The test rows are the same for every encoder; each encoder's head makes its own errors."""
+    frames = []
+    for stratum, at in parts:
+        for method in METHODS:
+            frames.append(pd.DataFrame({"sample_id": per["sample_id"].to_numpy()[at], "finding": per["finding"].iloc[0],
+                                        "stratum": stratum, "method": method,
+                                        "score": scores[method].to_numpy(float)[at],
+                                        "error": per["error"].to_numpy(float)[at], "cluster": clusters[at]}))
+    return pd.concat(frames, ignore_index=True)
