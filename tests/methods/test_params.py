@@ -32,10 +32,15 @@ def old_yaml(name: str) -> dict:
 
 
 #: parameters added after 5fcc8da, by stage: {name: default}, appended in this order
-ADDED = {"croma": {"on_incomplete": "error"},  # refuse incomplete 2x2 subsets as croma 1.0.1 does
+ADDED = {"croma": {"on_incomplete": "error",  # refuse incomplete 2x2 subsets as croma 1.0.1 does
+                   "m_sweep": 20},  # the m sweep croma reports (croma_auc, croma_min, croma_delta)
          "spar": {"lr_selection": "fixed"},  # spar.md's one learning rate for all models (params.py)
          # the cross-site failure-detection study
          "error_detection": {"train_on": None, "site_col": "dataset", "view_col": "view"}}
+
+
+#: entries added to a mapping parameter after 5fcc8da: {stage: {parameter: {entry: value}}}
+ADDED_ENTRIES = {"spar": {"labels": {"spar_canonical": "Canonical"}}}  # the planted canonical backbone (issue 42)
 
 
 @pytest.mark.parametrize("name", [n for n in STAGES if (OLD_YAMLS / f"{n}.yaml").exists()])  # stages older than 5fcc8da
@@ -45,6 +50,9 @@ def test_the_generated_stage_config_equals_the_yaml_it_replaced(name):
     params = new.get("params", {})
     for key, default in ADDED.get(name, {}).items():
         assert params.pop(key) == default, key
+    for key, entries in ADDED_ENTRIES.get(name, {}).items():
+        for entry, value in entries.items():
+            assert params[key].pop(entry) == value, (key, entry)
     # the same keys in the same order, the same values of the same types (10.0 is not 10)
     assert json.dumps(new) == json.dumps(old)
 
@@ -170,7 +178,7 @@ def test_tables_read_the_structure():
     assert list(ABLATION_SETTINGS)[:3] == ["stage.params.k", "stage.params.bank_size", "stage.params.seed"]
     # what the croma tables re-score with, as the old run() signature gave it (croma.md §2.3-2.7)
     assert json.dumps(_default_params()) == json.dumps({
-        "confounder_col": "site", "exclude_col": "slide_id", "m": 5, "alpha": 0.1,
+        "confounder_col": "site", "exclude_col": "slide_id", "m": 5, "alpha": 0.1, "m_sweep": 20,
         "k_grid": [1, 3, 5, 7, 9, 11, 21, 31, 41, 51, 61, 71, 81, 91], "k": None, "tau": None, "design": "all",
         "subset_col": "subset", "on_short": "error", "on_incomplete": "error", "device": "auto", "block_size": 4096})
     # SPAR's training setup (spar.md Section 3.2)
