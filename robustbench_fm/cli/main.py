@@ -247,7 +247,7 @@ def _settings() -> tuple[set[str], list[str]]:
     import yaml
 
     def leaves(node, prefix: str) -> list[str]:
-        if not isinstance(node, dict):
+        if not isinstance(node, dict) or not node:  # an empty mapping ({}) takes keys below it
             return [prefix]
         return [p for k, v in node.items() if k != "defaults" for p in leaves(v, f"{prefix}.{k}" if prefix else k)]
 
@@ -381,19 +381,53 @@ def check_overrides(argv: list[str]) -> str | None:
         if unknown is not None:
             return f"{unknown} (in override '{text}')"
         top = key.split("@")[0].split("/")[0].split(".")[0]
+        value = text.partition("=")[2]
         if top in groups:  # most overrides: no YAML read
-            continue
+            if "." not in key or top == "hydra" or extra_dirs or "@" in key or "/" in key:
+                continue
+            if roots is None:
+                roots, paths = _settings()
+            if _known_path(key, paths):
+                continue
+            # Hydra would print "Could not override ... To append to your config use +key=value": a
+            # key nothing reads. The real key: the same last part, the closest path.
+            last = key.split(".")[-1]
+            same = [p for p in paths if p.split(".")[-1] == last]
+            close = difflib.get_close_matches(key, same, n=1, cutoff=0) if same else \
+                difflib.get_close_matches(key, paths, n=1)
+            hint = f"did you mean {close[0]}={value}?" if close else "print the settings with dry_run=true"
+            return f"there is no setting '{key}' (in override '{text}'); {hint}"
         if roots is None:
             roots, paths = _settings()
         if top in roots:
             continue
-        last = key.split(".")[-1]
-        close = [p for p in paths if p.split(".")[-1] == last] or difflib.get_close_matches(key, paths, n=3)
-        value = text.partition("=")[2]
-        hint = f"did you mean {' or '.join(f'{c}={value}' for c in close[:3])}?" if close else \
-            "print the settings with dry_run=true"
+        hint = _top_level_hint(key, value, override, paths, extra_dirs)
         return f"there is no setting '{key}' (in override '{text}'); {hint}"
     return None
+
+
+def _known_path(key: str, paths: list[str]) -> bool:
+    """Whether ``key`` is a setting of the shipped configs: a leaf, a node above leaves, or a key
+    below a leaf that holds a mapping, a list or null (``stage.params.transfer.<cohort>``)."""
+    return any(p == key or p.startswith(key + ".") or key.startswith(p + ".") for p in paths)
+
+
+def _top_level_hint(key: str, value: str, override, paths: list[str], extra_dirs: list[Path]) -> str:
+    """The fix for a top-level name that is no setting: a config group whose option ``value`` is
+    (``encodr=planted_sharp``: ``encoder=planted_sharp``) first, else settings ending in the same
+    name or spelled alike."""
+    import difflib
+
+    last = key.split(".")[-1]
+    if "." not in key:
+        for group in difflib.get_close_matches(key, sorted({*GROUPS, *(p.name for p in CONFIG_DIR.iterdir()
+                                                                        if p.is_dir())}), n=3):
+            options = group_options(CONFIG_DIR, group, extra_dirs) or []
+            if override.is_sweep_override() or str(override.value()) in options:
+                return f"did you mean {group}={value}?"
+    close = [p for p in paths if p.split(".")[-1] == last] or difflib.get_close_matches(key, paths, n=3)
+    return f"did you mean {' or '.join(f'{c}={value}' for c in close[:3])}?" if close else \
+        "print the settings with dry_run=true"
 
 
 def main() -> None:

@@ -67,9 +67,32 @@ def register(adapter: Adapter) -> Adapter:
     return ADAPTERS.register(adapter.name, adapter)
 
 
+def check_options(name: str, options: dict) -> None:
+    """``dataset.options`` dataset ``name``'s adapter does not take: one line naming the first one,
+    the closest option it takes and the others (:func:`_check_options`); called by the pipeline's
+    plan before any data is read, and by :func:`build_manifest`. An adapter whose ``build`` takes
+    any keyword (the generated datasets: options it checks against the generator's record) is
+    checked against its ``generate``."""
+    adapter = get(name)
+    build = adapter.build
+    if adapter.generate is not None and _takes_any(build):
+        build = adapter.generate
+    _check_options(name, build, options)
+
+
+def _takes_any(fn: Callable) -> bool:
+    try:
+        return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+
+
 def _check_options(name: str, build: Callable, options: dict) -> None:
     """``dataset.options`` the adapter's ``build`` does not take fail with one line naming the
-    first one and the options it takes (instead of Python's "unexpected keyword argument")."""
+    first one, the closest option it takes and the others (instead of Python's "unexpected keyword
+    argument", or a key added with ``+`` that nothing reads)."""
+    import difflib
+
     try:
         params = list(inspect.signature(build).parameters.values())[1:]  # after root
     except (TypeError, ValueError):  # no signature to read (a builtin): the call reports it
@@ -80,7 +103,9 @@ def _check_options(name: str, build: Callable, options: dict) -> None:
     unknown = [k for k in options if k not in accepted]
     if unknown:
         takes = f"it takes {', '.join(accepted)}" if accepted else "it takes no options"
-        raise UnknownOption(f"dataset '{name}': no option dataset.options.{unknown[0]}; {takes}; "
+        close = difflib.get_close_matches(str(unknown[0]), accepted, n=1)
+        mean = f"did you mean dataset.options.{close[0]}? " if close else ""
+        raise UnknownOption(f"dataset '{name}': no option dataset.options.{unknown[0]}; {mean}{takes}; "
                             "remove it or fix its name")
 
 

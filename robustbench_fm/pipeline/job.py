@@ -341,6 +341,50 @@ def _extract_options(cfg: DictConfig) -> ExtractOptions:
                           allow_remote_code=bool(cfg.security.allow_remote_code), on_version_change=versions)
 
 
+#: the keys of the ``stage`` node (:func:`robustbench_fm.cli.configstore.stage_node`); its ``params``
+#: are checked by the stage's parameter class (:func:`robustbench_fm.methods.check`)
+STAGE_KEYS = ("name", "findings", "params")
+#: the keys an ``encoder`` node may hold: a registry entry's and a generic entry's (``model``,
+#: ``pretrained``; robustbench_fm/cli/configstore.py) and the options :class:`EncoderSettings` reads
+ENCODER_KEYS = ("name", "model", "pretrained", "weights", "tile_weights", "embedding", "batch_size")
+
+
+def _leaves(node, prefix: str) -> list[str]:
+    if OmegaConf.is_dict(node) and len(node):
+        return [p for k in node for p in _leaves(node._get_node(k), f"{prefix}.{k}")]
+    return [prefix]
+
+
+def _refuse_unknown_keys(cfg: DictConfig) -> None:
+    """A key under ``stage``, ``extract``, ``encoder`` or ``dataset.options`` that nothing reads
+    (``+stage.parms.k=3``, the fix Hydra itself prints for a typo, adds one and the run would
+    use the default): one line naming it and the closest real key. ``stage.params`` are checked
+    by the stage (:func:`robustbench_fm.methods.check`), ``dataset.options`` by the adapter's
+    signature (:func:`robustbench_fm.data.registry.check_options`); ``extract``'s keys are those
+    of the shipped ``configs/config.yaml``, ``dataset``'s those of the shipped dataset cards."""
+    import difflib
+
+    extract_keys = tuple(OmegaConf.load(cards.CONFIG_DIR / "config.yaml").extract.keys())
+    dataset_keys = tuple(sorted({str(k) for card in (cards.CONFIG_DIR / "dataset").glob("*.yaml")
+                                 for k in (OmegaConf.load(card) or {})}))
+    for node, known in (("stage", STAGE_KEYS), ("extract", extract_keys), ("encoder", ENCODER_KEYS),
+                        ("dataset", dataset_keys)):
+        value = cfg.get(node)
+        if not OmegaConf.is_dict(value):
+            continue
+        for key in value:
+            if str(key) in known:
+                continue
+            close = difflib.get_close_matches(str(key), known, n=1)
+            # the leaf under the typo: +stage.parms.k=3 -> stage.params.k=3
+            leaf = _leaves(value._get_node(key), f"{node}.{key}")[0]
+            shown = OmegaConf.select(cfg, leaf, throw_on_resolution_failure=False)
+            meant = (leaf.replace(f"{node}.{key}", f"{node}.{close[0]}", 1) if close else None)
+            hint = (f"did you mean {meant}={shown}? (without '+': a '+' adds a key nothing reads)" if close
+                    else f"{node} holds {', '.join(known)}")
+            raise InvalidSetting(f"unknown setting {leaf}: the run would ignore it; {hint}")
+
+
 def _param_overrides(cfg: DictConfig) -> dict[str, str]:
     """Stage parameters set through a top-level key (``sources: ${oc.select:retention_sources,[]}``)
     -> that key, for error messages that name the override to use."""
@@ -426,6 +470,7 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool
     _require_settings(cfg)
     _refuse_encoder_field(cfg, cli_overrides)
     stages.method(cfg.stage.name)  # the name; its module (torch) is imported when the stage runs
+    _refuse_unknown_keys(cfg)  # +stage.parms.k=3 would run with the default k
     findings = list(cfg.stage.findings)
     params = OmegaConf.to_container(cfg.stage.params, resolve=True)
     stages.check(cfg.stage.name, params)  # names, types (k=abc: one line naming the type) and values, once
@@ -442,6 +487,7 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool
         return Plan(dataset, None, [encoder], cfg.stage.name, findings, Path(cfg.features_file),
                     config=_config_record(cfg), **common)
     data.get(cfg.dataset.name)
+    data.registry.check_options(str(cfg.dataset.name), _dataset_options(cfg))  # +dataset.options.nn=3
     root = Path(cfg.dataset.root)
     generate = bool(cfg.dataset.get("generate"))
     if not root.is_dir() and not (generate and data.get(cfg.dataset.name).generate):

@@ -13,7 +13,8 @@ def test_an_option_the_adapter_does_not_take_names_it_and_the_ones_it_takes(tmp_
     with pytest.raises(UnknownOption) as err:
         build_manifest("nct_crc", tmp_path, subset=["CRC-VAL-HE-7K"])  # the option is `subsets`
     assert isinstance(err.value, (UserError, TypeError))
-    assert str(err.value) == ("dataset 'nct_crc': no option dataset.options.subset; it takes subsets; "
+    assert str(err.value) == ("dataset 'nct_crc': no option dataset.options.subset; did you mean "
+                              "dataset.options.subsets? it takes subsets; "
                               "remove it or fix its name")
     assert len(build_manifest("nct_crc", tmp_path, subsets=["CRC-VAL-HE-7K"])) == 5  # the right name still works
 
