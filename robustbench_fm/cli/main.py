@@ -20,7 +20,7 @@ from ..core.redact import install_log_redaction, redacted_yaml
 from ..core.tables import SweepResults
 from ..data import cards
 from ..encoders import generic
-from ..pipeline.experiment import bug_line, expand, is_unit, log_traceback, run_jobs
+from ..pipeline.experiment import JobsRefused, bug_line, check_jobs, expand, is_unit, log_traceback, run_jobs
 from ..report.compare import to_markdown, write_compare
 from ..report.tables import get
 from . import configstore
@@ -151,8 +151,8 @@ def compare(sweep_dir: str) -> int:
 
 
 def _remove_dry_run_folder(out: Path, output_root: Path) -> None:
-    """Hydra made the run folder (and its empty job log) before the job ran; a dry run leaves
-    nothing behind, nor the empty date folders above it, up to (not including) ``paths.output_root``."""
+    """Hydra made the run folder (and its empty job log) before the job ran; a dry run (and an
+    experiment none of whose jobs ran: a job's plan failed) leaves nothing behind, nor the empty date folders above it, up to (not including) ``paths.output_root``."""
     for handler in list(logging.root.handlers):
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == out:
             handler.close()
@@ -186,7 +186,9 @@ def unit_config(cfg):
 def run_unit(full, cfg, run_dir: Path) -> int:
     """Run an experiment's jobs here (:func:`robustbench_fm.pipeline.experiment.run_jobs`) into
     ``run_dir``, or with ``dry_run=true`` list them; the exit code: 0, 1 when a job failed or a
-    requested table could not be built, 2 when nothing could be collected."""
+    requested table could not be built, 2 when a job's plan fails (each distinct problem printed
+    once with the jobs it stops; nothing runs and no run folder is left) or nothing could be
+    collected."""
     if cfg.dry_run:
         rc = dry_run_sweep(full, unit_dir=run_dir)
         _remove_dry_run_folder(run_dir, Path(cfg.paths.output_root))
@@ -195,6 +197,14 @@ def run_unit(full, cfg, run_dir: Path) -> int:
     if jobs is None:
         print(f"error: the sweeper {full.hydra.sweeper.get('_target_')} lists its jobs only under -m; "
               "run the experiment with -m", file=sys.stderr)
+        return 2
+    try:  # every job's names, data folders and options before the first one runs
+        check_jobs(jobs, run_dir)
+    except JobsRefused as exc:
+        for line in exc.lines:
+            print(f"error: {line}", file=sys.stderr)
+        print(f"error: {exc.summary}", file=sys.stderr)
+        _remove_dry_run_folder(run_dir, Path(cfg.paths.output_root))
         return 2
     name = full.hydra.runtime.choices.get("experiment")
     print(f"experiment {name}: {len(jobs)} jobs, one after another in this process, then the collect step, "
