@@ -138,7 +138,7 @@ def dry_run_sweep(config: DictConfig, unit_dir: Path | None = None) -> int:
     problems: dict[str, list[int]] = {}  # one-line error -> the jobs it stops, in launch order
     for job in jobs:
         try:
-            app.plan(job["config"], job["overrides"])
+            app.plan(job["config"], job["overrides"], here="submitit" not in str(launcher.get("_target_", "")))
             verdict = "ok"
         except app.USER_ERRORS as exc:
             stopped = problems.setdefault(message(exc), [])
@@ -192,7 +192,7 @@ def extraction_jobs(jobs: list[dict], n_jobs: int) -> list[dict]:
         if cfg.get("features_file") or int(cfg.extract.get("num_shards", 1)) > 1:
             continue
         try:
-            plan = app.plan(cfg, job["overrides"])
+            plan = app.plan(cfg, job["overrides"], here=False)
         except app.USER_ERRORS:
             continue
         if hasattr(stages.get(plan.stage), "run_job"):  # the stage drives the encoder itself

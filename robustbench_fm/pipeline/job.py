@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # the feature engine imports torch: a plan, a dry run and its
 from .. import data, encoders, methods
 from .. import methods as stages
 from ..core.atomic import write_atomic, write_text_atomic
+from ..core.devices import check_device
 from ..core.errors import InvalidSetting, MissingInput, UnknownName, UserError
 from ..core.locking import FileLock
 from ..core.redact import redact_config, redacted_yaml
@@ -312,8 +313,10 @@ def _encoder_settings(cfg: DictConfig) -> EncoderSettings:
                            embedding=enc.get("embedding"), batch_size=batch_size)
 
 
-def _extract_options(cfg: DictConfig) -> ExtractOptions:
-    """``extract.*``, ``device`` and the remote-code policy, each checked (one line naming the key)."""
+def _extract_options(cfg: DictConfig, here: bool = True) -> ExtractOptions:
+    """``extract.*``, ``device`` and the remote-code policy, each checked (one line naming the key;
+    ``here``: the job runs in this process, so a CUDA device must be here:
+    :func:`robustbench_fm.core.devices.check_device`)."""
     x = cfg.extract
 
     def count(key: str, value, least: int) -> int:
@@ -337,7 +340,7 @@ def _extract_options(cfg: DictConfig) -> ExtractOptions:
     return ExtractOptions(batch_size=count("batch_size", x.batch_size, 1), num_workers=workers,
                           shard_size=count("shard_size", x.shard_size, 1), on_bad_image=policy,
                           num_shards=count("num_shards", x.get("num_shards", 1), 1),
-                          shard=count("shard", x.get("shard", 0), 0), device=str(cfg.device),
+                          shard=count("shard", x.get("shard", 0), 0), device=check_device(str(cfg.device)) if here else str(cfg.device),
                           allow_remote_code=bool(cfg.security.allow_remote_code), on_version_change=versions)
 
 
@@ -456,15 +459,17 @@ def job_manifest(cfg: DictConfig) -> pd.DataFrame:
     cached features with it: :meth:`robustbench_fm.core.tables.SweepResults.manifest`): the
     :func:`load_manifest` of its :func:`plan`; a bring-your-own-features job's is its
     ``manifest_file``."""
-    return load_manifest(plan(cfg))
+    return load_manifest(plan(cfg, here=False))
 
 
 # ------------------------------------------------------- the plan: the one reader of the config
 
 def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool = False,
-         experiment: str | None = None) -> Plan:
+         experiment: str | None = None, here: bool = True) -> Plan:
     """The job's typed run configuration: read ``cfg`` once, validating names and options
-    (one-line errors) without touching data or models."""
+    (one-line errors) without touching data or models. ``here``: the job will run in this process
+    (``device=cuda`` needs a CUDA device here); False where it runs elsewhere (a launcher's node,
+    a finished job's manifest)."""
 
     stages.load_plugins(cfg.get("plugins") or [])  # a sweep's job processes import them again
     _require_settings(cfg)
@@ -481,7 +486,7 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool
                   report=ReportOptions(tuple(str(t) for t in (OmegaConf.select(cfg, "report.tables", default=None)
                                                               or []))),
                   paths=Paths(Path(str(cfg.paths.cache_dir)), resolved_prepared_dir(cfg)),
-                  extract=_extract_options(cfg), cli_overrides=tuple(cli_overrides or ()))
+                  extract=_extract_options(cfg, here), cli_overrides=tuple(cli_overrides or ()))
     if cfg.get("features_file"):
         encoder, dataset = features_names(cfg)
         return Plan(dataset, None, [encoder], cfg.stage.name, findings, Path(cfg.features_file),

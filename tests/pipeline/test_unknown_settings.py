@@ -72,3 +72,16 @@ def test_every_setting_of_every_shipped_experiment_passes_the_check(experiment):
 
     unknown = [p for p in leaves(flat, "") if "." in p and not p.startswith("hydra.") and not _known_path(p, paths)]
     assert unknown == []
+
+
+def test_device_cuda_without_cuda_is_refused_in_plan_before_any_data(tmp_path, monkeypatch):
+    """Issue 41 item 7: checked in plan(), before any data is read; a job that runs elsewhere (a
+    finished job's manifest, a launcher's node) is not refused here."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match=r"^device=cuda: this machine has no usable CUDA device"):
+        plan(tmp_path, "device=cuda")
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"paths.root={tmp_path}", "device=cuda"])
+    assert app.plan(cfg, ["device=cuda"], here=False).extract.device == "cuda"
