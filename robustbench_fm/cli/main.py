@@ -152,7 +152,8 @@ def compare(sweep_dir: str) -> int:
 
 def _remove_dry_run_folder(out: Path, output_root: Path) -> None:
     """Hydra made the run folder (and its empty job log) before the job ran; a dry run (and an
-    experiment none of whose jobs ran: a job's plan failed) leaves nothing behind, nor the empty date folders above it, up to (not including) ``paths.output_root``."""
+    experiment none of whose jobs ran: a job's plan failed) leaves nothing behind, nor the empty
+    date folders above it, up to (not including) ``paths.output_root``."""
     for handler in list(logging.root.handlers):
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == out:
             handler.close()

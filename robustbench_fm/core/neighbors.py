@@ -35,8 +35,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from .handover import HandedOver, hand_over  # noqa: F401  (hand_over: importable here)
 from .errors import InvalidSetting
+from .handover import HandedOver, hand_over  # noqa: F401  (hand_over: importable here)
 
 #: bytes of one block of rows :func:`l2_normalize` checks and measures at a time: its working set
 NORMALIZE_BLOCK_BYTES = 64 << 20

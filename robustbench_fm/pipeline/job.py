@@ -340,7 +340,8 @@ def _extract_options(cfg: DictConfig, here: bool = True) -> ExtractOptions:
     return ExtractOptions(batch_size=count("batch_size", x.batch_size, 1), num_workers=workers,
                           shard_size=count("shard_size", x.shard_size, 1), on_bad_image=policy,
                           num_shards=count("num_shards", x.get("num_shards", 1), 1),
-                          shard=count("shard", x.get("shard", 0), 0), device=check_device(str(cfg.device)) if here else str(cfg.device),
+                          shard=count("shard", x.get("shard", 0), 0),
+                          device=check_device(str(cfg.device)) if here else str(cfg.device),
                           allow_remote_code=bool(cfg.security.allow_remote_code), on_version_change=versions)
 
 

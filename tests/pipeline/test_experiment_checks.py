@@ -4,7 +4,6 @@ empty report. Every job's plan is checked before the first job runs: each distin
 with the jobs it stops, exit 2, no run folder; robustbench_fm.run raises one UserError."""
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

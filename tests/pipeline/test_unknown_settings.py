@@ -25,7 +25,8 @@ def plan(tmp_path, *overrides):
                             "dataset.options.n=3?"),
     ("+extract.batchsize=3", "unknown setting extract.batchsize: the run would ignore it; did you mean "
                              "extract.batch_size=3?"),
-    ("++encoder.weight=/w", "unknown setting encoder.weight: the run would ignore it; did you mean encoder.weights=/w?"),
+    ("++encoder.weight=/w", "unknown setting encoder.weight: the run would ignore it; did you mean "
+                            "encoder.weights=/w?"),
     ("+stage.foo=1", "unknown setting stage.foo: the run would ignore it; stage holds name, findings, params"),
 ])
 def test_a_key_nothing_reads_is_refused_in_plan_with_the_real_key(tmp_path, override, message):
