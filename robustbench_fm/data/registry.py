@@ -11,7 +11,7 @@ import pandas as pd
 from ..core.registry import Registry
 from . import manifest as mf
 from .cards import card_field
-from .files import DatasetFileMissing, UnknownOption, check_label_gaps, collect_label_gaps
+from .files import DatasetError, DatasetFileMissing, UnknownOption, check_label_gaps, collect_label_gaps
 from .images import locator_file
 
 
@@ -130,13 +130,26 @@ def build_manifest(name: str, root: str | Path, verify_images: bool = True,
         built = adapter.build(root, **options)
     check_label_gaps(gaps, findings)
     df = mf.validate(built, source=f"{name}@{root}", findings=adapter.findings)
+    if df.empty:
+        raise DatasetError(f"dataset '{name}': the manifest has 0 rows (nothing under '{root}' matched); check "
+                           "dataset.root and dataset.options")
     if verify_images and "path" in df.columns:
 
         files = pd.Series(pd.unique(df["path"].map(locator_file)))
         found = set(files[files.map(lambda p: (root / p).is_file())])
-        exists = df["path"].map(locator_file).isin(found)
+        located = df["path"].map(locator_file)
+        exists = located.isin(found)
+        folders = ~exists & located.map(lambda p: (root / p).is_dir())
+        if folders.any():
+            row = int(folders.to_numpy().nonzero()[0][0])
+            raise DatasetError(f"dataset '{name}': {int(folders.sum())} of {len(df)} paths are folders, not image "
+                               f"files, first '{df['path'].iloc[row]}' (row {row}); name each image file under "
+                               f"'{root}'")
         if not exists.all():
-            first = df["path"][~exists].iloc[0]
-            raise DatasetFileMissing(f"dataset '{name}': {int((~exists).sum())} of {len(df)} images missing "
-                                     f"under '{root}', first '{first}'; fix dataset.root or pass verify_images=False")
+            row = int((~exists).to_numpy().nonzero()[0][0])
+            raise DatasetFileMissing(
+                f"dataset '{name}': {int((~exists).sum())} of {len(df)} images missing under '{root}', first "
+                f"'{df['path'].iloc[row]}' (row {row}); fix dataset.root, or set dataset.verify_images=false (Python: "
+                "verify_images=False) to run without them: the run then stops at the first missing image unless "
+                "extract.on_bad_image=skip, which leaves them out and lists them in skipped.csv")
     return df

@@ -228,6 +228,20 @@ def _require_settings(cfg: DictConfig) -> None:
         raise InvalidSetting(f"{key} is not set: {hint}")
 
 
+def _refuse_no_findings(cfg: DictConfig) -> None:
+    """``dataset=csv`` whose finding auto-detection found no 0/1 column, for a stage that scores
+    0/1 findings: one line naming each column it skipped and the value that kept it out (or the
+    CSV's 0 rows), instead of the stage's "no finding to score"."""
+    from ..data.csv_manifest import no_findings_reason
+
+    manifest = OmegaConf.select(cfg, "dataset.manifest", default=None)
+    if str(cfg.dataset.get("name")) != "csv" or not manifest or not Path(str(manifest)).is_file():
+        return
+    if not label_columns(str(cfg.stage.name), ["finding"])[0]:  # a stage of categorical labels
+        return
+    raise InvalidSetting(no_findings_reason(manifest))
+
+
 def _refuse_encoder_field(cfg: DictConfig, cli_overrides: list[str] | None) -> None:
     """``encoder.name=<x>`` does not choose the encoder (the group does, and only ``encoder=``
     overrides an experiment's panel): one line saying to use ``encoder=<x>``, with the registry's
@@ -478,6 +492,8 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool
     stages.method(cfg.stage.name)  # the name; its module (torch) is imported when the stage runs
     _refuse_unknown_keys(cfg)  # +stage.parms.k=3 would run with the default k
     findings = list(cfg.stage.findings)
+    if not findings and not cfg.get("features_file"):
+        _refuse_no_findings(cfg)
     params = OmegaConf.to_container(cfg.stage.params, resolve=True)
     stages.check(cfg.stage.name, params)  # names, types (k=abc: one line naming the type) and values, once
     common = dict(multirun=multirun, experiment=experiment, params=params, param_overrides=_param_overrides(cfg),

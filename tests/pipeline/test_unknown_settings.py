@@ -86,3 +86,17 @@ def test_device_cuda_without_cuda_is_refused_in_plan_before_any_data(tmp_path, m
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"paths.root={tmp_path}", "device=cuda"])
     assert app.plan(cfg, ["device=cuda"], here=False).extract.device == "cuda"
+
+
+@pytest.mark.parametrize("rows, message", [
+    ("", "the CSV has 0 rows (only its header); add one row per image"),
+    ("a.png,2\nb.png,0\n", "no finding column: column 'grade' was skipped (value '2'; a finding column holds 1, 0 "
+                           "or empty)"),
+])
+def test_a_csv_without_finding_columns_names_why_in_plan(tmp_path, rows, message):
+    """Issue 41 items 5 and 6: "no finding to score ... dataset=pool ... stage.findings=[pneumothorax]" before."""
+    csv = tmp_path / "labels.csv"
+    csv.write_text("path,grade\n" + rows)
+    with pytest.raises(UserError) as err:
+        plan(tmp_path, "dataset=csv", f"dataset.manifest={csv}")
+    assert str(err.value).startswith(f"{csv}: {message}"), str(err.value)
