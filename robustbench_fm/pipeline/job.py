@@ -37,7 +37,7 @@ from .. import methods as stages
 from ..core.atomic import write_atomic, write_text_atomic
 from ..core.devices import check_device
 from ..core.errors import InvalidSetting, MissingInput, UnknownName, UserError
-from ..core.locking import FileLock
+from ..core.locking import FileLock, LockTimeout
 from ..core.redact import redact_config, redacted_yaml
 from ..core.results import not_scored, to_markdown, without_single_group_pools
 from ..core.shards import META_NAME
@@ -677,7 +677,7 @@ def recorded(out_dir: Path, **fields):
     error or ``interrupted`` (Ctrl-C), with the wall-clock ``start`` and ``end`` and ``fields``
     (e.g. a sweep's extraction job adds its pid and host). Used by :func:`run` and by a sweep's
     panel-extraction jobs (:func:`.sweeps.run_extraction`)."""
-    with FileLock(out_dir / ".lock", timeout=0):
+    with _folder_lock(out_dir):
         if _read_status(out_dir) == "running":  # we hold the lock, so whoever wrote that is gone
             log.warning("%s: the previous run there was interrupted; running it again", out_dir)
         started = time.time()
@@ -694,6 +694,25 @@ def recorded(out_dir: Path, **fields):
                          start=started, end=time.time(), **fields)
             raise
         write_status(out_dir, "done", start=started, end=time.time(), **fields)
+
+
+@contextlib.contextmanager
+def _folder_lock(out_dir: Path):
+    """``out_dir/.lock``, held for the block; a folder another live run holds is one line naming
+    that run and the setting that picks another folder (no wait: two runs never share a folder)."""
+    lock = FileLock(out_dir / ".lock", timeout=0)
+    try:
+        lock.acquire()
+    except LockTimeout as busy:
+        holder = busy.holder.describe() if busy.holder is not None else "another run"
+        raise LockTimeout(f"run folder {out_dir} is in use by {holder}: two runs never share a folder; wait for "
+                          "that run to finish (then the same command resumes), or run into another folder with "
+                          f"hydra.run.dir=<folder>; if that process is gone, delete {out_dir / '.lock'}",
+                          busy.holder) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _read_status(out_dir: Path) -> str | None:

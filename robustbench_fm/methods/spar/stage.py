@@ -12,15 +12,16 @@ Transformer heads or finetuning, so ``run`` refuses with one line. Results:
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import pandas as pd
 
 from ... import data
 from ...core.devices import resolve_device
-from ...core.errors import UserError
+from ...core.errors import MissingInput, UserError
 from ...core.locking import FileLock
-from ...core.results import Results
+from ...core.results import Results, write_notes
 from ..job import JobContext
 from .params import DEFAULT_LABELS, SparParams
 from .run import Setup, TrainConfig, configurations, run_encoder
@@ -28,6 +29,7 @@ from .samples import build_samples
 from .vqa import run_vqa
 
 PARAMS = SparParams
+log = logging.getLogger("robustbench_fm")
 HEAD_LABELS = {"mlp": "MLP", "transformer": "Trans", "combined": "Combined"}
 SECTIONS = ("Trained from scratch", "Frozen foundation models", "Finetuned foundation models")
 
@@ -70,10 +72,31 @@ def _transfer_samples(transfer: dict, cache_dir, seed: int) -> dict:
             with FileLock(root.parent / f".{root.name}.generate.lock", timeout=None):
                 adapter.generate(root, **options)
         elif not root.is_dir():
-            raise FileNotFoundError(f"stage.params.transfer.{name}: root '{root}' does not exist; point it "
-                                    f"at the {dataset} folder or drop the cohort (stage.params.transfer={{}})")
+            raise MissingInput(f"stage.params.transfer.{name}: root '{root}' does not exist; point it at the "
+                               f"{dataset} folder (stage.params.transfer.{name}.root=<folder>) or drop the cohort "
+                               f"with '~stage.params.transfer.{name}' (quoted: the shell reads '~')")
         out[name] = _samples(dataset, root, cache_dir, seed, options)
     return out
+
+
+def spacing_notes(cohorts: dict) -> list[str]:
+    """One note per cohort whose volumes' NIfTI headers give no pixel spacing: their distance labels
+    are in the 224 frame, not mm (docs/methods/spar.md, Level 3), named per volume."""
+    notes = []
+    for cohort, samples in cohorts.items():
+        table = samples.slice_table
+        if not {"spacing_x", "spacing_y"} <= set(table.columns):
+            continue
+        unknown = table[table["spacing_x"].isna() | table["spacing_y"].isna()]
+        subjects = list(dict.fromkeys(unknown["subject_id"].astype(str)))
+        if subjects:
+            shown = ", ".join(subjects[:20]) + (f" and {len(subjects) - 20} more" if len(subjects) > 20 else "")
+            notes.append(f"SPAR {cohort}: {len(subjects)} volume{'s' if len(subjects) != 1 else ''} without pixel "
+                         f"spacing in the NIfTI header ({shown}): their distance labels are in the 224 frame, "
+                         "not mm")
+    for line in notes:
+        log.warning(line)
+    return notes
 
 
 def _save(rows: pd.DataFrame, encoder: str, dataset: str, out_dir: Path, params: dict) -> list[pd.DataFrame]:
@@ -115,6 +138,7 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
         return summaries
     device = resolve_device(p.device)
     transfers = _transfer_samples(p.transfer or {}, cache_dir, int(job.seed))
+    write_notes(out_dir, spacing_notes({job.dataset: samples, **{f"transfer {n}": t for n, t in transfers.items()}}))
     setup = Setup(levels=tuple(p.levels), heads=tuple(p.heads), seeds=tuple(p.seeds),
                   lr_selection=p.lr_selection, lr_search=tuple(float(lr) for lr in p.lr_search),
                   train=TrainConfig(lr=p.lr, batch_size=p.batch_size, max_epochs=p.max_epochs, patience=p.patience),
