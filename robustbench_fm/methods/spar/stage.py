@@ -24,6 +24,7 @@ from ...core.locking import FileLock
 from ...core.results import Results, write_notes
 from ..job import JobContext
 from .params import DEFAULT_LABELS, SparParams
+from .probes import L3_PROBES
 from .run import Setup, TrainConfig, configurations, run_encoder
 from .samples import build_samples
 from .vqa import run_vqa
@@ -77,6 +78,56 @@ def _transfer_samples(transfer: dict, cache_dir, seed: int) -> dict:
                                f"with '~stage.params.transfer.{name}' (quoted: the shell reads '~')")
         out[name] = _samples(dataset, root, cache_dir, seed, options)
     return out
+
+
+#: why a Level 3 probe can have no question in a cohort: the organs its questions need
+PROBE_NEEDS = {"kidney_symmetry": "both kidneys", "liver_size": "the liver",
+               "relative_position": "two present organs apart", "distance_compare": "four present organs"}
+
+
+def partial_macro(rows: pd.DataFrame, cohorts: dict) -> tuple[pd.DataFrame, list[str]]:
+    """Mark every Level 3 ``macro`` row that averages fewer probes than its cohort should have
+    (an organ missing from every slice of a cohort leaves a probe without a question): the
+    column ``macro_probes`` says ``k of n probes`` and which were dropped and why, and one note
+    per cohort names them (the run's notes and the report). ``cohorts``: eval_dataset name ->
+    samples. Expected: every probe of :data:`L3_PROBES` except ``tumour_count``, which is expected
+    where the cohort's questions hold it (the in-domain cohort with LiTS slices; zero-shot cohorts
+    have none, as in spar.md Section 3.3)."""
+    if rows.empty or "finding" not in rows or "eval_dataset" not in rows or not (rows["finding"] == "macro").any():
+        return rows, []
+    keys = [c for c in ("head", "mode", "seed", "eval_dataset", "label") if c in rows.columns]
+    rows = rows.copy()
+    column = pd.Series("", index=rows.index, dtype=object)
+    notes: dict[str, str] = {}
+    for key, group in rows.groupby(keys, sort=False, dropna=False):
+        macro = group.index[group["finding"] == "macro"]
+        if not len(macro):
+            continue
+        cohort = str(group["eval_dataset"].iloc[0])
+        samples = cohorts.get(cohort)
+        asked = set() if samples is None else set(samples.questions["probe"].astype(str))
+        expected = [pr for pr in L3_PROBES if pr != "tumour_count" or pr in asked]
+        scored = set(group["finding"].astype(str))
+        dropped = [pr for pr in expected if pr not in scored]
+        if not dropped:
+            continue
+        why = [f"{pr} ({_why_dropped(pr, asked)})" for pr in dropped]
+        text = f"{len(expected) - len(dropped)} of {len(expected)} probes; dropped: {', '.join(why)}"
+        column[macro] = text
+        notes.setdefault(cohort, f"SPAR {cohort}: the Level 3 macro average is partial, over {text}")
+    if (column != "").any():
+        rows["macro_probes"] = column
+    for line in notes.values():
+        log.warning(line)
+    return rows, list(notes.values())
+
+
+def _why_dropped(probe: str, asked: set) -> str:
+    if probe in asked:
+        return "no question in its evaluated split"
+    if probe in PROBE_NEEDS:
+        return f"no slice of the cohort holds {PROBE_NEEDS[probe]}"
+    return "no question could be drawn"
 
 
 def spacing_notes(cohorts: dict) -> list[str]:
@@ -155,6 +206,8 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
             configs = configurations(name, setup.heads, p.modes or {}, p.combined or [])
         own = setup_for(setup, (p.by_encoder or {}).get(name) or {})
         rows = run_encoder(enc, samples, transfers, own, configs, device, cache_dir / "spar_tokens", job.dataset)
+        rows, notes = partial_macro(rows, {job.dataset: samples, **transfers})
+        write_notes(out_dir, notes)
         names = [config_label(name, h, m, labels, p.scratch or []) for h, m in zip(rows["head"], rows["mode"])]
         rows.insert(0, "label", [n[0] for n in names])
         rows.insert(1, "section", [n[1] for n in names])
