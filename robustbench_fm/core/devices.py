@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from .errors import InvalidSetting
+
 if TYPE_CHECKING:
     import torch
 
@@ -24,8 +26,6 @@ def check_device(device: str) -> str:
     they are (no torch import); a CUDA device this machine has not got (no CUDA build or driver,
     or an index past the last GPU) or a name torch does not know is one line naming ``device=``
     and the fix (instead of a torch error deep in the extraction)."""
-    from .errors import InvalidSetting
-
     text = str(device)
     if text in ("auto", "cpu"):
         return text

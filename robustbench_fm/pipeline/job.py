@@ -45,6 +45,7 @@ from ..core.tables import SweepResults
 from ..core.versions import VERSION_POLICIES
 from ..data import cards, prepared
 from ..data import manifest as mf
+from ..data.csv_manifest import no_findings_reason
 from ..data.images import BAD_IMAGE_POLICIES
 from ..data.sample import fixed_sample
 from ..encoders import generic
@@ -232,8 +233,6 @@ def _refuse_no_findings(cfg: DictConfig) -> None:
     """``dataset=csv`` whose finding auto-detection found no 0/1 column, for a stage that scores
     0/1 findings: one line naming each column it skipped and the value that kept it out (or the
     CSV's 0 rows), instead of the stage's "no finding to score"."""
-    from ..data.csv_manifest import no_findings_reason
-
     manifest = OmegaConf.select(cfg, "dataset.manifest", default=None)
     if str(cfg.dataset.get("name")) != "csv" or not manifest or not Path(str(manifest)).is_file():
         return
