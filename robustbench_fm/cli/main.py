@@ -22,7 +22,7 @@ from ..core.redact import install_log_redaction, redacted_yaml
 from ..core.tables import SweepResults
 from ..data import cards
 from ..encoders import generic
-from ..pipeline.experiment import bug_line, expand, is_unit, log_traceback, run_jobs
+from ..pipeline.experiment import JobsRefused, bug_line, check_jobs, expand, is_unit, log_traceback, run_jobs
 from ..report.compare import to_markdown, write_compare
 from ..report.comparisons import build as build_comparisons
 from ..report.comparisons import verdict
@@ -155,8 +155,9 @@ def compare(sweep_dir: str) -> int:
 
 
 def _remove_dry_run_folder(out: Path, output_root: Path) -> None:
-    """Hydra made the run folder (and its empty job log) before the job ran; a dry run leaves
-    nothing behind, nor the empty date folders above it, up to (not including) ``paths.output_root``."""
+    """Hydra made the run folder (and its empty job log) before the job ran; a dry run (and an
+    experiment none of whose jobs ran: a job's plan failed) leaves nothing behind, nor the empty
+    date folders above it, up to (not including) ``paths.output_root``."""
     for handler in list(logging.root.handlers):
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == out:
             handler.close()
@@ -190,7 +191,9 @@ def unit_config(cfg):
 def run_unit(full, cfg, run_dir: Path) -> int:
     """Run an experiment's jobs here (:func:`robustbench_fm.pipeline.experiment.run_jobs`) into
     ``run_dir``, or with ``dry_run=true`` list them; the exit code: 0, 1 when a job failed or a
-    requested table could not be built, 2 when nothing could be collected."""
+    requested table could not be built, 2 when a job's plan fails (each distinct problem printed
+    once with the jobs it stops; nothing runs and no run folder is left) or nothing could be
+    collected."""
     if cfg.dry_run:
         rc = dry_run_sweep(full, unit_dir=run_dir)
         _remove_dry_run_folder(run_dir, Path(cfg.paths.output_root))
@@ -199,6 +202,14 @@ def run_unit(full, cfg, run_dir: Path) -> int:
     if jobs is None:
         print(f"error: the sweeper {full.hydra.sweeper.get('_target_')} lists its jobs only under -m; "
               "run the experiment with -m", file=sys.stderr)
+        return 2
+    try:  # every job's names, data folders and options before the first one runs
+        check_jobs(jobs, run_dir)
+    except JobsRefused as exc:
+        for line in exc.lines:
+            print(f"error: {line}", file=sys.stderr)
+        print(f"error: {exc.summary}", file=sys.stderr)
+        _remove_dry_run_folder(run_dir, Path(cfg.paths.output_root))
         return 2
     name = full.hydra.runtime.choices.get("experiment")
     print(f"experiment {name}: {len(jobs)} jobs, one after another in this process, then the collect step, "
@@ -251,7 +262,7 @@ def _settings() -> tuple[set[str], list[str]]:
     import yaml
 
     def leaves(node, prefix: str) -> list[str]:
-        if not isinstance(node, dict):
+        if not isinstance(node, dict) or not node:  # an empty mapping ({}) takes keys below it
             return [prefix]
         return [p for k, v in node.items() if k != "defaults" for p in leaves(v, f"{prefix}.{k}" if prefix else k)]
 
@@ -385,17 +396,27 @@ def check_overrides(argv: list[str]) -> str | None:
         if unknown is not None:
             return f"{unknown} (in override '{text}')"
         top = key.split("@")[0].split("/")[0].split(".")[0]
+        value = text.partition("=")[2]
         if top in groups:  # most overrides: no YAML read
-            continue
+            if "." not in key or top == "hydra" or extra_dirs or "@" in key or "/" in key:
+                continue
+            if roots is None:
+                roots, paths = _settings()
+            if _known_path(key, paths):
+                continue
+            # Hydra would print "Could not override ... To append to your config use +key=value": a
+            # key nothing reads. The real key: the same last part, the closest path.
+            last = key.split(".")[-1]
+            same = [p for p in paths if p.split(".")[-1] == last]
+            close = difflib.get_close_matches(key, same, n=1, cutoff=0) if same else \
+                difflib.get_close_matches(key, paths, n=1)
+            hint = f"did you mean {close[0]}={value}?" if close else "print the settings with dry_run=true"
+            return f"there is no setting '{key}' (in override '{text}'); {hint}"
         if roots is None:
             roots, paths = _settings()
         if top in roots:
             continue
-        last = key.split(".")[-1]
-        close = [p for p in paths if p.split(".")[-1] == last] or difflib.get_close_matches(key, paths, n=3)
-        value = text.partition("=")[2]
-        hint = f"did you mean {' or '.join(f'{c}={value}' for c in close[:3])}?" if close else \
-            "print the settings with dry_run=true"
+        hint = _top_level_hint(key, value, override, paths, extra_dirs)
         return f"there is no setting '{key}' (in override '{text}'); {hint}"
     return None
 
@@ -423,6 +444,30 @@ def rank(folder: str) -> int:
     print(f"rank: {len(found.pairs)} paired comparisons -> {Path(folder) / 'comparisons.csv'}, "
           f"{Path(folder) / 'ranking.csv'}")
     return 0
+
+
+def _known_path(key: str, paths: list[str]) -> bool:
+    """Whether ``key`` is a setting of the shipped configs: a leaf, a node above leaves, or a key
+    below a leaf that holds a mapping, a list or null (``stage.params.transfer.<cohort>``)."""
+    return any(p == key or p.startswith(key + ".") or key.startswith(p + ".") for p in paths)
+
+
+def _top_level_hint(key: str, value: str, override, paths: list[str], extra_dirs: list[Path]) -> str:
+    """The fix for a top-level name that is no setting: a config group whose option ``value`` is
+    (``encodr=planted_sharp``: ``encoder=planted_sharp``) first, else settings ending in the same
+    name or spelled alike."""
+    import difflib
+
+    last = key.split(".")[-1]
+    if "." not in key:
+        for group in difflib.get_close_matches(key, sorted({*GROUPS, *(p.name for p in CONFIG_DIR.iterdir()
+                                                                        if p.is_dir())}), n=3):
+            options = group_options(CONFIG_DIR, group, extra_dirs) or []
+            if override.is_sweep_override() or str(override.value()) in options:
+                return f"did you mean {group}={value}?"
+    close = [p for p in paths if p.split(".")[-1] == last] or difflib.get_close_matches(key, paths, n=3)
+    return f"did you mean {' or '.join(f'{c}={value}' for c in close[:3])}?" if close else \
+        "print the settings with dry_run=true"
 
 
 def main() -> None:

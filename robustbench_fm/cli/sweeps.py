@@ -73,7 +73,7 @@ from ..pipeline.collect import (  # noqa: F401  (the collect step; importable fr
     collect_sweep,
     job_state,
 )
-from ..pipeline.experiment import expand, is_unit
+from ..pipeline.experiment import expand, is_unit, problem_lines  # noqa: F401  (importable from here)
 from .resolvers import register, sweep_values  # noqa: F401  (sweep_values: kept importable from here)
 
 log = logging.getLogger("robustbench_fm")
@@ -138,7 +138,7 @@ def dry_run_sweep(config: DictConfig, unit_dir: Path | None = None) -> int:
     problems: dict[str, list[int]] = {}  # one-line error -> the jobs it stops, in launch order
     for job in jobs:
         try:
-            app.plan(job["config"], job["overrides"])
+            app.plan(job["config"], job["overrides"], here="submitit" not in str(launcher.get("_target_", "")))
             verdict = "ok"
         except app.USER_ERRORS as exc:
             stopped = problems.setdefault(message(exc), [])
@@ -154,30 +154,6 @@ def dry_run_sweep(config: DictConfig, unit_dir: Path | None = None) -> int:
     distinct = f"{len(problems)} distinct problem{'s' if len(problems) != 1 else ''} above"
     print(f"nothing was launched (dry_run=true); {bad} of {len(jobs)} jobs would fail their checks ({distinct})")
     return 2
-
-
-#: at most this many runs of job numbers are listed per problem (the count is always exact)
-MAX_RUNS = 12
-
-
-def problem_lines(problems: dict[str, list[int]]) -> list[str]:
-    """One line per distinct problem of a dry run, in the order first met: its number (the job
-    lines say ``error (problem N)``), how many jobs it stops and which (runs of job numbers:
-    ``#0-2, #6-8``), and the one-line error itself, once."""
-    lines = []
-    for i, (text, nums) in enumerate(problems.items(), 1):
-        runs: list[list[int]] = []
-        for n in sorted(nums):
-            if runs and n == runs[-1][1] + 1:
-                runs[-1][1] = n
-            else:
-                runs.append([n, n])
-        shown = [f"#{a}" if a == b else f"#{a}-{b}" for a, b in runs[:MAX_RUNS]]
-        more = f", ... ({len(runs) - MAX_RUNS} more runs)" if len(runs) > MAX_RUNS else ""
-        jobs = f"{len(nums)} job{'s' if len(nums) != 1 else ''}"
-        lines.append(f"problem {i}, {jobs} ({', '.join(shown)}{more}): {text}")
-    return lines
-
 
 
 def panel_jobs(config: DictConfig) -> int:
@@ -216,7 +192,7 @@ def extraction_jobs(jobs: list[dict], n_jobs: int) -> list[dict]:
         if cfg.get("features_file") or int(cfg.extract.get("num_shards", 1)) > 1:
             continue
         try:
-            plan = app.plan(cfg, job["overrides"])
+            plan = app.plan(cfg, job["overrides"], here=False)
         except app.USER_ERRORS:
             continue
         if hasattr(stages.get(plan.stage), "run_job"):  # the stage drives the encoder itself

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from .errors import InvalidSetting
+
 if TYPE_CHECKING:
     import torch
 
@@ -17,6 +19,33 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+def check_device(device: str) -> str:
+    """``device`` as the user set it, checked before any data is read: ``auto`` and ``cpu`` as
+    they are (no torch import); a CUDA device this machine has not got (no CUDA build or driver,
+    or an index past the last GPU) or a name torch does not know is one line naming ``device=``
+    and the fix (instead of a torch error deep in the extraction)."""
+    text = str(device)
+    if text in ("auto", "cpu"):
+        return text
+    import torch
+
+    try:
+        parsed = torch.device(text)
+    except (RuntimeError, ValueError, TypeError):
+        raise InvalidSetting(f"device={text}: not a device torch knows; use device=auto (CUDA when present), "
+                             "device=cpu or device=cuda[:N]") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise InvalidSetting(f"device={text}: this machine has no usable CUDA device (torch {torch.__version__}"
+                                 f"{', built without CUDA' if torch.version.cuda is None else ''}); use device=cpu "
+                                 "or device=auto")
+        if parsed.index is not None and parsed.index >= count:
+            raise InvalidSetting(f"device={text}: this machine has {count} CUDA device{'s' if count != 1 else ''} "
+                                 f"(cuda:0 to cuda:{count - 1}); use one of those or device=auto")
+    return text
 
 
 def usable_cores() -> int:

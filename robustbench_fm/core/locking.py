@@ -304,9 +304,12 @@ class FileLock:
             time.sleep(pause)
 
     def _timeout_message(self, holder: LockHolder) -> str:
+        gone = f"if that process is gone, delete {self.path} and retry"
+        if not self.timeout:  # timeout=0: the caller does not wait (a run folder, a cache entry in use)
+            return f"lock {self.path} is held by {holder.describe()}; wait for that run to finish, or, {gone}"
         return (f"Timed out after {self.timeout:g}s waiting for lock {self.path}: it is held by "
-                f"{holder.describe()}. Wait for that run to finish (or pass a longer timeout), or, "
-                f"if that process is gone, delete {self.path} and retry.")
+                f"{holder.describe()}; wait for that run to finish (FileLock(timeout=<seconds>) waits longer), "
+                f"or, {gone}")
 
     def _stale_reason(self, h: LockHolder, now: float) -> str | None:
         """Why the lock file ``h`` is abandoned, or None if its holder may still be working."""

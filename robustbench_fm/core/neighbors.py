@@ -45,6 +45,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from .errors import InvalidSetting
 from .handover import HandedOver, hand_over  # noqa: F401  (hand_over: importable here)
 
 #: bytes of one block of rows :func:`l2_normalize` checks and measures at a time: its working set
@@ -78,11 +79,12 @@ def l2_normalize(x: np.ndarray, source: str = "features", dtype=np.float32) -> n
             n_bad += int(bad.sum())
         norms[lo:lo + step] = np.linalg.norm(block, axis=1, keepdims=True)
     if n_bad:
-        raise ValueError(f"{source}: row {first_bad} holds NaN/Inf ({n_bad} rows); re-extract those features")
+        raise InvalidSetting(f"{source}: row {first_bad} holds NaN/Inf ({n_bad} rows); re-extract those features "
+                             "or drop those rows")
     zero = norms[:, 0] == 0
     if zero.any():
         first_zero, n_zero = int(np.flatnonzero(zero)[0]), int(zero.sum())
-        raise ValueError(f"{source}: row {first_zero} is a zero vector ({n_zero} rows); cosine similarity is "
+        raise InvalidSetting(f"{source}: row {first_zero} is a zero vector ({n_zero} rows); cosine similarity is "
                          "undefined for it, drop or re-extract it")
     out = x if in_place and x.flags.writeable else np.empty_like(x)
     for lo in range(0, n, step):

@@ -84,6 +84,25 @@ def not_scored(summary: pd.DataFrame, column: str = "reason") -> list[str]:
     return lines
 
 
+#: a run folder's notes: what the run did differently from the default for some inputs (one per
+#: line), listed under the report's "Notes" (e.g. SPAR volumes whose spacing fell back to the 224 frame)
+NOTES_FILE = "notes.txt"
+
+
+def write_notes(out_dir: str | Path, notes: list[str]) -> None:
+    """Add ``notes`` (one line each, each kept once) to ``out_dir``'s :data:`NOTES_FILE`."""
+    if not notes:
+        return
+    lines = list(dict.fromkeys([*read_notes(out_dir), *(" ".join(str(n).split()) for n in notes)]))
+    write_text_atomic(Path(out_dir) / NOTES_FILE, "".join(f"{line}\n" for line in lines))
+
+
+def read_notes(out_dir: str | Path) -> list[str]:
+    """The run folder's notes (:func:`write_notes`); [] when it has none."""
+    path = Path(out_dir) / NOTES_FILE
+    return [line for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
 def without_single_group_pools(summary: pd.DataFrame) -> pd.DataFrame:
     """``summary`` without the pooled (``__pooled__``) rows that merely copy their only matched
     group's row: a pool is shown only where it pools two or more groups."""

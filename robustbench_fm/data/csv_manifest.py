@@ -49,6 +49,44 @@ def finding_columns(path: str | Path | None) -> list[str]:
     return [str(c) for c in table.columns if c not in canonical and _binary(table[c])]
 
 
+def _refuse_absolute(csv: Path, root: Path, paths: pd.Series) -> None:
+    """An absolute ``path``: one line with its form relative to ``dataset.root`` when it lies
+    inside the root, else saying to point the root at a folder holding every image."""
+    absolute = paths.astype(str).map(lambda p: Path(p).is_absolute())
+    if not absolute.any():
+        return
+    row = int(absolute.to_numpy().nonzero()[0][0])
+    given = Path(str(paths.iloc[row]))
+    try:
+        relative = given.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        relative = None
+    fix = (f"write it relative to dataset.root '{root}': '{relative}'" if relative is not None else
+           f"it is outside dataset.root '{root}': set dataset.root to a folder holding every image and write each "
+           "path relative to it")
+    raise mf.ManifestError(f"{csv}: column 'path', row {row}: '{given}' is an absolute path; {fix}")
+
+
+def no_findings_reason(path: str | Path) -> str:
+    """Why the CSV at ``path`` has no finding column (:func:`finding_columns` found none): its row
+    count when it has none, else each other column with the first value that kept it out."""
+    table = _read(Path(str(path)))
+    if table.empty:
+        return f"{path}: the CSV has 0 rows (only its header); add one row per image"
+    canonical = {*mf.STRING_COLUMNS, *mf.BOX_COLUMNS}
+    reasons = []
+    for col in (c for c in table.columns if c not in canonical):
+        values = pd.to_numeric(table[col], errors="coerce")
+        bad = table[col][(values.isna() & table[col].notna()) | (values.notna() & ~values.isin([0.0, 1.0]))]
+        shown = f"value '{bad.iloc[0]}'" if len(bad) else "no value"
+        reasons.append(f"column '{col}' was skipped ({shown}; a finding column holds 1, 0 or empty)")
+    if not reasons:
+        present = ", ".join(c for c in table.columns if c in canonical)
+        return f"{path}: no column besides {present}; add one 0/1 column per finding"
+    return (f"{path}: no finding column: {'; '.join(reasons[:5])}; recode one as 0/1 (1 positive, 0 negative), "
+            "or name the finding columns with dataset.findings=[...]")
+
+
 def build_csv(root: Path, manifest: str | Path | None = None, finding_columns: list[str] | None = None
               ) -> pd.DataFrame:
     """The canonical manifest of a user's CSV (the module docstring): ``path`` required, the
@@ -70,6 +108,10 @@ def build_csv(root: Path, manifest: str | Path | None = None, finding_columns: l
             raise mf.ManifestError(f"{path}: column '{finding}' missing for finding '{finding}'; add it (1 positive, "
                                    f"0 negative, empty unlabelled) or set dataset.findings=[...] to columns of the "
                                    f"CSV ({', '.join(c for c in columns if c not in mf.STRING_COLUMNS)[:200]})")
+    if table.empty:
+        raise mf.ManifestError(f"{path}: the CSV has 0 rows (only its header); add one row per image (path and "
+                               "one 0/1 column per finding)")
+    _refuse_absolute(path, Path(root), table["path"])
     out = table.copy()
     if "sample_id" not in out.columns:
         out["sample_id"] = out["path"]

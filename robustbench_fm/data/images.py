@@ -45,6 +45,13 @@ from .parquet_images import read_parquet_image
 #: (``extract.on_bad_image``): stop with the file named, or skip it and list it
 BAD_IMAGE_POLICIES = ("error", "skip")
 
+#: the smallest image extraction and the prepared-image store accept, in pixels on the short side
+#: (after the crop columns; docs/datasets.md, "Image size"): a smaller one (a 1 x 1 placeholder, a
+#: thumbnail) is an unreadable image under ``extract.on_bad_image`` (stop, or skip and list it in
+#: skipped.csv), not something to upsample to 224 and score. 16 px: the smallest tiles of the
+#: shipped datasets are 28 px (MNIST) and a ViT's patch is 14-16 px.
+MIN_IMAGE_SIDE = 16
+
 CROP_COLUMNS = ("crop_left", "crop_top", "crop_right", "crop_bottom")
 HDF5_SUFFIXES = (".h5", ".hdf5")
 DICOM_SUFFIXES = (".dcm", ".dicom")
@@ -196,6 +203,20 @@ def read_image(image_root: str | Path, row: dict) -> Image.Image:
                 raise
             im = _read_dicom(file, force=True)  # a DICOM data set without the Part-10 preamble
     return _crop(im, row)
+
+
+class ImageTooSmall(InvalidSetting):
+    """An image below :data:`MIN_IMAGE_SIDE` on its short side."""
+
+
+def check_size(im: Image.Image) -> Image.Image:
+    """``im`` when its short side is at least :data:`MIN_IMAGE_SIDE` px, else :class:`ImageTooSmall`
+    (extraction names the file, the manifest row and the sample_id)."""
+    w, h = im.size
+    if min(w, h) < MIN_IMAGE_SIDE:
+        raise ImageTooSmall(f"the image is {w}x{h} px, below the minimum of {MIN_IMAGE_SIDE} px on its short side "
+                            "(docs/datasets.md); remove the row, or set extract.on_bad_image=skip to leave it out")
+    return im
 
 
 def read_mask(file: str | Path) -> np.ndarray:

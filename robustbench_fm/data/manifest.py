@@ -88,11 +88,16 @@ def validate(df: pd.DataFrame, source: str = "<manifest>", findings: tuple[str, 
               "make each row's key unique (one row per image)")
     if "path" in out.columns:
         paths = out["path"].astype(str)
-        bad = paths.str.startswith(("/", "\\")) | paths.str.match(r"^[A-Za-z]:") \
-            | paths.str.contains(r"(?:^|[/\\])\.\.(?:[/\\]|$)")
-        if bad.any():
-            _fail(source, "path", _first_bad(bad), f"'{out.at[_first_bad(bad), 'path']}' leaves the dataset root",
-                  "store paths relative to the dataset root, without '..'")
+        absolute = paths.str.startswith(("/", "\\")) | paths.str.match(r"^[A-Za-z]:")
+        if absolute.any():
+            _fail(source, "path", _first_bad(absolute), f"'{out.at[_first_bad(absolute), 'path']}' is an absolute "
+                  "path", "store each path relative to the dataset root (dataset.root), e.g. 'images/a.png' for "
+                  "<dataset.root>/images/a.png")
+        climbs = paths.str.contains(r"(?:^|[/\\])\.\.(?:[/\\]|$)")
+        if climbs.any():
+            _fail(source, "path", _first_bad(climbs), f"'{out.at[_first_bad(climbs), 'path']}' climbs out of the "
+                  "dataset root with '..'", "store each path relative to the dataset root (dataset.root) and below "
+                  "it; point dataset.root at a folder holding every image")
     if "split" in out.columns:
         bad = ~out["split"].isin(SPLITS) & out["split"].notna()
         if bad.any():

@@ -82,7 +82,7 @@ from ..core.errors import InvalidSetting, UserError
 from ..core.locking import acquire_waiting
 from ..core.shards import META_NAME, SHARD_NAME, ShardedEntry, file_sha256, json_bytes, parquet_bytes
 from ..core.text import one_line
-from .images import BAD_IMAGE_POLICIES, CROP_COLUMNS, read_image
+from .images import BAD_IMAGE_POLICIES, CROP_COLUMNS, check_size, read_image
 
 log = logging.getLogger("robustbench_fm.data")
 
@@ -305,7 +305,7 @@ def _decode(job: tuple) -> tuple[bytes, str]:
     """(image_root, source record, size) -> (PNG bytes, '') or (b'', 'Type: message')."""
     image_root, rec, size = job
     try:
-        return encode_png(prepare_image(read_image(image_root, rec), size)), ""
+        return encode_png(prepare_image(check_size(read_image(image_root, rec)), size)), ""
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001  (reported by the caller, one line)

@@ -11,7 +11,7 @@ import pandas as pd
 from ..core.registry import Registry
 from . import manifest as mf
 from .cards import card_field
-from .files import DatasetFileMissing, UnknownOption, check_label_gaps, collect_label_gaps
+from .files import DatasetError, DatasetFileMissing, UnknownOption, check_label_gaps, collect_label_gaps
 from .images import locator_file
 
 
@@ -67,9 +67,32 @@ def register(adapter: Adapter) -> Adapter:
     return ADAPTERS.register(adapter.name, adapter)
 
 
+def check_options(name: str, options: dict) -> None:
+    """``dataset.options`` dataset ``name``'s adapter does not take: one line naming the first one,
+    the closest option it takes and the others (:func:`_check_options`); called by the pipeline's
+    plan before any data is read, and by :func:`build_manifest`. An adapter whose ``build`` takes
+    any keyword (the generated datasets: options it checks against the generator's record) is
+    checked against its ``generate``."""
+    adapter = get(name)
+    build = adapter.build
+    if adapter.generate is not None and _takes_any(build):
+        build = adapter.generate
+    _check_options(name, build, options)
+
+
+def _takes_any(fn: Callable) -> bool:
+    try:
+        return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+
+
 def _check_options(name: str, build: Callable, options: dict) -> None:
     """``dataset.options`` the adapter's ``build`` does not take fail with one line naming the
-    first one and the options it takes (instead of Python's "unexpected keyword argument")."""
+    first one, the closest option it takes and the others (instead of Python's "unexpected keyword
+    argument", or a key added with ``+`` that nothing reads)."""
+    import difflib
+
     try:
         params = list(inspect.signature(build).parameters.values())[1:]  # after root
     except (TypeError, ValueError):  # no signature to read (a builtin): the call reports it
@@ -80,7 +103,9 @@ def _check_options(name: str, build: Callable, options: dict) -> None:
     unknown = [k for k in options if k not in accepted]
     if unknown:
         takes = f"it takes {', '.join(accepted)}" if accepted else "it takes no options"
-        raise UnknownOption(f"dataset '{name}': no option dataset.options.{unknown[0]}; {takes}; "
+        close = difflib.get_close_matches(str(unknown[0]), accepted, n=1)
+        mean = f"did you mean dataset.options.{close[0]}? " if close else ""
+        raise UnknownOption(f"dataset '{name}': no option dataset.options.{unknown[0]}; {mean}{takes}; "
                             "remove it or fix its name")
 
 
@@ -105,13 +130,26 @@ def build_manifest(name: str, root: str | Path, verify_images: bool = True,
         built = adapter.build(root, **options)
     check_label_gaps(gaps, findings)
     df = mf.validate(built, source=f"{name}@{root}", findings=adapter.findings)
+    if df.empty:
+        raise DatasetError(f"dataset '{name}': the manifest has 0 rows (nothing under '{root}' matched); check "
+                           "dataset.root and dataset.options")
     if verify_images and "path" in df.columns:
 
         files = pd.Series(pd.unique(df["path"].map(locator_file)))
         found = set(files[files.map(lambda p: (root / p).is_file())])
-        exists = df["path"].map(locator_file).isin(found)
+        located = df["path"].map(locator_file)
+        exists = located.isin(found)
+        folders = ~exists & located.map(lambda p: (root / p).is_dir())
+        if folders.any():
+            row = int(folders.to_numpy().nonzero()[0][0])
+            raise DatasetError(f"dataset '{name}': {int(folders.sum())} of {len(df)} paths are folders, not image "
+                               f"files, first '{df['path'].iloc[row]}' (row {row}); name each image file under "
+                               f"'{root}'")
         if not exists.all():
-            first = df["path"][~exists].iloc[0]
-            raise DatasetFileMissing(f"dataset '{name}': {int((~exists).sum())} of {len(df)} images missing "
-                                     f"under '{root}', first '{first}'; fix dataset.root or pass verify_images=False")
+            row = int((~exists).to_numpy().nonzero()[0][0])
+            raise DatasetFileMissing(
+                f"dataset '{name}': {int((~exists).sum())} of {len(df)} images missing under '{root}', first "
+                f"'{df['path'].iloc[row]}' (row {row}); fix dataset.root, or set dataset.verify_images=false (Python: "
+                "verify_images=False) to run without them: the run then stops at the first missing image unless "
+                "extract.on_bad_image=skip, which leaves them out and lists them in skipped.csv")
     return df

@@ -38,7 +38,7 @@ from torch.utils.data import Dataset
 from ..core.devices import usable_cores
 from ..core.errors import InvalidSetting, UserError
 from ..core.text import one_line
-from ..data.images import BAD_IMAGE_POLICIES, read_image
+from ..data.images import BAD_IMAGE_POLICIES, check_size, read_image
 from .cache import FeatureCache, FeatureCacheError
 from .occlusion import occlude_row
 
@@ -90,9 +90,10 @@ class FeatureSet:
 
 def default_reader(image_root: Path, row: dict) -> Image.Image:
     """The row's image as 'L' or 'RGB', decoded eagerly: :func:`robustbench_fm.data.images.read_image`
-    (PNG 8/16-bit, JPEG, TIFF, DICOM with its LUTs, HDF5/NPZ rows, crop columns)."""
+    (PNG 8/16-bit, JPEG, TIFF, DICOM with its LUTs, HDF5/NPZ rows, crop columns), at least
+    :data:`~robustbench_fm.data.images.MIN_IMAGE_SIDE` px on its short side (:func:`check_size`)."""
 
-    return read_image(image_root, row)
+    return check_size(read_image(image_root, row))
 
 
 def default_num_workers(device: torch.device | str) -> int:

@@ -160,9 +160,17 @@ def align_features(sample_ids, embeddings: np.ndarray, manifest: pd.DataFrame, s
         raise InvalidSetting(f"{source}: {len(missing)} manifest rows have no features, first sample_id "
                          f"'{missing[0]}'; extract them or drop them from the manifest")
     emb = np.asarray(embeddings, dtype=np.float32)
-    if len(pos) == len(emb) and (pos == np.arange(len(pos))).all():
-        return emb  # already in manifest order (a view of this manifest): no second copy
-    return emb[pos]
+    aligned = emb if len(pos) == len(emb) and (pos == np.arange(len(pos))).all() else emb[pos]
+    # a NaN/Inf row spreads through a sum (float64: no overflow of finite float32 values)
+    bad = ~np.isfinite(aligned.sum(axis=1, dtype=np.float64))
+    zero = ~bad & ~aligned.any(axis=1)
+    for rows, what in ((bad, "hold NaN/Inf"), (zero, "are a zero vector (cosine similarity is undefined for it)")):
+        if rows.any():
+            first = int(np.flatnonzero(rows)[0])
+            raise InvalidSetting(f"{source}: the features of sample_id '{manifest['sample_id'].iloc[first]}' "
+                                 f"{what} ({int(rows.sum())} of {len(rows)} manifest rows); re-extract them or drop "
+                                 "those rows from the manifest")
+    return aligned  # in manifest order (already so: a view, no second copy)
 
 
 def _view_chunks(entry: Path) -> list[Path]:

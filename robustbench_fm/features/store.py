@@ -183,7 +183,8 @@ class FileHashes:
 
 def _pixel_part(manifest: pd.DataFrame) -> list[str]:
     cols = [c for c in PIXEL_COLUMNS if c in manifest.columns]
-    loc = manifest["path"].astype(str).str.partition("#")[2].to_numpy()
+    # str.partition of an empty column has no column 2: map (a manifest of 0 rows has 0 parts)
+    loc = manifest["path"].astype(str).map(lambda p: p.partition("#")[2]).to_numpy()
     if not cols:
         return list(loc)
     vals = manifest[cols].astype(object).where(manifest[cols].notna(), None).to_numpy()

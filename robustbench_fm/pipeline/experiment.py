@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from .. import methods
 from ..core.atomic import write_text_atomic
-from ..core.errors import message
+from ..core.errors import UserError, message
 from ..data.cards import CONFIG_DIR
 from ..report.comparisons import read as read_comparisons
 from ..report.comparisons import verdict
@@ -165,6 +165,61 @@ def run_jobs(jobs: list[dict], run_dir: str | Path, debug: bool = False) -> Unit
     return result
 
 
+#: at most this many runs of job numbers are listed per problem (the count is always exact)
+MAX_RUNS = 12
+
+
+def problem_lines(problems: dict[str, list[int]]) -> list[str]:
+    """One line per distinct problem of a set of jobs, in the order first met: its number (a dry
+    run's job lines say ``error (problem N)``), how many jobs it stops and which (runs of job
+    numbers: ``#0-2, #6-8``), and the one-line error itself, once."""
+    lines = []
+    for i, (text, nums) in enumerate(problems.items(), 1):
+        runs: list[list[int]] = []
+        for n in sorted(nums):
+            if runs and n == runs[-1][1] + 1:
+                runs[-1][1] = n
+            else:
+                runs.append([n, n])
+        shown = [f"#{a}" if a == b else f"#{a}-{b}" for a, b in runs[:MAX_RUNS]]
+        more = f", ... ({len(runs) - MAX_RUNS} more runs)" if len(runs) > MAX_RUNS else ""
+        jobs = f"{len(nums)} job{'s' if len(nums) != 1 else ''}"
+        lines.append(f"problem {i}, {jobs} ({', '.join(shown)}{more}): {text}")
+    return lines
+
+
+class JobsRefused(UserError):
+    """Some jobs of an experiment fail their plan (:func:`check_jobs`): nothing ran. ``lines``: each
+    distinct problem once with the jobs it stops (:func:`problem_lines`); the message is one line
+    holding them all."""
+
+    def __init__(self, problems: dict[str, list[int]], n_jobs: int):
+        self.problems = problems
+        self.lines = problem_lines(problems)
+        bad = sum(len(v) for v in problems.values())
+        self.summary = (f"nothing was run: {bad} of {n_jobs} jobs fail their checks ({len(problems)} distinct "
+                        f"problem{'s' if len(problems) != 1 else ''}); dry_run=true lists every job")
+        super().__init__(f"{self.summary}: " + "; ".join(self.lines))
+
+
+def check_jobs(jobs: list[dict], run_dir: Path | None = None) -> None:
+    """Every job's plan (names, data folders, options: :func:`.job.plan`) before the first one runs;
+    the jobs ``run_dir`` already holds as done are skipped (a resumed run does not run them again).
+    Raises :class:`JobsRefused` naming each distinct problem once with the jobs it stops (a missing
+    dataset folder is one line, not one per job)."""
+    problems: dict[str, list[int]] = {}
+    for job in jobs:
+        if run_dir is not None and job_state(Path(run_dir) / job["dir"])[0] == "done":
+            continue
+        cfg, _, _ = task_config(job["config"])
+        try:
+            pipeline_job.plan(cfg, list(job["overrides"]))
+        except pipeline_job.USER_ERRORS as exc:
+            problems.setdefault(message(exc), []).append(job["num"])
+    if problems:
+        raise JobsRefused(problems, len(jobs))
+
+
 def log_traceback(handler: logging.Handler, text: str) -> None:
     """The exception being handled, with its traceback, written to ``handler`` alone (a log file;
     the console gets the one line)."""
@@ -239,9 +294,7 @@ def run_experiment(experiment: str, overrides: list[str] | tuple[str, ...] = (),
             tables = {p.stem: pd.read_csv(p) for p in sorted((target / "tables").glob("*.csv"))}
             return Outcome(target, tables, summary, [])
         jobs = expand(full, with_configs=True)
-    for job in jobs:  # every job's names, data folders and options, before the first one runs
-        cfg, _, _ = task_config(job["config"])
-        pipeline_job.plan(cfg, job["overrides"])
+    check_jobs(jobs, target)  # every job's names, data folders and options, before the first one runs
     result = run_jobs(jobs, target)
     collected = result.collected
     errors = list(result.errors)

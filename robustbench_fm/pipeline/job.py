@@ -35,8 +35,9 @@ if TYPE_CHECKING:  # the feature engine imports torch: a plan, a dry run and its
 from .. import data, encoders, methods
 from .. import methods as stages
 from ..core.atomic import write_atomic, write_text_atomic
+from ..core.devices import check_device
 from ..core.errors import InvalidSetting, MissingInput, UnknownName, UserError
-from ..core.locking import FileLock
+from ..core.locking import FileLock, LockTimeout
 from ..core.redact import redact_config, redacted_yaml
 from ..core.results import not_scored, to_markdown, without_interval, without_single_group_pools
 from ..core.shards import META_NAME
@@ -44,6 +45,7 @@ from ..core.tables import SweepResults
 from ..core.versions import VERSION_POLICIES
 from ..data import cards, prepared
 from ..data import manifest as mf
+from ..data.csv_manifest import no_findings_reason
 from ..data.images import BAD_IMAGE_POLICIES
 from ..data.sample import fixed_sample
 from ..encoders import generic
@@ -229,6 +231,18 @@ def _require_settings(cfg: DictConfig) -> None:
         raise InvalidSetting(f"{key} is not set: {hint}")
 
 
+def _refuse_no_findings(cfg: DictConfig) -> None:
+    """``dataset=csv`` whose finding auto-detection found no 0/1 column, for a stage that scores
+    0/1 findings: one line naming each column it skipped and the value that kept it out (or the
+    CSV's 0 rows), instead of the stage's "no finding to score"."""
+    manifest = OmegaConf.select(cfg, "dataset.manifest", default=None)
+    if str(cfg.dataset.get("name")) != "csv" or not manifest or not Path(str(manifest)).is_file():
+        return
+    if not label_columns(str(cfg.stage.name), ["finding"])[0]:  # a stage of categorical labels
+        return
+    raise InvalidSetting(no_findings_reason(manifest))
+
+
 def _refuse_encoder_field(cfg: DictConfig, cli_overrides: list[str] | None) -> None:
     """``encoder.name=<x>`` does not choose the encoder (the group does, and only ``encoder=``
     overrides an experiment's panel): one line saying to use ``encoder=<x>``, with the registry's
@@ -314,8 +328,10 @@ def _encoder_settings(cfg: DictConfig) -> EncoderSettings:
                            embedding=enc.get("embedding"), batch_size=batch_size)
 
 
-def _extract_options(cfg: DictConfig) -> ExtractOptions:
-    """``extract.*``, ``device`` and the remote-code policy, each checked (one line naming the key)."""
+def _extract_options(cfg: DictConfig, here: bool = True) -> ExtractOptions:
+    """``extract.*``, ``device`` and the remote-code policy, each checked (one line naming the key;
+    ``here``: the job runs in this process, so a CUDA device must be here:
+    :func:`robustbench_fm.core.devices.check_device`)."""
     x = cfg.extract
 
     def count(key: str, value, least: int) -> int:
@@ -339,8 +355,53 @@ def _extract_options(cfg: DictConfig) -> ExtractOptions:
     return ExtractOptions(batch_size=count("batch_size", x.batch_size, 1), num_workers=workers,
                           shard_size=count("shard_size", x.shard_size, 1), on_bad_image=policy,
                           num_shards=count("num_shards", x.get("num_shards", 1), 1),
-                          shard=count("shard", x.get("shard", 0), 0), device=str(cfg.device),
+                          shard=count("shard", x.get("shard", 0), 0),
+                          device=check_device(str(cfg.device)) if here else str(cfg.device),
                           allow_remote_code=bool(cfg.security.allow_remote_code), on_version_change=versions)
+
+
+#: the keys of the ``stage`` node (:func:`robustbench_fm.cli.configstore.stage_node`); its ``params``
+#: are checked by the stage's parameter class (:func:`robustbench_fm.methods.check`)
+STAGE_KEYS = ("name", "findings", "params")
+#: the keys an ``encoder`` node may hold: a registry entry's and a generic entry's (``model``,
+#: ``pretrained``; robustbench_fm/cli/configstore.py) and the options :class:`EncoderSettings` reads
+ENCODER_KEYS = ("name", "model", "pretrained", "weights", "tile_weights", "embedding", "batch_size")
+
+
+def _leaves(node, prefix: str) -> list[str]:
+    if OmegaConf.is_dict(node) and len(node):
+        return [p for k in node for p in _leaves(node._get_node(k), f"{prefix}.{k}")]
+    return [prefix]
+
+
+def _refuse_unknown_keys(cfg: DictConfig) -> None:
+    """A key under ``stage``, ``extract``, ``encoder`` or ``dataset.options`` that nothing reads
+    (``+stage.parms.k=3``, the fix Hydra itself prints for a typo, adds one and the run would
+    use the default): one line naming it and the closest real key. ``stage.params`` are checked
+    by the stage (:func:`robustbench_fm.methods.check`), ``dataset.options`` by the adapter's
+    signature (:func:`robustbench_fm.data.registry.check_options`); ``extract``'s keys are those
+    of the shipped ``configs/config.yaml``, ``dataset``'s those of the shipped dataset cards."""
+    import difflib
+
+    extract_keys = tuple(OmegaConf.load(cards.CONFIG_DIR / "config.yaml").extract.keys())
+    dataset_keys = tuple(sorted({str(k) for card in (cards.CONFIG_DIR / "dataset").glob("*.yaml")
+                                 for k in (OmegaConf.load(card) or {})}))
+    for node, known in (("stage", STAGE_KEYS), ("extract", extract_keys), ("encoder", ENCODER_KEYS),
+                        ("dataset", dataset_keys)):
+        value = cfg.get(node)
+        if not OmegaConf.is_dict(value):
+            continue
+        for key in value:
+            if str(key) in known:
+                continue
+            close = difflib.get_close_matches(str(key), known, n=1)
+            # the leaf under the typo: +stage.parms.k=3 -> stage.params.k=3
+            leaf = _leaves(value._get_node(key), f"{node}.{key}")[0]
+            shown = OmegaConf.select(cfg, leaf, throw_on_resolution_failure=False)
+            meant = (leaf.replace(f"{node}.{key}", f"{node}.{close[0]}", 1) if close else None)
+            hint = (f"did you mean {meant}={shown}? (without '+': a '+' adds a key nothing reads)" if close
+                    else f"{node} holds {', '.join(known)}")
+            raise InvalidSetting(f"unknown setting {leaf}: the run would ignore it; {hint}")
 
 
 def _param_overrides(cfg: DictConfig) -> dict[str, str]:
@@ -414,21 +475,26 @@ def job_manifest(cfg: DictConfig) -> pd.DataFrame:
     cached features with it: :meth:`robustbench_fm.core.tables.SweepResults.manifest`): the
     :func:`load_manifest` of its :func:`plan`; a bring-your-own-features job's is its
     ``manifest_file``."""
-    return load_manifest(plan(cfg))
+    return load_manifest(plan(cfg, here=False))
 
 
 # ------------------------------------------------------- the plan: the one reader of the config
 
 def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool = False,
-         experiment: str | None = None) -> Plan:
+         experiment: str | None = None, here: bool = True) -> Plan:
     """The job's typed run configuration: read ``cfg`` once, validating names and options
-    (one-line errors) without touching data or models."""
+    (one-line errors) without touching data or models. ``here``: the job will run in this process
+    (``device=cuda`` needs a CUDA device here); False where it runs elsewhere (a launcher's node,
+    a finished job's manifest)."""
 
     stages.load_plugins(cfg.get("plugins") or [])  # a sweep's job processes import them again
     _require_settings(cfg)
     _refuse_encoder_field(cfg, cli_overrides)
     stages.method(cfg.stage.name)  # the name; its module (torch) is imported when the stage runs
+    _refuse_unknown_keys(cfg)  # +stage.parms.k=3 would run with the default k
     findings = list(cfg.stage.findings)
+    if not findings and not cfg.get("features_file"):
+        _refuse_no_findings(cfg)
     params = OmegaConf.to_container(cfg.stage.params, resolve=True)
     stages.check(cfg.stage.name, params)  # names, types (k=abc: one line naming the type) and values, once
     common = dict(multirun=multirun, experiment=experiment, params=params, param_overrides=_param_overrides(cfg),
@@ -438,12 +504,13 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool
                   report=ReportOptions(tuple(str(t) for t in (OmegaConf.select(cfg, "report.tables", default=None)
                                                               or []))),
                   paths=Paths(Path(str(cfg.paths.cache_dir)), resolved_prepared_dir(cfg)),
-                  extract=_extract_options(cfg), cli_overrides=tuple(cli_overrides or ()))
+                  extract=_extract_options(cfg, here), cli_overrides=tuple(cli_overrides or ()))
     if cfg.get("features_file"):
         encoder, dataset = features_names(cfg)
         return Plan(dataset, None, [encoder], cfg.stage.name, findings, Path(cfg.features_file),
                     config=_config_record(cfg), **common)
     data.get(cfg.dataset.name)
+    data.registry.check_options(str(cfg.dataset.name), _dataset_options(cfg))  # +dataset.options.nn=3
     root = Path(cfg.dataset.root)
     generate = bool(cfg.dataset.get("generate"))
     if not root.is_dir() and not (generate and data.get(cfg.dataset.name).generate):
@@ -611,7 +678,7 @@ def recorded(out_dir: Path, **fields):
     error or ``interrupted`` (Ctrl-C), with the wall-clock ``start`` and ``end`` and ``fields``
     (e.g. a sweep's extraction job adds its pid and host). Used by :func:`run` and by a sweep's
     panel-extraction jobs (:func:`.sweeps.run_extraction`)."""
-    with FileLock(out_dir / ".lock", timeout=0):
+    with _folder_lock(out_dir):
         if _read_status(out_dir) == "running":  # we hold the lock, so whoever wrote that is gone
             log.warning("%s: the previous run there was interrupted; running it again", out_dir)
         started = time.time()
@@ -628,6 +695,25 @@ def recorded(out_dir: Path, **fields):
                          start=started, end=time.time(), **fields)
             raise
         write_status(out_dir, "done", start=started, end=time.time(), **fields)
+
+
+@contextlib.contextmanager
+def _folder_lock(out_dir: Path):
+    """``out_dir/.lock``, held for the block; a folder another live run holds is one line naming
+    that run and the setting that picks another folder (no wait: two runs never share a folder)."""
+    lock = FileLock(out_dir / ".lock", timeout=0)
+    try:
+        lock.acquire()
+    except LockTimeout as busy:
+        holder = busy.holder.describe() if busy.holder is not None else "another run"
+        raise LockTimeout(f"run folder {out_dir} is in use by {holder}: two runs never share a folder; wait for "
+                          "that run to finish (then the same command resumes), or run into another folder with "
+                          f"hydra.run.dir=<folder>; if that process is gone, delete {out_dir / '.lock'}",
+                          busy.holder) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _read_status(out_dir: Path) -> str | None:

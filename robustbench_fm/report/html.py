@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from .. import methods
 from ..core.atomic import write_text_atomic
 from ..core.errors import InvalidSetting
-from ..core.results import cell_text, without_interval
+from ..core.results import cell_text, read_notes, without_interval
 from ..core.results import not_scored as summary_reasons
 from ..core.results import to_markdown as frame_markdown
 from ..core.tables import PaperTable, SweepResults
@@ -471,7 +471,8 @@ def run_report(out_dir: Path, config_yaml: str, long: pd.DataFrame, seconds: flo
     overview, stages, datasets, encoders = _overview(long, cfg, out_dir)
     return Report(title=report_title(experiment, stages, datasets, encoders), config_yaml=config_yaml,
                   summary=summary_table(long), figures=figs, runtime_s=seconds, cache=cache_hits([out_dir]),
-                  notes=notes, overview=overview, runtime_note="this run, from its start to this report",
+                  notes=read_notes(out_dir) + notes, overview=overview,
+                  runtime_note="this run, from its start to this report",
                   guide=how_to_read(stages, cfg), by_encoder=encoder_summary(long),
                   not_scored=not_scored(results, stages), no_interval=no_interval(results, stages),
                   experiment_notes=_experiment_notes(cfg, encoders), **which_encoder(out_dir))

@@ -47,3 +47,24 @@ def test_no_autocast_and_no_pinning_on_cpu():
     with enc.autocast():
         assert not torch.is_autocast_enabled()
     assert enc.embed(torch.zeros(2, 3, 32, 32)).dtype == torch.float32
+
+
+@pytest.mark.parametrize("device, count, message", [
+    ("cuda", 0, "device=cuda: this machine has no usable CUDA device"),
+    ("cuda:1", 0, "device=cuda:1: this machine has no usable CUDA device"),
+    ("cuda:2", 2, "device=cuda:2: this machine has 2 CUDA devices (cuda:0 to cuda:1); use one of those"),
+    ("cud", 0, "device=cud: not a device torch knows; use device=auto"),
+])
+def test_a_device_this_machine_has_not_got_is_one_user_error(monkeypatch, device, count, message):
+    """Issue 41 item 7: device=cuda without CUDA was a torch error deep in the extraction, printed as a bug."""
+    from robustbench_fm.core.devices import check_device
+    from robustbench_fm.core.errors import InvalidSetting
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    with pytest.raises(InvalidSetting) as err:
+        check_device(device)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert check_device("cuda") == "cuda" and check_device("cuda:0") == "cuda:0" and check_device("auto") == "auto"

@@ -48,11 +48,18 @@ def test_pickled_code_in_a_checkpoint_is_never_run(tmp_path, name):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("path", ["/etc/passwd", "../../etc/passwd", "imgs/../../x.png"])
-def test_manifest_paths_cannot_escape_the_root(tmp_path, path):
+@pytest.mark.parametrize("path, problem", [
+    ("/etc/passwd", "'/etc/passwd' is an absolute path; store each path relative to the dataset root"),
+    ("../../etc/passwd", "'../../etc/passwd' climbs out of the dataset root with '..'"),
+    ("imgs/../../x.png", "'imgs/../../x.png' climbs out of the dataset root with '..'"),
+])
+def test_manifest_paths_cannot_escape_the_root(tmp_path, path, problem):
+    """Issue 41 item 10: the message says the real rule (an absolute path, even one inside the
+    root, is refused as absolute; '..' as climbing out)."""
     pd.DataFrame({"sample_id": ["a"], "path": [path]}).to_csv(tmp_path / "m.csv", index=False)
-    with pytest.raises(mf.ManifestError, match="leaves the dataset root"):
+    with pytest.raises(mf.ManifestError) as err:
         mf.read(tmp_path / "m.csv")
+    assert f"column 'path', row 0: {problem}" in str(err.value)
 
 
 def test_log_lines_mask_tokens(caplog):

@@ -65,3 +65,38 @@ def test_a_missing_manifest_is_a_user_error_naming_the_setting(tmp_path):
         data.build_manifest("csv", tmp_path, verify_images=False, manifest=tmp_path / "nope.csv")
     assert isinstance(err.value, (UserError, FileNotFoundError))
     assert str(err.value) == f"{tmp_path / 'nope.csv'}: file not found; set dataset.manifest=<labels.csv>"
+
+
+def test_an_empty_csv_says_it_has_0_rows(tmp_path):
+    """Issue 41 item 5: with dataset.findings=[marker] it ended in "KeyError: 2 ... this is a bug"."""
+    path = _csv(tmp_path, pd.DataFrame({"path": [], "marker": []}))
+    with pytest.raises(ManifestError) as err:
+        data.build_manifest("csv", tmp_path, manifest=path, finding_columns=["marker"])
+    assert str(err.value) == (f"{path}: the CSV has 0 rows (only its header); add one row per image (path and one "
+                              "0/1 column per finding)")
+    assert csv_manifest.no_findings_reason(path) == (f"{path}: the CSV has 0 rows (only its header); add one row per "
+                                                     "image")
+
+
+@pytest.mark.parametrize("values, shown", [([0, 1, 2, 1], "value '2'"), (["yes", "no", "no", "yes"], "value 'yes'")])
+def test_a_column_the_finding_detection_skips_is_named_with_the_value_that_kept_it_out(tmp_path, values, shown):
+    """Issue 41 item 6: the error talked about dataset=pool and pneumothorax."""
+    path = _csv(tmp_path, pd.DataFrame({"path": [f"{i}.png" for i in range(4)], "grade": values}))
+    assert csv_manifest.finding_columns(path) == []
+    assert csv_manifest.no_findings_reason(path) == (
+        f"{path}: no finding column: column 'grade' was skipped ({shown}; a finding column holds 1, 0 or empty); "
+        "recode one as 0/1 (1 positive, 0 negative), or name the finding columns with dataset.findings=[...]")
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_an_absolute_path_is_refused_with_its_relative_form(tmp_path, inside):
+    """Issue 41 item 10: an absolute path inside the root was refused as leaving the root "without '..'"."""
+    root = tmp_path / "imgs"
+    root.mkdir()
+    given = (root / "a" / "x.png") if inside else (tmp_path / "elsewhere.png")
+    path = _csv(tmp_path, pd.DataFrame({"path": ["b.png", str(given)], "m": [0, 1]}))
+    with pytest.raises(ManifestError) as err:
+        data.build_manifest("csv", root, verify_images=False, manifest=path, finding_columns=["m"])
+    fix = (f"write it relative to dataset.root '{root}': 'a/x.png'" if inside else
+           f"it is outside dataset.root '{root}': set dataset.root to a folder holding every image")
+    assert str(err.value).startswith(f"{path}: column 'path', row 1: '{given}' is an absolute path; {fix}")

@@ -13,7 +13,8 @@ def test_an_option_the_adapter_does_not_take_names_it_and_the_ones_it_takes(tmp_
     with pytest.raises(UnknownOption) as err:
         build_manifest("nct_crc", tmp_path, subset=["CRC-VAL-HE-7K"])  # the option is `subsets`
     assert isinstance(err.value, (UserError, TypeError))
-    assert str(err.value) == ("dataset 'nct_crc': no option dataset.options.subset; it takes subsets; "
+    assert str(err.value) == ("dataset 'nct_crc': no option dataset.options.subset; did you mean "
+                              "dataset.options.subsets? it takes subsets; "
                               "remove it or fix its name")
     assert len(build_manifest("nct_crc", tmp_path, subsets=["CRC-VAL-HE-7K"])) == 5  # the right name still works
 
@@ -28,5 +29,22 @@ def test_a_missing_root_and_missing_images_name_the_folder_and_the_setting(tmp_p
     (tmp_path / "b.png").write_bytes(b"")  # present: the check is for files, not their contents
     with pytest.raises(DatasetFileMissing) as err:
         build_manifest("csv", tmp_path, manifest=tmp_path / "labels.csv", finding_columns=["marker"])
-    assert str(err.value) == (f"dataset 'csv': 1 of 2 images missing under '{tmp_path}', first 'a.png'; "
-                              "fix dataset.root or pass verify_images=False")
+    # issue 41 item 11: the command line's form, and what the run then does at that image
+    assert str(err.value) == (f"dataset 'csv': 1 of 2 images missing under '{tmp_path}', first 'a.png' (row 0); "
+                              "fix dataset.root, or set dataset.verify_images=false (Python: verify_images=False) to "
+                              "run without them: the run then stops at the first missing image unless "
+                              "extract.on_bad_image=skip, which leaves them out and lists them in skipped.csv")
+
+
+def test_a_path_naming_a_folder_is_not_reported_as_missing(tmp_path):
+    """Issue 41 item 10: a row whose path is a folder was "missing"."""
+    from robustbench_fm.data.files import DatasetError
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "b.png").write_bytes(b"")
+    (tmp_path / "labels.csv").write_text("path,marker\nb.png,1\nsub,0\n")
+    with pytest.raises(DatasetError) as err:
+        build_manifest("csv", tmp_path, manifest=tmp_path / "labels.csv", finding_columns=["marker"])
+    assert not isinstance(err.value, FileNotFoundError)
+    assert str(err.value) == (f"dataset 'csv': 1 of 2 paths are folders, not image files, first 'sub' (row 1); "
+                              f"name each image file under '{tmp_path}'")

@@ -75,3 +75,27 @@ def test_duplicated_manifest_rows_are_refused():
     m.loc[9, "sample_id"] = "s8"
     one_line_error(ValueError, lambda: robustbench_fm.evaluate("candor", features(), m, finding="finding"),
                    "column 'sample_id', row 9: duplicate key")
+
+
+@pytest.mark.parametrize("row, value, what", [(3, np.nan, "hold NaN/Inf"), (5, 0.0, "are a zero vector")])
+def test_nan_or_zero_rows_in_a_users_feature_file_are_a_user_error_naming_the_file_and_sample(tmp_path, row, value,
+                                                                                                 what):
+    """Issue 41 item 7: printed as "this is a bug in robustbench_fm" (a plain ValueError) before."""
+    from robustbench_fm.core.errors import UserError
+
+    x = features()
+    x[row] = value
+    write_parquet(tmp_path / "f.parquet", [f"s{i}" for i in range(40)], x)
+    text = one_line_error(UserError, lambda: robustbench_fm.evaluate("candor", tmp_path / "f.parquet", manifest(),
+                                                                     finding="finding"), what)
+    assert text.startswith(f"{tmp_path / 'f.parquet'}: the features of sample_id 's{row}' {what}")
+    assert "(1 of 40 manifest rows)" in text
+
+
+def test_nan_rows_of_an_in_memory_matrix_are_a_user_error():
+    from robustbench_fm.core.errors import UserError
+
+    x = features()
+    x[7, 2] = np.nan
+    one_line_error(UserError, lambda: robustbench_fm.evaluate("candor", x, manifest(), finding="finding"),
+                   "row 7 holds NaN/Inf")

@@ -193,3 +193,29 @@ def test_policy_is_checked(data, encoder, tmp_path):
     clean_root, manifest, _, _ = data
     with pytest.raises(ValueError, match="on_bad_image must be one of error, skip"):
         extract(encoder, manifest, clean_root, tmp_path, on_bad_image="ignore", progress=False)
+
+
+@pytest.mark.parametrize("size", [(1, 1), (15, 40)])
+def test_an_image_below_the_minimum_size_stops_or_is_skipped_and_listed(data, encoder, tmp_path, size):
+    """Issue 41 item 3: a 1x1 image was embedded and scored like a radiograph. Below
+    MIN_IMAGE_SIDE (16 px) on its short side it is refused naming the file and row, or skipped
+    under on_bad_image=skip and listed in skipped.csv; 16 px exactly is read."""
+    from robustbench_fm.data.images import MIN_IMAGE_SIDE
+
+    clean_root, manifest, _, _ = data
+    root = tmp_path / "root"
+    shutil.copytree(clean_root, root)
+    Image.fromarray(np.zeros(size[::-1], np.uint8)).save(root / "img" / "007.png")
+    with pytest.raises(ImageReadError) as info:
+        extract(encoder, manifest, root, tmp_path / "a", batch_size=BATCH, shard_size=SHARD, progress=False)
+    msg = str(info.value)
+    assert f"{root / 'img' / '007.png'} (manifest row 7, sample_id 's007')" in msg and "\n" not in msg
+    assert (f"ImageTooSmall: the image is {size[0]}x{size[1]} px, below the minimum of {MIN_IMAGE_SIDE} px on its "
+            "short side") in msg
+    out = extract(encoder, manifest, root, tmp_path / "b", batch_size=BATCH, shard_size=SHARD, progress=False,
+                  on_bad_image="skip")
+    assert out.skipped == ["s007"] and skipped_ids(out.path) == ["s007"]
+    assert np.isnan(out.embeddings[7]).all() and np.isfinite(np.delete(out.embeddings, 7, axis=0)).all()
+    Image.fromarray(np.zeros((MIN_IMAGE_SIDE, 40), np.uint8)).save(root / "img" / "007.png")
+    assert extract(encoder, manifest, root, tmp_path / "c", batch_size=BATCH, shard_size=SHARD,
+                   progress=False).skipped == []

@@ -69,7 +69,7 @@ def test_a_second_run_on_a_locked_output_folder_stops_at_once(tmp_path):
         cfg = compose("config", overrides=[f"paths.root={tmp_path}", "encoders=[planted_blur]"])
     out = tmp_path / "run"
     with FileLock(out / ".lock"):
-        with pytest.raises(LockTimeout, match=r"held by pid \d+@") as err:
+        with pytest.raises(LockTimeout, match=r"in use by pid \d+@") as err:
             app.run(cfg, out)
     assert "\n" not in str(err.value)
     assert not (out / "summary.parquet").exists()
@@ -105,3 +105,22 @@ def test_a_waiter_on_a_busy_entry_logs_one_calm_line(tmp_path, caplog):
     assert again.n_forward == 0
     waits = [m for m in caplog.messages if m.startswith("waiting") or "timed out" in m.lower() or ".lock" in m]
     assert waits == [f"waiting for pid {os.getpid()} on {socket.gethostname()} to finish {first.path} ..."]
+
+
+def test_the_second_run_is_told_the_setting_that_picks_another_folder(tmp_path):
+    """Issue 41 item 12: it was told to "pass a longer timeout" (no such option: the run folder's
+    lock never waits)."""
+    from robustbench_fm.pipeline.job import recorded
+
+    out = tmp_path / "run"
+    with FileLock(out / ".lock"):
+        with pytest.raises(LockTimeout) as err:
+            with recorded(out):
+                pass
+    text = str(err.value)
+    assert text.startswith(f"run folder {out} is in use by pid ") and "\n" not in text
+    assert "hydra.run.dir=<folder>" in text and f"delete {out / '.lock'}" in text and "timeout" not in text
+    with FileLock(out / ".lock"):
+        with pytest.raises(LockTimeout) as err:
+            FileLock(out / ".lock", timeout=0).acquire()
+    assert "timeout" not in str(err.value) and str(err.value).startswith(f"lock {out / '.lock'} is held by pid ")

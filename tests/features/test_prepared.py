@@ -287,3 +287,12 @@ def test_a_retention_style_run_decodes_each_source_once(tmp_path, monkeypatch):
     ref = Embedder(tmp_path / "cache_ref", num_workers=0, shard_size=4, resolution=32).embed(
         occluded, tmp_path / "src", enc)
     np.testing.assert_array_equal(load_features(feats.path, occluded)[1], load_features(ref.path, occluded)[1])
+
+
+def test_an_image_below_the_minimum_size_is_not_stored(tmp_path):
+    """Issue 41 item 3: the prepared-image store (resolution=224) refuses it too, naming the row."""
+    m = write_images(tmp_path / "src", n=4)
+    Image.fromarray(np.zeros((1, 1, 3), np.uint8)).save(tmp_path / "src" / "img" / "001.png")
+    with pytest.raises(prepared.PreparedImageError, match=r"001.png \(manifest row 1, sample_id 's001'\).*"
+                                                          r"ImageTooSmall: the image is 1x1 px"):
+        prepared.prepare(m, tmp_path / "src", tmp_path / "store", 32, shard_size=2, progress=False)

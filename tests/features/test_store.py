@@ -217,3 +217,11 @@ def test_prepared_copies_are_found_by_their_source(tmp_path, encoder):
     _, fresh = _embed(tmp_path / "fresh", more, tmp_path / "data", encoder, resolution=32,
                       prepared_dir=tmp_path / "prepared-fresh")
     assert got.tobytes() == fresh.tobytes()
+
+
+def test_pixel_parts_of_a_manifest_of_0_rows_are_none():
+    """Issue 41 item 5: a header-only manifest ended in "KeyError: 2 ... this is a bug" here."""
+    empty = pd.DataFrame({"sample_id": pd.Series([], dtype=str), "path": pd.Series([], dtype=str)})
+    assert store._pixel_part(empty) == []
+    two = pd.DataFrame({"sample_id": ["a", "b"], "path": ["x.nii.gz#12", "y.png"]})
+    assert store._pixel_part(two) == ["12", ""]

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..files import DatasetError, DatasetFileMissing, UnknownOption
-from .volumes import load_ras
+from .volumes import affine, check_same_space, load_ras
 
 #: WORD's 16 organs in the fixed slot order; slot i holds label id i + 1 (catalog 1.7).
 ORGANS: tuple[str, ...] = (
@@ -151,6 +151,8 @@ def list_volumes(dataset: str, root: str | Path) -> list[CTVolume]:
 
 def load_labels(volume: CTVolume) -> tuple[np.ndarray, np.ndarray | None]:
     """(organ label map uint8 in WORD ids, tumour mask bool or None), both RAS like ``load_ras(image)``."""
+    if volume.dataset in ("word", "lits"):
+        check_same_space(volume.image, volume.labels)  # a mirrored header would cut organs from the wrong side
     if volume.dataset == "word":
         labels = load_ras(volume.labels, np.int16)
         if labels.min() < 0 or labels.max() > len(ORGANS):
@@ -159,10 +161,12 @@ def load_labels(volume: CTVolume) -> tuple[np.ndarray, np.ndarray | None]:
     if volume.dataset == "lits":
         seg = load_ras(volume.labels, np.int16)
         return (seg > 0).astype(np.uint8) * (ORGANS.index("liver") + 1), seg == LITS_TUMOUR
-    labels = None
+    labels, image_affine = None, affine(volume.image)
     for organ_id, (organ, names) in enumerate(TOTALSEG_CLASSES.items(), start=1):
         for name in names:
             path = volume.labels / f"{name}.nii.gz"
+            if path.is_file():
+                check_same_space(volume.image, path, image_affine)
             mask = load_ras(path, np.uint8) > 0
             labels = np.zeros(mask.shape, np.uint8) if labels is None else labels
             if mask.shape != labels.shape:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ...core.errors import InvalidSetting
 from .probes import question_key
 
 
@@ -51,12 +52,12 @@ def native_frame(sample_ids, slice_table: pd.DataFrame) -> np.ndarray:
     """(W, H) in pixels [N, 2] of the original slice of every tile set ``sample_ids`` (a tile set
     and its whole slice share the sample id; ``slice_table`` has ``width`` and ``height``)."""
     if not {"sample_id", "width", "height"} <= set(slice_table.columns):
-        raise ValueError("SPAR samples: slice_table has no width/height of the original slices; delete the "
+        raise InvalidSetting("SPAR samples: slice_table has no width/height of the original slices; delete the "
                          "sample cache (<cache_dir>/spar/) so it is rebuilt")
     frame = slice_table.drop_duplicates("sample_id").set_index("sample_id")[["width", "height"]]
     missing = pd.Index(sample_ids).difference(frame.index)
     if len(missing):
-        raise ValueError(f"SPAR samples: tile sets {', '.join(map(str, missing[:3]))} have no slice in "
+        raise InvalidSetting(f"SPAR samples: tile sets {', '.join(map(str, missing[:3]))} have no slice in "
                          "slice_table; delete the sample cache (<cache_dir>/spar/) so it is rebuilt")
     return frame.loc[list(sample_ids)].to_numpy(np.float64)
 

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...core.errors import InvalidSetting
 from ...encoders import Encoder
 from .probes import (
     L3_PROBES,
@@ -99,7 +100,7 @@ class Backbone(nn.Module):
             return out[:, :1], _grid(out[:, prefix:])
         model = _timm_trunk(self.model) if self.library == "open_clip" else self.model
         if self.library not in ("timm", "open_clip"):
-            raise ValueError(f"encoder '{self.spec.name}': SPAR reads token sequences from timm, open_clip, "
+            raise InvalidSetting(f"encoder '{self.spec.name}': SPAR reads token sequences from timm, open_clip, "
                              f"transformers and sam_med2d encoders, not '{self.library}'")
         out = model.forward_features(x)
         if out.ndim == 4:
@@ -144,7 +145,7 @@ class CombinedViT(nn.Module):
         super().__init__()
         vit = encoder.model
         if encoder.spec.library != "timm" or not hasattr(vit, "patch_embed") or vit.pos_embed is None:
-            raise ValueError(f"encoder '{encoder.spec.name}': ViT-Combined needs a timm ViT with an absolute "
+            raise InvalidSetting(f"encoder '{encoder.spec.name}': ViT-Combined needs a timm ViT with an absolute "
                              "positional embedding (e.g. vit_b32_in1k)")
         self.backbone = Backbone(encoder, token_grid=0)
         self.vit, self.n_tiles = vit, n_tiles

@@ -9,6 +9,7 @@ import pandas as pd
 
 from ...data.ct.layouts import DATASET_LAYOUTS, ORGANS, list_volumes, load_labels, sample_options
 from ...data.ct.volumes import load_ras, to_display, window
+from ...data.files import DatasetError, DatasetFileMissing
 from .probes import L3_PROBES, TRANSFORMS, count_tumours, grid_cells, make_questions
 
 __all__ = ["ORGANS", "L3_PROBES", "TRANSFORMS", "SparSamples", "apply_transform", "build_samples"]
@@ -131,7 +132,7 @@ def _volume_samples(volume, size: int, min_organs: int) -> dict:
     organ_ras, tumour_ras = load_labels(volume)
     labels = to_display(organ_ras)
     if labels.shape != hu.shape:
-        raise ValueError(f"'{volume.labels}' has {labels.shape[::-1]} voxels but '{volume.image}' "
+        raise DatasetError(f"'{volume.labels}' has {labels.shape[::-1]} voxels but '{volume.image}' "
                          f"{hu.shape[::-1]}; the label map must match its image")
     tumour = None if tumour_ras is None else to_display(tumour_ras)
     areas, present = organ_presence(labels)
@@ -164,7 +165,7 @@ def _volumes(dataset: str, root: Path, opts: dict) -> tuple[list, list]:
     """(volumes of the dataset's own layout, LiTS candidate volumes for the counting probe)."""
 
     if dataset not in DATASET_LAYOUTS:
-        raise ValueError(f"unknown SPAR dataset {dataset!r}; use one of {', '.join(DATASET_LAYOUTS)}")
+        raise DatasetError(f"unknown SPAR dataset {dataset!r}; use one of {', '.join(DATASET_LAYOUTS)}")
     layout = DATASET_LAYOUTS[dataset]
     if layout == "lits":
         return [], list_volumes("lits", root)
@@ -172,7 +173,7 @@ def _volumes(dataset: str, root: Path, opts: dict) -> tuple[list, list]:
     if lits_root is None and dataset == "spar_phantom_word" and (root / "lits").is_dir():
         lits_root = root / "lits"  # written by the generator unless n_lits = 0
     if lits_root is not None and not Path(lits_root).is_dir():
-        raise FileNotFoundError(f"dataset '{dataset}': LiTS folder '{lits_root}' does not exist; set "
+        raise DatasetFileMissing(f"dataset '{dataset}': LiTS folder '{lits_root}' does not exist; set "
                                 "dataset.options.lits_root to it, or to null to leave out the counting probe")
     return list_volumes(layout, root), ([] if lits_root is None else list_volumes("lits", lits_root))
 
@@ -186,6 +187,12 @@ def content_key(dataset: str, volumes: list, seed: int, opts: dict) -> str:
     import hashlib
     import json
 
+    for v in volumes:  # a file a volume needs (a TotalSegmentator class file) that is not there: one line
+        for p in [v.image, *v.label_files()]:
+            if not p.is_file():
+                what = "each class file of its segmentations folder" if p.parent == v.labels else "it"
+                raise DatasetFileMissing(f"{v.dataset} subject {v.subject_id}: '{p}' not found (the volume needs "
+                                         f"{what}); restore it from the download, or remove the subject")
     files = [(v.dataset, v.subject_id, v.split, *[(p.name, p.stat().st_size) for p in [v.image, *v.label_files()]])
              for v in volumes]
     blob = json.dumps({"version": SAMPLES_VERSION, "dataset": dataset, "seed": int(seed),
@@ -220,20 +227,34 @@ def build_samples(dataset: str, root: str | Path, cache_dir: str | Path, seed: i
     The result lives in ``<cache_dir>/spar/<dataset>-<content key>/``; a second call with the
     same files, seed and options loads it without reading any NIfTI file.
     """
-    import json
     import os
     import shutil
 
-
     root, opts = Path(root), sample_options(dataset, options)
     own, lits = _volumes(dataset, root, opts)
-    size, min_organs = int(opts["size"]), int(opts["min_organs"])
     folder = Path(cache_dir) / "spar" / f"{dataset}-{content_key(dataset, own + lits, seed, opts)}"
     if (folder / "meta.json").is_file():
         return load_samples(folder)
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:  # a failed build (a bad volume, Ctrl-C) leaves no .tmp-<pid> folder in the cache
+        _write_samples(tmp, dataset, root, seed, opts, own, lits)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        os.replace(tmp, folder)
+    except OSError:  # another process finished the same cache first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return load_samples(folder)
+
+
+def _write_samples(tmp: Path, dataset: str, root: Path, seed: int, opts: dict, own: list, lits: list) -> None:
+    """The sample files of :func:`build_samples` written into ``tmp``."""
+    import json
+
+    size, min_organs = int(opts["size"]), int(opts["min_organs"])
     rows, l3_rows, small = [], [], {k: [] for k in ("present", "centroids", "l3_present", "l3_centroids", "areas",
                                                      "tumours")}
     n_lits_used, shard = 0, 0
@@ -261,8 +282,13 @@ def build_samples(dataset: str, root: str | Path, cache_dir: str | Path, seed: i
             small[key] += part[src]
         shard += 1
     if not l3_rows:
-        shutil.rmtree(tmp)
-        raise ValueError(f"dataset '{dataset}' under '{root}': no slice holds a labelled organ; check the label maps")
+        raise DatasetError(f"dataset '{dataset}' under '{root}': no slice holds a labelled organ; check the label "
+                           "maps (each must label its image's organs with the layout's ids)")
+    if own and not rows:
+        most = max((int(np.asarray(p).sum()) for p in small["l3_present"]), default=0)
+        raise DatasetError(f"dataset '{dataset}' under '{root}': no slice holds min_organs={min_organs} present "
+                           f"organs (the most on any slice: {most}), so Levels 1-2 have no sample; lower "
+                           f"dataset.options.min_organs (e.g. {max(most, 1)}) or check the label maps")
     n_slots = len(ORGANS)
     present = np.asarray(small["present"], bool).reshape(-1, n_slots)
     centroids = np.asarray(small["centroids"], np.float32).reshape(-1, n_slots, 2)
@@ -300,8 +326,3 @@ def build_samples(dataset: str, root: str | Path, cache_dir: str | Path, seed: i
     (tmp / "meta.json").write_text(json.dumps({"dataset": dataset, "root": str(root), "seed": int(seed),
                                                "options": opts, "version": SAMPLES_VERSION,
                                                "n_lits_used": n_lits_used}, default=str, indent=1))
-    try:
-        os.replace(tmp, folder)
-    except OSError:  # another process finished the same cache first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return load_samples(folder)

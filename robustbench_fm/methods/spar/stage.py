@@ -12,22 +12,25 @@ Transformer heads or finetuning, so ``run`` refuses with one line. Results:
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import pandas as pd
 
 from ... import data
 from ...core.devices import resolve_device
-from ...core.errors import UserError
+from ...core.errors import MissingInput, UserError
 from ...core.locking import FileLock
-from ...core.results import Results
+from ...core.results import Results, write_notes
 from ..job import JobContext
 from .params import DEFAULT_LABELS, SparParams
+from .probes import L3_PROBES
 from .run import Setup, TrainConfig, configurations, run_encoder
 from .samples import build_samples
 from .vqa import run_vqa
 
 PARAMS = SparParams
+log = logging.getLogger("robustbench_fm")
 HEAD_LABELS = {"mlp": "MLP", "transformer": "Trans", "combined": "Combined"}
 SECTIONS = ("Trained from scratch", "Frozen foundation models", "Finetuned foundation models")
 
@@ -70,10 +73,81 @@ def _transfer_samples(transfer: dict, cache_dir, seed: int) -> dict:
             with FileLock(root.parent / f".{root.name}.generate.lock", timeout=None):
                 adapter.generate(root, **options)
         elif not root.is_dir():
-            raise FileNotFoundError(f"stage.params.transfer.{name}: root '{root}' does not exist; point it "
-                                    f"at the {dataset} folder or drop the cohort (stage.params.transfer={{}})")
+            raise MissingInput(f"stage.params.transfer.{name}: root '{root}' does not exist; point it at the "
+                               f"{dataset} folder (stage.params.transfer.{name}.root=<folder>) or drop the cohort "
+                               f"with '~stage.params.transfer.{name}' (quoted: the shell reads '~')")
         out[name] = _samples(dataset, root, cache_dir, seed, options)
     return out
+
+
+#: why a Level 3 probe can have no question in a cohort: the organs its questions need
+PROBE_NEEDS = {"kidney_symmetry": "both kidneys", "liver_size": "the liver",
+               "relative_position": "two present organs apart", "distance_compare": "four present organs"}
+
+
+def partial_macro(rows: pd.DataFrame, cohorts: dict) -> tuple[pd.DataFrame, list[str]]:
+    """Mark every Level 3 ``macro`` row that averages fewer probes than its cohort should have
+    (an organ missing from every slice of a cohort leaves a probe without a question): the
+    column ``macro_probes`` says ``k of n probes`` and which were dropped and why, and one note
+    per cohort names them (the run's notes and the report). ``cohorts``: eval_dataset name ->
+    samples. Expected: every probe of :data:`L3_PROBES` except ``tumour_count``, which is expected
+    where the cohort's questions hold it (the in-domain cohort with LiTS slices; zero-shot cohorts
+    have none, as in spar.md Section 3.3)."""
+    if rows.empty or "finding" not in rows or "eval_dataset" not in rows or not (rows["finding"] == "macro").any():
+        return rows, []
+    keys = [c for c in ("head", "mode", "seed", "eval_dataset", "label") if c in rows.columns]
+    rows = rows.copy()
+    column = pd.Series("", index=rows.index, dtype=object)
+    notes: dict[str, str] = {}
+    for key, group in rows.groupby(keys, sort=False, dropna=False):
+        macro = group.index[group["finding"] == "macro"]
+        if not len(macro):
+            continue
+        cohort = str(group["eval_dataset"].iloc[0])
+        samples = cohorts.get(cohort)
+        asked = set() if samples is None else set(samples.questions["probe"].astype(str))
+        expected = [pr for pr in L3_PROBES if pr != "tumour_count" or pr in asked]
+        scored = set(group["finding"].astype(str))
+        dropped = [pr for pr in expected if pr not in scored]
+        if not dropped:
+            continue
+        why = [f"{pr} ({_why_dropped(pr, asked)})" for pr in dropped]
+        text = f"{len(expected) - len(dropped)} of {len(expected)} probes; dropped: {', '.join(why)}"
+        column[macro] = text
+        notes.setdefault(cohort, f"SPAR {cohort}: the Level 3 macro average is partial, over {text}")
+    if (column != "").any():
+        rows["macro_probes"] = column
+    for line in notes.values():
+        log.warning(line)
+    return rows, list(notes.values())
+
+
+def _why_dropped(probe: str, asked: set) -> str:
+    if probe in asked:
+        return "no question in its evaluated split"
+    if probe in PROBE_NEEDS:
+        return f"no slice of the cohort holds {PROBE_NEEDS[probe]}"
+    return "no question could be drawn"
+
+
+def spacing_notes(cohorts: dict) -> list[str]:
+    """One note per cohort whose volumes' NIfTI headers give no pixel spacing: their distance labels
+    are in the 224 frame, not mm (docs/methods/spar.md, Level 3), named per volume."""
+    notes = []
+    for cohort, samples in cohorts.items():
+        table = samples.slice_table
+        if not {"spacing_x", "spacing_y"} <= set(table.columns):
+            continue
+        unknown = table[table["spacing_x"].isna() | table["spacing_y"].isna()]
+        subjects = list(dict.fromkeys(unknown["subject_id"].astype(str)))
+        if subjects:
+            shown = ", ".join(subjects[:20]) + (f" and {len(subjects) - 20} more" if len(subjects) > 20 else "")
+            notes.append(f"SPAR {cohort}: {len(subjects)} volume{'s' if len(subjects) != 1 else ''} without pixel "
+                         f"spacing in the NIfTI header ({shown}): their distance labels are in the 224 frame, "
+                         "not mm")
+    for line in notes:
+        log.warning(line)
+    return notes
 
 
 def _save(rows: pd.DataFrame, encoder: str, dataset: str, out_dir: Path, params: dict,
@@ -120,6 +194,7 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
         return summaries
     device = resolve_device(p.device)
     transfers = _transfer_samples(p.transfer or {}, cache_dir, int(job.seed))
+    write_notes(out_dir, spacing_notes({job.dataset: samples, **{f"transfer {n}": t for n, t in transfers.items()}}))
     setup = Setup(levels=tuple(p.levels), heads=tuple(p.heads), seeds=tuple(p.seeds),
                   lr_selection=p.lr_selection, lr_search=tuple(float(lr) for lr in p.lr_search),
                   train=TrainConfig(lr=p.lr, batch_size=p.batch_size, max_epochs=p.max_epochs, patience=p.patience),
@@ -138,6 +213,8 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
         items: list[pd.DataFrame] = []
         rows = run_encoder(enc, samples, transfers, own, configs, device, cache_dir / "spar_tokens", job.dataset,
                            items)
+        rows, notes = partial_macro(rows, {job.dataset: samples, **transfers})
+        write_notes(out_dir, notes)
         names = [config_label(name, h, m, labels, p.scratch or []) for h, m in zip(rows["head"], rows["mode"])]
         rows.insert(0, "label", [n[0] for n in names])
         rows.insert(1, "section", [n[1] for n in names])
