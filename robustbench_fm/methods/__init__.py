@@ -36,6 +36,7 @@ from types import ModuleType
 
 from ..core.errors import InvalidSetting, message
 from ..core.registry import Registry
+from ..core.stats import PAIRED_KINDS
 from .params import StageParams
 
 #: a ``guide`` that names where its text is, ``package.module:ATTRIBUTE`` (imported on first use)
@@ -72,8 +73,6 @@ class Paired:
     pool_weight: str = ""
 
     def __post_init__(self) -> None:
-        from ..core.stats import PAIRED_KINDS
-
         if self.kind not in PAIRED_KINDS:
             raise InvalidSetting(f"paired metric {self.metric}: kind '{self.kind}' is not one of "
                                  f"{', '.join(PAIRED_KINDS)}")

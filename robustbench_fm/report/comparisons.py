@@ -36,6 +36,7 @@ from .. import methods
 from ..core.atomic import write_text_atomic
 from ..core.stats import MIN_CLUSTERS, few_clusters, holm_adjust, paired_bootstrap, paired_difference
 from ..core.tables import SweepResults
+from ..methods.croma.plots import save_figure
 
 #: the family-wise error rate of a comparison family (Holm), and the best set's threshold
 ALPHA = 0.05
@@ -472,8 +473,6 @@ def heatmaps(comparisons: Comparisons, folder: Path) -> list[tuple[str, Path]]:
     """Heat maps of the pairwise differences on each finding's headline row and the method's first
     compared headline metric (at most :data:`MAX_HEATMAPS`), written as ``figure_which_<n>.png`` /
     ``.pdf`` in ``folder``; returns (caption, PNG)."""
-    from ..methods.croma.plots import save_figure
-
     ranking = _first_metric(headline_rows(comparisons.ranking))
     if ranking.empty or len(ranking["encoder"].unique()) < 2:
         return []

@@ -109,8 +109,9 @@ def test_crop_columns_remove_edges(tmp_path):
 
 
 def test_default_reader_delegates_to_read_image(tmp_path):
-    write_dicom(tmp_path / "d.dcm", np.array([[0, 400]], dtype=np.uint16), "MONOCHROME1")
-    assert pixels(default_reader(tmp_path, {"path": "d.dcm"})) == [[255, 0]]
+    # 16 x 32 px: the smallest image the extraction reads (data.images.MIN_IMAGE_SIDE)
+    write_dicom(tmp_path / "d.dcm", np.tile(np.array([[0, 400]], dtype=np.uint16), (16, 16)), "MONOCHROME1")
+    assert pixels(default_reader(tmp_path, {"path": "d.dcm"})) == [[255, 0] * 16] * 16
 
 
 def test_read_mask_binarises_red_lesions(tmp_path):

@@ -169,7 +169,8 @@ def test_positives_figure_labels_points_and_shows_the_whole_rate_axis():
     assert [line.get_ydata()[0] for line in ax.lines] == [0.5] and ax.lines[0].get_linestyle() == "--"
     d_all, d = (c.get_offsets() for c in ax.collections)
     assert (d_all[:, 0] > d[:, 0]).all() and np.allclose(d_all[:, 1], d[:, 1])  # D_all beside D, not under it
-    assert sorted(t.get_text() for t in ax.texts) == sorted(DEMO)  # each point names its encoder
+    # each point names its encoder; the chance line says what it is
+    assert sorted(t.get_text() for t in ax.texts) == sorted([*DEMO, "chance 1/2"])
     assert [t.get_text() for t in fig.legends[0].get_texts()] == list(DEMO)
 
 
