@@ -213,7 +213,9 @@ class TileTask:
             resized = np.array(self.s.slices.shape[-1:-3:-1], np.float32)  # (W, H) of the resized slices
             m, m_n = (metrics.localization(pred, self.centroids[idx], present, self.setup.sdr_px, scale=sc)
                       for sc in (resized, native))
-            dist = np.linalg.norm((pred - self.centroids[idx]) * resized, axis=-1)  # the 224 frame, as ``med``
+            scale = np.asarray(resized, float)  # the 224 frame, in float64 as metrics.localization computes ``med``
+            dist = np.linalg.norm(np.asarray(pred, float) * scale - np.asarray(self.centroids[idx], float) * scale,
+                                  axis=-1)
             self.items = self._slot_items(idx, present, "med", dist)
             overall = {"med": m["med"], "sdr": m["sdr"], "med_native": m_n["med"], "sdr_native": m_n["sdr"],
                        "n": m["n"]}

@@ -165,6 +165,8 @@ def test_localization_in_the_native_slice_frame():
     assert rows["all"]["med"] == pytest.approx(d224, rel=1e-4) and rows["all"]["sdr"] == 1.0
     assert rows["liver"]["med_native"] == pytest.approx((d448 + d512) / 2, rel=1e-4)
     assert rows["liver"]["med"] == pytest.approx(d224, rel=1e-4)
+    # the items paired comparisons read (issue 46): one per present slot, whose mean is the row's MED exactly
+    assert len(task.items) == 6 and task.items["med"].mean() == pytest.approx(rows["all"]["med"], rel=0, abs=1e-12)
     m = metrics.localization(centroids[:1] + offset, centroids[:1], present[:1], scale=(448, 448))
     assert m["med"] == pytest.approx(2 * d224)                           # the exact factor 448 / 224
 
