@@ -34,7 +34,7 @@ import pandas as pd
 
 from .. import methods
 from ..core.atomic import write_text_atomic
-from ..core.stats import MIN_CLUSTERS, few_clusters, holm_adjust, paired_bootstrap, paired_difference
+from ..core.stats import MIN_CLUSTERS, holm_adjust, paired_bootstrap, paired_difference
 from ..core.tables import SweepResults
 from ..methods.croma.plots import save_figure
 
@@ -248,8 +248,10 @@ def compare(results: SweepResults, n_boot: int = N_BOOT, seed: int = SEED) -> Co
                                  row=label, setting=setting, better_is=better.get(paired.metric, "higher"))
                     frames.append(pd.DataFrame(records))
                     if records[0]["n_clusters"] < MIN_CLUSTERS:
-                        notes.append(f"{stage} {paired.metric}, {finding} {label}: "
-                                     f"{few_clusters(records[0]['n_clusters'], pairing.cluster)}")
+                        n = records[0]["n_clusters"]
+                        notes.append(f"{stage} {paired.metric}, {finding} {label}: no interval or p-value: the items "
+                                     f"come from {n} cluster{'s' if n != 1 else ''} (patients, slides or volumes; at "
+                                     f"least {MIN_CLUSTERS} are needed)")
     if not frames:
         return Comparisons(notes=notes)
     pairs = pd.concat(frames, ignore_index=True)
