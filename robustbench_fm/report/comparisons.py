@@ -379,9 +379,11 @@ def verdict(comparisons: Comparisons) -> list[str]:
         if not rest.empty:
             nxt = rest.iloc[0]
             worse = rest["encoder"].tolist()
+            # by how much it falls short of the best, positive whichever way is better
+            flip = 1.0 if top["better_is"] == "lower" else -1.0
+            lo, hi = sorted((flip * nxt["gap_ci_low"], flip * nxt["gap_ci_high"]))
             text += (f"; {_names(worse)} {'is' if len(worse) == 1 else 'are'} worse: {nxt['encoder']} by "
-                     f"{_fmt(nxt['gap'])} (95% CI {_fmt(nxt['gap_ci_low'])} to {_fmt(nxt['gap_ci_high'])}, "
-                     f"Holm p {_p(nxt['p_holm'])})")
+                     f"{_fmt(flip * nxt['gap'])} (95% CI {_fmt(lo)} to {_fmt(hi)}, Holm p {_p(nxt['p_holm'])})")
         elif len(rows) > 1:
             nxt = rows.iloc[1]
             text += (f"; the gap to {nxt['encoder']} is {_fmt(nxt['gap'])} (95% CI {_fmt(nxt['gap_ci_low'])} "
