@@ -13,10 +13,10 @@ from .extract import (
                     FeatureSet,
                     ImageReadError,
                     default_num_workers,
-                    extract,
 )
 from .key import CACHE_FORMAT, cache_key, cache_key_fields
 from .load import load_features, missing_shards, read_skipped, skipped_ids
+from .panel import extract
 from .verify import VerifyReport, verify_cache, verify_entry
 
 __all__ = ["BAD_IMAGE_POLICIES", "CACHE_FORMAT", "SKIPPED_NAME", "ExtractionInterrupted", "FeatureCache",

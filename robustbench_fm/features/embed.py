@@ -34,8 +34,8 @@ from ..data import prepared
 from ..data.images import CROP_COLUMNS
 from . import load, store
 from .cache import FeatureCacheError
-from .extract import FeatureSet, _unwritable, extract
-from .panel import extract_panel
+from .extract import FeatureSet, _unwritable
+from .panel import extract, extract_panel
 from .slides import extract_slides
 
 log = logging.getLogger("robustbench_fm.features")

@@ -723,3 +723,41 @@ def _on_device(job: _Job, items: list) -> list:
         for n, k in enumerate(ks):
             out[k] = (items[k][0], y[n], None)
     return out
+
+
+def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cache_root: str | Path,
+            batch_size: int = 32, num_workers: int | str = 0, shard_size: int = 1024, progress: bool = True,
+            reader: Reader | None = None, on_bad_image: str = "error", num_shards: int = 1, shard: int = 0,
+            read: bool = True, flush_seconds: float | None = FLUSH_SECONDS,
+            entry: tuple[Path, dict] | None = None) -> FeatureSet:
+    """Embed every manifest row with ``encoder``, reusing and filling the feature cache.
+
+    ``reader(image_root, row)`` returns a PIL image for a manifest row (default: open
+    ``image_root / row['path']``); a row with occlusion columns has that rectangle filled
+    (:func:`robustbench_fm.features.occlusion.occlude_row`), then the encoder's own ``transform`` is applied.
+    ``num_workers="auto"`` picks :func:`default_num_workers` for the encoder's device.
+    ``shard_size`` only applies to a new cache entry; an existing one keeps its layout.
+    ``on_bad_image``: ``"error"`` (default) or ``"skip"`` (see the module docstring); skipped
+    rows come back as NaN rows of ``embeddings`` and are named in :attr:`FeatureSet.skipped`.
+
+    ``num_shards``/``shard``: compute only part ``shard`` of ``num_shards`` of the entry
+    (:meth:`FeatureCache.part_shards`), e.g. one Slurm job per part; the parts fill the same
+    content-keyed entry, which is complete when all parts are. Each part holds its own lock, so
+    parts run concurrently. ``embeddings`` is None while the entry is incomplete, and with
+    ``read=False`` (callers that read the entry later, keeping memory flat).
+
+    ``flush_seconds``: the shard in progress is flushed to a partial file this often (None:
+    never), so a killed run loses seconds of work instead of up to a shard; the resume continues
+    from it and writes the same bytes (:mod:`.cache`, "Partial shards").
+
+    ``entry``: (folder, key fields) of the entry to fill instead of the manifest's own (a chunk of
+    the per-image store, :mod:`.store`).
+
+    This is the panel engine with one encoder (:func:`extract_panel`, waiting for the entry's lock
+    when another process holds it): one engine writes every entry.
+    """
+    if num_workers == "auto":
+        num_workers = default_num_workers(encoder.device)
+    return extract_panel([encoder], manifest, image_root, cache_root, batch_size, num_workers, shard_size, progress,
+                         reader, on_bad_image, num_shards, shard, read, flush_seconds, _wait=True,
+                         entries=None if entry is None else [entry])[0]

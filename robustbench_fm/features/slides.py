@@ -33,8 +33,8 @@ from ..core.errors import InvalidSetting
 from ..core.locking import FileLock
 from ..data import manifest as mf
 from .cache import FeatureCache, _embedding_matrix
-from .extract import extract
 from .key import CACHE_FORMAT, library_versions, package_version
+from .panel import extract
 
 log = logging.getLogger("robustbench_fm.features")
 

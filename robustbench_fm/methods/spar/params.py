@@ -12,6 +12,12 @@ from typing import Any
 from ..params import DEVICE, StageParams
 from .vqa import MODELS
 
+#: SPAR's levels (spar.md Section 3.1: the two tile levels, then Level 3's queries), heads and training modes
+TILE_LEVELS = ("localization", "permutation")
+LEVELS = (*TILE_LEVELS, "spatial_queries")
+HEADS = ("mlp", "transformer", "combined")
+MODES = ("frozen", "finetuned")
+
 #: the findings the stage reports: the levels, the Level 3 probes and their macro average
 FINDINGS = ("localization", "permutation", "relative_position", "orientation", "kidney_symmetry", "liver_size",
             "distance_compare", "tumour_count", "macro")
@@ -144,8 +150,6 @@ class SparParams(StageParams):
 
     def check(self) -> None:
         """Refuse unknown levels, heads, modes and chat models and out-of-range settings (one line each)."""
-        from .run import HEADS, LEVELS, MODES  # lazy: imports torch
-
         for name, values, known in (("levels", self.levels, LEVELS), ("heads", self.heads, HEADS)):
             bad = [v for v in values if v not in known]
             if bad:

@@ -38,7 +38,7 @@ from .models import (
     canonical_view_tokens,
     oracle_asked,
 )
-from .params import CANONICAL, PLANTED, SparParams
+from .params import CANONICAL, HEADS, LEVELS, MODES, PLANTED, TILE_LEVELS, SparParams  # noqa: F401  (importable here)
 from .probes import N_CLASSES
 from .samples import L3_PROBES, ORGANS, SparSamples, apply_transform
 from .sinkhorn import hungarian, permutation_loss, sinkhorn
@@ -46,10 +46,6 @@ from .train import TrainConfig, fit, predict
 
 log = logging.getLogger(__name__)
 
-TILE_LEVELS = ("localization", "permutation")
-LEVELS = (*TILE_LEVELS, "spatial_queries")
-HEADS = ("mlp", "transformer", "combined")
-MODES = ("frozen", "finetuned")
 #: Question encoding: one-hot probe, then one one-hot over ORGANS for each of organ_a..organ_d.
 QUESTION_DIM = len(L3_PROBES) + 4 * len(ORGANS)
 #: Classes of each Level 3 head, in L3_PROBES order.
