@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
+from omegaconf import OmegaConf
 
 from .. import methods
 from ..core.atomic import write_text_atomic
@@ -92,8 +94,6 @@ def _setting(results: SweepResults, job: str, cache: dict) -> str:
         if cfg is None:
             cache[job] = job
         else:
-            from omegaconf import OmegaConf
-
             stage = OmegaConf.to_container(cfg.get("stage", {}), resolve=False) or {}
             keep = {k: stage.get(k) for k in ("name", "params", "findings")}
             cache[job] = json.dumps({"dataset": OmegaConf.select(cfg, "dataset.name", default=None), **keep},
@@ -443,11 +443,6 @@ def heatmap_figure(pairs: pd.DataFrame, ranking: pd.DataFrame, title: str):
     """The pairwise differences of one (metric, finding, row): cell (i, j) is encoder i minus encoder j,
     encoders in rank order, the colour signed so that green means the row's encoder is better; a cell
     whose Holm-adjusted p is at most :data:`ALPHA` is marked ``*`` and outlined."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     order = ranking.sort_values(["rank", "encoder"], kind="stable")["encoder"].tolist()
     lower = pairs["better_is"].iloc[0] == "lower"
     n = len(order)
@@ -458,7 +453,8 @@ def heatmap_figure(pairs: pd.DataFrame, ranking: pd.DataFrame, title: str):
         star[i, j] = star[j, i] = p["p_holm"] <= ALPHA
     good = -diff if lower else diff  # > 0: the row's encoder is better
     scale = np.nanmax(np.abs(diff)) if np.isfinite(diff).any() else 1.0
-    fig, ax = plt.subplots(figsize=(3.2 + 1.0 * n, 2.4 + 0.75 * n))
+    fig = Figure(figsize=(3.2 + 1.0 * n, 2.4 + 0.75 * n))  # no pyplot: no global figure state
+    ax = fig.add_subplot()
     ax.imshow(good, cmap="RdYlGn", vmin=-scale or -1, vmax=scale or 1)
     for i in range(n):
         for j in range(n):
@@ -492,9 +488,6 @@ def heatmaps(comparisons: Comparisons, folder: Path) -> list[tuple[str, Path]]:
              else "")
         fig = heatmap_figure(unit, part, title)
         png = save_figure(fig, folder / f"figure_which_{len(out) + 1}")[0]
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
         out.append((f"which encoder {len(out) + 1}: paired differences, {title}", png))
         if len(out) == MAX_HEATMAPS:
             break
