@@ -13,16 +13,18 @@ the command line without ``-m`` and ``robustbench_fm.run`` do); never ``hydra.ma
 or the command line. The import graph between modules (imports inside functions included) has no
 cycle.
 
-One module of ``report`` is data the methods read: ``report.published`` (the papers' published
-values and model labels, package data); it imports nothing of ours."""
+Two modules of ``report`` are leaves the methods read (:data:`SHARED`): ``report.published`` (the
+papers' published values and model labels, package data) and ``report.figures`` (what every paper's
+figures share: the columns a figure needs, a figure written as PNG and PDF); they import nothing of
+ours above ``core``."""
 import ast
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "robustbench_fm"
-#: modules of a higher layer that a lower one may read: pure data access, importing nothing of ours
-SHARED = {"robustbench_fm.report.published"}
+#: modules of a higher layer that a lower one may read: leaves importing nothing of ours above ``core``
+SHARED = {"robustbench_fm.report.published", "robustbench_fm.report.figures"}
 RANK = {"core": 0, "data": 1, "encoders": 1, "features": 2, "methods": 3, "report": 4, "pipeline": 5, "api": 6,
         "cli": 7}
 #: the Hydra modules ``pipeline`` may import: composing configs and the basic sweeper's job list
@@ -112,9 +114,24 @@ def test_no_import_cycles():
     assert not cycles, "\n".join(cycles)
 
 
-def test_shared_modules_import_nothing_of_ours():
+def test_shared_modules_import_nothing_above_core():
+    """A module a lower layer may read (:data:`SHARED`) is a leaf: of ours it imports ``core``
+    only, at module top or inside a function, so reading it pulls no layer above the reader in."""
     for name in SHARED:
-        assert [n for n in _imports(MODULES[name]) if n.startswith("robustbench_fm")] == []
+        assert name in MODULES, name
+        above = [n for n in _imports(MODULES[name]) if n.startswith("robustbench_fm") and _layer(n) != "core"]
+        assert above == [], f"{name} imports {', '.join(above)}"
+
+
+def test_the_methods_draw_their_figures_with_the_shared_helpers():
+    """Every ``plots`` module of a method and the reports' heat maps (``report.comparisons``) save
+    their figures through ``report.figures``; no method imports another method's plots for them."""
+    users = [m for m in MODULES if m.startswith("robustbench_fm.methods.") and m.endswith(".plots")]
+    assert len(users) >= 3
+    for module in [*users, "robustbench_fm.report.comparisons"]:
+        names = _imports(MODULES[module])
+        assert "robustbench_fm.report.figures" in names, module
+        assert not [n for n in names if n.endswith(".plots")], module
 
 
 def test_the_check_resolves_relative_imports():

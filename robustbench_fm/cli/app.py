@@ -1,7 +1,7 @@
-"""The command line's face of one job: the pipeline itself is :mod:`robustbench_fm.pipeline.job`
-(plan, manifest, extraction, stage, results, report); here :func:`run` adds what only a Hydra job
-knows, whether it is one job of a multirun and under which experiment, and the names the sweeps
-and the tests use are re-exported."""
+"""The command line's face of one job: the pipeline itself is :mod:`robustbench_fm.pipeline.plan`
+(config -> Plan) and :mod:`robustbench_fm.pipeline.job` (manifest, extraction, stage, results,
+report); here :func:`run` adds what only a Hydra job knows, whether it is one job of a multirun and
+under which experiment. Everything else is imported from where it lives."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,44 +12,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from ..pipeline.job import (  # noqa: F401  (re-exported: the sweeps and the tests use them from here)
-    MAX_REASONS,
-    USER_ERRORS,
-    EncoderSettings,
-    ExtractOptions,
-    Paths,
-    Plan,
-    ReportOptions,
-    _check_scorable,
-    _extract_panel,
-    _record_entries,
-    _record_part,
-    _refuse_all_blank,
-    _stage_results,
-    _sweep_first,
-    _tables_after_run,
-    _write_report,
-    console_table,
-    embedder,
-    encoder_options,
-    feature_set_name,
-    features_names,
-    fixed_sample_size,
-    generic_entry,
-    job_context,
-    job_manifest,
-    label_columns,
-    load_manifest,
-    panel,
-    plan,
-    read_manifest_file,
-    recorded,
-    resolution,
-    resolved_prepared_dir,
-    run_planned,
-    run_stage_on_entries,
-    write_status,
-)
+from ..pipeline.job import recorded, run_planned
+from ..pipeline.plan import Plan, plan
 
 
 def hydra_mode() -> tuple[bool, str | None]:

@@ -139,7 +139,7 @@ def newest_sweep(root: Path = Path("outputs") / "multirun") -> str | None:
 def compare(sweep_dir: str) -> int:
     """Rebuild the sweep's paper tables (``report.tables``) and print them beside the published
     values (``compare.md`` / ``compare.csv`` in the sweep folder); 2 with a one-line error."""
-    from .app import job_manifest  # lazy: imports torch
+    from ..pipeline.job import job_manifest  # lazy: imports torch
 
     results = SweepResults(sweep_dir, load_manifest=job_manifest)
     if not results.root.is_dir() or results.config is None:
@@ -507,7 +507,9 @@ def main() -> None:
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _job(cfg: DictConfig) -> None:
-        from . import app  # lazy: imports torch
+        from ..pipeline.job import USER_ERRORS  # lazy: imports torch
+        from ..pipeline.plan import plan  # lazy: as the job
+        from .app import run  # lazy: imports torch
 
         install_log_redaction()
         hc = HydraConfig.get()
@@ -531,10 +533,10 @@ def main() -> None:
                 sys.exit(run_unit(unit, cfg, out_dir))
             if cfg.dry_run:
                 print(redacted_yaml(cfg))
-                print(app.plan(cfg, overrides).describe())
+                print(plan(cfg, overrides).describe())
                 _remove_dry_run_folder(Path(hc.runtime.output_dir), Path(cfg.paths.output_root))
                 return
-            app.run(cfg, out_dir, overrides)
+            run(cfg, out_dir, overrides)
         except KeyboardInterrupt as exc:
             if cfg.get("debug"):
                 traceback.print_exc()
@@ -546,7 +548,7 @@ def main() -> None:
                 print(f"the sweep stopped at {out_dir.name}; python -m robustbench_fm collect {hc.sweep.dir} "
                       "merges the jobs that finished", file=sys.stderr)
             sys.exit(130)
-        except app.USER_ERRORS as exc:
+        except USER_ERRORS as exc:
             if cfg.get("debug"):
                 if not multirun:
                     raise

@@ -16,7 +16,7 @@ have them before anything is resolved.
   reported in one line when the manifest is built.
 * ``${feature_set:${features_file},${features_encoder}}`` and
   ``${feature_data:${manifest_file},${features_dataset}}`` (``experiment=from_features``): the names
-  of the user's feature set and data (:func:`robustbench_fm.pipeline.job.features_names`), so its
+  of the user's feature set and data (:func:`robustbench_fm.pipeline.plan.features_names`), so its
   job folders are named after them.
 """
 from __future__ import annotations
@@ -57,8 +57,8 @@ def csv_findings(manifest) -> list[str]:
 
 def feature_set(features_file, name=None) -> str:
     """The name of a bring-your-own feature set: ``name`` when set, else its file's (a cache
-    entry: its encoder folder; :func:`robustbench_fm.pipeline.job.feature_set_name`)."""
-    from ..pipeline.job import feature_set_name  # lazy: the resolvers load with the package, the pipeline later
+    entry: its encoder folder; :func:`robustbench_fm.pipeline.plan.feature_set_name`)."""
+    from ..pipeline.plan import feature_set_name  # lazy: the resolvers load with the package, the pipeline later
 
     return str(name) if name else feature_set_name(features_file) if features_file else "features"
 

@@ -8,10 +8,10 @@ With ``extract.panel_jobs=N`` (one decode for a whole panel: a panel experiment 
 extraction job per device followed by the stage jobs over cached features, on the local
 launcher and on Slurm through submitit), :class:`CollectCallback` first embeds the sweep's
 image encoders in at most N extraction jobs (:func:`extraction_jobs`: encoders dealt round-robin
-by weight size, so the jobs' panels are of like size; each job runs the app's panel extraction,
-``app._extract_panel`` -> ``Embedder.embed_panel``, which decodes every image once per pass). They
-run in the submitting process on Hydra's basic and joblib launchers, and as submitit jobs built
-from the sweep's ``hydra.launcher`` settings on the submitit launchers (``launcher=slurm``,
+by weight size, so the jobs' panels are of like size; each job runs the pipeline's panel
+extraction, ``pipeline.job.extract_panel`` -> ``Embedder.embed_panel``, which decodes every image
+once per pass). They run in the submitting process on Hydra's basic and joblib launchers, and as
+submitit jobs built from the sweep's ``hydra.launcher`` settings on the submitit launchers (``launcher=slurm``,
 ``launcher=submitit_local``); the callback waits for them, then the launcher starts the usual
 per-encoder stage jobs, which find settled cache entries and only score. A failed extraction job
 is one ``warning:`` line naming its log; its stage jobs extract what is missing themselves. The
@@ -104,11 +104,12 @@ def dry_run_sweep(config: DictConfig, unit_dir: Path | None = None) -> int:
     """``-m ... dry_run=true`` (and an experiment's run as a unit without ``-m``, ``unit_dir``: its
     run folder): print the jobs the sweep would launch, both ways to run them (one after another
     in this process without ``-m``, or fanned out with ``-m`` onto the launcher, with its
-    settings), each job's plan checked (:func:`.app.plan`: names, data folders, options) and its
+    settings), each job's plan checked (:func:`robustbench_fm.pipeline.plan.plan`: names, data folders, options) and its
     verdict, then each distinct problem once with the jobs it stops (:func:`problem_lines`: a
     missing dataset folder is one line, not one per job); launch nothing and write nothing.
     Returns the exit code: 0, or 2 when a job's plan fails."""
-    from . import app  # lazy: imports torch
+    from ..pipeline import job as pipeline_job  # lazy: imports torch
+    from ..pipeline import plan as pipeline_plan  # lazy: as the job
 
     jobs = plan_jobs(config, with_configs=True)
     launcher = config.hydra.launcher
@@ -138,9 +139,10 @@ def dry_run_sweep(config: DictConfig, unit_dir: Path | None = None) -> int:
     problems: dict[str, list[int]] = {}  # one-line error -> the jobs it stops, in launch order
     for job in jobs:
         try:
-            app.plan(job["config"], job["overrides"], here="submitit" not in str(launcher.get("_target_", "")))
+            pipeline_plan.plan(job["config"], job["overrides"],
+                               here="submitit" not in str(launcher.get("_target_", "")))
             verdict = "ok"
-        except app.USER_ERRORS as exc:
+        except pipeline_job.USER_ERRORS as exc:
             stopped = problems.setdefault(message(exc), [])
             stopped.append(job["num"])
             verdict = f"error (problem {list(problems).index(message(exc)) + 1})"
@@ -184,7 +186,8 @@ def extraction_jobs(jobs: list[dict], n_jobs: int) -> list[dict]:
     not (within a job, :meth:`Embedder.panel_groups` splits further passes if needed). Returns
     ``[{"num", "dir", "panels": [{"settings", "encoders": [[name, encoder node]], "dataset",
     "stage"}]}]``; [] when no job qualifies."""
-    from . import app  # lazy: imports torch
+    from ..pipeline import job as pipeline_job  # lazy: imports torch
+    from ..pipeline import plan as pipeline_plan  # lazy: as the job
 
     groups: dict[str, dict] = {}
     for job in jobs:
@@ -192,8 +195,8 @@ def extraction_jobs(jobs: list[dict], n_jobs: int) -> list[dict]:
         if cfg.get("features_file") or int(cfg.extract.get("num_shards", 1)) > 1:
             continue
         try:
-            plan = app.plan(cfg, job["overrides"], here=False)
-        except app.USER_ERRORS:
+            plan = pipeline_plan.plan(cfg, job["overrides"], here=False)
+        except pipeline_job.USER_ERRORS:
             continue
         if hasattr(stages.get(plan.stage), "run_job"):  # the stage drives the encoder itself
             continue
@@ -245,14 +248,14 @@ def _describe(job: dict) -> str:
 
 def run_extraction(job: dict, sweep_dir: str) -> list[dict]:
     """One panel-extraction job (:func:`extraction_jobs`), in this process or a submitit job's:
-    every panel's encoders embedded through the app's extraction (``app._extract_panel`` ->
+    every panel's encoders embedded through the pipeline's extraction (``pipeline.job.extract_panel`` ->
     ``Embedder.embed_panel``: one decode per image per pass; each entry the one the stage job
     would write itself, byte for byte), each encoder with the options its own stage job has.
     Writes ``<sweep>/extract/<i>/``: ``status.json`` (running with pid and host, then done or
     failed with the error), ``config.yaml`` (redacted), ``extract.log`` and ``panel.json`` (per
     panel: dataset, stage and each encoder's entry and cache use, as a job's ``entries.json``).
     Returns the ``panel.json`` records; raises what the extraction raised."""
-    from . import app  # lazy: imports torch
+    from ..pipeline import job as pipeline_job  # lazy: imports torch
 
     out = Path(sweep_dir) / job["dir"]
     out.mkdir(parents=True, exist_ok=True)
@@ -263,7 +266,7 @@ def run_extraction(job: dict, sweep_dir: str) -> list[dict]:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
-        with app.recorded(out, pid=os.getpid(), host=socket.gethostname()):
+        with pipeline_job.recorded(out, pid=os.getpid(), host=socket.gethostname()):
             write_text_atomic(out / "config.yaml", redacted_yaml(OmegaConf.create(
                 [p["settings"] for p in job["panels"]] if len(job["panels"]) > 1 else job["panels"][0]["settings"])))
             try:
@@ -281,17 +284,19 @@ def run_extraction(job: dict, sweep_dir: str) -> list[dict]:
 
 def _extract(panel: dict) -> dict:
     """One panel of an extraction job: its manifest (as its stage jobs build it) and its encoders'
-    entries (``app._extract_panel`` with an Embedder holding each encoder's own options)."""
-    from . import app  # lazy: imports torch
+    entries (``pipeline.job.extract_panel`` with an Embedder holding each encoder's own options)."""
+    from ..pipeline import job as pipeline_job  # lazy: imports torch
+    from ..pipeline import plan as pipeline_plan  # lazy: as the job
 
     names = [name for name, _ in panel["encoders"]]
     configs = [OmegaConf.create({**panel["settings"], "encoder": node}) for _, node in panel["encoders"]]
-    plans = [app.plan(c, [f"encoder={c.encoder.name}"]) for c in configs]  # each encoder's own options
+    plans = [pipeline_plan.plan(c, [f"encoder={c.encoder.name}"]) for c in configs]  # each encoder's own options
     plan = dataclasses.replace(plans[0], encoders=names)
-    manifest = app.load_manifest(plan)
-    service = dataclasses.replace(app.embedder(plan), options=dict(app.encoder_options(p) for p in plans))
+    manifest = pipeline_job.load_manifest(plan)
+    service = dataclasses.replace(pipeline_job.embedder(plan),
+                                  options=dict(pipeline_job.encoder_options(p) for p in plans))
     log.info("panel extraction of %d encoders (%s) on %s", len(names), ", ".join(names), plan.dataset)
-    entries, skipped, cache = app._extract_panel(plan, manifest, service)
+    entries, skipped, cache = pipeline_job.extract_panel(plan, manifest, service)
     return {"dataset": plan.dataset, "stage": plan.stage, "skipped": len(skipped),
             "entries": [{"encoder": n, "entry": str(e), "cache": cache.get(n)} for n, e, _ in entries]}
 
@@ -339,10 +344,10 @@ def _failed(sweep_dir: Path, job: dict, exc: BaseException, log_file: Path) -> N
         lines = [line for line in str(exc).splitlines() if line.strip()]
         error = f"{type(exc).__name__}: {_short(' '.join(lines[0].split()) if lines else '', 200)}"
         out.mkdir(parents=True, exist_ok=True)
-        from . import app  # lazy: imports torch
+        from ..pipeline.job import write_status  # lazy: imports torch
 
-        app.write_status(out, "failed", error, end=time.time(),
-                    **{k: v for k, v in record.items() if k in ("pid", "host", "start")})
+        write_status(out, "failed", error, end=time.time(),
+                     **{k: v for k, v in record.items() if k in ("pid", "host", "start")})
     print(f"warning: panel extraction job {job['dir']} ({_describe(job)}) failed: {error}; log: {log_file}; "
           "its stage jobs extract what is missing themselves", file=sys.stderr)
 

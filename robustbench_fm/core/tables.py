@@ -45,7 +45,7 @@ class SweepResults:
       for steps that re-score the same features (e.g. CRoMa's panel median-k);
     * :attr:`config`: the first finished job's resolved config;
     * :meth:`manifest`: a job's manifest rebuilt from its config, through the loader the collector
-      passes in (``load_manifest``; the command line's is :func:`robustbench_fm.cli.app.job_manifest`),
+      passes in (``load_manifest``; the command line's is :func:`robustbench_fm.pipeline.job.job_manifest`),
       for steps that re-score the same features.
     """
 

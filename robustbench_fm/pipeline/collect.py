@@ -52,7 +52,8 @@ from ..report.html import console_summary, sweep_report, write_report
 from ..report.long_format import LONG_COLUMNS, to_long
 from ..report.render import render
 from ..report.tables import get
-from . import job as app
+from .job import job_manifest, load_manifest, record_entries, run_stage_on_entries
+from .plan import plan
 
 log = logging.getLogger("robustbench_fm")
 
@@ -142,14 +143,14 @@ def _collect_parts(records: list[tuple[Path, dict]], sweep_dir: Path) -> tuple[l
             continue
         first = min(recs, key=lambda r: (r[1]["part"], r[0].name))[0]
         cfg = OmegaConf.load(first / "config.yaml")
-        job = app.plan(cfg, ["encoder=" + complete[0][0]])
-        manifest = app.load_manifest(job)
+        job = plan(cfg, ["encoder=" + complete[0][0]])
+        manifest = load_manifest(job)
         skipped = sorted({s for _, entry in complete for s in skipped_ids(entry)})
         out = sweep_dir / "collect" / f"{dataset}-{stage}"
         out.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out / "config.yaml", redacted_yaml(cfg))  # so the report step reads it like a job's
-        app._record_entries(out, job, [(n, e, []) for n, e in complete], {})
-        for summary in app.run_stage_on_entries(job, manifest, complete, skipped, out):
+        record_entries(out, job, [(n, e, []) for n, e in complete], {})
+        for summary in run_stage_on_entries(job, manifest, complete, skipped, out):
             summaries.append((summary.assign(job=f"collect/{out.name}"), cfg))
     return summaries, problems
 
@@ -273,7 +274,7 @@ def _write_tables(sweep_dir: Path, combined: pd.DataFrame) -> tuple[list, list[s
     that cannot be built is one ``error:`` line (a :class:`UserError`: its message; anything else
     is a bug: the traceback goes to ``<sweep>/collect.log``), the others are still written; returns
     the tables and those lines (the sweep then fails: :attr:`Collected.table_errors`)."""
-    results = SweepResults(sweep_dir, combined, load_manifest=app.job_manifest)
+    results = SweepResults(sweep_dir, combined, load_manifest=job_manifest)
     names = list((results.config.get("report") or {}).get("tables") or []) if results.config is not None else []
     if not names or combined.empty:
         return [], []

@@ -42,6 +42,7 @@ from ..report.comparisons import read as read_comparisons
 from ..report.comparisons import verdict
 from . import job as pipeline_job
 from .collect import JOBS_FILE, Collected, collect_and_report, job_state
+from .plan import plan
 
 log = logging.getLogger("robustbench_fm")
 
@@ -203,7 +204,7 @@ class JobsRefused(UserError):
 
 
 def check_jobs(jobs: list[dict], run_dir: Path | None = None) -> None:
-    """Every job's plan (names, data folders, options: :func:`.job.plan`) before the first one runs;
+    """Every job's plan (names, data folders, options: :func:`.plan.plan`) before the first one runs;
     the jobs ``run_dir`` already holds as done are skipped (a resumed run does not run them again).
     Raises :class:`JobsRefused` naming each distinct problem once with the jobs it stops (a missing
     dataset folder is one line, not one per job)."""
@@ -213,7 +214,7 @@ def check_jobs(jobs: list[dict], run_dir: Path | None = None) -> None:
             continue
         cfg, _, _ = task_config(job["config"])
         try:
-            pipeline_job.plan(cfg, list(job["overrides"]))
+            plan(cfg, list(job["overrides"]))
         except pipeline_job.USER_ERRORS as exc:
             problems.setdefault(message(exc), []).append(job["num"])
     if problems:
@@ -288,7 +289,7 @@ def run_experiment(experiment: str, overrides: list[str] | tuple[str, ...] = (),
         target = Path(run_dir) if run_dir is not None else Path(str(full.hydra.run.dir))
         if not is_unit(full):
             cfg, name, _ = task_config(full)
-            pipeline_job.plan(cfg, args)
+            plan(cfg, args)
             target.mkdir(parents=True, exist_ok=True)
             summary = pipeline_job.run(cfg, target, args, experiment=name)
             tables = {p.stem: pd.read_csv(p) for p in sorted((target / "tables").glob("*.csv"))}

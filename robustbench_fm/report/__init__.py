@@ -14,4 +14,6 @@ package runs and renders them.
   (ours, published, difference, flagged beyond the published interval);
 * :mod:`.html`: ``report.md`` and a self-contained ``report.html`` per run and per sweep (jinja2
   templates in ``templates/``).
+* :mod:`.figures`: what every paper's figures share (the columns a figure needs, a figure written
+  as PNG and PDF); a leaf the methods' ``plots`` modules read (tests/test_layers.py ``SHARED``).
 """

@@ -38,7 +38,7 @@ from .. import methods
 from ..core.atomic import write_text_atomic
 from ..core.stats import MIN_CLUSTERS, holm_adjust, paired_bootstrap, paired_difference
 from ..core.tables import SweepResults
-from ..methods.croma.plots import save_figure
+from .figures import save_figure
 
 #: the family-wise error rate of a comparison family (Holm), and the best set's threshold
 ALPHA = 0.05

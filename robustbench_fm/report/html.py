@@ -381,7 +381,7 @@ def figures(results: SweepResults, long: pd.DataFrame, fig_dir: Path) -> tuple[l
 
 def cache_hits(job_dirs: list[Path]) -> pd.DataFrame:
     """Feature-cache use per (job, encoder) from ``entries.json`` (``cache`` records of
-    :func:`robustbench_fm.cli.app._record_entries`): images, embedded now, read from the cache."""
+    :func:`robustbench_fm.pipeline.job.record_entries`): images, embedded now, read from the cache."""
     rows = []
     for d in job_dirs:
         f = d / "entries.json"
@@ -393,7 +393,7 @@ def cache_hits(job_dirs: list[Path]) -> pd.DataFrame:
 
 def job_times(job_dirs: list[Path]) -> tuple[float | None, int]:
     """Wall-clock seconds from the earliest start to the last end recorded in the jobs'
-    ``status.json`` (:func:`robustbench_fm.cli.app.run`), and how many jobs recorded both."""
+    ``status.json`` (:func:`robustbench_fm.pipeline.job.run`), and how many jobs recorded both."""
     spans = []
     for d in job_dirs:
         f = d / "status.json"
@@ -463,7 +463,7 @@ def which_encoder(folder: Path) -> dict:
 
 def run_report(out_dir: Path, config_yaml: str, long: pd.DataFrame, seconds: float,
                experiment: str | None = None) -> Report:
-    """The report of one run folder (written by :func:`robustbench_fm.cli.app.run`); ``experiment``
+    """The report of one run folder (written by :func:`robustbench_fm.pipeline.job.run`); ``experiment``
     names the experiment in the title."""
     results = SweepResults(out_dir)
     cfg = OmegaConf.create(config_yaml) if config_yaml.strip() else None

@@ -10,8 +10,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import robustbench_fm
-from robustbench_fm.cli import app
 from robustbench_fm.cli.main import CONFIG_DIR
+from robustbench_fm.pipeline.job import USER_ERRORS
+from robustbench_fm.pipeline.plan import plan as plan_job
 
 pytestmark = pytest.mark.slow  # command-line subprocesses: the full suite runs them
 
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def plan(tmp_path, *overrides):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"paths.root={tmp_path}", *overrides])
-    return app.plan(cfg, list(overrides))
+    return plan_job(cfg, list(overrides))
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -35,7 +36,7 @@ def plan(tmp_path, *overrides):
     (["stage.params.n_boot=-1"], "n_boot=-1"),
 ])
 def test_bad_options_fail_in_plan_with_one_line(tmp_path, overrides, message):
-    with pytest.raises(app.USER_ERRORS) as err:
+    with pytest.raises(USER_ERRORS) as err:
         plan(tmp_path, *overrides)
     text = err.value.args[0] if isinstance(err.value, KeyError) else str(err.value)
     assert message in text and "\n" not in text

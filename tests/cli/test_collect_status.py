@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 HOLDER = """
 import sys, time
 from pathlib import Path
-from robustbench_fm.cli.app import write_status
+from robustbench_fm.pipeline.job import write_status
 from robustbench_fm.core.locking import FileLock
 job = Path(sys.argv[1])
 with FileLock(job / ".lock", timeout=0):

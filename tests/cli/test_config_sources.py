@@ -10,9 +10,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from robustbench_fm import data, encoders
-from robustbench_fm.cli import app
 from robustbench_fm.cli.main import CONFIG_DIR, listing
 from robustbench_fm.data.cards import CARD_FIELDS
+from robustbench_fm.pipeline.plan import plan
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 
@@ -38,7 +38,7 @@ def test_every_encoder_option_is_what_its_yaml_held(tmp_path):
         assert OmegaConf.to_container(cfg.encoder) == {"name": "uni", "weights": str(tmp_path), "batch_size": 8}
         cfg = compose("config", overrides=[f"paths.root={tmp_path}", "encoders=[uni,phikon]"],
                       return_hydra_config=True)
-        assert app.plan(cfg).encoders == ["uni", "phikon"]
+        assert plan(cfg).encoders == ["uni", "phikon"]
         assert cfg.hydra.sweeper.params.encoder == "uni,phikon"
 
 

@@ -10,9 +10,11 @@ from omegaconf import OmegaConf
 
 from robustbench_fm import data, encoders
 from robustbench_fm import methods as stages
-from robustbench_fm.cli import app, configstore
+from robustbench_fm.cli import configstore
 from robustbench_fm.cli.main import CONFIG_DIR, listing
 from robustbench_fm.methods.params import config_node, field_docs
+from robustbench_fm.pipeline.job import load_manifest
+from robustbench_fm.pipeline.plan import plan
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 REQUIRED = {"from_features": ["features_file=f.parquet", "manifest_file=m.csv", "stage.findings=[marker]"]}
@@ -28,7 +30,7 @@ def test_every_experiment_composes_and_plans(experiment, tmp_path):
     cfg = compose_cfg([f"experiment={experiment}", f"dataset.root={tmp_path}", *REQUIRED.get(experiment, [])],
                       tmp_path)
     OmegaConf.to_yaml(cfg, resolve=True)
-    job = app.plan(cfg)
+    job = plan(cfg)
     assert job.stage in stages.names()
     assert job.findings
 
@@ -69,17 +71,17 @@ def test_stage_configs_are_generated_from_the_registry():
 
 def test_demo_is_the_default_and_explicit_encoder_wins(tmp_path):
     cfg = compose_cfg([], tmp_path)
-    assert app.plan(cfg).encoders == ["planted_blur", "planted_sharp", "random_vit_s"]
+    assert plan(cfg).encoders == ["planted_blur", "planted_sharp", "random_vit_s"]
     override = ["dataset=planted", "encoder=planted_sharp", "stage=candor"]
     cfg = compose_cfg(override, tmp_path)
-    assert app.plan(cfg, override).encoders == ["planted_sharp"]
+    assert plan(cfg, override).encoders == ["planted_sharp"]
     assert Path(cfg.dataset.root) == tmp_path / "outputs" / "demo_data" / "planted"
 
 
 def test_unknown_names_fail_with_a_suggestion(tmp_path):
     cfg = compose_cfg(["encoders=[planted_blurr]"], tmp_path)
     with pytest.raises(KeyError, match="did you mean planted_blur"):
-        app.plan(cfg)
+        plan(cfg)
 
 
 def test_listing_names_every_registry():
@@ -104,9 +106,9 @@ def test_every_launcher_composes_with_its_plugin(launcher, target, tmp_path):
 def test_experiments_pick_their_panel_and_a_panel_override_wins(tmp_path):
     chest = OmegaConf.load(CONFIG_DIR / "panel" / "candor_chest.yaml").encoders
     cfg = compose_cfg(["experiment=chest_candor", f"dataset.root={tmp_path}"], tmp_path)
-    assert app.plan(cfg).encoders == list(chest)
+    assert plan(cfg).encoders == list(chest)
     cfg = compose_cfg(["panel=candor_chest"], tmp_path)  # on the default (demo) experiment
-    assert app.plan(cfg).encoders == list(chest)
+    assert plan(cfg).encoders == list(chest)
 
 
 def test_paths_resolve_to_the_launch_folder_without_a_hydra_job(tmp_path, monkeypatch):
@@ -130,7 +132,7 @@ def test_a_dataset_with_empty_options_builds_its_manifest(tmp_path):
     write_cub(tmp_path / "cub", per_class=3)
     cfg = compose_cfg(["dataset=cub", f"dataset.root={tmp_path / 'cub'}", "encoder=planted_blur"], tmp_path)
     assert OmegaConf.to_container(cfg.dataset.options) == {}
-    manifest = app.load_manifest(app.plan(cfg, ["encoder=planted_blur"]))
+    manifest = load_manifest(plan(cfg, ["encoder=planted_blur"]))
     assert len(manifest) == 3 * len(CUB_CLASSES)
 
 
@@ -141,7 +143,7 @@ def test_a_dataset_with_empty_options_builds_its_manifest(tmp_path):
 def test_the_plan_parses_the_stage_parameters_once_in_one_line(override, message, tmp_path):
     cfg = compose_cfg([override], tmp_path)
     with pytest.raises(ValueError) as err:
-        app.plan(cfg, [override])
+        plan(cfg, [override])
     assert str(err.value) == message
 
 

@@ -293,10 +293,10 @@ def test_cli_refuses_encoder_name_and_a_mistyped_k_in_one_line(tmp_path, overrid
      "linear_head: stage.params.lr=fast must be a number (default: 0.001)"),
 ])
 def test_a_parameter_of_the_wrong_type_names_the_type(tmp_path, overrides, message):
-    from robustbench_fm.cli import app
+    from robustbench_fm.pipeline.plan import plan
 
     with pytest.raises(ValueError) as err:
-        app.plan(compose_cfg(tmp_path, *overrides), overrides)
+        plan(compose_cfg(tmp_path, *overrides), overrides)
     assert str(err.value) == message
 
 

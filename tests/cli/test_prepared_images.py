@@ -1,6 +1,7 @@
 """A CANDOR job through the app goes through the prepared-image stage (issue 18 item 5; candor.md
 "Scope": "Every image is stored at 224x224 pixels. The image processor of each encoder then resizes
 it"): CheXpert's released layout, two planted encoders, ``experiment=chest_candor``."""
+import dataclasses
 import json
 import shutil
 import sys
@@ -16,7 +17,8 @@ from robustbench_fm.cli import app
 from robustbench_fm.cli.main import CONFIG_DIR
 from robustbench_fm.data import prepared
 from robustbench_fm.features.load import load_features
-from robustbench_fm.pipeline import job
+from robustbench_fm.pipeline.job import job_manifest, load_manifest
+from robustbench_fm.pipeline.plan import plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "methods" / "candor"))
 from test_chest_candor_e2e import write_chexpert  # noqa: E402
@@ -38,15 +40,15 @@ def _entries(out: Path) -> dict[str, Path]:
 
 def test_plan_names_the_stored_size_and_native_opts_out(tmp_path):
     cfg = _cfg(tmp_path, tmp_path)
-    assert cfg.resolution == 224 and app.plan(cfg).resolution == 224
+    assert cfg.resolution == 224 and plan(cfg).resolution == 224
     assert f"stored at 224 x 224 px once in {tmp_path / 'outputs' / 'cache' / 'prepared'}" in \
-        app.plan(cfg).describe()
+        plan(cfg).describe()
     native = _cfg(tmp_path, tmp_path, "resolution=native")
-    assert app.plan(native).resolution is None and "native (the files as shipped)" in app.plan(native).describe()
+    assert plan(native).resolution is None and "native (the files as shipped)" in plan(native).describe()
     with pytest.raises(ValueError, match="resolution='224px'"):
-        app.plan(_cfg(tmp_path, tmp_path, "resolution=224px"))
+        plan(_cfg(tmp_path, tmp_path, "resolution=224px"))
     with pytest.raises(ValueError, match="fixed_sample='many'"):
-        app.plan(_cfg(tmp_path, tmp_path, "fixed_sample=many"))
+        plan(_cfg(tmp_path, tmp_path, "fixed_sample=many"))
 
 
 def test_which_experiments_store_their_images_at_224(tmp_path):
@@ -75,7 +77,7 @@ def test_chest_candor_job_reads_images_stored_once_at_224(tmp_path, monkeypatch)
     monkeypatch.setattr(prepared, "read_image", lambda r, row: calls.append(row["path"]) or real(r, row))
 
     summary = app.run(_cfg(tmp_path, root), tmp_path / "run224")
-    manifest = app.job_manifest(_cfg(tmp_path, root))
+    manifest = job_manifest(_cfg(tmp_path, root))
     assert len(calls) == len(manifest) == 44  # every image read once for the two encoders
     entries = _entries(tmp_path / "run224")
     stores = sorted((tmp_path / "outputs" / "cache" / "prepared" / "224px").glob("*/meta.json"))
@@ -134,7 +136,7 @@ def test_resolution_ablation_stores_its_fixed_sample_at_224_and_512(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (sweep / "missing.txt").read_text() == ""
     cfg = _cfg(tmp_path, root, "fixed_sample=6")
-    full = job._full_manifest(job.plan(cfg))
+    full = load_manifest(dataclasses.replace(plan(cfg), fixed_sample=None))  # every image, before the sample
     sample = fixed_sample(full, list(cfg.stage.findings), 6)
     rows = pd.concat(pd.read_parquet(f) for f in sweep.glob("*/summary.parquet"))
     rows = rows[rows["acq_group"] != "__pooled__"]

@@ -9,12 +9,14 @@ from omegaconf import open_dict
 
 from robustbench_fm.cli import app
 from robustbench_fm.cli.main import CONFIG_DIR
+from robustbench_fm.pipeline.job import sweep_first
+from robustbench_fm.pipeline.plan import plan
 
 
 def _first(encoder: str, mode: RunMode | None) -> bool:
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", return_hydra_config=True, overrides=["experiment=spar_demo", f"encoder={encoder}"])
-    job = app.plan(cfg, [f"encoder={encoder}"])  # reads the swept panel (cfg.encoders) into the plan
+    job = plan(cfg, [f"encoder={encoder}"])  # reads the swept panel (cfg.encoders) into the plan
     assert job.encoders == [encoder] and job.swept_encoders == tuple(cfg.encoders)
     instance = HydraConfig.instance()
     before = instance.cfg
@@ -26,7 +28,7 @@ def _first(encoder: str, mode: RunMode | None) -> bool:
                 cfg.hydra.mode = mode
             instance.set_config(cfg)
         # the command line's job reads the mode from Hydra once (app.hydra_mode) into the plan
-        return app._sweep_first(dataclasses.replace(job, multirun=app.hydra_mode()[0]))
+        return sweep_first(dataclasses.replace(job, multirun=app.hydra_mode()[0]))
     finally:
         instance.cfg = before
 

@@ -1,8 +1,8 @@
 """Summary helpers of :mod:`robustbench_fm.core.results`."""
 import pandas as pd
 
-from robustbench_fm.cli.app import console_table
 from robustbench_fm.core.results import without_single_group_pools
+from robustbench_fm.pipeline.job import console_table
 
 
 def _summary():

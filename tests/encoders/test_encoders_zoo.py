@@ -147,11 +147,11 @@ def test_panels_list_the_papers_encoders(tmp_path):
     assert _panel("spar") == ["resnet50_in1k", "vit_b32_in1k", "rad_dino", "biomedclip", "sam_med2d"]
     from hydra import compose, initialize_config_dir
 
-    from robustbench_fm.cli import app
     from robustbench_fm.cli.main import CONFIG_DIR
+    from robustbench_fm.pipeline.plan import plan
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"paths.root={tmp_path}", "panel=croma_tiles"])
-    assert app.plan(cfg).encoders == _panel("croma_tiles")
+    assert plan(cfg).encoders == _panel("croma_tiles")
 
 
 # ------------------------------------------------------------------ architectures

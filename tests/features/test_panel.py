@@ -249,7 +249,7 @@ def test_device_transform_within_cosine_of_the_host_transform(tmp_path):
 
 
 def test_embedder_panel_decodes_once_and_fills_the_entries_embed_fills(data, tmp_path, monkeypatch):
-    """The app's panel extraction (``cli.app._extract_panel`` -> ``Embedder.embed_panel``): one
+    """The app's panel extraction (``pipeline.job.extract_panel`` -> ``Embedder.embed_panel``): one
     decode per image for the encoders that fit together, the same entries as ``Embedder.embed``;
     an encoder larger than the budget gets a pass of its own."""
     import importlib

@@ -6,15 +6,15 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from robustbench_fm.cli import app
 from robustbench_fm.cli.main import CONFIG_DIR, _known_path, _settings, check_overrides
 from robustbench_fm.core.errors import UserError
+from robustbench_fm.pipeline.plan import plan as plan_job
 
 
 def plan(tmp_path, *overrides):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"paths.root={tmp_path}", *overrides])
-    return app.plan(cfg, list(overrides))
+    return plan_job(cfg, list(overrides))
 
 
 @pytest.mark.parametrize("override, message", [
@@ -85,7 +85,7 @@ def test_device_cuda_without_cuda_is_refused_in_plan_before_any_data(tmp_path, m
         plan(tmp_path, "device=cuda")
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"paths.root={tmp_path}", "device=cuda"])
-    assert app.plan(cfg, ["device=cuda"], here=False).extract.device == "cuda"
+    assert plan_job(cfg, ["device=cuda"], here=False).extract.device == "cuda"
 
 
 @pytest.mark.parametrize("rows, message", [

@@ -10,9 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from robustbench_fm.cli import app
 from robustbench_fm.cli import main as cli
 from robustbench_fm.core.tables import PaperTable
+from robustbench_fm.pipeline.job import record_entries
+from robustbench_fm.pipeline.plan import Plan
 from robustbench_fm.report import html, published
 
 EXTERNAL = re.compile(r"(?:src|href|url)\s*[=(]\s*['\"]?(?!data:)[a-z]+:", re.I)
@@ -43,9 +44,9 @@ def test_report_with_tables_comparison_and_cache(tmp_path):
     frame = published.wide("candor", 2).drop(columns="section").rename(columns={"row": "Encoder"})
     frame.loc[0, "D"] = 0.5  # RAD-DINO off its published 0.277
     table = PaperTable("candor_table2", frame, best={"D": "min"})
-    job = app.Plan("planted", Path("/d"), ["planted_blur"], "candor", ["marker"], None)
-    app._record_entries(tmp_path, job, [("planted_blur", Path("/cache/e1"), [])],
-                        {"planted_blur": {"images": 40, "embedded": 0, "cached": 40, "hit": True, "seconds": 0.1}})
+    job = Plan("planted", Path("/d"), ["planted_blur"], "candor", ["marker"], None)
+    record_entries(tmp_path, job, [("planted_blur", Path("/cache/e1"), [])],
+                   {"planted_blur": {"images": 40, "embedded": 0, "cached": 40, "hit": True, "seconds": 0.1}})
     report = html.Report("Run x", config_yaml="seed: 42\n", tables=[table],
                          compare=html.cmp_mod.compare_tables([table]), runtime_s=12.5,
                          cache=html.cache_hits([tmp_path]))

@@ -22,6 +22,7 @@ from robustbench_fm.core import results
 from robustbench_fm.core.stats import spearman
 from robustbench_fm.core.tables import PaperTable, SweepResults
 from robustbench_fm.methods.candor import plots as candor_plots
+from robustbench_fm.pipeline.job import MAX_REASONS, console_table
 from robustbench_fm.report import html
 from robustbench_fm.report.long_format import to_long
 
@@ -69,13 +70,13 @@ def test_not_scored_names_the_row_and_its_reason():
 
 def test_console_table_lists_the_reasons_under_the_table():
     summary = demo_summary([blank_row("planted_blur", "AP", finding="edema")])
-    table = app.console_table(summary, "candor")
+    table = console_table(summary, "candor")
     head, _, tail = table.partition("Not scored (1 row, blank above):")
     assert head.startswith("| encoder | finding | acq_group |") and "random_vit_s" in head
     assert tail.strip() == f"- planted_blur, planted, edema, group AP: {REASON}"
-    assert "Not scored" not in app.console_table(demo_summary(), "candor")
-    many = demo_summary([blank_row("planted_blur", f"G{i}", finding="edema") for i in range(app.MAX_REASONS + 3)])
-    assert "... and 3 more" in app.console_table(many, "candor")
+    assert "Not scored" not in console_table(demo_summary(), "candor")
+    many = demo_summary([blank_row("planted_blur", f"G{i}", finding="edema") for i in range(MAX_REASONS + 3)])
+    assert "... and 3 more" in console_table(many, "candor")
 
 
 def test_run_report_lists_the_blank_rows_with_their_reason(tmp_path):

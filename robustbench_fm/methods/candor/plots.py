@@ -10,7 +10,7 @@ Inputs are DataFrames with one row per (encoder, task), as the long-format colle
 * Figure 3 (:func:`retention_figure`): ``encoder``, ``d``, ``retention``: retention against D.
 
 Each ``*_figure`` draws on a fresh :class:`matplotlib.figure.Figure`; each ``plot_*`` writes
-``<stem>.png`` and ``<stem>.pdf`` (:func:`.croma_plots.save_figure`) and returns the paths.
+``<stem>.png`` and ``<stem>.pdf`` (:func:`robustbench_fm.report.figures.save_figure`) and returns the paths.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from ...core.stats import spearman
-from ..croma.plots import _require, save_figure
+from ...report.figures import require_columns, save_figure
 
 CHANCE = 0.5
 MARKERS = "os^vD<>pP*Xh"
@@ -67,7 +67,7 @@ def positives_figure(df: pd.DataFrame) -> Figure:
     interval where the frame has one), each point labelled with its encoder where there
     are few; Spearman ρ of each measure in the legend where it is defined (3 or more distinct
     points); chance 1/2 dashed (candor.md Figure 2)."""
-    _require(df, ("n", "d", "d_all"), "D vs positives")
+    require_columns(df, ("n", "d", "d_all"), "D vs positives")
     encoders = list(dict.fromkeys(df["encoder"].astype(str))) if "encoder" in df.columns else [""]
     colours = {e: f"C{k % 10}" for k, e in enumerate(encoders)}
     fig = Figure(figsize=(6.5, 4.2))
@@ -111,7 +111,7 @@ def positives_figure(df: pd.DataFrame) -> Figure:
 def collapse_figure(df: pd.DataFrame) -> Figure:
     """Collapse rate D per task (x: the tasks, in order), one marker and colour per encoder, the
     encoders side by side within ±0.3 of their task, chance 1/2 dashed (candor_v1.md Figure 2b)."""
-    _require(df, ("task", "encoder", "d"), "collapse per task")
+    require_columns(df, ("task", "encoder", "d"), "collapse per task")
     tasks = list(dict.fromkeys(df["task"]))
     encoders = sorted(df["encoder"].astype(str).unique())
     width = 0.6 / max(len(encoders), 1)
@@ -133,7 +133,7 @@ def collapse_figure(df: pd.DataFrame) -> Figure:
 
 def retention_figure(df: pd.DataFrame) -> Figure:
     """Retention against D, one labelled point per encoder, Spearman ρ in the title (candor.md Figure 3)."""
-    _require(df, ("encoder", "d", "retention"), "retention vs D")
+    require_columns(df, ("encoder", "d", "retention"), "retention vs D")
     fig = Figure(figsize=(5, 4))
     ax = fig.add_subplot()
     ax.scatter(df["d"], df["retention"], color="C0")

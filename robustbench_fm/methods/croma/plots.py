@@ -22,32 +22,12 @@ import pandas as pd
 from matplotlib.figure import Figure
 from scipy.stats import gaussian_kde, spearmanr, t
 
-from ...core.atomic import write_atomic
+from ...report.figures import require_columns, save_figure
 from .params import CONTROLS
 
 APD_COLUMNS = {"apd": "APD", "apd_id": "APD (in-domain)", "apd_ood": "APD (out-of-domain)"}
 #: APD column -> the shortcut stage's test_set it summarises
 TEST_SETS = {"apd_id": "id", "apd_ood": "ood"}
-
-
-def _require(df: pd.DataFrame, columns: tuple[str, ...], what: str) -> None:
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"{what}: columns {', '.join(missing)} missing (present: {', '.join(map(str, df.columns))}); "
-                         f"pass a table with {', '.join(columns)}")
-    if df.empty:
-        raise ValueError(f"{what}: the table is empty; nothing to plot")
-
-
-def save_figure(fig: Figure, stem: str | Path) -> list[Path]:
-    """Write ``fig`` as ``<stem>.png`` (150 dpi) and ``<stem>.pdf``; returns both paths."""
-    stem = Path(stem)
-    paths = []
-    for fmt in ("png", "pdf"):
-        path = stem.with_name(f"{stem.name}.{fmt}")
-        write_atomic(path, lambda f, fmt=fmt: fig.savefig(f, format=fmt, dpi=150, bbox_inches="tight"))
-        paths.append(path)
-    return paths
 
 
 def pareto_frontier(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -63,7 +43,7 @@ def ridgeline_figure(per_sample: pd.DataFrame, value_col: str = "croma", overlap
     """Per-sample CRoMa density per encoder, one ridge each, ordered by median (highest on top);
     dashed line at 0 and the confounder-dominant side (< 0) shaded (croma.md Figure 4). Densities
     are Gaussian KDEs (Scott's bandwidth), each scaled to the same peak height."""
-    _require(per_sample, ("encoder", value_col), "ridgeline")
+    require_columns(per_sample, ("encoder", value_col), "ridgeline")
     medians = per_sample.groupby("encoder")[value_col].median().sort_values()
     grid = np.linspace(-1, 1, 400)
     fig = Figure(figsize=(6, 0.45 * len(medians) + 1.2))
@@ -90,7 +70,7 @@ def pareto_figure(summary: pd.DataFrame, frontier: list[str] | None = None, x_co
     """Median CRoMa against LTM₁₀, one labelled point per encoder; frontier points ringed,
     dominated ones shaded (croma.md Figures 3, 14, 15; Figure 5 is :func:`mean_rank_figure`).
     ``frontier`` names the frontier encoders; ``None`` computes it with :func:`pareto_frontier`."""
-    _require(summary, ("encoder", x_col, y_col), "pareto")
+    require_columns(summary, ("encoder", x_col, y_col), "pareto")
     on = (summary["encoder"].isin(frontier).to_numpy() if frontier is not None
           else pareto_frontier(summary[x_col], summary[y_col]))
     fig = Figure(figsize=(5.5, 4.5))
@@ -113,7 +93,7 @@ def mean_rank_figure(ranks: pd.DataFrame, benchmarks: list[str] | None = None, x
     rank by LTM₁₀ (y) across the tile benchmarks, rank 1 = best; both axes inverted so that
     better ranks lie toward the upper-right corner; frontier points (``pareto`` column, from
     :func:`robustbench_fm.methods.croma.panel.mean_ranks`) ringed, dominated ones shaded."""
-    _require(ranks, ("encoder", x_col, y_col, "pareto"), "mean ranks")
+    require_columns(ranks, ("encoder", x_col, y_col, "pareto"), "mean ranks")
     on = ranks["pareto"].to_numpy(bool)
     fig = Figure(figsize=(5.5, 4.5))
     ax = fig.add_subplot()
@@ -161,7 +141,7 @@ def typed_distance_figure(per_sample: pd.DataFrame, mass: float = 0.75) -> Figur
     region of each encoder's cloud (computed in log space, :func:`hdr_outline`), filled larger
     markers at each encoder's medians, and the diagonal d_OS = d_SO (CRoMa = 0; above it biology
     dominates)."""
-    _require(per_sample, ("encoder", "d_so", "d_os"), "typed-distance plane")
+    require_columns(per_sample, ("encoder", "d_so", "d_os"), "typed-distance plane")
     if ((per_sample["d_so"] <= 0) | (per_sample["d_os"] <= 0)).any():
         raise ValueError("typed-distance plane: d_so and d_os must be positive for log axes")
     fig = Figure(figsize=(5.5, 5))
@@ -207,12 +187,12 @@ def croma_apd_figure(summary: pd.DataFrame, x_col: str = "croma", probe: pd.Data
     apd_ood panel: the probe's balanced-test accuracy as the training set's centre–label Cramér's V
     rises from 0 to 1, per encoder, with 95% t-intervals over the replicates."""
     cols = [c for c in APD_COLUMNS if c in summary.columns]
-    _require(summary, ("encoder", x_col), "croma-vs-apd")
+    require_columns(summary, ("encoder", x_col), "croma-vs-apd")
     if not cols:
         raise ValueError(f"croma-vs-apd: no APD column (one of {', '.join(APD_COLUMNS)}); add the shortcut "
                          "stage's APD per encoder")
     if probe is not None:
-        _require(probe, ("encoder", "test_set", "cramers_v", "accuracy"), "croma-vs-apd probe")
+        require_columns(probe, ("encoder", "test_set", "cramers_v", "accuracy"), "croma-vs-apd probe")
     top = probe is not None
     fig = Figure(figsize=(4.5 * len(cols), 8 if top else 4))
     for k, col in enumerate(cols):

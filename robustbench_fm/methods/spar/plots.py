@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..croma.plots import _require, save_figure
+from ...report.figures import require_columns, save_figure
 
 MARKERS = "os^vDP*Xh<>p"
 
@@ -34,7 +34,7 @@ def probe_table(summary: pd.DataFrame) -> pd.DataFrame:
     ``cohort`` (the evaluation dataset), ``in_domain`` (cohort = the training dataset) and, where the
     summary has them, ``majority`` and ``prior`` (means over seeds).
     Level 1/2 rows (no accuracy), per-organ rows and the macro average are left out."""
-    _require(summary, ("finding", "accuracy", "chance", "eval_dataset"), "SPAR probe table")
+    require_columns(summary, ("finding", "accuracy", "chance", "eval_dataset"), "SPAR probe table")
     rows = summary[summary["accuracy"].notna() & (summary["finding"].astype(str) != "macro")]
     if "organ" in rows:
         rows = rows[rows["organ"].astype(str) == "all"]
@@ -52,7 +52,7 @@ def probe_bars_figure(df: pd.DataFrame, title: str = "") -> Figure:
     """Grouped bars: x = probe, one bar per configuration; dashed chance line per probe, dotted
     majority class and dash-dotted question-only prior where given (the prior only where it is
     above both, so a bar must clear it)."""
-    _require(df, ("encoder", "probe", "accuracy", "chance"), "SPAR probe bars")
+    require_columns(df, ("encoder", "probe", "accuracy", "chance"), "SPAR probe bars")
     probes = list(dict.fromkeys(df["probe"]))
     encoders = list(dict.fromkeys(df["encoder"]))
     width = 0.8 / len(encoders)
@@ -90,7 +90,7 @@ def probe_bars_figure(df: pd.DataFrame, title: str = "") -> Figure:
 def domain_figure(df: pd.DataFrame, in_domain: str, zero_shot: str) -> Figure:
     """Accuracy in cohort ``in_domain`` (x) against cohort ``zero_shot`` (y), one point per
     (configuration, probe), marker per probe; diagonal (no loss) and each probe's chance level."""
-    _require(df, ("encoder", "probe", "accuracy", "chance", "cohort"), "SPAR in-domain vs zero-shot")
+    require_columns(df, ("encoder", "probe", "accuracy", "chance", "cohort"), "SPAR in-domain vs zero-shot")
     wide = df.pivot_table(index=["encoder", "probe"], columns="cohort", values="accuracy").reset_index()
     for cohort in (in_domain, zero_shot):
         if cohort not in wide.columns:

@@ -8,12 +8,13 @@ from omegaconf import OmegaConf
 from scipy import ndimage
 
 from robustbench_fm import data
-from robustbench_fm.cli import app
 from robustbench_fm.cli.main import CONFIG_DIR
 from robustbench_fm.data.ct import layouts as ct_datasets
 from robustbench_fm.data.ct import phantoms
 from robustbench_fm.data.ct.volumes import load_ras, to_display
 from robustbench_fm.methods.spar.samples import L3_PROBES, ORGANS, build_samples
+from robustbench_fm.pipeline.job import load_manifest
+from robustbench_fm.pipeline.plan import Plan
 
 
 def _centroid_x(labels, organ):
@@ -80,13 +81,13 @@ def test_phantom_dataset_composes_generates_and_builds_every_probe(tmp_path):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"paths.root={tmp_path}", "dataset=spar_phantom_word", "stage=candor",
                                            "dataset.options.n_subjects=3", "dataset.options.n_lits=3"])
-    # the dataset part of app.plan / app.load_manifest (plan itself would import every encoder)
+    # the dataset part of plan() / load_manifest() (plan() itself would import every encoder)
     assert cfg.dataset.name in data.names() and not Path(cfg.dataset.root).exists()
     cfg.dataset.card.expected.images = cfg.dataset.card.expected.patients = 3
-    job = app.Plan(cfg.dataset.name, Path(cfg.dataset.root), [], "spar", list(cfg.dataset.findings), None,
-                   dataset_options=OmegaConf.to_container(cfg.dataset.options, resolve=True),
-                   generate=bool(cfg.dataset.generate), card=OmegaConf.to_container(cfg.dataset.card, resolve=True))
-    manifest = app.load_manifest(job)
+    job = Plan(cfg.dataset.name, Path(cfg.dataset.root), [], "spar", list(cfg.dataset.findings), None,
+               dataset_options=OmegaConf.to_container(cfg.dataset.options, resolve=True),
+               generate=bool(cfg.dataset.generate), card=OmegaConf.to_container(cfg.dataset.card, resolve=True))
+    manifest = load_manifest(job)
     assert manifest["split"].tolist() == ["train", "val", "test"] and (job.root / "lits" / "volume-2.nii.gz").is_file()
     assert data.get("spar_phantom_word").generate is not None
     options = OmegaConf.to_container(cfg.dataset.options, resolve=True)

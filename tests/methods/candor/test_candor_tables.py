@@ -39,7 +39,7 @@ def published_columns(number: int, row: str | None = None) -> list[str]:
 
 def write_result(root: Path, job: str, stage: str, encoder: str, dataset: str, finding: str,
                  summary: dict | list, per_sample: pd.DataFrame | None = None, config: dict | None = None):
-    """One results folder as app._stage_results writes it, plus the job's config.yaml."""
+    """One results folder as pipeline.job._stage_results writes it, plus the job's config.yaml."""
     job_dir = root / job
     job_dir.mkdir(parents=True, exist_ok=True)
     if not (job_dir / "config.yaml").exists():

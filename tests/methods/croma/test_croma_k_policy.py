@@ -12,7 +12,6 @@ import pytest
 from croma_sweeps import camelyon_root, compose_cfg, fake_sweep
 from omegaconf import OmegaConf
 
-from robustbench_fm.cli.app import job_manifest
 from robustbench_fm.cli.sweeps import collect_and_report
 from robustbench_fm.core.errors import UserError
 from robustbench_fm.core.tables import SweepResults
@@ -20,6 +19,7 @@ from robustbench_fm.data import build_manifest
 from robustbench_fm.methods.croma import tables as tc
 from robustbench_fm.methods.croma.panel import median_k
 from robustbench_fm.methods.croma.params import PUBLISHED_K
+from robustbench_fm.pipeline.job import job_manifest
 from robustbench_fm.report import published
 
 

@@ -10,13 +10,13 @@ from croma_sweeps import camelyon_root, compose_cfg, fake_sweep, panda_table
 from scipy.stats import spearmanr
 
 from robustbench_fm.api import evaluate
-from robustbench_fm.cli.app import job_manifest
 from robustbench_fm.core.errors import UserError
 from robustbench_fm.core.results import Results
 from robustbench_fm.core.tables import SweepResults
 from robustbench_fm.data import build_manifest
 from robustbench_fm.methods.croma import tables as tc
 from robustbench_fm.methods.croma.panel import median_k, typed_ranks
+from robustbench_fm.pipeline.job import job_manifest
 from robustbench_fm.report import published
 
 SCORES = ["ri", "mari", "tau", "k", "support", "croma", "f0", "q_alpha", "ltm", "bio_knn_bacc", "conf_knn_bacc"]

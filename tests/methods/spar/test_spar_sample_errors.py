@@ -36,10 +36,10 @@ def test_a_missing_zero_shot_cohort_names_the_override_that_removes_it(tmp_path)
     merges a mapping); the '~' deletion the message now gives removes it."""
     from hydra import compose, initialize_config_dir
 
-    from robustbench_fm.cli import app
     from robustbench_fm.cli.main import CONFIG_DIR
     from robustbench_fm.core.errors import MissingInput
     from robustbench_fm.methods.spar.stage import _transfer_samples
+    from robustbench_fm.pipeline.plan import plan
 
     spec = {"totalsegmentator": {"dataset": "totalsegmentator", "root": str(tmp_path / "none"), "options": {}}}
     with pytest.raises(MissingInput) as err:
@@ -51,4 +51,4 @@ def test_a_missing_zero_shot_cohort_names_the_override_that_removes_it(tmp_path)
         kept = compose("config", overrides=[*base, "stage.params.transfer={}"])
         removed = compose("config", overrides=[*base, fix.strip("'")])
     assert "totalsegmentator" in kept.stage.params.transfer  # what the old advice did
-    assert app.plan(removed, [*base, fix.strip("'")]).params["transfer"] == {}
+    assert plan(removed, [*base, fix.strip("'")]).params["transfer"] == {}

@@ -1,0 +1,471 @@
+"""Planning one job: its resolved config (a Hydra ``DictConfig``) -> :class:`Plan`.
+
+:func:`plan` is the one place that reads a job's config (docs/architecture.md, "One run"). It
+checks it once, without touching data or models (one-line errors naming the key), and returns the
+job's typed run configuration, :class:`Plan`: what to read, which encoders with which of the
+user's options, which stage with which parameters, where the caches are, how features are
+extracted, what the report builds, and how the job runs (alone or as one job of a sweep, under
+which experiment). The functions above :func:`plan` read the config for it; running the plan is
+:mod:`.job`'s. Imports no Hydra and no torch.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .. import data, encoders
+from .. import methods as stages
+from ..core.devices import check_device
+from ..core.errors import InvalidSetting, MissingInput, UnknownName
+from ..core.redact import redact_config
+from ..core.shards import META_NAME
+from ..core.versions import VERSION_POLICIES
+from ..data import cards, prepared
+from ..data import manifest as mf
+from ..data.csv_manifest import no_findings_reason
+from ..data.images import BAD_IMAGE_POLICIES
+from ..encoders import generic
+
+# ----------------------------------------------------------------------------- the typed plan
+
+@dataclass(frozen=True)
+class Paths:
+    """Where the job's caches live: ``paths.cache_dir`` (the feature cache) and the store of
+    images prepared at ``resolution`` (``paths.prepared_dir``, else ``prepared`` beside the
+    feature cache: :func:`resolved_prepared_dir`)."""
+
+    cache_dir: Path
+    prepared_dir: Path
+
+
+@dataclass(frozen=True)
+class ExtractOptions:
+    """How the feature cache is filled: ``extract.*`` (batch size, decode workers, shard size,
+    the unreadable-image policy, the part of a sharded extraction), ``device`` and
+    ``security.allow_remote_code``."""
+
+    batch_size: int
+    num_workers: int | str
+    shard_size: int
+    on_bad_image: str
+    num_shards: int
+    shard: int
+    device: str
+    allow_remote_code: bool
+    on_version_change: str = "reuse"
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    """The options the user gave the job's ``encoder`` (``encoder.weights``, ``tile_weights``,
+    ``embedding``, ``batch_size``); ``name`` is the entry they apply to (a generic entry,
+    ``encoder=timm|hf|open_clip``, by its resolved name, with its local weights)."""
+
+    name: str
+    weights: str | None = None
+    tile_weights: str | None = None
+    embedding: str | None = None
+    batch_size: int | None = None
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """What the report builds: the paper tables of ``report.tables``."""
+
+    tables: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The typed run configuration of one job, built once from the resolved config (:func:`plan`)
+    and checked before any heavy step starts; everything after :func:`plan` reads it, not the config.
+
+    ``dataset``: the dataset name (with ``features_file``: the name of the user's data, see
+    :func:`features_names`); ``encoders``: the panel (with ``features_file``: the feature set's
+    name); ``multirun``: one job of a sweep or of an experiment run as a unit (its paper tables
+    wait for the collect step); ``experiment``: the experiment's name for the report.
+    ``params``: the stage's resolved parameters (``param_overrides``: parameter -> the top-level
+    key that sets it, for error messages); ``manifest_file``: a manifest to read instead of the
+    dataset's (``dataset_options``, ``generate``, ``verify_images``, ``card``: how the dataset's is
+    built); ``fixed_sample`` and ``seed``: the fixed draw of :func:`.job.load_manifest`;
+    ``swept_encoders``: the panel a ``-m`` sweep fans out (``encoders``); ``encoder``: the user's
+    options of the chosen encoder; ``config``: the resolved config, secrets masked, as
+    ``config.yaml`` holds it (its hash keys the results); ``cli_overrides``: the command line's
+    overrides (``overrides.yaml``). The fields after ``experiment`` default to empty for a plan
+    built by hand (tests); :func:`plan` fills every one."""
+
+    dataset: str | None
+    root: Path | None
+    encoders: list[str]
+    stage: str
+    findings: list[str]
+    features_file: Path | None
+    resolution: int | None = None  # every image stored at this side first (``resolution``); None: native
+    multirun: bool = False
+    experiment: str | None = None
+    params: dict = field(default_factory=dict)
+    param_overrides: dict[str, str] = field(default_factory=dict)
+    seed: int | None = None
+    manifest_file: Path | None = None
+    dataset_options: dict = field(default_factory=dict)
+    generate: bool = False
+    verify_images: bool = True
+    card: dict | None = None
+    fixed_sample: int | None = None
+    swept_encoders: tuple[str, ...] = ()
+    encoder: EncoderSettings | None = None
+    paths: Paths | None = None
+    extract: ExtractOptions | None = None
+    report: ReportOptions = field(default_factory=ReportOptions)
+    config: dict = field(default_factory=dict)
+    cli_overrides: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """The plan in words, as ``dry_run=true`` prints it."""
+        if self.features_file is not None:
+            source = f"features {self.features_file}, manifest {self.manifest_file}"
+        else:
+            generated = "" if self.root.is_dir() else " (generated on the first run)"
+            source = f"{self.dataset} at {self.root}{generated}"
+        rows = [("data", source),
+                ("encoders", f"{', '.join(self.encoders)} ({len(self.encoders)})" if self.encoders else "-"),
+                ("stage", f"{self.stage} on {', '.join(self.findings)}"),
+                ("params", ", ".join(f"{k}={v}" for k, v in self.params.items())),
+                ("images", "native (the files as shipped)" if self.resolution is None else
+                 f"stored at {self.resolution} x {self.resolution} px once in {self.paths.prepared_dir}, then "
+                 "each encoder's own resize (resolution=native reads the files as shipped)"),
+                ("cache", str(self.paths.cache_dir)),
+                ("device", self.extract.device)]
+        return "\n".join(["plan (dry_run=true: nothing was read, embedded or written):"]
+                         + [f"  {k:9s}{v}" for k, v in rows])
+
+    @property
+    def config_yaml(self) -> str:
+        """``config.yaml``: :attr:`config` as YAML (the text ``redacted_yaml`` of the config gives)."""
+        return OmegaConf.to_yaml(OmegaConf.create(self.config))
+
+
+# ------------------------------------------------- reading the config (called by plan() only)
+
+def panel(cfg: DictConfig, cli_overrides: list[str] | None = None) -> list[str]:
+    """The encoders of this job: an explicit ``encoder=`` override wins over a panel. A generic
+    entry (``encoder=timm|hf|open_clip encoder.model=...``) is named by its resolved spec
+    (:func:`generic_entry`)."""
+    if cli_overrides and any(o.split("=")[0].lstrip("+~") == "encoder" for o in cli_overrides):
+        names = [str(cfg.encoder.name)]
+    else:
+        names = [str(n) for n in cfg.encoders] if cfg.get("encoders") else [str(cfg.encoder.name)]
+    return [_resolved_name(cfg, n) for n in names]
+
+
+def generic_entry(cfg: DictConfig) -> tuple[encoders.EncoderSpec, str | None] | None:
+    """The resolved spec and local weights of ``encoder=timm|hf|open_clip`` (None for a registry
+    entry): ``encoder.model``, ``encoder.pretrained``, ``encoder.weights`` (``random``, a file or a
+    folder), ``encoder.embedding`` (robustbench_fm/encoders/generic.py)."""
+    enc = cfg.encoder
+    if not generic.is_generic(str(enc.name)):
+        return None
+    return generic.resolve(str(enc.name), enc.get("model"), enc.get("pretrained"), enc.get("weights"),
+                           enc.get("embedding"))
+
+
+def _resolved_name(cfg: DictConfig, name: str) -> str:
+    if not generic.is_generic(name):
+        return name
+    if str(cfg.encoder.name) != name:
+        raise InvalidSetting(f"the generic encoder '{name}' needs its model: run it as encoder={name} "
+                             f"encoder.model=<id>, or put a card for it in your config folder (README)")
+    return generic_entry(cfg)[0].name
+
+
+def _require_settings(cfg: DictConfig) -> None:
+    """The settings an experiment lists under ``required`` (``experiment=from_features``:
+    features_file, manifest_file, stage.findings) must be set: one line naming the first unset one
+    and an override that sets it (for stage.findings, one of the manifest's own columns)."""
+    for key, hint in (cfg.get("required") or {}).items():
+        if OmegaConf.select(cfg, key) is not None:
+            continue
+        if key == "stage.findings" and cfg.get("manifest_file") and Path(cfg.manifest_file).is_file():
+            columns = [c for c in mf.header(cfg.manifest_file) if c not in mf.STRING_COLUMNS + mf.BOX_COLUMNS]
+            if columns:
+                hint = (hint.replace("[<column>]", f"[{columns[0]}]")
+                        + f" (the non-canonical columns of {cfg.manifest_file}: {', '.join(columns[:12])})")
+        raise InvalidSetting(f"{key} is not set: {hint}")
+
+
+def _refuse_no_findings(cfg: DictConfig) -> None:
+    """``dataset=csv`` whose finding auto-detection found no 0/1 column, for a stage that scores
+    0/1 findings: one line naming each column it skipped and the value that kept it out (or the
+    CSV's 0 rows), instead of the stage's "no finding to score"."""
+    manifest = OmegaConf.select(cfg, "dataset.manifest", default=None)
+    if str(cfg.dataset.get("name")) != "csv" or not manifest or not Path(str(manifest)).is_file():
+        return
+    if not label_columns(str(cfg.stage.name), ["finding"])[0]:  # a stage of categorical labels
+        return
+    raise InvalidSetting(no_findings_reason(manifest))
+
+
+def _refuse_encoder_field(cfg: DictConfig, cli_overrides: list[str] | None) -> None:
+    """``encoder.name=<x>`` does not choose the encoder (the group does, and only ``encoder=``
+    overrides an experiment's panel): one line saying to use ``encoder=<x>``, with the registry's
+    closest names when <x> is unknown."""
+    if not any(o.split("=")[0].lstrip("+~") == "encoder.name" for o in cli_overrides or ()):
+        return
+
+    name = str(cfg.encoder.name)
+    try:
+        encoders.get(name)
+    except KeyError as exc:
+        import difflib
+
+        close = difflib.get_close_matches(name, encoders.names(), n=1)
+        how = f" Choose it with encoder={close[0]}" if close else " and choose one with encoder=<name>"
+        raise UnknownName(f"encoder.name={name}: {exc.args[0]}{how}, not encoder.name=") from None
+    raise InvalidSetting(f"encoder.name={name} does not choose the encoder (the experiment's panel would run); "
+                         f"use encoder={name}")
+
+
+def feature_set_name(path) -> str:
+    """The name of a feature set: a feature-cache entry folder (``<cache>/<encoder>/<key>/``) is
+    named by its encoder, a parquet file by its stem, another folder by its name."""
+    p = Path(str(path))
+    if p.is_dir() and (p / META_NAME).exists():
+        return p.parent.name
+    return p.stem if p.suffix == ".parquet" else p.name
+
+
+def features_names(cfg: DictConfig) -> tuple[str, str]:
+    """``(feature set, data)`` names of a bring-your-own-features job (``experiment=from_features``):
+    ``features_encoder`` / ``features_dataset`` when set, else the feature file's name (a
+    feature-cache entry: its encoder folder) and the manifest file's stem. They name the results'
+    ``encoder`` and ``dataset`` columns, the job folders and the benchmark a paper table looks for
+    (``features_dataset=pathorob_camelyon`` for ``report.tables=[croma_table3]``)."""
+    encoder = cfg.get("features_encoder") or feature_set_name(cfg.features_file)
+    dataset = cfg.get("features_dataset") or Path(str(cfg.manifest_file)).stem
+    return str(encoder), str(dataset)
+
+
+def label_columns(stage: str, findings) -> tuple[list[str], list[str]]:
+    """``(binary, categorical)``: the job's findings split into 0/1 finding columns and categorical
+    labels. A stage whose default finding is the canonical categorical column ``bio_label``
+    (CRoMa, the shortcut probe: ``Method.findings``) reads its findings as categorical labels (any
+    strings or codes); every other stage's are 0/1 finding columns."""
+    default = stages.method(stage).findings
+    categorical = not isinstance(default, str) and bool(default) and set(default) <= set(mf.STRING_COLUMNS)
+    names = [str(f) for f in findings]
+    return ([], names) if categorical else (names, [])
+
+
+def resolution(cfg: DictConfig) -> int | None:
+    """The top-level ``resolution`` (``native`` or a side in pixels; one-line error otherwise)."""
+    return prepared.parse_resolution(cfg.get("resolution", prepared.NATIVE))
+
+
+def fixed_sample_size(cfg: DictConfig) -> int | None:
+    """The top-level ``fixed_sample`` (null or a positive count; one-line error otherwise)."""
+    value = cfg.get("fixed_sample")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidSetting(f"fixed_sample={value!r}: use null (every image) or the number of positives and of "
+                             "negatives to draw per matched group and finding, e.g. fixed_sample=500")
+    return value
+
+
+def resolved_prepared_dir(cfg: DictConfig) -> Path:
+    """``paths.prepared_dir``, else ``prepared`` beside the feature cache."""
+    where = OmegaConf.select(cfg, "paths.prepared_dir", default=None)
+    return Path(where) if where else Path(cfg.paths.cache_dir).parent / "prepared"
+
+
+def _encoder_settings(cfg: DictConfig) -> EncoderSettings:
+    """The options the user gave the job's ``encoder``; a generic entry is named by its resolved
+    spec and carries its resolved local weights (:func:`generic_entry`)."""
+    enc = cfg.encoder
+    batch_size = enc.get("batch_size")
+    resolved = generic_entry(cfg)
+    if resolved is not None:  # the spec holds the model, preprocessing and pooling; weights: a path or None
+        return EncoderSettings(resolved[0].name, weights=resolved[1], batch_size=batch_size)
+    return EncoderSettings(str(enc.name), weights=enc.get("weights"), tile_weights=enc.get("tile_weights"),
+                           embedding=enc.get("embedding"), batch_size=batch_size)
+
+
+def _extract_options(cfg: DictConfig, here: bool = True) -> ExtractOptions:
+    """``extract.*``, ``device`` and the remote-code policy, each checked (one line naming the key;
+    ``here``: the job runs in this process, so a CUDA device must be here:
+    :func:`robustbench_fm.core.devices.check_device`)."""
+    x = cfg.extract
+
+    def count(key: str, value, least: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) and not str(value).strip().isdigit() \
+                or int(value) < least:
+            raise InvalidSetting(f"extract.{key}={value!r}: use a whole number >= {least}")
+        return int(value)
+
+    workers = x.num_workers
+    if str(workers) != "auto":
+        workers = count("num_workers", workers, 0)
+    policy = str(x.on_bad_image)
+    if policy not in BAD_IMAGE_POLICIES:
+        raise InvalidSetting(f"extract.on_bad_image={policy!r}: use {' or '.join(BAD_IMAGE_POLICIES)} (stop at an "
+                             "unreadable image, or leave it out and list it in skipped.csv)")
+    versions = str(OmegaConf.select(cfg, "cache.on_version_change", default="reuse"))
+    if versions not in VERSION_POLICIES:
+        raise InvalidSetting(f"cache.on_version_change={versions!r}: use {', '.join(VERSION_POLICIES)} (stored "
+                             "features made with other package or library versions: use them, use them with a "
+                             "warning, or embed again)")
+    return ExtractOptions(batch_size=count("batch_size", x.batch_size, 1), num_workers=workers,
+                          shard_size=count("shard_size", x.shard_size, 1), on_bad_image=policy,
+                          num_shards=count("num_shards", x.get("num_shards", 1), 1),
+                          shard=count("shard", x.get("shard", 0), 0),
+                          device=check_device(str(cfg.device)) if here else str(cfg.device),
+                          allow_remote_code=bool(cfg.security.allow_remote_code), on_version_change=versions)
+
+
+#: the keys of the ``stage`` node (:func:`robustbench_fm.cli.configstore.stage_node`); its ``params``
+#: are checked by the stage's parameter class (:func:`robustbench_fm.methods.check`)
+STAGE_KEYS = ("name", "findings", "params")
+#: the keys an ``encoder`` node may hold: a registry entry's and a generic entry's (``model``,
+#: ``pretrained``; robustbench_fm/cli/configstore.py) and the options :class:`EncoderSettings` reads
+ENCODER_KEYS = ("name", "model", "pretrained", "weights", "tile_weights", "embedding", "batch_size")
+
+
+def _leaves(node, prefix: str) -> list[str]:
+    if OmegaConf.is_dict(node) and len(node):
+        return [p for k in node for p in _leaves(node._get_node(k), f"{prefix}.{k}")]
+    return [prefix]
+
+
+def _refuse_unknown_keys(cfg: DictConfig) -> None:
+    """A key under ``stage``, ``extract``, ``encoder`` or ``dataset.options`` that nothing reads
+    (``+stage.parms.k=3``, the fix Hydra itself prints for a typo, adds one and the run would
+    use the default): one line naming it and the closest real key. ``stage.params`` are checked
+    by the stage (:func:`robustbench_fm.methods.check`), ``dataset.options`` by the adapter's
+    signature (:func:`robustbench_fm.data.registry.check_options`); ``extract``'s keys are those
+    of the shipped ``configs/config.yaml``, ``dataset``'s those of the shipped dataset cards."""
+    import difflib
+
+    extract_keys = tuple(OmegaConf.load(cards.CONFIG_DIR / "config.yaml").extract.keys())
+    dataset_keys = tuple(sorted({str(k) for card in (cards.CONFIG_DIR / "dataset").glob("*.yaml")
+                                 for k in (OmegaConf.load(card) or {})}))
+    for node, known in (("stage", STAGE_KEYS), ("extract", extract_keys), ("encoder", ENCODER_KEYS),
+                        ("dataset", dataset_keys)):
+        value = cfg.get(node)
+        if not OmegaConf.is_dict(value):
+            continue
+        for key in value:
+            if str(key) in known:
+                continue
+            close = difflib.get_close_matches(str(key), known, n=1)
+            # the leaf under the typo: +stage.parms.k=3 -> stage.params.k=3
+            leaf = _leaves(value._get_node(key), f"{node}.{key}")[0]
+            shown = OmegaConf.select(cfg, leaf, throw_on_resolution_failure=False)
+            meant = (leaf.replace(f"{node}.{key}", f"{node}.{close[0]}", 1) if close else None)
+            hint = (f"did you mean {meant}={shown}? (without '+': a '+' adds a key nothing reads)" if close
+                    else f"{node} holds {', '.join(known)}")
+            raise InvalidSetting(f"unknown setting {leaf}: the run would ignore it; {hint}")
+
+
+def _param_overrides(cfg: DictConfig) -> dict[str, str]:
+    """Stage parameters set through a top-level key (``sources: ${oc.select:retention_sources,[]}``)
+    -> that key, for error messages that name the override to use."""
+    raw = OmegaConf.to_container(cfg.stage.params, resolve=False)
+    out = {}
+    for name, value in raw.items():
+        if isinstance(value, str):
+            m = re.fullmatch(r"\$\{(?:oc\.select:)?([A-Za-z_][\w]*)(?:,.*)?\}", value)
+            if m and m.group(1) in cfg:
+                out[name] = m.group(1)
+    return out
+
+
+def _dataset_options(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg.dataset.get("options") or OmegaConf.create(), resolve=True)
+
+
+def _config_record(cfg: DictConfig) -> dict:
+    """The resolved config without Hydra's own node, secrets masked (what ``config.yaml`` holds);
+    a setting that cannot be resolved is one line naming it."""
+    try:
+        if "hydra" not in cfg:
+            return redact_config(cfg)
+        return redact_config({str(k): OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k])
+                              else cfg[k] for k in cfg if k != "hydra"})
+    except OmegaConfBaseException as exc:
+        raise InvalidSetting(f"the config cannot be resolved: {' '.join(str(exc).split())}") from None
+
+
+def _missing_root(cfg: DictConfig, name: str, root: Path) -> MissingInput:
+    """A dataset root that does not exist: set ``paths.data_dir`` when the root is the dataset's
+    folder under it (every dataset of an experiment is looked for there), else ``dataset.root``."""
+    data_dir = OmegaConf.select(cfg, "paths.data_dir", default=None)
+    fix = "set dataset.root=<folder holding the dataset>"
+    if data_dir:
+        try:
+            below = root.relative_to(Path(str(data_dir)))
+        except ValueError:
+            below = None
+        if below is not None and below.parts:
+            fix = (f"set paths.data_dir=<folder holding {below.as_posix()}> (where every dataset's folder is "
+                   "looked for) or dataset.root=<folder holding the dataset>")
+    return MissingInput(f"dataset '{name}': root '{root}' does not exist; {fix}")
+
+
+# ------------------------------------------------------- the plan: the one reader of the config
+
+def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool = False,
+         experiment: str | None = None, here: bool = True) -> Plan:
+    """The job's typed run configuration: read ``cfg`` once, validating names and options
+    (one-line errors) without touching data or models. ``here``: the job will run in this process
+    (``device=cuda`` needs a CUDA device here); False where it runs elsewhere (a launcher's node,
+    a finished job's manifest)."""
+
+    stages.load_plugins(cfg.get("plugins") or [])  # a sweep's job processes import them again
+    _require_settings(cfg)
+    _refuse_encoder_field(cfg, cli_overrides)
+    stages.method(cfg.stage.name)  # the name; its module (torch) is imported when the stage runs
+    _refuse_unknown_keys(cfg)  # +stage.parms.k=3 would run with the default k
+    findings = list(cfg.stage.findings)
+    if not findings and not cfg.get("features_file"):
+        _refuse_no_findings(cfg)
+    params = OmegaConf.to_container(cfg.stage.params, resolve=True)
+    stages.check(cfg.stage.name, params)  # names, types (k=abc: one line naming the type) and values, once
+    common = dict(multirun=multirun, experiment=experiment, params=params, param_overrides=_param_overrides(cfg),
+                  seed=int(cfg.seed) if cfg.get("seed") is not None else None,
+                  manifest_file=Path(str(cfg.manifest_file)) if cfg.get("manifest_file") else None,
+                  swept_encoders=tuple(str(e) for e in (cfg.get("encoders") or [])),
+                  report=ReportOptions(tuple(str(t) for t in (OmegaConf.select(cfg, "report.tables", default=None)
+                                                              or []))),
+                  paths=Paths(Path(str(cfg.paths.cache_dir)), resolved_prepared_dir(cfg)),
+                  extract=_extract_options(cfg, here), cli_overrides=tuple(cli_overrides or ()))
+    if cfg.get("features_file"):
+        encoder, dataset = features_names(cfg)
+        return Plan(dataset, None, [encoder], cfg.stage.name, findings, Path(cfg.features_file),
+                    config=_config_record(cfg), **common)
+    data.get(cfg.dataset.name)
+    data.registry.check_options(str(cfg.dataset.name), _dataset_options(cfg))  # +dataset.options.nn=3
+    root = Path(cfg.dataset.root)
+    generate = bool(cfg.dataset.get("generate"))
+    if not root.is_dir() and not (generate and data.get(cfg.dataset.name).generate):
+        raise _missing_root(cfg, str(cfg.dataset.name), root)
+    extract = common["extract"]
+    if extract.num_shards > 1 and any(encoders.get(n).is_slide for n in panel(cfg, cli_overrides)):
+        raise InvalidSetting("extract.num_shards > 1 is for tile/image encoders; slide encoders read a complete "
+                             "tile-encoder cache entry: extract the tiles sharded first, then run the slide panel")
+    if extract.num_shards < 1 or not 0 <= extract.shard < extract.num_shards:
+        raise InvalidSetting(f"extract.shard={extract.shard} must be in [0, extract.num_shards={extract.num_shards}); "
+                             "sweep one job per part with extract.shard=range(N)")
+    names = panel(cfg, cli_overrides)
+    for name in names:
+        encoders.get(name)
+    card = cfg.dataset.get("card")
+    return Plan(cfg.dataset.name, root, names, cfg.stage.name, findings, None, resolution(cfg),
+                dataset_options=_dataset_options(cfg), generate=generate,
+                verify_images=bool(cfg.dataset.get("verify_images", True)),
+                card=OmegaConf.to_container(card, resolve=True) if card else None,
+                fixed_sample=fixed_sample_size(cfg), encoder=_encoder_settings(cfg), config=_config_record(cfg),
+                **common)
