@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 if TYPE_CHECKING:  # the feature engine imports torch: a plan, a dry run and its one-line errors do not
-    from ..features.embed import Embedder, EncoderOptions
+    from ..features.embed import Embedder
     from ..methods.job import JobContext
 
 from .. import data, encoders, methods
@@ -49,6 +49,7 @@ from ..data.csv_manifest import no_findings_reason
 from ..data.images import BAD_IMAGE_POLICIES
 from ..data.sample import fixed_sample
 from ..encoders import generic
+from ..encoders.options import EncoderOptions
 from ..methods.run import score_and_save
 from ..report.comparisons import build as build_comparisons
 from ..report.comparisons import verdict
@@ -93,17 +94,8 @@ class ExtractOptions:
     on_version_change: str = "reuse"
 
 
-@dataclass(frozen=True)
-class EncoderSettings:
-    """The options the user gave the job's ``encoder`` (``encoder.weights``, ``tile_weights``,
-    ``embedding``, ``batch_size``); ``name`` is the entry they apply to (a generic entry,
-    ``encoder=timm|hf|open_clip``, by its resolved name, with its local weights)."""
-
-    name: str
-    weights: str | None = None
-    tile_weights: str | None = None
-    embedding: str | None = None
-    batch_size: int | None = None
+#: the options the user gave the job's ``encoder`` (one type with the Embedder's, torch-free)
+EncoderSettings = EncoderOptions
 
 
 @dataclass(frozen=True)
@@ -563,11 +555,7 @@ def embedder(job: Plan) -> Embedder:
 def encoder_options(job: Plan) -> tuple[str, EncoderOptions]:
     """``(name, EncoderOptions)`` of the job's ``encoder``: the options the user gave it (weights,
     embedding, batch size); a generic entry is named by its resolved spec (:func:`generic_entry`)."""
-    from ..features.embed import EncoderOptions  # lazy: imports torch
-
-    e = job.encoder
-    return e.name, EncoderOptions(weights=e.weights, tile_weights=e.tile_weights, embedding=e.embedding,
-                                  batch_size=e.batch_size)
+    return job.encoder.name, job.encoder
 
 
 def job_context(job: Plan, manifest: pd.DataFrame, out_dir: Path) -> JobContext:

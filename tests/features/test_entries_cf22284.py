@@ -5,13 +5,13 @@ chunks and their views (native and at a prepared resolution), a per-manifest ent
 embeddings (and their tiles' per-manifest entry), and a SPAR frozen-token array."""
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from store_cf22284 import make_fixture
 
 from robustbench_fm.features import load_features
 from robustbench_fm.features.embed import Embedder
@@ -21,17 +21,10 @@ from robustbench_fm.methods.spar.run import cached_tokens
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "store_cf22284"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("store_cf22284_fixture", FIXTURE / "make_fixture.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture
 def fx(tmp_path):
     shutil.copytree(FIXTURE, tmp_path / "fx", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
-    return tmp_path / "fx", _module(), np.load(FIXTURE / "expected.npz")
+    return tmp_path / "fx", make_fixture, np.load(FIXTURE / "expected.npz")
 
 
 def _same(got, want) -> bool:
