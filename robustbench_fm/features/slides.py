@@ -87,9 +87,9 @@ def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir:
 
     ``tiles``: the tile manifest (columns sample_id, path, slide, x, y); default
     :func:`slide_tiles` under ``root/tiles_dir``. ``tile_encoder`` (name or loaded encoder)
-    defaults to the slide encoder's own; tile extraction options are those of
-    :func:`robustbench_fm.features.extract`. Tiles skipped as unreadable (``on_bad_image="skip"``)
-    are left out of their slide's bag.
+    defaults to the slide encoder's own; the tiles are served by the feature store (only those
+    it does not hold are embedded, with :func:`robustbench_fm.features.engine.extract`'s options). Tiles
+    skipped as unreadable (``on_bad_image="skip"``) are left out of their slide's bag.
     """
 
     slide_enc = encoder if isinstance(encoder, encoders.SlideEncoder) else encoders.load_slide(
