@@ -24,7 +24,7 @@ from .methods.run import evaluate
 from .pipeline.experiment import Outcome, run_experiment
 
 if TYPE_CHECKING:  # the feature engine imports torch; importing the package does not
-    from .features.extract import FeatureSet
+    from .features.engine import FeatureSet
 
 __all__ = ["Outcome", "embed", "evaluate", "run"]
 
@@ -64,7 +64,7 @@ def embed(manifest: pd.DataFrame | str | Path, encoder: str, root: str | Path | 
     ``outputs/cache/features`` (relative to the current folder), so a later CLI run with the same
     encoder, images and root reads this entry, and the other way round.
 
-    Returns a :class:`~robustbench_fm.features.extract.FeatureSet`: ``embeddings`` (N, D) float32 in
+    Returns a :class:`~robustbench_fm.features.engine.rows.FeatureSet`: ``embeddings`` (N, D) float32 in
     the manifest's row order (one row per ``sample_id``), ``sample_ids``, ``path`` (the cache
     entry), ``key``, ``n_forward`` (0 on a warm cache) and ``skipped`` (rows whose image could not be read, NaN rows).
     """

@@ -1,7 +1,7 @@
 """Extraction throughput versus the model's own forward throughput.
 
 For each encoder: N PNG files (224x224, written to a temp folder) go through
-``robustbench_fm.features.extract`` into a cold cache (decode + transform + batching + forward +
+``robustbench_fm.features.engine.rows`` into a cold cache (decode + transform + batching + forward +
 parquet shards + read-back), and the same number of images goes through ``encoder.embed`` as
 random tensors of the same batch size (forward only). The ratio says how much the input
 pipeline and the cache cost on top of the model; decode-only throughput (DataLoader + transform,
@@ -143,7 +143,7 @@ def forward_throughput(encoder, n: int, batch_size: int) -> tuple[float, float]:
 
 def decode_throughput(encoder, manifest: pd.DataFrame, root: Path, batch_size: int, num_workers: int) -> float:
     """Images/s of reading + transforming + collating alone (no model)."""
-    from robustbench_fm.features.extract import (
+    from robustbench_fm.features.engine.rows import (
         _one_thread,
         _RowsDataset,
         default_reader,

@@ -133,8 +133,8 @@ def pass_seconds(manifest: pd.DataFrame, root: Path, transform, batch_size: int,
     """Seconds of one DataLoader pass reading every image (and applying ``transform`` if given),
     as the panel's workers do (``nice``: at the lower priority a panel's CPU workers run at), with
     no model."""
-    from robustbench_fm.features.extract import _one_thread, _RowsDataset, default_reader
-    from robustbench_fm.features.panel import WORKER_NICE, _init_worker
+    from robustbench_fm.features.engine.panel import WORKER_NICE, _init_worker
+    from robustbench_fm.features.engine.rows import _one_thread, _RowsDataset, default_reader
 
     tf = transform if transform is not None else (lambda im: torch.zeros(1))
     ds = _RowsDataset(manifest.to_dict("records"), root, tf, default_reader)
@@ -154,8 +154,8 @@ def profile_worker(manifest: pd.DataFrame, root: Path, panel, n: int, batch_size
     decode alone, then the worker's whole fetch of each chunk (decode + every distinct geometry
     of the panel, grey films packed as in the pass: :meth:`_PanelDataset.__getitems__`), and
     packing a chunk for the main process (:func:`_pack`); ``geometries`` is their difference."""
-    from robustbench_fm.features.extract import _one_thread, default_reader
-    from robustbench_fm.features.panel import _HostPlan, _pack, _PanelDataset, _standard_steps
+    from robustbench_fm.features.engine.panel import _HostPlan, _pack, _PanelDataset, _standard_steps
+    from robustbench_fm.features.engine.rows import _one_thread, default_reader
 
     plans = [None if (st := _standard_steps(e.transform)) is None else _HostPlan(*st) for e in panel]
     records = manifest.iloc[:n].to_dict("records")
@@ -197,7 +197,7 @@ def main(argv=None) -> dict:
 
     from robustbench_fm import encoders
     from robustbench_fm.features import extract
-    from robustbench_fm.features.panel import default_panel_workers, extract_panel
+    from robustbench_fm.features.engine.panel import default_panel_workers, extract_panel
 
     device = encoders.resolve_device(args.device)
     workers = default_panel_workers(device) if args.num_workers == "auto" else int(args.num_workers)

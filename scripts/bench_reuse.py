@@ -10,7 +10,7 @@ the Python API (``robustbench_fm.run``, the command line without ``-m``) in this
     -> candor_ablation_resolution -> dataset=pool of mimic_cxr -> fixed_sample=10 -> chest_candor
 
 Counted in this process (decode workers off): every row an encoder's forward pass embeds
-(``features.extract.embed_full_batch``, padding excluded) and every image decode
+(``features.engine.rows.embed_full_batch``, padding excluded) and every image decode
 (``data.images.read_image``: a source image, or a prepared copy read by the encoder). Unique:
 the distinct (encoder, image identity) pairs the feature store holds at the end, and the
 distinct (source image: file content, ``#`` locator, crop; size it is stored at, or native)
@@ -77,8 +77,8 @@ def main() -> None:
     import robustbench_fm
     from robustbench_fm.data import images as images_mod
     from robustbench_fm.data import prepared as prepared_mod
-    extract_mod = importlib.import_module("robustbench_fm.features.extract")  # the module, not the function
-    from robustbench_fm.features import panel as panel_mod
+    extract_mod = importlib.import_module("robustbench_fm.features.engine.rows")  # the module, not the function
+    from robustbench_fm.features.engine import panel as panel_mod
 
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_reuse-"))
     write_data(work / "data")

@@ -114,6 +114,20 @@ def test_no_import_cycles():
     assert not cycles, "\n".join(cycles)
 
 
+def test_the_feature_store_calls_the_engine_and_the_embedder_calls_the_store():
+    """features/ in one direction (issue 43): the engine's row module does not import its panel
+    module; the store imports no engine module (the engine is the backend it is handed); the
+    Embedder touches no private name of another object (``store._hash``, ``chunk._cache = None``)."""
+    feats = "robustbench_fm.features"
+    assert f"{feats}.engine.panel" not in _imports(MODULES[f"{feats}.engine.rows"])
+    assert not [n for n in _imports(MODULES[f"{feats}.store"]) if n.startswith(f"{feats}.engine")]
+    tree = ast.parse(MODULES[f"{feats}.embed"].read_text())
+    private = [f"line {n.lineno}: {ast.unparse(n)}" for n in ast.walk(tree)
+               if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")
+               and not (isinstance(n.value, ast.Name) and n.value.id == "self")]
+    assert not private, "\n".join(private)
+
+
 def test_shared_modules_import_nothing_above_core():
     """A module a lower layer may read (:data:`SHARED`) is a leaf: of ours it imports ``core``
     only, at module top or inside a function, so reading it pulls no layer above the reader in."""

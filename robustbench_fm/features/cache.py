@@ -14,11 +14,11 @@ Layout of one entry::
                                (whole batches), flushed every few seconds so that a killed run
                                loses seconds of work, not a shard (see "Partial shards" below)
 
-``key`` is the first 16 hex digits of the SHA-256 of the canonical JSON of
-:func:`cache_key_fields`: encoder identity, weights identity, resolved preprocessing, pooling,
-precision, the manifest's locator hash (``sample_id`` and ``path`` in row order, so relabelling a
-dataset keeps its features while adding, removing, moving or reordering rows does not), the
-package and library versions and the cache format. Any change makes a new entry (a new folder;
+``key`` is the first 16 hex digits of the SHA-256 of the canonical JSON of the entry's key
+fields: for a chunk of the per-image store (:mod:`.store`) its recipe, its images and the versions
+it was made with; for an entry of the earlier per-manifest layout (read only now,
+:func:`.key.cache_key_fields`) the encoder identity, the manifest's locator hash, the image root,
+the versions and the cache format. Any change makes a new entry (a new folder;
 the old one is left untouched); nothing is ever overwritten in place. A ``meta.json`` inside the
 key's folder that records another cache format, another key or other key fields is never reused:
 opening the entry raises :class:`FeatureCacheError` naming the folder to delete.
@@ -53,11 +53,14 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import hashlib
 import io
 import json
 import logging
+import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -71,7 +74,24 @@ from ..core.errors import InvalidSetting, UserError
 from ..core.locking import FileLock
 from ..core.shards import META_NAME, ShardedEntry, file_sha256, json_bytes, parquet_bytes, shard_index
 from ..core.text import one_line
-from .key import CACHE_FORMAT, _canonical, cache_key, manifest_hash
+from ..data import manifest as mf
+from .occlusion import OCCLUSION_COLUMNS
+from .recipe import canonical as _canonical
+from .recipe import fields_key as cache_key
+
+#: Manifest columns that locate an image's pixels: ``sample_id``, ``path`` and, on occluded rows
+#: (:mod:`robustbench_fm.features.occlusion`), the erased rectangle and its fill. A manifest without
+#: occlusion columns hashes exactly as before they existed.
+KEY_COLUMNS = (*mf.LOCATOR_COLUMNS, *OCCLUSION_COLUMNS)
+
+#: Bump when the on-disk layout of an entry changes.
+#: 2: per-shard SHA-256 and row counts in meta.json; skipped rows (NaN + skipped.csv).
+CACHE_FORMAT = 2
+
+
+def manifest_hash(manifest: pd.DataFrame) -> str:
+    """The hash of the manifest's :data:`KEY_COLUMNS` in row order (an entry's ``manifest_hash``)."""
+    return mf.content_hash(manifest, KEY_COLUMNS)
 
 log = logging.getLogger("robustbench_fm.features")
 
@@ -166,6 +186,44 @@ def _embedding_matrix(column: pa.ChunkedArray, path, dim: int | None = None) -> 
     if dim is not None and arr.shape[1] != dim:
         raise FeatureCacheError(f"{path}: embeddings have {arr.shape[1]} dims, expected {dim}")
     return arr
+
+
+@dataclass
+class FeatureSet:
+    """Features aligned row-for-row with the manifest, and what this call did to get them."""
+
+    sample_ids: np.ndarray
+    embeddings: np.ndarray  # (N, D) float32
+    key: str
+    path: Path  # the cache entry folder (load_features(path) reads it back)
+    n_forward: int  # forward batches run by this call (0 on a warm cache)
+    n_images_embedded: int
+    seconds: float
+    images_per_s: float
+    fields: dict = field(default_factory=dict, repr=False)
+    #: sample_ids of the rows skipped as unreadable (manifest order); their embeddings are NaN.
+    skipped: list[str] = field(default_factory=list)
+    #: cache shards still missing after this call (other parts of a sharded extraction).
+    missing_shards: list[int] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing_shards
+
+    @property
+    def kept(self) -> np.ndarray:
+        """Boolean mask over the rows: True where the row was not skipped."""
+        return ~np.isin(self.sample_ids, np.asarray(self.skipped, dtype=str))
+
+
+
+def unwritable(exc: OSError, folder: Path) -> bool:
+    """``exc`` is a refused write (read-only file system, no permission) in ``folder``, below it
+    or in a parent it was being created in."""
+    if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or not exc.filename:
+        return False
+    path, folder = Path(os.fsdecode(exc.filename)).resolve(), Path(folder).resolve()
+    return path.is_relative_to(folder) or path in folder.parents
 
 
 # --------------------------------------------------------------------------------------------

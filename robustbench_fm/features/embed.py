@@ -29,14 +29,13 @@ import torch
 
 from .. import encoders
 from ..core.errors import InvalidSetting
-from ..core.text import one_line
 from ..data import prepared
 from ..data.images import CROP_COLUMNS
-from . import load, store
-from .cache import FeatureCacheError
-from .extract import FeatureSet, _unwritable
-from .panel import extract, extract_panel
+from ..encoders.options import EncoderOptions
+from . import engine
+from .cache import FeatureSet
 from .slides import extract_slides
+from .store import FeatureStore
 
 log = logging.getLogger("robustbench_fm.features")
 
@@ -57,19 +56,6 @@ def _free_bytes(device: torch.device) -> int:
     except OSError:
         pass
     return 8 << 30
-
-
-@dataclass(frozen=True)
-class EncoderOptions:
-    """What the user set for one encoder (``encoder.weights=...`` and friends); unset = the
-    registry's defaults. ``embedding`` replaces the spec's pooling (e.g. the CLS vs patch-mean
-    ablation); ``batch_size`` overrides the run's; ``tile_weights`` is a slide encoder's tile
-    encoder's checkpoint."""
-
-    weights: str | None = None
-    tile_weights: str | None = None
-    embedding: str | None = None
-    batch_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -163,44 +149,48 @@ class Embedder:
     def embed_panel(self, manifest: pd.DataFrame, root: str | Path | None, names: list,
                     sharded: bool = False) -> list[FeatureSet]:
         """Every row of ``manifest`` embedded by every encoder of ``names`` (image encoders: names or
-        loaded encoders), served from the per-image store (:mod:`.store`): each manifest row's
-        image is looked up by its content identity and only the images no chunk of the encoder's
-        recipe holds are embedded, each once; encoders that miss the same images share a decode
-        pass (:func:`robustbench_fm.features.panel.extract_panel`) as far as their weights fit in
-        memory together (:meth:`panel_groups`). Returns one FeatureSet per encoder, in order, whose
-        ``path`` is the manifest's view (read by ``load_features``; ``read=False``)."""
+        loaded encoders), served from the per-image store (:meth:`.store.FeatureStore.serve`): each
+        manifest row's image is looked up by its content identity and only the images no chunk of
+        the encoder's recipe holds are embedded, each once; encoders that miss the same images share
+        a decode pass (:func:`robustbench_fm.features.engine.extract_panel`, the store's backend)
+        as far as their weights fit in memory together (:meth:`panel_groups`). Returns one
+        FeatureSet per encoder, in order, whose ``path`` is the manifest's view (read by
+        ``load_features``; ``read=False``)."""
         manifest = manifest.reset_index(drop=True)
         _check_rows(manifest)
         if root is None:
             raise InvalidSetting("image_root is required (manifest paths are relative to it)")
         t0 = time.perf_counter()
-        hashes = store.FileHashes(self.cache_dir)
+        features = self.store()
         # an image's identity is its source file's, also when the encoders read a prepared copy
         # (that copy's bytes depend on which manifest's store holds it; the prepared recipe does not)
-        ids = store.image_ids(manifest, root, hashes)
-        sources = None
-        if self.resolution is not None:
-            sources = store.source_ids(manifest, root, hashes)  # what the prepared store finds images by
-            ids = store.derived_ids(ids, prepared.recipe(self.resolution))
-        hashes.save()
+        ids, sources = features.identities(manifest, root, None if self.resolution is None
+                                           else prepared.recipe(self.resolution))
         source, source_root = manifest, root
         todo = [n if isinstance(n, str) else n.spec.name for n in names]
         given = {n.spec.name: n for n in names if not isinstance(n, str)}
         out: dict[str, FeatureSet] = {}
         for group in self.panel_groups(todo, {n: e.spec for n, e in given.items()}):
             loaded = [given.get(n) or self.load(n) for n in group]
-            manifest, root = self._readable(source, source_root, ids, loaded, sources)
-            plans = [self._plan(enc, manifest, ids, root) for enc in loaded]
-            counts = self._fill(loaded, plans, root, sharded)
-            for enc, p, (n_forward, n_images) in zip(loaded, plans, counts):
-                out[enc.spec.name] = self._result(p, manifest, root, n_forward, n_images, time.perf_counter() - t0)
+            manifest, root = self._readable(features, source, source_root, ids, loaded, sources)
+            for enc, f in zip(loaded, features.serve(manifest, root, loaded, ids, self.backend(sharded), t0)):
+                out[enc.spec.name] = f
             del loaded
             gc.collect()  # the pass's models go before the next pass loads its own
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         return [out[n] for n in todo]
 
-    def _readable(self, manifest: pd.DataFrame, root, ids, loaded: list,
+    def store(self) -> FeatureStore:
+        """The feature store this run's features are served from."""
+        return FeatureStore(self.cache_dir, self.on_version_change, self.on_bad_image)
+
+    def backend(self, sharded: bool = False):
+        """The extraction engine with this run's settings: the store's :data:`.store.Backend`."""
+        return engine.backend(self.cache_dir, self.batch_size_of, self.num_workers, self.shard_size,
+                              self.on_bad_image, self.num_shards if sharded else 1, self.shard if sharded else 0)
+
+    def _readable(self, features: FeatureStore, manifest: pd.DataFrame, root, ids, loaded: list,
                   sources=None) -> tuple[pd.DataFrame, Path]:
         """``(manifest, root)`` the encoders of a pass read: at native resolution the manifest itself;
         else the images no complete chunk of some encoder holds are first stored at the run's
@@ -212,7 +202,7 @@ class Embedder:
         of the earlier layout is still found)."""
         if self.resolution is None:
             return manifest, Path(root)
-        have = [store.Recipe(self.cache_dir, enc).held(complete=True) for enc in loaded]
+        have = [features.held(enc) for enc in loaded]
         need = np.array([any(i not in h for h in have) for i in ids], bool)
         if need.all():
             read, read_root = self.prepare(manifest, root, sources)
@@ -225,78 +215,6 @@ class Embedder:
         out["path"] = out["path"].astype(object)
         out.loc[need, "path"] = read["path"].to_numpy()
         return out, Path(read_root)
-
-    def _plan(self, encoder, manifest: pd.DataFrame, ids, root) -> store.Plan:
-        recipe = store.Recipe(self.cache_dir, encoder)
-        if not recipe.covers(ids):  # an entry of the earlier per-manifest layout may hold them
-            recipe.adopt(encoder, manifest, root, ids)
-        try:
-            p = store.plan(recipe, manifest, ids, self.on_version_change)
-        except OSError as exc:
-            if not _unwritable(exc, Path(self.cache_dir)):
-                raise
-            raise FeatureCacheError(
-                f"feature cache '{self.cache_dir}' is not writable ({one_line(exc)}) and '{encoder.spec.name}' has "
-                f"{recipe.n_missing(ids)} of {len(set(map(str, ids)))} images of this manifest to embed; set "
-                "paths.cache_dir=<a writable folder>") from None
-        if self.on_bad_image == "error":  # images an earlier run skipped are read again (and stop the run if bad)
-            filling = {c.name for c, _ in p.fill}
-            for c in p.chunks:
-                if c.name not in filling and len(load.read_skipped(recipe.chunk_folder(c))):
-                    rows = recipe.chunk_manifest(c, manifest, ids)
-                    if rows is not None:
-                        p.fill.append((c, rows))
-        if not p.fill:
-            log.info("cache hit: %d rows, 0 forward passes (%s)", len(ids),
-                     store.view_path(recipe, manifest, ids)[0])
-        notice = store.version_notice(p, self.on_version_change)
-        if notice:
-            (log.warning if self.on_version_change == "warn" else log.info)("%s", notice)
-        return p
-
-    def _fill(self, loaded: list, plans: list[store.Plan], root, sharded: bool) -> list[tuple[int, int]]:
-        """Embed what each plan still needs; encoders missing the same images share one pass.
-        Returns (forward batches, images embedded) per encoder."""
-        counts = [[0, 0] for _ in loaded]
-        groups: dict[str, list] = {}
-        for j, p in enumerate(plans):
-            for chunk, rows in p.fill:
-                groups.setdefault(store._hash(list(rows["sample_id"]), list(rows["path"].astype(str))), []).append(
-                    (j, chunk, rows))
-        parts = dict(num_shards=self.num_shards if sharded else 1, shard=self.shard if sharded else 0)
-        for items in groups.values():
-            rows = items[0][2]
-            entries = [(plans[j].recipe.chunk_folder(c), plans[j].recipe.chunk_cache(c).fields) for j, c, _ in items]
-            encs = [loaded[j] for j, _, _ in items]
-            if len(encs) == 1:
-                feats = [extract(encs[0], rows, root, self.cache_dir, batch_size=self.batch_size_of(encs[0].spec.name),
-                                 num_workers=self.num_workers, shard_size=self.shard_size,
-                                 on_bad_image=self.on_bad_image, read=False, entry=entries[0], **parts)]
-            else:
-                feats = extract_panel(encs, rows, root, self.cache_dir,
-                                      batch_size=[self.batch_size_of(e.spec.name) for e in encs],
-                                      num_workers=self.num_workers, shard_size=self.shard_size,
-                                      on_bad_image=self.on_bad_image, read=False, entries=entries, **parts)
-            for (j, c, _), f in zip(items, feats):
-                counts[j][0] += f.n_forward
-                counts[j][1] += f.n_images_embedded
-                c._cache = None  # re-read its meta (now complete, or this part's shards)
-        return [tuple(c) for c in counts]
-
-    def _result(self, p: store.Plan, manifest: pd.DataFrame, root, n_forward: int, n_images: int,
-                seconds: float) -> FeatureSet:
-        folder = store.write_view(p, manifest)
-        missing = load.missing_shards(folder)
-        table = load.read_skipped(folder) if not missing else None
-        skipped = [] if table is None else [str(s) for s in table["sample_id"]]
-        if table is not None:
-            store.write_view_skipped(folder, table)
-        fields = {**store.view_fields(p.recipe, manifest, p.ids), "image_root": str(Path(root).resolve())}
-        return FeatureSet(sample_ids=manifest["sample_id"].astype(str).to_numpy(), embeddings=None,
-                          key=folder.name, path=folder, n_forward=n_forward, n_images_embedded=n_images,
-                          seconds=seconds, images_per_s=n_images / seconds if n_images and seconds else 0.0,
-                          fields={**fields, "recipe": p.recipe.fields}, skipped=skipped,
-                          missing_shards=missing)
 
     def embed_slides(self, manifest: pd.DataFrame, root: str | Path, name: str) -> Path:
         """Slide embeddings of the slides of ``manifest`` by slide encoder ``name`` (tiles embedded

@@ -1,92 +1,30 @@
-"""The feature-cache key: what determines an encoder's cached features on a manifest.
-
-:func:`cache_key_fields` collects the fields and :func:`cache_key` hashes them; the layout the
-key names is described in :mod:`robustbench_fm.features.cache`.
+"""The per-manifest key of the earlier layout (cache format 2), kept to find and read its entries
+(a read-only migration path, :mod:`.legacy`): the recipe's encoder identity
+(:func:`.recipe.encoder_fields`) plus the manifest's locator hash, image root, row count and the
+versions. New features are filed by recipe and image (:mod:`.store`).
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-from ..data import manifest as mf
-from .occlusion import OCCLUSION_COLUMNS
+from .cache import CACHE_FORMAT, manifest_hash
+from .cache import _safe_name as safe_name
+from .recipe import canonical, encoder_fields, fields_key, library_versions, package_version
 
-#: Manifest columns that locate an image's pixels: ``sample_id``, ``path`` and, on occluded rows
-#: (:mod:`robustbench_fm.features.occlusion`), the erased rectangle and its fill. A manifest without
-#: occlusion columns hashes exactly as before they existed.
-KEY_COLUMNS = (*mf.LOCATOR_COLUMNS, *OCCLUSION_COLUMNS)
-
-#: Bump when the on-disk layout or the meaning of a key field changes.
-#: 2: per-shard SHA-256 and row counts in meta.json; skipped rows (NaN + skipped.csv).
-CACHE_FORMAT = 2
-#: Libraries whose version can change features (module to import, distribution name).
-_LIBRARIES = (("torch", "torch"), ("torchvision", "torchvision"), ("PIL", "pillow"),
-              ("timm", "timm"), ("open_clip", "open_clip_torch"), ("transformers", "transformers"))
-
-
-def package_version() -> str:
-    """``robustbench_fm``'s installed version, else ``robustbench_fm.__version__``, else 0+unknown."""
-    try:
-        return importlib.metadata.version("robustbench_fm")
-    except importlib.metadata.PackageNotFoundError:
-        return str(getattr(sys.modules.get("robustbench_fm"), "__version__", "0+unknown"))
-
-
-def library_versions() -> dict[str, str]:
-    """Versions of the importable libraries that can change an encoder's features.
-
-    Read from the installed distributions' metadata, so nothing is imported here.
-    """
-    out = {}
-    for module, dist in _LIBRARIES:
-        if importlib.util.find_spec(module) is None:
-            continue
-        try:
-            out[module] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[module] = "unknown"
-    return out
-
-
-def _canonical(obj) -> dict:
-    """JSON round trip: tuples become lists, odd values strings, so fields compare after I/O."""
-    return json.loads(json.dumps(obj, sort_keys=True, default=str))
-
-
-def manifest_hash(manifest: pd.DataFrame) -> str:
-    """The hash of the manifest's :data:`KEY_COLUMNS` in row order (the key's ``manifest_hash``)."""
-    return mf.content_hash(manifest, KEY_COLUMNS)
+cache_key = fields_key  # the earlier layout's name of the same hash
 
 
 def cache_key_fields(encoder, manifest: pd.DataFrame, image_root=None) -> dict:
-    """Everything that determines the cached features of ``encoder`` on ``manifest``.
-
-    Label columns are deliberately absent: the manifest enters only through
-    ``content_hash(manifest, KEY_COLUMNS)`` (the locator and any occlusion columns). The resolved
-    image root is part of the key: two folders holding different images under the same relative
-    paths (a dataset stored at 224 and at 512 px, regenerated synthetic data) never share an entry.
-    """
-    spec = encoder.spec
-    return _canonical({
+    """The key fields of ``encoder``'s per-manifest entry of ``manifest``: the encoder identity,
+    the manifest (``content_hash(manifest, KEY_COLUMNS)``: locator and occlusion columns, no
+    labels), the resolved image root (two folders holding different images under the same
+    relative paths never shared an entry), the row count and the versions."""
+    return canonical({
         "cache_format": CACHE_FORMAT,
-        "encoder": spec.name,
-        "library": spec.library,
-        "hub_id": spec.hub_id,
-        "revision": spec.revision,
-        "model_kwargs": spec.model_kwargs,
-        "architecture": spec.architecture,  # what random or bare-checkpoint weights are built into
-        "arch_kwargs": spec.arch_kwargs,
-        "embedding": spec.embedding,
-        "embed_dim": int(spec.embed_dim),
-        "preprocessing": spec.preprocessing(),
-        "weights_id": encoder.weights_id,
-        "precision": spec.amp_dtype if encoder.uses_amp else "fp32",
+        **encoder_fields(encoder),
         "manifest_hash": manifest_hash(manifest),
         "image_root": str(Path(image_root).resolve()) if image_root is not None else None,
         "n_rows": int(len(manifest)),
@@ -95,7 +33,48 @@ def cache_key_fields(encoder, manifest: pd.DataFrame, image_root=None) -> dict:
     })
 
 
-def cache_key(fields: dict) -> str:
-    """First 16 hex digits of the SHA-256 of ``fields`` as canonical (sorted-key) JSON."""
-    blob = json.dumps(_canonical(fields), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+_VERSIONS = ("package_version", "library_versions")
+
+
+def _matches(meta_path: Path, want: dict, here: str | None, ignore: tuple) -> bool:
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        return False
+    if meta.get("format") != CACHE_FORMAT or meta.get("status") != "complete":
+        return False
+    f = meta.get("fields") or {}
+    if any(f.get(k) != v for k, v in canonical(want).items() if k not in ignore):
+        return False
+    recorded = f.get("image_root")
+    # another folder that still exists may hold other images under the same names
+    return "image_root" not in ignore or recorded is None or recorded == here or not Path(recorded).exists()
+
+
+def find_entry(encoder_dir: Path, want: dict, root) -> Path | None:
+    """The complete entry of the per-manifest layout under ``encoder_dir`` whose key fields equal
+    ``want`` but for the versions (any package or library versions: recorded, compared on use)
+    and the image root, written from ``root`` or from a folder that no longer exists (a moved
+    dataset); None without one."""
+    here = str(Path(root).resolve())
+    for meta_path in sorted(Path(encoder_dir).glob("*/meta.json")):
+        if _matches(meta_path, want, here, (*_VERSIONS, "image_root")):
+            return meta_path.parent
+    return None
+
+
+def find_slide_entry(cache_dir: Path, want: dict, tile_encoder, tiles: pd.DataFrame, root) -> Path | None:
+    """A complete slide entry of the earlier layout (``extract_slides`` before the store: its tiles
+    in a per-manifest entry named by its ``tile_entry`` field) with the slide fields ``want``
+    (``tile_entry`` aside), whose tile entry holds these ``tiles`` by :func:`find_entry`'s rule."""
+    cache_dir = Path(cache_dir)
+    tile_want = cache_key_fields(tile_encoder, tiles, root)
+    here = str(Path(root).resolve())
+    for meta_path in sorted((cache_dir / safe_name(str(want["encoder"]))).glob("*/meta.json")):
+        if not _matches(meta_path, want, None, (*_VERSIONS, "tile_entry")):
+            continue
+        tile_entry = json.loads(meta_path.read_text())["fields"].get("tile_entry")
+        tile_meta = cache_dir / safe_name(str(tile_encoder.spec.name)) / str(tile_entry) / "meta.json"
+        if tile_entry and _matches(tile_meta, tile_want, here, (*_VERSIONS, "image_root")):
+            return meta_path.parent
+    return None

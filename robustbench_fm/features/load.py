@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from ..core.errors import InvalidSetting
 from ..core.shards import META_NAME, SHARD_NAME, shard_index
-from . import store
+from . import view as views
 from .cache import (
     SKIPPED_COLUMNS,
     SKIPPED_NAME,
@@ -31,7 +31,7 @@ def read_skipped(entry: str | Path) -> pd.DataFrame:
     """The skipped rows of cache entry folder ``entry`` (columns sample_id, row, path, error; sorted
     by row), limited to its complete shards; empty when nothing was skipped."""
     entry = Path(entry)
-    if store.is_view(entry):
+    if views.is_view(entry):
         return _view_skipped(entry)
     path = entry / SKIPPED_NAME
     if not path.exists():
@@ -62,7 +62,7 @@ def missing_shards(entry: str | Path) -> list[int]:
     """Shards of a cache entry folder (as its ``meta.json`` lays them out) whose file is absent; of
     a view (:mod:`.store`), the missing shards of its chunks, numbered across them in order."""
     entry = Path(entry)
-    if store.is_view(entry):
+    if views.is_view(entry):
         out, offset = [], 0
         for folder in _view_chunks(entry):
             meta = json.loads((folder / META_NAME).read_text()) if (folder / META_NAME).is_file() else None
@@ -86,7 +86,7 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
     (``on_bad_image="skip"``) come back as all-NaN rows; :func:`skipped_ids` names them.
     """
     path = Path(path_or_dir)
-    if store.is_view(path):
+    if views.is_view(path):
         return _load_view(path, manifest)
     if path.is_dir():
         files = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
@@ -174,7 +174,7 @@ def align_features(sample_ids, embeddings: np.ndarray, manifest: pd.DataFrame, s
 
 
 def _view_chunks(entry: Path) -> list[Path]:
-    return [Path(c) for c in dict.fromkeys(store.read_view(entry)["chunk"])]
+    return [Path(c) for c in dict.fromkeys(views.read_view(entry)["chunk"])]
 
 
 def _load_view(entry: Path, manifest: pd.DataFrame | None) -> tuple[np.ndarray, np.ndarray]:
@@ -183,14 +183,14 @@ def _load_view(entry: Path, manifest: pd.DataFrame | None) -> tuple[np.ndarray, 
     if missing:
         raise FeatureCacheError(f"{entry}: incomplete features, {len(missing)} shards of its chunks missing; run "
                                 "the missing extraction parts (extract.shard=...) or extraction again to resume")
-    view = store.read_view(entry)
-    emb = store.gather(view)
+    view = views.read_view(entry)
+    emb = views.gather(view)
     return _in_manifest_order(entry, view["sample_id"].astype(str).to_numpy(), emb, manifest)
 
 
 def _view_skipped(entry: Path) -> pd.DataFrame:
     """The rows of a view whose image its chunk skipped (sample_id of the view, its row there)."""
-    view = store.read_view(entry)
+    view = views.read_view(entry)
     parts = []
     for folder, part in view.groupby("chunk", sort=False):
         skipped = read_skipped(Path(folder))

@@ -10,12 +10,14 @@ Tile layout (one folder per slide of the slide manifest, named by its ``sample_i
 take). A tiler such as TRIDENT or CLAM writes the tiles; pick the magnification and tile size of
 the slide encoder's tile encoder (catalog 2.3: 20x; 224 px, 512 px for TITAN/CONCH v1.5).
 
-:func:`extract_slides` embeds every tile with the slide encoder's tile encoder (the ordinary
-feature cache: reused, resumable) and then aggregates slide by slide into the entry
-``<cache>/<slide encoder>/<key>/``, whose key fields are the slide encoder's identity (hub id,
-weights id, slide kwargs), the tile entry's key (tile encoder, its weights and preprocessing, the
-tiles' locators) and the slide manifest's locator hash. Slide shards are written whole and
-atomically like tile shards, so an interrupted run resumes at the first missing shard.
+:func:`extract_slides` has the feature store (:class:`~.store.FeatureStore`) serve every tile
+with the slide encoder's tile encoder (per image: reused, resumable) and then aggregates slide by
+slide into the store's entry ``<cache>/<slide encoder>/<key>/`` (:meth:`.store.FeatureStore.entry`),
+whose key fields are the slide encoder's identity (hub id, weights id, slide kwargs), the tiles'
+view in the store (tile encoder recipe, the tiles' images) and the slide manifest's locator hash.
+Slide shards are written whole and atomically under the entry's lock like tile shards, so an
+interrupted run resumes at the first missing shard. A slide entry of the earlier layout (tiles in
+a per-manifest entry) is read as it is (:func:`.key.find_slide_entry`).
 """
 from __future__ import annotations
 
@@ -25,16 +27,16 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 import torch
 
 from .. import encoders
 from ..core.errors import InvalidSetting
-from ..core.locking import FileLock
 from ..data import manifest as mf
-from .cache import FeatureCache, _embedding_matrix
-from .key import CACHE_FORMAT, library_versions, package_version
-from .panel import extract
+from . import engine
+from .cache import CACHE_FORMAT
+from .key import find_slide_entry
+from .recipe import library_versions, package_version
+from .store import FeatureStore, Recipe, gather, read_view, view_path
 
 log = logging.getLogger("robustbench_fm.features")
 
@@ -62,7 +64,9 @@ def slide_tiles(slides: pd.DataFrame, root: str | Path, tiles_dir: str = "tiles"
 
 
 def slide_key_fields(slide_encoder, tile_key: str, slides: pd.DataFrame) -> dict:
-    """What determines a slide entry: the slide encoder, the tile entry and the slide locators."""
+    """What determines a slide entry: the slide encoder, the tiles' view in the feature store (an
+    entry of the earlier layout named a per-manifest tile entry, :func:`.key.find_slide_entry`)
+    and the slide locators."""
     spec = slide_encoder.spec
     return {"cache_format": CACHE_FORMAT, "encoder": spec.name, "library": spec.library, "hub_id": spec.hub_id,
             "revision": spec.revision, "architecture": spec.architecture, "slide_kwargs": spec.slide_kwargs,
@@ -70,26 +74,6 @@ def slide_key_fields(slide_encoder, tile_key: str, slides: pd.DataFrame) -> dict
             "tile_encoder": spec.tile_encoder, "tile_entry": tile_key,
             "manifest_hash": mf.content_hash(slides, mf.LOCATOR_COLUMNS), "n_rows": int(len(slides)),
             "package_version": package_version(), "library_versions": library_versions()}
-
-
-class _TileRows:
-    """Reads contiguous row ranges of a complete tile entry shard by shard (memory: one shard)."""
-
-    def __init__(self, cache: FeatureCache):
-        self.cache, self._shard, self._rows = cache, -1, None
-
-    def rows(self, lo: int, hi: int) -> np.ndarray:
-        out = []
-        while lo < hi:
-            i = lo // self.cache.shard_size
-            if i != self._shard:
-                table = pq.read_table(self.cache.shard_path(i), columns=["embedding"], memory_map=True)
-                self._shard, self._rows = i, _embedding_matrix(table.column("embedding"), self.cache.shard_path(i))
-            start, stop = self.cache.shard_bounds(i)
-            take = min(hi, stop)
-            out.append(self._rows[lo - start:take - start])
-            lo = take
-        return np.concatenate(out)
 
 
 def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir: str | Path,
@@ -103,9 +87,9 @@ def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir:
 
     ``tiles``: the tile manifest (columns sample_id, path, slide, x, y); default
     :func:`slide_tiles` under ``root/tiles_dir``. ``tile_encoder`` (name or loaded encoder)
-    defaults to the slide encoder's own; tile extraction options are those of
-    :func:`robustbench_fm.features.extract`. Tiles skipped as unreadable (``on_bad_image="skip"``)
-    are left out of their slide's bag.
+    defaults to the slide encoder's own; the tiles are served by the feature store (only those
+    it does not hold are embedded, with :func:`robustbench_fm.features.engine.extract`'s options). Tiles
+    skipped as unreadable (``on_bad_image="skip"``) are left out of their slide's bag.
     """
 
     slide_enc = encoder if isinstance(encoder, encoders.SlideEncoder) else encoders.load_slide(
@@ -125,31 +109,39 @@ def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir:
     if tile_enc.spec.name != spec.tile_encoder:
         raise InvalidSetting(f"slide encoder '{spec.name}' aggregates '{spec.tile_encoder}' tiles, "
                          f"not '{tile_enc.spec.name}'")
-    tile_set = extract(tile_enc, tiles[["sample_id", "path"]], root, cache_dir, batch_size=batch_size,
-                       num_workers=num_workers, shard_size=shard_size, on_bad_image=on_bad_image,
-                       progress=progress, read=False)
-    del tile_enc
-    tile_rows = _TileRows(FeatureCache(cache_dir, tile_set.fields))
+    store = FeatureStore(cache_dir, on_bad_image=on_bad_image)
+    tiles = tiles.reset_index(drop=True)
+    ids, _ = store.identities(tiles, root)
+    tile_view = view_path(Recipe(cache_dir, tile_enc), tiles, ids)[0].name
+    fields = slide_key_fields(slide_enc, tile_view, slides)
+    if not store.settled(fields):
+        old = find_slide_entry(Path(cache_dir), fields, tile_enc, tiles[["sample_id", "path"]], root)
+        if old is not None:
+            log.info("%s: %d slides read from %s (written by an earlier layout)", spec.name, len(slides), old)
+            return old
     bounds = np.searchsorted(order, np.arange(len(slides) + 1))
     xy = tiles[["x", "y"]].to_numpy(np.int64)
-    cache = FeatureCache(cache_dir, slide_key_fields(slide_enc, tile_set.key, slides), shard_size=shard_size,
-                         n_rows=len(slides))
-    if cache.settled():  # read without the lock: a complete entry needs no write access
-        log.info("%s: cache hit, %d slides (%s)", spec.name, len(slides), cache.path)
-        return cache.path
-    cache.path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(cache.path.parent / f"{cache.key}.lock", timeout=None):
-        missing_shards = cache.missing_shards()
-        for i in missing_shards:
-            lo, hi = cache.shard_bounds(i)
-            out = np.empty((hi - lo, spec.embed_dim), np.float32)
-            for j in range(lo, hi):
-                bag = tile_rows.rows(bounds[j], bounds[j + 1])
-                coords = xy[bounds[j]:bounds[j + 1]]
-                keep = np.isfinite(bag).all(axis=1)
-                out[j - lo] = slide_enc.embed_slide(torch.from_numpy(bag[keep]),
-                                                    torch.from_numpy(coords[keep])).cpu().numpy()
-            cache.write_shard(i, slides["sample_id"].astype(str)[lo:hi], out)
+    view: list = []
+
+    def aggregate(lo: int, hi: int):
+        if not view:  # the tiles are embedded (only those the store lacks) when a slide needs them
+            run = engine.backend(cache_dir, batch_size, num_workers, shard_size, on_bad_image, progress=progress)
+            view.append(read_view(store.serve(tiles, root, [tile_enc], ids, run)[0].path))
+        bag_rows = view[0].iloc[bounds[lo]:bounds[hi]].reset_index(drop=True)
+        bags = gather(bag_rows) if len(bag_rows) else np.zeros((0, 0), np.float32)
+        out = np.empty((hi - lo, spec.embed_dim), np.float32)
+        for j in range(lo, hi):
+            bag = bags[bounds[j] - bounds[lo]:bounds[j + 1] - bounds[lo]]
+            coords = xy[bounds[j]:bounds[j + 1]]
+            keep = np.isfinite(bag).all(axis=1)
+            out[j - lo] = slide_enc.embed_slide(torch.from_numpy(bag[keep]),
+                                                torch.from_numpy(coords[keep])).cpu().numpy()
+        return slides["sample_id"].astype(str)[lo:hi], out
+
+    entry, computed = store.entry(fields, len(slides), shard_size, aggregate)
+    if computed:
         log.info("%s: %d slides aggregated from %d '%s' tiles (%d shards computed) -> %s", spec.name, len(slides),
-                 len(tiles), spec.tile_encoder, len(missing_shards), cache.path)
-    return cache.path
+                 len(tiles), spec.tile_encoder, computed, entry)
+    else:
+        log.info("%s: cache hit, %d slides (%s)", spec.name, len(slides), entry)
+    return entry

@@ -1,5 +1,8 @@
 """The per-image feature store: every (encoder recipe, image) is embedded once, whatever manifest
-asks for it (docs/architecture.md, "The feature store").
+asks for it (docs/architecture.md, "The feature store"). :class:`FeatureStore` is its one door:
+look up -> embed what is missing (the extraction engine, :mod:`.engine`, is a backend it is
+handed) -> write the manifest's view; slide embeddings (:meth:`FeatureStore.entry`) and SPAR's
+frozen-token arrays (:meth:`FeatureStore.array`) are written through it too.
 
 A manifest's features are found by looking up its images, not its rows:
 
@@ -12,12 +15,13 @@ A manifest's features are found by looking up its images, not its rows:
   identity because the cheap one changes on a plain ``cp`` and cannot tell two copies apart from
   two different images under the same name; the memo makes its cost one read of each file, the
   first time the file is seen.
-- **Recipe** (:func:`recipe_fields`): what makes an encoder's vector of a given image: encoder
-  identity, weights, architecture, preprocessing, pooling, precision, device-side transform,
-  :data:`RECIPE_VERSION` and the *major* version of torch and of the encoder's own library.
-  Nothing else: no manifest, no absolute path, no patch version (a patch release of a library
-  the encoder does not use cannot change its features; the versions a row was made with are
-  recorded, :func:`made_with`, and compared on use, ``cache.on_version_change``).
+- **Recipe** (:func:`.recipe.recipe_fields`, defined from the encoder, not from any key): what
+  makes an encoder's vector of a given image: encoder identity, weights, architecture,
+  preprocessing, pooling, precision, device-side transform, :data:`RECIPE_VERSION` and the
+  *major* version of torch and of the encoder's own library. Nothing else: no manifest, no
+  absolute path, no patch version (a patch release of a library the encoder does not use cannot
+  change its features; the versions a row was made with are recorded, :func:`made_with`, and
+  compared on use, ``cache.on_version_change``).
 
 Layout under the feature cache ``<cache>``::
 
@@ -30,7 +34,8 @@ Layout under the feature cache ``<cache>``::
                                                sample_ids are image ids: shards, meta.json
                                                (recording ``made_with``), skipped.csv
         adopted-<key>.ids.parquet              an entry of the earlier per-manifest layout read as
-                                               a chunk (its rows' image ids; the entry stays put)
+                                               a chunk (its rows' image ids; the entry stays put:
+                                               that layout is read, never written, :mod:`.key`)
     <cache>/<encoder>/<view>/                  one folder per manifest (the entry runs name)
         meta.json                              format "view": recipe folder, rows, key fields
         view.parquet                           sample_id, image_id, chunk, row (manifest order)
@@ -48,81 +53,46 @@ import json
 import logging
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..core.atomic import write_atomic, write_text_atomic
+from ..core.atomic import replace_atomic, write_atomic, write_text_atomic
 from ..core.errors import InvalidSetting
 from ..core.locking import FileLock
-from ..core.shards import META_NAME, SHARD_NAME
+from ..core.text import one_line
 from ..core.versions import VERSION_POLICIES
 from ..data.images import CROP_COLUMNS, locator_file
 from .cache import (
-    CACHE_FORMAT,
     SKIPPED_NAME,
     FeatureCache,
     FeatureCacheError,
-    _embedding_matrix,
+    FeatureSet,
     _safe_name,
     skipped_csv_bytes,
+    unwritable,
 )
-from .key import _canonical, cache_key, cache_key_fields, library_versions, package_version
+from .key import cache_key_fields, find_entry
+from .load import missing_shards, read_skipped
 from .occlusion import OCCLUSION_COLUMNS
+from .recipe import RECIPE_VERSION, library_major, made_with, recipe_fields  # noqa: F401 (the store's names)
+from .recipe import canonical as _canonical
+from .recipe import fields_key as cache_key
+from .view import VIEW_FORMAT, VIEW_NAME, gather, is_view, read_view  # noqa: F401 (the store's names)
 
 log = logging.getLogger("robustbench_fm.features")
 
-#: Bump when what a recipe's vectors mean changes (preprocessing semantics, pooling code, the
-#: batch rule): every chunk of an older recipe version is then left alone and images re-embedded.
-#: 1: batches padded to the batch size (a row's bytes do not depend on its neighbours).
-RECIPE_VERSION = 1
-VIEW_FORMAT = "view"
-VIEW_NAME = "view.parquet"
 IDS_SUFFIX = ".ids.parquet"
 #: columns besides ``path`` that select pixels of a file (part of an image's identity)
 PIXEL_COLUMNS = (*CROP_COLUMNS, *OCCLUSION_COLUMNS)
-#: libraries whose major version is part of a recipe: torch for every encoder, plus its own
-_LIBRARY_DISTRIBUTIONS = {"timm": "timm", "open_clip": "open_clip", "transformers": "transformers",
-                          "torchvision": "torchvision"}
 
-
-# ------------------------------------------------------------------ recipe
-
-def library_major(module: str) -> str | None:
-    """The major version (``'2'`` of ``2.5.1``; ``'0.9'`` of ``0.9.16``, a 0.x series moves its
-    minor) of an importable library, else None."""
-    v = library_versions().get(module)
-    if v is None:
-        return None
-    parts = v.split("+")[0].split(".")
-    return ".".join(parts[:2]) if parts[0] == "0" else parts[0]
-
-
-#: key fields of the per-manifest layout that are not part of a recipe (the manifest, the folder,
-#: versions: recorded per chunk instead)
-NOT_RECIPE = ("cache_format", "manifest_hash", "image_root", "n_rows", "package_version", "library_versions")
-
-
-def recipe_fields(encoder, extra: dict | None = None) -> dict:
-    """What makes ``encoder``'s vector of one image (module docstring): the per-manifest key fields
-    without :data:`NOT_RECIPE`, plus :data:`RECIPE_VERSION` and the major versions of torch and of
-    the encoder's library. ``extra``: more fields (the device-side transform of a panel pass)."""
-    fields = {k: v for k, v in cache_key_fields(encoder, pd.DataFrame({"sample_id": [], "path": []})).items()
-              if k not in NOT_RECIPE}
-    own = _LIBRARY_DISTRIBUTIONS.get(str(encoder.spec.library))
-    majors = {m: library_major(m) for m in ("torch", own) if m}
-    return _canonical({**fields, **(extra or {}), "recipe_version": RECIPE_VERSION,
-                       "library_major": {m: v for m, v in majors.items() if v is not None}})
-
-
-def made_with() -> dict:
-    """The package and library versions rows embedded now are made with (recorded per chunk)."""
-    return _canonical({"package": package_version(), "libraries": library_versions()})
-
+# ------------------------------------------------------------------ hashes
 
 def _hash(*parts) -> str:
     return hashlib.sha256(json.dumps(_canonical(list(parts)), sort_keys=True).encode()).hexdigest()
@@ -346,44 +316,33 @@ class Recipe:
         rows["sample_id"] = list(chunk.ids)
         return rows
 
-    # --- the per-manifest layout (cache format 2)
+    def refresh(self, chunk: Chunk) -> None:
+        """Read the chunk's entry again on next use (the engine has written shards to it)."""
+        chunk._cache = None
+
+    # --- the per-manifest layout (cache format 2), read only
     def adopt(self, encoder, manifest: pd.DataFrame, root, ids: np.ndarray) -> Chunk | None:
-        """The complete entry of the per-manifest layout that holds ``manifest``'s rows, read as a
-        chunk (without re-embedding): same encoder identity, same locator hash and row count,
-        written from this image root or from one that no longer exists (a moved dataset); any
-        package or library versions (recorded, :meth:`versions`). Its image ids are written to
-        ``adopted-<key>.ids.parquet`` (kept in memory on a read-only cache)."""
-        if not self.encoder_dir.is_dir():
+        """The complete entry of the per-manifest layout that holds ``manifest``'s rows
+        (:func:`.key.find_entry`: same encoder identity, locator hash and row count, from this image
+        root or one that no longer exists), read as a chunk without re-embedding. Its image ids are
+        written to ``adopted-<key>.ids.parquet`` (kept in memory on a read-only cache)."""
+        folder = find_entry(self.encoder_dir, cache_key_fields(encoder, manifest, root), root)
+        if folder is None:
             return None
-        want = {k: v for k, v in cache_key_fields(encoder, manifest, root).items()
-                if k not in ("package_version", "library_versions", "image_root")}
-        here = str(Path(root).resolve())
-        for meta_path in sorted(self.encoder_dir.glob("*/meta.json")):
-            meta = _read_json(meta_path)
-            if not meta or meta.get("format") != CACHE_FORMAT or meta.get("status") != "complete":
-                continue
-            f = meta.get("fields") or {}
-            if any(f.get(k) != v for k, v in want.items()):
-                continue
-            recorded = f.get("image_root")
-            if recorded is not None and recorded != here and Path(recorded).exists():
-                continue  # another folder that still exists: other images under the same names
-            key = meta_path.parent.name
-            name = f"../{key}"
-            for c in self.chunks():
-                if c.name == name:
-                    return c
-            chunk = Chunk(name, np.asarray(ids, dtype=object), adopted=True)
-            try:
-                self.folder.mkdir(parents=True, exist_ok=True)
-                _write_parquet(self.folder / f"adopted-{key}{IDS_SUFFIX}", _ids_table(manifest, ids))
-            except OSError:
-                pass  # read-only: this run reads it anyway
-            self.chunks().append(chunk)
-            log.info("reading %s (written by an earlier layout) as features of %d images", meta_path.parent,
-                     len(ids))
-            return chunk
-        return None
+        key = folder.name
+        name = f"../{key}"
+        for c in self.chunks():
+            if c.name == name:
+                return c
+        chunk = Chunk(name, np.asarray(ids, dtype=object), adopted=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            _write_parquet(self.folder / f"adopted-{key}{IDS_SUFFIX}", _ids_table(manifest, ids))
+        except OSError:
+            pass  # read-only: this run reads it anyway
+        self.chunks().append(chunk)
+        log.info("reading %s (written by an earlier layout) as features of %d images", folder, len(ids))
+        return chunk
 
 
 def _first_positions(ids) -> pd.Series:
@@ -568,37 +527,168 @@ def write_view_skipped(folder: Path, table: pd.DataFrame) -> None:
         pass  # a read-only cache: load.read_skipped still names them
 
 
-def is_view(entry: str | Path) -> bool:
-    return (Path(entry) / VIEW_NAME).is_file()
+# ------------------------------------------------------------------ the store
+
+#: The extraction engine as the store calls it: ``backend(encoders, rows, root, entries)`` embeds
+#: ``rows`` (sample_id = image id) with each encoder into its entry ``(folder, key fields)`` and
+#: returns one :class:`~.cache.FeatureSet` per encoder (:func:`robustbench_fm.features.engine.extract_panel`
+#: with the run's settings bound).
+Backend = Callable[[list, pd.DataFrame, Path, list], list]
 
 
-def read_view(entry: str | Path) -> pd.DataFrame:
-    """The rows of a view (sample_id, image_id, chunk folder as a resolved path, row)."""
-    entry = Path(entry)
-    t = pq.read_table(entry / VIEW_NAME).to_pandas()
-    base = entry.parent
-    t["chunk"] = [str((base / c).resolve()) if not os.path.isabs(c) else c for c in t["chunk"]]
-    return t
+class FeatureStore:
+    """The one writer of feature entries under ``cache_dir``: look up -> embed what is missing (by
+    the engine, a :data:`Backend`) -> write the manifest's view; the entries a slide encoder
+    aggregates (:meth:`entry`) and frozen-token arrays (:meth:`array`) go through it too, under
+    its locks and atomic writes. Entries of the earlier per-manifest layout are read, never written."""
 
+    def __init__(self, cache_dir: str | Path, on_version_change: str = "reuse", on_bad_image: str = "error"):
+        self.cache_dir = Path(cache_dir)
+        self.on_version_change = on_version_change
+        self.on_bad_image = on_bad_image
 
-def gather(view: pd.DataFrame) -> np.ndarray:
-    """The view's matrix [n, D] (float32), filled shard by shard from its chunks: besides the
-    result only one shard is held at a time (a chunk's whole matrix never is)."""
-    out = None
-    for folder, part in view.groupby("chunk", sort=False):
-        folder = Path(folder)
-        meta = json.loads((folder / META_NAME).read_text())
-        size = int(meta["shard_size"])
-        rows = part["row"].to_numpy()
-        dest = part.index.to_numpy()
-        shard_of = rows // size
-        for i in np.unique(shard_of):
-            f = folder / SHARD_NAME.format(int(i))
-            table = pq.read_table(f, columns=["embedding"])
-            emb = _embedding_matrix(table.column("embedding"), f, int(meta.get("embed_dim") or 0) or None)
-            if out is None:
-                out = np.empty((len(view), emb.shape[1]), np.float32)
-            sel = shard_of == i
-            out[dest[sel]] = emb[rows[sel] - int(i) * size]
-            del table, emb
-    return out if out is not None else np.zeros((0, 0), np.float32)
+    # --- look up
+    def identities(self, manifest: pd.DataFrame, root, prepared_recipe: dict | None = None
+                   ) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(ids, sources)``: each row's image identity (:func:`image_ids`; with a prepared-image
+        recipe, the identity of its prepared copy, :func:`derived_ids`) and, with one, each row's
+        source identity (what the prepared-image store finds it by, :func:`source_ids`)."""
+        hashes = FileHashes(self.cache_dir)
+        ids = image_ids(manifest, root, hashes)
+        sources = None
+        if prepared_recipe is not None:
+            sources = source_ids(manifest, root, hashes)
+            ids = derived_ids(ids, prepared_recipe)
+        hashes.save()
+        return ids, sources
+
+    def held(self, encoder) -> set:
+        """The image ids complete chunks of ``encoder``'s recipe hold."""
+        return Recipe(self.cache_dir, encoder).held(complete=True)
+
+    def look_up(self, encoder, manifest: pd.DataFrame, ids: np.ndarray, root) -> Plan:
+        """Where each row's image is (a complete chunk, an entry of the earlier layout) and the
+        chunks still to fill (:func:`plan`)."""
+        recipe = Recipe(self.cache_dir, encoder)
+        if not recipe.covers(ids):  # an entry of the earlier per-manifest layout may hold them
+            recipe.adopt(encoder, manifest, root, ids)
+        try:
+            p = plan(recipe, manifest, ids, self.on_version_change)
+        except OSError as exc:
+            if not unwritable(exc, self.cache_dir):
+                raise
+            raise FeatureCacheError(
+                f"feature cache '{self.cache_dir}' is not writable ({one_line(exc)}) and '{encoder.spec.name}' "
+                f"has {recipe.n_missing(ids)} of {len(set(map(str, ids)))} images of this manifest to embed; set "
+                "paths.cache_dir=<a writable folder>") from None
+        if self.on_bad_image == "error":  # images an earlier run skipped are read again (and stop the run if bad)
+            filling = {c.name for c, _ in p.fill}
+            for c in p.chunks:
+                if c.name not in filling and len(read_skipped(recipe.chunk_folder(c))):
+                    rows = recipe.chunk_manifest(c, manifest, ids)
+                    if rows is not None:
+                        p.fill.append((c, rows))
+        if not p.fill:
+            log.info("cache hit: %d rows, 0 forward passes (%s)", len(ids), view_path(recipe, manifest, ids)[0])
+        notice = version_notice(p, self.on_version_change)
+        if notice:
+            (log.warning if self.on_version_change == "warn" else log.info)("%s", notice)
+        return p
+
+    # --- embed what is missing
+    def fill(self, loaded: list, plans: list[Plan], root, backend: Backend) -> list[tuple[int, int]]:
+        """Embed what each plan still needs with ``backend``; encoders missing the same images share
+        one call (one decode pass). Returns (forward batches, images embedded) per encoder."""
+        counts = [[0, 0] for _ in loaded]
+        groups: dict[str, list] = {}
+        for j, p in enumerate(plans):
+            for chunk, rows in p.fill:
+                groups.setdefault(_hash(list(rows["sample_id"]), list(rows["path"].astype(str))), []).append(
+                    (j, chunk, rows))
+        for items in groups.values():
+            entries = [(plans[j].recipe.chunk_folder(c), plans[j].recipe.chunk_cache(c).fields) for j, c, _ in items]
+            feats = backend([loaded[j] for j, _, _ in items], items[0][2], Path(root), entries)
+            for (j, c, _), f in zip(items, feats):
+                counts[j][0] += f.n_forward
+                counts[j][1] += f.n_images_embedded
+                plans[j].recipe.refresh(c)  # re-read its meta (now complete, or this part's shards)
+        return [tuple(c) for c in counts]
+
+    # --- write the view
+    def view(self, p: Plan, manifest: pd.DataFrame, root, n_forward: int = 0, n_images: int = 0,
+             seconds: float = 0.0) -> FeatureSet:
+        """The manifest's view (:func:`write_view`) as a FeatureSet (``read=False``: its ``path``
+        is read by ``load_features``)."""
+        folder = write_view(p, manifest)
+        missing = missing_shards(folder)
+        table = read_skipped(folder) if not missing else None
+        skipped = [] if table is None else [str(s) for s in table["sample_id"]]
+        if table is not None:
+            write_view_skipped(folder, table)
+        fields = {**view_fields(p.recipe, manifest, p.ids), "image_root": str(Path(root).resolve())}
+        return FeatureSet(sample_ids=manifest["sample_id"].astype(str).to_numpy(), embeddings=None,
+                          key=folder.name, path=folder, n_forward=n_forward, n_images_embedded=n_images,
+                          seconds=seconds, images_per_s=n_images / seconds if n_images and seconds else 0.0,
+                          fields={**fields, "recipe": p.recipe.fields}, skipped=skipped,
+                          missing_shards=missing)
+
+    def serve(self, manifest: pd.DataFrame, root, encoders: list, ids: np.ndarray, backend: Backend,
+              t0: float | None = None) -> list[FeatureSet]:
+        """Every row of ``manifest`` (image identities ``ids``) by each loaded encoder: look up,
+        embed only what no chunk holds (one ``backend`` call per set of missing images), write
+        the view. One FeatureSet per encoder, in order."""
+        t0 = time.perf_counter() if t0 is None else t0
+        plans = [self.look_up(enc, manifest, ids, root) for enc in encoders]
+        counts = self.fill(encoders, plans, root, backend)
+        return [self.view(p, manifest, root, n_forward, n_images, time.perf_counter() - t0)
+                for p, (n_forward, n_images) in zip(plans, counts)]
+
+    # --- entries computed from other entries (slide embeddings)
+    def settled(self, fields: dict) -> bool:
+        """The entry with key ``fields`` is complete (read without a lock)."""
+        try:
+            return FeatureCache(self.cache_dir, fields).settled()
+        except FeatureCacheError:
+            return False
+
+    def entry(self, fields: dict, n_rows: int, shard_size: int,
+              compute: Callable[[int, int], tuple[list, np.ndarray]]) -> tuple[Path, int]:
+        """The entry with key ``fields`` (``<cache>/<fields['encoder']>/<key>/``): settled, it is read
+        with no lock; else under its lock each missing shard ``i`` is written (atomically) from
+        ``compute(lo, hi) -> (sample_ids, matrix)`` of its rows. Returns (folder, shards computed)."""
+        cache = FeatureCache(self.cache_dir, fields, shard_size=shard_size, n_rows=n_rows)
+        if cache.settled():  # read without the lock: a complete entry needs no write access
+            return cache.path, 0
+        cache.path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(cache.path.parent / f"{cache.key}.lock", timeout=None):
+            missing = cache.missing_shards()
+            for i in missing:
+                lo, hi = cache.shard_bounds(i)
+                cache.write_shard(i, *compute(lo, hi))
+        return cache.path, len(missing)
+
+    # --- arrays (SPAR's frozen token sequences)
+    def array(self, folder: str | Path, key: str, make: Callable[[Callable], np.ndarray]) -> np.ndarray:
+        """The array ``<folder>/<key>.npy`` (``folder`` relative to the cache, or absolute),
+        memory-mapped. Missing, it is made under ``<key>.lock``: ``make(alloc)`` calls
+        ``alloc(shape, dtype)`` once for the array to fill (a memory map of a temporary file beside
+        it, so the whole array is never held in memory) and fills it; the file then replaces the
+        name atomically (:func:`robustbench_fm.core.atomic.replace_atomic`). Another process making
+        the same array waits and reads it."""
+        path = self.cache_dir / folder / f"{key}.npy"
+        if path.is_file():
+            return np.load(path, mmap_mode="r")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(path.with_suffix(".lock"), timeout=None):
+            if not path.is_file():
+                with replace_atomic(path, suffix=".npy") as tmp:
+                    held: list = []
+
+                    def alloc(shape, dtype):
+                        held.append(np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=tuple(shape)))
+                        return held[-1]
+                    make(alloc)
+                    for a in held:
+                        a.flush()
+                    del held
+        return np.load(path, mmap_mode="r")

@@ -24,16 +24,19 @@ import pyarrow.parquet as pq
 from ..core.shards import META_NAME, SHARD_NAME, file_sha256, shard_index
 from ..core.text import one_line
 from ..data import manifest as mf
-from . import store
+from . import view as views
 from .cache import (
+    CACHE_FORMAT,
     PARQUET_META_KEY,
     SKIPPED_NAME,
     TEMP_GLOB,
     FeatureCacheError,
     _embedding_matrix,
+    manifest_hash,
     parse_skipped_csv,
 )
-from .key import CACHE_FORMAT, _canonical, cache_key, manifest_hash
+from .recipe import canonical as _canonical
+from .recipe import fields_key as cache_key
 
 __all__ = ["VerifyReport", "verify_cache", "verify_entry"]
 
@@ -105,7 +108,7 @@ def verify_entry(path: str | Path, manifest: pd.DataFrame | str | Path | None = 
                         "extraction")
         return rep
     fmt = meta.get("format")
-    if fmt == store.VIEW_FORMAT:
+    if fmt == views.VIEW_FORMAT:
         return _verify_view(path, meta, manifest, rep)
     if fmt != CACHE_FORMAT:
         problems.append(f"{meta_path}: cache format {fmt!r}, this package reads format {CACHE_FORMAT}; it is "
@@ -280,16 +283,16 @@ def _verify_view(path: Path, meta: dict, manifest, rep: VerifyReport) -> VerifyR
     try:
         fields = meta["fields"]
         rep.n_rows, rep.key, rep.encoder = int(meta["n_rows"]), str(meta["key"]), fields.get("encoder")
-        view = store.read_view(path)
+        view = views.read_view(path)
     except (OSError, KeyError, TypeError, ValueError, AttributeError) as exc:
-        problems.append(f"{path / store.VIEW_NAME}: unreadable ({one_line(exc)}); delete the folder {path} and "
+        problems.append(f"{path / views.VIEW_NAME}: unreadable ({one_line(exc)}); delete the folder {path} and "
                         "re-run extraction (the features are kept in the chunks)")
         return rep
     if f"v-{cache_key(_canonical(fields))}" != path.name:
         problems.append(f"{path / META_NAME}: its key fields hash to v-{cache_key(fields)}, not {path.name}; "
                         f"delete the folder {path}")
     if len(view) != rep.n_rows or view["sample_id"].duplicated().any():
-        problems.append(f"{path / store.VIEW_NAME}: {len(view)} rows (meta.json: {rep.n_rows}) or a repeated "
+        problems.append(f"{path / views.VIEW_NAME}: {len(view)} rows (meta.json: {rep.n_rows}) or a repeated "
                         f"sample_id; delete the folder {path}")
     if manifest is not None:
         frame, _ = _manifest_frame(manifest)

@@ -22,7 +22,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 if TYPE_CHECKING:  # the feature engine imports torch: a plan, a dry run and its one-line errors do not
-    from ..features.embed import Embedder, EncoderOptions
+    from ..features.embed import Embedder
     from ..methods.job import JobContext
 
 from .. import data, encoders, methods
@@ -36,6 +36,7 @@ from ..core.tables import SweepResults
 from ..data import cards
 from ..data import manifest as mf
 from ..data.sample import fixed_sample
+from ..encoders.options import EncoderOptions
 from ..methods.run import score_and_save
 from ..report.comparisons import build as build_comparisons
 from ..report.comparisons import verdict
@@ -110,11 +111,7 @@ def embedder(job: Plan) -> Embedder:
 def encoder_options(job: Plan) -> tuple[str, EncoderOptions]:
     """``(name, EncoderOptions)`` of the job's ``encoder``: the options the user gave it (weights,
     embedding, batch size); a generic entry is named by its resolved spec (:func:`generic_entry`)."""
-    from ..features.embed import EncoderOptions  # lazy: imports torch
-
-    e = job.encoder
-    return e.name, EncoderOptions(weights=e.weights, tile_weights=e.tile_weights, embedding=e.embedding,
-                                  batch_size=e.batch_size)
+    return job.encoder.name, job.encoder
 
 
 def job_context(job: Plan, manifest: pd.DataFrame, out_dir: Path) -> JobContext:

@@ -29,6 +29,7 @@ from ..data import manifest as mf
 from ..data.csv_manifest import no_findings_reason
 from ..data.images import BAD_IMAGE_POLICIES
 from ..encoders import generic
+from ..encoders.options import EncoderOptions
 
 # ----------------------------------------------------------------------------- the typed plan
 
@@ -59,17 +60,8 @@ class ExtractOptions:
     on_version_change: str = "reuse"
 
 
-@dataclass(frozen=True)
-class EncoderSettings:
-    """The options the user gave the job's ``encoder`` (``encoder.weights``, ``tile_weights``,
-    ``embedding``, ``batch_size``); ``name`` is the entry they apply to (a generic entry,
-    ``encoder=timm|hf|open_clip``, by its resolved name, with its local weights)."""
-
-    name: str
-    weights: str | None = None
-    tile_weights: str | None = None
-    embedding: str | None = None
-    batch_size: int | None = None
+#: the options the user gave the job's ``encoder`` (one type with the Embedder's, torch-free)
+EncoderSettings = EncoderOptions
 
 
 @dataclass(frozen=True)

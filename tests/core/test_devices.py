@@ -9,8 +9,8 @@ import torch
 from feature_fixtures import tiny_encoder
 
 from robustbench_fm.core.devices import resolve_device
-from robustbench_fm.features.extract import PREFETCH_BYTES, default_num_workers
-from robustbench_fm.features.panel import _Job, _panel_prefetch
+from robustbench_fm.features.engine.panel import _Job, _panel_prefetch
+from robustbench_fm.features.engine.rows import PREFETCH_BYTES, default_num_workers
 
 
 def test_auto_picks_cuda_only_when_available(monkeypatch):

@@ -31,7 +31,7 @@ def test_a_limit_too_small_for_the_ellipsis_is_refused():
 
 
 @pytest.mark.parametrize("module", ["robustbench_fm.data.prepared", "robustbench_fm.encoders.loaders.hub",
-                                    "robustbench_fm.features.cache", "robustbench_fm.features.extract"])
+                                    "robustbench_fm.features.cache", "robustbench_fm.features.engine.rows"])
 def test_the_four_call_sites_use_this_one_helper(module):
     mod = importlib.import_module(module)
     assert mod.one_line is one_line

@@ -7,7 +7,7 @@ from PIL import Image
 
 from robustbench_fm.data import images
 from robustbench_fm.data.images import read_image, read_mask
-from robustbench_fm.features.extract import default_reader
+from robustbench_fm.features.engine.rows import default_reader
 
 
 def pixels(im):

@@ -31,7 +31,7 @@ from robustbench_fm.features import (
     read_skipped,
     skipped_ids,
 )
-from robustbench_fm.features.extract import default_reader
+from robustbench_fm.features.engine.rows import default_reader
 
 N_IMAGES, SHARD, BATCH = 40, 8, 3
 # row -> (kind, file name); one bad row in each of shards 0-3

@@ -16,8 +16,8 @@ from feature_fixtures import tiny_encoder, write_images
 from PIL import Image
 
 from robustbench_fm.features import FeatureCache, ImageReadError, extract, verify_entry
-from robustbench_fm.features.extract import default_reader
-from robustbench_fm.features.panel import extract_panel, split_transform
+from robustbench_fm.features.engine.panel import extract_panel, split_transform
+from robustbench_fm.features.engine.rows import default_reader
 
 N, SHARD = 40, 8
 BATCHES = (3, 4, 5)
@@ -256,7 +256,7 @@ def test_embedder_panel_decodes_once_and_fills_the_entries_embed_fills(data, tmp
 
     from robustbench_fm.features.embed import Embedder, EncoderOptions
 
-    extract_mod = importlib.import_module("robustbench_fm.features.extract")  # the module, not the function
+    extract_mod = importlib.import_module("robustbench_fm.features.engine.rows")  # the module, not the function
     root, manifests = data
     manifest = manifests["error"]
     calls = []
@@ -322,7 +322,7 @@ def test_an_entry_another_process_fills_is_left_out_and_waited_for(data, singles
     import threading
 
     from robustbench_fm.core.locking import FileLock
-    from robustbench_fm.features.extract import lock_path
+    from robustbench_fm.features.engine.rows import lock_path
 
     root, manifests = data
     manifest, refs = manifests["error"], singles["error"]

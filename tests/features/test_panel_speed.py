@@ -26,9 +26,8 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 from robustbench_fm.encoders.base import _ToMode, build_transform
 from robustbench_fm.features import extract
-from robustbench_fm.features import panel as panel_mod
-from robustbench_fm.features.extract import _RowsDataset, default_num_workers, default_reader
-from robustbench_fm.features.panel import (
+from robustbench_fm.features.engine import panel as panel_mod
+from robustbench_fm.features.engine.panel import (
     _HostPlan,
     _pack,
     _PanelDataset,
@@ -36,6 +35,7 @@ from robustbench_fm.features.panel import (
     default_panel_workers,
     extract_panel,
 )
+from robustbench_fm.features.engine.rows import _RowsDataset, default_num_workers, default_reader
 
 
 def _films(root: Path, n: int = 12) -> pd.DataFrame:

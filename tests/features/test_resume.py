@@ -145,7 +145,7 @@ def references(data, encoder, tmp_path_factory):
 def forkserver():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "PIL.Image", "pandas", "pyarrow.parquet",
-                                "robustbench_fm.features.extract", "robustbench_fm.features.testing"])
+                                "robustbench_fm.features.engine.rows", "robustbench_fm.features.testing"])
     return ctx
 
 

@@ -9,26 +9,12 @@ import pytest
 import torch
 from feature_fixtures import shard_bytes, tiny_encoder
 from PIL import Image
+from store_cf22284.make_fixture import slide_encoder  # a seeded linear aggregator (mean-pooled)
 
 from robustbench_fm.api import evaluate
-from robustbench_fm.encoders import SlideEncoder
-from robustbench_fm.encoders.spec import EncoderSpec
-from robustbench_fm.features import extract, load_features
+from robustbench_fm.features import load_features
+from robustbench_fm.features.embed import Embedder
 from robustbench_fm.features.slides import extract_slides, slide_tiles
-
-
-def tiny_slide_encoder(calls: list) -> SlideEncoder:
-    """A seeded linear map of [tile embedding, scaled coordinates], mean-pooled over the bag."""
-    spec = EncoderSpec(name="tiny_slide", library="slide", hub_id="test", input_size=32, mean=(0.5,) * 3,
-                       std=(0.5,) * 3, embedding="native", embed_dim=6, params_m=0.0, resize="none",
-                       tile_encoder="tiny", amp_dtype=None, slide_kwargs={"scale": 2.0})
-    torch.manual_seed(0)
-    model = torch.nn.Linear(10, 6)
-
-    def aggregate(tiles, coords, scale):
-        calls.append(len(tiles))
-        return model(torch.cat([tiles, coords.float() / 1000], dim=1)).mean(dim=0) * scale
-    return SlideEncoder(spec, model, aggregate, "test-weights", torch.device("cpu"), tile_dim=8)
 
 
 @pytest.fixture(scope="module")
@@ -55,18 +41,19 @@ def slides(tmp_path_factory):
 def test_slide_embeddings_equal_the_aggregator_on_cached_tiles(slides, tmp_path):
     root, manifest = slides
     calls = []
-    slide_enc, tile_enc = tiny_slide_encoder(calls), tiny_encoder()
+    slide_enc, tile_enc = slide_encoder(calls), tiny_encoder()
     entry = extract_slides(slide_enc, manifest, root, tmp_path, tile_encoder=tile_enc, shard_size=5, progress=False)
     assert entry.parent.name == "tiny_slide"
     ids, emb = load_features(entry)
-    assert ids.tolist() == manifest["sample_id"].tolist() and emb.shape == (16, 6)
+    assert ids.tolist() == manifest["sample_id"].tolist() and emb.shape == (16, 4)
     tiles = slide_tiles(manifest, root)
     assert len(tiles) == 4 * sum(range(2, 6)) and tiles["x"].max() == 224 * 4
-    direct_tiles = extract(tile_enc, tiles[["sample_id", "path"]], root, tmp_path, progress=False)
-    assert direct_tiles.n_forward == 0  # the tile entry extract_slides filled is reused
+    direct_tiles = Embedder(tmp_path, device="cpu").embed(tiles[["sample_id", "path"]], root, tile_enc)
+    assert direct_tiles.n_forward == 0  # the tiles extract_slides had the store embed are reused
+    tile_emb = load_features(direct_tiles.path, tiles)[1]
     for i, slide in enumerate(manifest["sample_id"]):
         rows = (tiles["slide"] == slide).to_numpy()
-        want = slide_enc.embed_slide(torch.from_numpy(direct_tiles.embeddings[rows]),
+        want = slide_enc.embed_slide(torch.from_numpy(tile_emb[rows]),
                                      torch.tensor(tiles.loc[rows, ["x", "y"]].to_numpy()))
         np.testing.assert_allclose(emb[i], want.numpy(), rtol=1e-6, atol=1e-7)
     # warm re-run: nothing aggregated; a lost shard is recomputed to the same bytes
@@ -79,7 +66,7 @@ def test_slide_embeddings_equal_the_aggregator_on_cached_tiles(slides, tmp_path)
 
     # the croma stage on the entry = on the slide embeddings computed directly
     direct = np.stack([slide_enc.embed_slide(
-                           torch.from_numpy(direct_tiles.embeddings[(tiles["slide"] == s).to_numpy()]),
+                           torch.from_numpy(tile_emb[(tiles["slide"] == s).to_numpy()]),
                            torch.tensor(tiles.loc[tiles["slide"] == s, ["x", "y"]].to_numpy()))
                        .numpy() for s in manifest["sample_id"]])
     params = dict(exclude_col="slide_id", m=2, k_grid=[1, 3, 5], device="cpu")
@@ -92,7 +79,7 @@ def test_slide_embeddings_equal_the_aggregator_on_cached_tiles(slides, tmp_path)
 def test_slide_extraction_refuses_a_wrong_tile_encoder_and_missing_tiles(slides, tmp_path):
     root, manifest = slides
     with pytest.raises(ValueError, match="aggregates 'tiny' tiles, not 'other'"):
-        extract_slides(tiny_slide_encoder([]), manifest, root, tmp_path, tile_encoder=tiny_encoder(name="other"))
+        extract_slides(slide_encoder([]), manifest, root, tmp_path, tile_encoder=tiny_encoder(name="other"))
     with pytest.raises(FileNotFoundError, match="no tiles"):
-        extract_slides(tiny_slide_encoder([]), manifest.assign(sample_id="ghost"), root, tmp_path,
+        extract_slides(slide_encoder([]), manifest.assign(sample_id="ghost"), root, tmp_path,
                        tile_encoder=tiny_encoder())

@@ -225,3 +225,39 @@ def test_pixel_parts_of_a_manifest_of_0_rows_are_none():
     assert store._pixel_part(empty) == []
     two = pd.DataFrame({"sample_id": ["a", "b"], "path": ["x.nii.gz#12", "y.png"]})
     assert store._pixel_part(two) == ["12", ""]
+
+
+def test_an_array_is_made_once_under_the_stores_lock_and_replaced_atomically(tmp_path):
+    """FeatureStore.array (SPAR's frozen tokens): two makers of the same array at once make it once
+    (the second waits on the lock and reads it), nothing temporary is left, and a maker that fails
+    leaves no array behind (the next call makes it)."""
+    import threading
+    import time
+
+    from robustbench_fm.features.store import FeatureStore
+
+    calls = []
+
+    def make(alloc):
+        calls.append(1)
+        out = alloc((3, 4), np.float16)
+        time.sleep(0.3)
+        out[:] = np.arange(12, dtype=np.float16).reshape(3, 4)
+
+    got = [None, None]
+    threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, FeatureStore(tmp_path).array("tok", "k", make)))
+               for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    want = np.arange(12, dtype=np.float16).reshape(3, 4)
+    assert len(calls) == 1 and all(np.array_equal(g, want) for g in got)
+    assert sorted(p.name for p in (tmp_path / "tok").iterdir()) == ["k.npy"]
+
+    def fail(alloc):
+        alloc((2,), np.float32)
+        raise RuntimeError("interrupted")
+    with pytest.raises(RuntimeError):
+        FeatureStore(tmp_path).array("tok", "other", fail)
+    assert sorted(p.name for p in (tmp_path / "tok").iterdir()) == ["k.npy"]

@@ -17,7 +17,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -26,6 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ...features.store import FeatureStore
 from . import metrics
 from .heads import MAX_CLASSES, MLPHead, ProbeHeads, SparModel, TransformerHead, probe_losses
 from .models import (
@@ -116,37 +116,31 @@ def _cache_key(*parts) -> str:
 def cached_tokens(backbone, images, n: int, key: str, cache_dir: Path | None, batch: int,
                   tiles: bool) -> np.ndarray:
     """Frozen token sequences of ``n`` inputs (``images(rows) -> uint8 array``) as float16, kept in
-    ``<cache_dir>/<key>.npy`` when a cache folder is given (frozen heads read cached tokens) and
-    then memory-mapped. Tiles [n, T, N, D], slices [n, N, D]. Batches are written into the file as
-    they come, so the whole native-token array (RadDINO at Level 3: 1,370 tokens × 768 per view) is
-    never held in memory at once."""
-    path = None if cache_dir is None else Path(cache_dir) / f"{key}.npy"
-    if path is not None and path.is_file():
-        return np.load(path, mmap_mode="r")
+    ``<cache_dir>/<key>.npy`` when a cache folder is given (frozen heads read cached tokens; the
+    feature store makes it under its lock and writes it atomically,
+    :meth:`robustbench_fm.features.store.FeatureStore.array`) and then memory-mapped. Tiles
+    [n, T, N, D], slices [n, N, D]. Batches are written into the file as they come, so the whole
+    native-token array (RadDINO at Level 3: 1,370 tokens × 768 per view) is never held in memory
+    at once."""
     backbone.eval()
     device = backbone.mean.device
     step = max(1, batch // 16) if tiles else batch
-    out, tmp = None, None
-    for start in range(0, n, step):
-        x = torch.from_numpy(np.asarray(images(np.arange(start, min(n, start + step))))).to(device)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            tok = backbone(x.flatten(0, 1)).unflatten(0, x.shape[:2]) if tiles else backbone(x)
-        tok = tok.float().cpu().numpy().astype(np.float16)
-        if out is None:
-            shape = (n, *tok.shape[1:])
-            if path is None:
-                out = np.empty(shape, np.float16)
-            else:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f"{path.stem}.tmp-{os.getpid()}.npy")
-                out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=shape)
-        out[start:start + len(tok)] = tok
-    if tmp is None:
+
+    def make(alloc) -> np.ndarray:
+        out = None
+        for start in range(0, n, step):
+            x = torch.from_numpy(np.asarray(images(np.arange(start, min(n, start + step))))).to(device)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                tok = backbone(x.flatten(0, 1)).unflatten(0, x.shape[:2]) if tiles else backbone(x)
+            tok = tok.float().cpu().numpy().astype(np.float16)
+            if out is None:
+                out = alloc((n, *tok.shape[1:]), np.float16)
+            out[start:start + len(tok)] = tok
         return out
-    out.flush()
-    del out
-    os.replace(tmp, path)
-    return np.load(path, mmap_mode="r")
+
+    if cache_dir is None:
+        return make(lambda shape, dtype: np.empty(shape, dtype))
+    return FeatureStore(cache_dir).array(".", key, make)
 
 
 # ------------------------------------------------------------------ tasks

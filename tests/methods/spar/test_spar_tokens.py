@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from store_cf22284.make_fixture import Tokens  # tokens = each image row's mean / 255 (a closed form), counting calls
 
 import robustbench_fm.encoders as enc
 from robustbench_fm.methods.spar.models import Backbone
@@ -59,23 +60,10 @@ def test_frozen_tile_tokens_of_a_default_run_are_16_native_sequences(tmp_path):
     assert ablation._frozen_source("localization", "word", s)[0].shape == (3, 16, 5, 8)
 
 
-class _Counting(torch.nn.Module):
-    """Tokens = the image's mean per row (a closed form), counting its calls."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-        self.register_buffer("mean", torch.zeros(1))
-
-    def forward(self, x):
-        self.calls += 1
-        return x.float().mean(-1, keepdim=True).expand(-1, -1, 3) / 255
-
-
 def test_cached_tokens_round_trip_exactly_and_are_read_back_without_the_backbone(tmp_path):
     images = np.random.default_rng(1).integers(0, 255, (37, 6, 6), dtype=np.uint8)
     want = (images.astype(np.float32).mean(-1, keepdims=True).repeat(3, -1) / 255).astype(np.float16)
-    net = _Counting()
+    net = Tokens()
     in_memory = cached_tokens(net, lambda r: images[r], 37, "k", None, 8, tiles=False)
     on_disk = cached_tokens(net, lambda r: images[r], 37, "k", tmp_path, 8, tiles=False)
     assert np.array_equal(in_memory, want) and np.array_equal(on_disk, want)

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -35,12 +33,12 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from ..core.devices import usable_cores
-from ..core.errors import InvalidSetting, UserError
-from ..core.text import one_line
-from ..data.images import BAD_IMAGE_POLICIES, check_size, read_image
-from .cache import FeatureCache, FeatureCacheError
-from .occlusion import occlude_row
+from ...core.devices import usable_cores
+from ...core.errors import InvalidSetting, UserError
+from ...core.text import one_line
+from ...data.images import BAD_IMAGE_POLICIES, check_size, read_image
+from ..cache import FeatureCache, FeatureCacheError, FeatureSet, unwritable
+from ..occlusion import occlude_row
 
 log = logging.getLogger("robustbench_fm.features")
 
@@ -58,34 +56,6 @@ class ImageReadError(UserError, RuntimeError):
 class ExtractionInterrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) during extraction; the message says how much of the cache entry is saved
     (complete shards are kept: the same call resumes from them)."""
-
-
-@dataclass
-class FeatureSet:
-    """Features aligned row-for-row with the manifest, and what this call did to get them."""
-
-    sample_ids: np.ndarray
-    embeddings: np.ndarray  # (N, D) float32
-    key: str
-    path: Path  # the cache entry folder (load_features(path) reads it back)
-    n_forward: int  # forward batches run by this call (0 on a warm cache)
-    n_images_embedded: int
-    seconds: float
-    images_per_s: float
-    fields: dict = field(default_factory=dict, repr=False)
-    #: sample_ids of the rows skipped as unreadable (manifest order); their embeddings are NaN.
-    skipped: list[str] = field(default_factory=list)
-    #: cache shards still missing after this call (other parts of a sharded extraction).
-    missing_shards: list[int] = field(default_factory=list)
-
-    @property
-    def complete(self) -> bool:
-        return not self.missing_shards
-
-    @property
-    def kept(self) -> np.ndarray:
-        """Boolean mask over the rows: True where the row was not skipped."""
-        return ~np.isin(self.sample_ids, np.asarray(self.skipped, dtype=str))
 
 
 def default_reader(image_root: Path, row: dict) -> Image.Image:
@@ -376,7 +346,7 @@ def _settled_hit(cache: FeatureCache, manifest: pd.DataFrame, on_bad_image: str)
 
 
 def _unwritable_error(exc: OSError, cache: FeatureCache, name: str) -> Exception:
-    if not _unwritable(exc, cache.root):
+    if not unwritable(exc, cache.root):
         return exc
     return FeatureCacheError(
         f"feature cache '{cache.root}' is not writable ({one_line(exc)}) and the entry of "
@@ -459,15 +429,6 @@ def _interrupted(cache: FeatureCache, name: str, exc: KeyboardInterrupt) -> Extr
     partial = sum(cache.partial_path(i).is_file() for i in cache.missing_shards())
     return ExtractionInterrupted(f"{saved} of {cache.n_shards} shards of {name} saved in {cache.path}"
                                  + (f" (+{partial} partial, resumed from where it stopped)" if partial else ""))
-
-
-def _unwritable(exc: OSError, folder: Path) -> bool:
-    """``exc`` is a refused write (read-only file system, no permission) in ``folder``, below it
-    or in a parent it was being created in."""
-    if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or not exc.filename:
-        return False
-    path, folder = Path(os.fsdecode(exc.filename)).resolve(), Path(folder).resolve()
-    return path.is_relative_to(folder) or path in folder.parents
 
 
 def lock_path(cache: FeatureCache, num_shards: int = 1, shard: int = 0) -> Path:

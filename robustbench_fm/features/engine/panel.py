@@ -5,7 +5,7 @@ x 605,443 chest films; CRoMa: 21 x 150,000 tiles). :func:`extract_panel` decodes
 for the whole panel: a decode worker reads the row's image, fills its occlusion rectangle, applies
 every encoder's own transform to it and drops the decoded image; the main process collects each
 encoder's rows into that encoder's own batches and runs its forward pass. It is the one
-extraction engine: :func:`robustbench_fm.features.extract.extract` is this function with one
+extraction engine: :func:`robustbench_fm.features.engine.extract` is this function with one
 encoder (issue 31 item 4).
 
 Each encoder's cache entry gets what it would get alone: the same key (:func:`cache_key_fields`),
@@ -67,12 +67,14 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2 as T
 
-from ..core.devices import usable_cores
-from ..core.errors import InvalidSetting
-from ..core.locking import FileLock, LockTimeout, acquire_waiting, who_holds
-from ..encoders.base import _LongestSidePad, _ToMode
-from .cache import FeatureCache
-from .extract import (
+from ...core.devices import usable_cores
+from ...core.errors import InvalidSetting
+from ...core.locking import FileLock, LockTimeout, acquire_waiting, who_holds
+from ...encoders.base import _LongestSidePad, _ToMode
+from ..cache import FeatureCache
+from ..key import cache_key_fields
+from ..occlusion import occlude_row
+from .rows import (
     FLUSH_SECONDS,
     PREFETCH_BYTES,
     ExtractionInterrupted,
@@ -98,8 +100,6 @@ from .extract import (
     lock_path,
     partial_tag,
 )
-from .key import cache_key_fields
-from .occlusion import occlude_row
 
 log = logging.getLogger("robustbench_fm.features")
 
@@ -466,7 +466,7 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
     """Embed every manifest row with every encoder of ``encoders`` in one decode pass; one
     :class:`FeatureSet` per encoder, in order (see the module docstring).
 
-    The arguments are :func:`~robustbench_fm.features.extract.extract`'s, but ``num_workers="auto"`` is
+    The arguments are :func:`~robustbench_fm.features.engine.extract`'s, but ``num_workers="auto"`` is
     :func:`default_panel_workers`;
     ``batch_size`` is one per encoder or one for all.
     ``device_transform``: resize/normalise on the encoder's device where its transform allows
@@ -761,3 +761,22 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
     return extract_panel([encoder], manifest, image_root, cache_root, batch_size, num_workers, shard_size, progress,
                          reader, on_bad_image, num_shards, shard, read, flush_seconds, _wait=True,
                          entries=None if entry is None else [entry])[0]
+
+
+def backend(cache_root: str | Path, batch_size=32, num_workers: int | str = 0, shard_size: int = 1024,
+            on_bad_image: str = "error", num_shards: int = 1, shard: int = 0, progress: bool = True):
+    """The engine as the feature store calls it (:data:`robustbench_fm.features.store.Backend`):
+    ``run(encoders, rows, root, entries)`` fills each encoder's entry ``(folder, key fields)`` with
+    ``rows`` (one encoder: :func:`extract`, which waits for a lock another process holds; several:
+    one :func:`extract_panel` pass). ``batch_size``: an int or ``name -> int``."""
+    size = batch_size if callable(batch_size) else (lambda _name: int(batch_size))
+    opts = dict(num_workers=num_workers, shard_size=shard_size, on_bad_image=on_bad_image, num_shards=num_shards,
+                shard=shard, progress=progress, read=False)
+
+    def run(encs: list, rows: pd.DataFrame, root: Path, entries: list) -> list[FeatureSet]:
+        if len(encs) == 1:
+            return [extract(encs[0], rows, root, cache_root, batch_size=size(encs[0].spec.name), entry=entries[0],
+                            **opts)]
+        return extract_panel(encs, rows, root, cache_root, batch_size=[size(e.spec.name) for e in encs],
+                             entries=entries, **opts)
+    return run
