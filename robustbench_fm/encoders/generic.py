@@ -118,6 +118,18 @@ def _hub_json(repo: str, filename: str, label: str) -> dict:
 
 # ------------------------------------------------------------------------------------------ timm
 
+def timm_preprocessing(dc: dict) -> dict:
+    """Spec fields from a timm data config (``resolve_data_config``): input size, channels, mean, std,
+    interpolation, and the resize before the centre crop, ``floor(size / crop_pct)`` as timm's own eval
+    transform (``crop_mode="squash"``: both sides to the size)."""
+    channels, size = int(dc["input_size"][0]), int(dc["input_size"][1])
+    squash = dc.get("crop_mode") == "squash"
+    return {"input_size": size, "channels": channels, "mean": tuple(dc["mean"]), "std": tuple(dc["std"]),
+            "interpolation": str(dc.get("interpolation") or "bicubic"),
+            "resize": "squash" if squash else "shorter_center_crop",
+            "resize_size": None if squash else int(math.floor(size / float(dc.get("crop_pct") or 1.0)))}
+
+
 def _timm(model: str, random: bool, path: Path | None, embedding, name: str) -> EncoderSpec:
     import timm  # lazy: the model library is imported only when a generic entry is resolved
     import torch  # lazy: as above
@@ -146,19 +158,14 @@ def _timm(model: str, random: bool, path: Path | None, embedding, name: str) -> 
             raise
         raise UnknownName(f"{label}: timm knows no model '{arch}'; see timm.list_models() or pass an "
                           "hf-hub id") from None
-    dc = timm.data.resolve_model_data_config(net)
-    channels, size = int(dc["input_size"][0]), int(dc["input_size"][1])
-    squash = dc.get("crop_mode") == "squash"
+    pre = timm_preprocessing(timm.data.resolve_model_data_config(net))
     spec = EncoderSpec(
-        name=name, library="timm", hub_id=hub_id, input_size=size, mean=tuple(dc["mean"]), std=tuple(dc["std"]),
+        name=name, library="timm", hub_id=hub_id, **pre,
         embedding=_embedding("timm", embedding, "pooled"), embed_dim=1, params_m=_params_m(net),
-        resize="squash" if squash else "shorter_center_crop",
-        resize_size=None if squash else int(math.floor(size / float(dc.get("crop_pct") or 1.0))),
-        interpolation=str(dc.get("interpolation") or "bicubic"), channels=channels, pretrained=not random,
-        seed=SEED if random else None, architecture=arch if arch != hub_id else None, arch_kwargs=kwargs,
-        objective="none" if random else "unknown", description=f"generic timm entry: {model}")
+        pretrained=not random, seed=SEED if random else None, architecture=arch if arch != hub_id else None,
+        arch_kwargs=kwargs, objective="none" if random else "unknown", description=f"generic timm entry: {model}")
     try:
-        dim = _meta_dim(_timm_forward(net, spec), channels, size, label)
+        dim = _meta_dim(_timm_forward(net, spec), spec.channels, spec.input_size, label)
     except (RuntimeError, ValueError) as err:
         raise InvalidSetting(f"{label}: encoder.embedding={spec.embedding} does not fit this model "
                              f"({' '.join(str(err).split())[:160]}); use pooled") from None
@@ -246,12 +253,30 @@ def _hf(model: str, random: bool, path: Path | None, embedding, name: str) -> tu
 
 # --------------------------------------------------------------------------------------- open_clip
 
+def _open_clip_named_config(model_cfg: dict, pretrained_cfg: dict) -> dict:
+    """An ``open_clip_config.json``-shaped dict of an open_clip model name and its tag's pretrained cfg."""
+    return {"model_cfg": model_cfg, "preprocess_cfg": {k: v for k, v in pretrained_cfg.items() if k in (
+        "mean", "std", "interpolation", "resize_mode")}}
+
+
+def open_clip_preprocessing(config: dict) -> dict:
+    """Spec fields from an ``open_clip_config.json``-shaped dict: the model config's image size and the
+    ``preprocess_cfg`` merged over open_clip's defaults, as open_clip's own eval transform reads them."""
+    from .loaders.open_clip_loader import _open_clip_preprocess  # lazy: the loaders import torch
+    pp = _open_clip_preprocess(config, config.get("model_cfg", config))
+    size = pp["size"]
+    return {"input_size": int(size if isinstance(size, (int, float)) else size[0]), "channels": 3,
+            "mean": tuple(pp["mean"]), "std": tuple(pp["std"]),
+            "interpolation": str(pp.get("interpolation") or "bicubic"),
+            "resize": _OC_RESIZE.get(pp.get("resize_mode"), "shorter_center_crop"), "resize_size": None}
+
+
 def _open_clip(model: str, pretrained: str | None, random: bool, path: Path | None, embedding,
                name: str) -> tuple[EncoderSpec, Path | None]:
     import open_clip  # lazy: the model library is imported only when a generic entry is resolved
     import torch  # lazy: as above
 
-    from .loaders.open_clip_loader import _open_clip_preprocess, open_clip_image_tower  # lazy: the loaders import torch
+    from .loaders.open_clip_loader import open_clip_image_tower  # lazy: the loaders import torch
     label = f"encoder=open_clip encoder.model={model}"
     choice = _embedding("open_clip", embedding, "pooled")
     if choice != "pooled":
@@ -282,24 +307,46 @@ def _open_clip(model: str, pretrained: str | None, random: bool, path: Path | No
             raise InvalidSetting(f"{label}: name the weights: encoder.pretrained=<tag> (one of "
                                  f"{', '.join(open_clip.list_pretrained_tags_by_model(model)[:5])}), "
                                  "encoder.weights=<file> or encoder.weights=random")
-        config = {"model_cfg": model_cfg, "preprocess_cfg": {k: v for k, v in pcfg.items() if k in (
-            "mean", "std", "interpolation", "resize_mode")}}
+        config = _open_clip_named_config(model_cfg, pcfg)
     model_cfg = config.get("model_cfg", config)
-    pp = _open_clip_preprocess(config, model_cfg)
-    size = pp["size"]
-    size = int(size if isinstance(size, (int, float)) else size[0])
     spec = EncoderSpec(
         name=name, library="open_clip", hub_id=str(Path(model).expanduser().resolve()) if local else model,
-        input_size=size, mean=tuple(pp["mean"]), std=tuple(pp["std"]), embedding="projected",
-        embed_dim=int(model_cfg["embed_dim"]), params_m=0,
-        resize=_OC_RESIZE.get(pp.get("resize_mode"), "shorter_center_crop"),
-        interpolation=str(pp.get("interpolation") or "bicubic"), pretrained=not random, seed=SEED if random else None,
+        **open_clip_preprocessing(config), embedding="projected",
+        embed_dim=int(model_cfg["embed_dim"]), params_m=0, pretrained=not random, seed=SEED if random else None,
         architecture=architecture, arch_kwargs={} if architecture else json.loads(json.dumps(model_cfg)),
         pretrained_tag=tag, objective="none" if random else "unknown",
         description=f"generic open_clip entry: {model}" + (f" ({tag})" if tag else ""))
     with torch.device("meta"):
         tower = open_clip_image_tower(spec)
     return spec.replace(params_m=_params_m(tower)), path
+
+
+# ------------------------------------------------------------------------- a library's published config
+
+def library_preprocessing(source: str) -> dict:
+    """The spec's preprocessing fields as the owning library publishes them for a pretrained model,
+    offline (nothing is downloaded or built): ``timm:<name>.<tag>`` reads ``timm.get_pretrained_cfg``
+    through ``timm.data.resolve_data_config``; ``open_clip:<model>/<tag>`` reads
+    ``open_clip.get_model_config`` and ``open_clip.get_pretrained_cfg``. The catalog's entries are
+    checked against it (``encoders/catalog/library.py``)."""
+    kind, _, name = source.partition(":")
+    if kind == "timm":
+        import timm  # lazy: the model library (and torch) only when a config is read
+
+        cfg = timm.get_pretrained_cfg(name)
+        if cfg is None:
+            raise UnknownName(f"'{source}': timm publishes no pretrained config '{name}'; see timm.list_pretrained()")
+        return timm_preprocessing(timm.data.resolve_data_config(pretrained_cfg=cfg.to_dict()))
+    if kind == "open_clip":
+        import open_clip  # lazy: as above
+
+        model, _, tag = name.partition("/")
+        model_cfg, pcfg = open_clip.get_model_config(model), open_clip.get_pretrained_cfg(model, tag)
+        if model_cfg is None or not pcfg:
+            raise UnknownName(f"'{source}': open_clip publishes no pretrained config '{tag}' of '{model}'; see "
+                              "open_clip.list_pretrained()")
+        return open_clip_preprocessing(_open_clip_named_config(model_cfg, pcfg))
+    raise UnknownName(f"'{source}' names no library config; write timm:<name>.<tag> or open_clip:<model>/<tag>")
 
 
 # ----------------------------------------------------------------------------------------- entry

@@ -30,6 +30,8 @@ EMBEDDINGS = ("cls", "patch_mean", "cls_patch_mean", "projected", "pooled", "nat
 #: ``input_size``; longest_pad: longer side to ``input_size``, zero padding right/bottom (FLAIR);
 #: none: the tensor is taken as is (slide entries aggregate cached tile embeddings).
 RESIZES = ("shorter_center_crop", "squash", "longest_pad", "none")
+#: the fields of ``EncoderSpec.preprocessing()``: what defines the image transform
+PREPROCESSING_FIELDS = ("input_size", "resize", "resize_size", "interpolation", "mean", "std", "channels")
 #: Pretraining objective, as CANDOR groups encoders (SSL / I-T / Sup. / untrained), plus
 #: ``synthetic``: a fixed hand-built calibration encoder (the planted references), not trained;
 #: ``unknown``: a generic entry's pretrained weights (``encoder=timm|hf|open_clip``, encoders/generic.py).
@@ -62,6 +64,11 @@ class EncoderSpec:
     model_kwargs: dict = field(default_factory=dict)  # passed on every build (hub, local, random)
     pretrained_tag: str | None = None  # open_clip's pretrained tag of a model name (generic open_clip entries)
     description: str = ""
+    # --- where the preprocessing comes from (encoders/catalog/library.py, tests/encoders/test_catalog.py) --
+    #: ``timm:<name>.<tag>`` or ``open_clip:<model>/<tag>``: the library's published config, checked field by
+    #: field; otherwise the model card, config file or paper the values are read from
+    preprocessing_from: str | None = None
+    preprocessing_differs: dict = field(default_factory=dict)  # field -> why it departs from that config
     # --- provenance (CANDOR association analyses, the doctor) -----------------------------------
     licence: str = "unknown"
     release_year: int | None = None
@@ -93,6 +100,10 @@ class EncoderSpec:
             raise InvalidSetting(f"encoder '{self.name}': mean and std lengths differ")
         if not self.pretrained and self.seed is None:
             raise InvalidSetting(f"encoder '{self.name}': random-weight entries need a seed")
+        if set(self.preprocessing_differs) - set(PREPROCESSING_FIELDS):
+            raise InvalidSetting(f"encoder '{self.name}': preprocessing_differs names "
+                                 f"{sorted(set(self.preprocessing_differs) - set(PREPROCESSING_FIELDS))}, not one "
+                                 f"of {PREPROCESSING_FIELDS}")
         if (self.library == "slide") != (self.tile_encoder is not None):
             raise InvalidSetting(f"encoder '{self.name}': slide entries (and only they) name a tile_encoder")
 

@@ -44,9 +44,11 @@ def _is_list(value) -> bool:
         and not isinstance(value, (str, bytes, Mapping))
 
 
+@cache
 def _kind(annotation: Any) -> tuple[str | None, bool]:
     """(the kind an annotation names, whether None is allowed): ``int | None`` -> ("int", True);
-    an annotation naming several kinds or none we know -> (None, True): not checked."""
+    an annotation naming several kinds or none we know -> (None, True): not checked. Memoised: a
+    class's annotations are read on every parse."""
     parts = [p.strip() for p in str(annotation).replace("Optional[", "").rstrip("]").split("|")]
     nullable = "None" in parts
     kinds = {p.split("[")[0] for p in parts if p != "None"}

@@ -29,6 +29,8 @@ register(EncoderSpec(
     arch_kwargs={"embed_dim": 512, "vision_cfg": {"timm_model_name": "vit_base_patch16_224", "timm_pool": "",
                                                   "timm_proj": "linear", "image_size": 224}},
     licence="MIT", release_year=2023, objective="image-text",
+    preprocessing_from="card: microsoft/BiomedCLIP-PubMedBERT_256-vit_base_patch16_224 open_clip_config.json (the "
+                       "loader checks it on load)",
     description="BiomedCLIP (PMC-15M, open, MIT): ViT-B/16 image tower through open_clip; the projected "
                 "image embedding encode_image (linear projection, no bias, of the CLS token) = 512. "
                 "Preprocessing from its open_clip_config.json (OpenAI mean/std, 224, shortest-side "

@@ -13,6 +13,8 @@ register(EncoderSpec(
     architecture="vit_large_patch16_224", arch_kwargs={"img_size": 224, "global_pool": "avg"},
     checkpoint_drop=("decoder", "mask_token", "norm."), checkpoint_keep_init=("fc_norm.",),
     licence="CC-BY-NC-4.0", release_year=2023, objective="ssl",
+    preprocessing_from="paper: RETFound's eval transform (resize 256, centre crop 224, ImageNet mean/std; "
+                       "catalog 2.1); a bare checkpoint timm publishes no config for",
     description="RETFound (MAE ViT-L/16 on colour fundus photographs): the pretrained encoder checkpoint "
                 "loaded into timm ViT-L/16 with global_pool='avg', i.e. the mean of the patch tokens "
                 "through fc_norm (1024-d) as the authors' models_vit with global_pool=True does. The "
@@ -57,6 +59,7 @@ register(EncoderSpec(
     input_size=224, resize="shorter_center_crop", interpolation="bicubic", mean=OPENAI_MEAN, std=OPENAI_STD,
     embedding="projected", embed_dim=512, params_m=86.19, architecture="ViT-B-16",
     licence="CC-BY-NC-ND-4.0", release_year=2025, objective="image-text",
+    preprocessing_from="card: redlessone/DermLIP_ViT-B-16 open_clip_config.json (the loader checks it on load)",
     description="DermLIP ViT-B/16 (dermatology CLIP) through open_clip; encode_image 512-d. The loader checks "
                 "mean/std/size against the repo's open_clip_config.json.",
 ))

@@ -3,14 +3,20 @@ from __future__ import annotations
 
 from ..registry import register
 from ..spec import (
-    HALF_MEAN,
-    HALF_STD,
     IMNET_MEAN,
     IMNET_STD,
-    OPENAI_MEAN,
-    OPENAI_STD,
     EncoderSpec,
 )
+from .library import from_library
+
+#: random weights follow no pretrained recipe: timm's default tag (AugReg: mean/std 0.5, crop_pct 0.9) belongs
+#: to weights these entries do not load, so they keep the ImageNet statistics and a plain 224 px crop they were
+#: first cached with (changing them would re-key every cached feature of the demos and tests)
+_UNTRAINED = {
+    "mean": (IMNET_MEAN, "random weights: no pretrained recipe applies; ImageNet mean kept (see _UNTRAINED)"),
+    "std": (IMNET_STD, "random weights: no pretrained recipe applies; ImageNet std kept (see _UNTRAINED)"),
+    "resize_size": (None, "random weights: resize 224 + crop 224, not AugReg's crop_pct 0.9 (see _UNTRAINED)"),
+}
 
 _DINOV3 = {  # facebook/dinov3-vit*16-pretrain-lvd1689m config.json fields (4 registers, RoPE)
     "s": dict(hidden_size=384, intermediate_size=1536, num_attention_heads=6, num_hidden_layers=12),
@@ -39,8 +45,7 @@ for size in _DINOV3:
 
 register(EncoderSpec(
     name="dinov2_l", library="timm", hub_id="vit_large_patch14_dinov2.lvd142m",
-    input_size=518, resize="shorter_center_crop", resize_size=518, interpolation="bicubic",
-    mean=IMNET_MEAN, std=IMNET_STD,
+    **from_library("timm:vit_large_patch14_dinov2.lvd142m"),
     embedding="cls", embed_dim=1024, params_m=304.4,
     licence="Apache-2.0", release_year=2023, objective="ssl",
     description="DINOv2 ViT-L/14 (LVD-142M, open) through timm at its native 518 px "
@@ -51,7 +56,7 @@ register(EncoderSpec(
 
 register(EncoderSpec(
     name="clip_l14", library="open_clip", hub_id="hf-hub:timm/vit_large_patch14_clip_224.openai",
-    input_size=224, resize="shorter_center_crop", interpolation="bicubic", mean=OPENAI_MEAN, std=OPENAI_STD,
+    **from_library("open_clip:ViT-L-14-quickgelu/openai"),
     embedding="projected", embed_dim=768, params_m=303.97, architecture="ViT-L-14-quickgelu",
     licence="MIT", release_year=2021, objective="image-text",
     description="OpenAI CLIP ViT-L/14 through open_clip (its 'openai' weights live in this HF repo); "
@@ -61,7 +66,7 @@ register(EncoderSpec(
 
 register(EncoderSpec(
     name="siglip2_l_512", library="open_clip", hub_id="hf-hub:timm/ViT-L-16-SigLIP2-512",
-    input_size=512, resize="squash", interpolation="bicubic", mean=HALF_MEAN, std=HALF_STD,
+    **from_library("open_clip:ViT-L-16-SigLIP2-512/webli"),
     embedding="projected", embed_dim=1024, params_m=316.72, architecture="ViT-L-16-SigLIP2-512",
     licence="Apache-2.0", release_year=2025, objective="image-text",
     description="SigLIP 2 ViT-L/16 at 512 px (WebLI) through open_clip; encode_image = the MAP-head pooled "
@@ -73,7 +78,7 @@ register(EncoderSpec(
 register(EncoderSpec(
     name="random_vit_s", library="timm", hub_id="vit_small_patch16_224",
     pretrained=False, seed=0,
-    input_size=224, mean=IMNET_MEAN, std=IMNET_STD, interpolation="bicubic",
+    **from_library("timm:vit_small_patch16_224", **_UNTRAINED),
     embedding="cls", embed_dim=384, params_m=21.7, objective="none", licence="none",
     description="ViT-S/16 with random weights (timm init, seed 0): a cheap untrained-geometry "
                 "baseline and the encoder the CPU tests and demos run.",
@@ -82,7 +87,7 @@ register(EncoderSpec(
 register(EncoderSpec(
     name="random_vit_l", library="timm", hub_id="vit_large_patch16_224",
     pretrained=False, seed=0,
-    input_size=224, mean=IMNET_MEAN, std=IMNET_STD, interpolation="bicubic",
+    **from_library("timm:vit_large_patch16_224", **_UNTRAINED),
     embedding="cls", embed_dim=1024, params_m=303.3, objective="none", licence="none",
     description="ViT-L/16 with random weights (timm init, seed 0): the CANDOR panel's 'random ViT-L' "
                 "control (catalog 2.1).",

@@ -9,11 +9,11 @@ with random weights, its untrained control.
 from __future__ import annotations
 
 from ..registry import register
-from ..spec import HALF_MEAN, HALF_STD, EncoderSpec
+from ..spec import EncoderSpec
+from .library import from_library
 
 _LITE0_PREPROCESSING = dict(
-    input_size=224, resize="shorter_center_crop", resize_size=256, interpolation="bicubic",
-    mean=HALF_MEAN, std=HALF_STD, embedding="pooled", embed_dim=1280, params_m=3.37,
+    **from_library("timm:tf_efficientnet_lite0.in1k"), embedding="pooled", embed_dim=1280, params_m=3.37,
     architecture="tf_efficientnet_lite0",
 )
 

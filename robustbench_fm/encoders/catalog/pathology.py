@@ -18,6 +18,7 @@ from ..spec import (
     OPENAI_STD,
     EncoderSpec,
 )
+from .library import from_library
 
 HOPT_MEAN, HOPT_STD = (0.707223, 0.578729, 0.703617), (0.211883, 0.230117, 0.177517)
 HIBOU_MEAN, HIBOU_STD = (0.7068, 0.5755, 0.722), (0.195, 0.2316, 0.1816)
@@ -50,6 +51,8 @@ _tile("uni", library="timm", hub_id="hf-hub:MahmoodLab/uni", gated=True,
       architecture="vit_large_patch16_224", arch_kwargs={"img_size": 224, "init_values": 1e-5},
       model_kwargs={"dynamic_img_size": True},
       licence="CC-BY-NC-ND-4.0", release_year=2024,
+      preprocessing_from="card: MahmoodLab/uni (224, resize + centre crop, ImageNet mean/std; catalog 2.1: timm's "
+                         "vit_large_patch16_224 default shows 0.5 and crop_pct 0.9, which are not UNI's)",
       description="UNI (MahmoodLab, DINOv2 ViT-L/16, Mass-100K) through timm hf-hub; CLS after the final norm.")
 
 _tile("uni2_h", library="timm", hub_id="hf-hub:MahmoodLab/UNI2-h", gated=True,
@@ -59,6 +62,7 @@ _tile("uni2_h", library="timm", hub_id="hf-hub:MahmoodLab/UNI2-h", gated=True,
                    "embed_dim": 1536, "mlp_ratio": 2.66667 * 2, "no_embed_class": True, "reg_tokens": 8},
       model_kwargs={**SWIGLU, "dynamic_img_size": True},
       licence="CC-BY-NC-ND-4.0", release_year=2025,
+      preprocessing_from="card: MahmoodLab/UNI2-h (224, ImageNet mean/std; catalog 2.1)",
       description="UNI2-h (MahmoodLab, ViT-H/14 with 8 registers, SwiGLU) through timm hf-hub with the "
                   "card's kwargs; CLS 1536 (croma's 'cls').")
 
@@ -67,6 +71,7 @@ _tile("virchow", library="timm", hub_id="hf-hub:paige-ai/Virchow", gated=True,
       architecture="vit_huge_patch14_224", arch_kwargs={"img_size": 224, "init_values": 1e-5, "mlp_ratio": 5.3375},
       model_kwargs=dict(SWIGLU),
       licence="Apache-2.0 (gated terms)", release_year=2024,
+      preprocessing_from="card: paige-ai/Virchow (224 bicubic, ImageNet mean/std; catalog 2.1)",
       description="Virchow (Paige, DINOv2 ViT-H/14) through timm hf-hub; concat(CLS, mean of the 256 patch "
                   "tokens) = 2560 as its model card and CRoMa use.")
 
@@ -76,6 +81,7 @@ _tile("virchow2", library="timm", hub_id="hf-hub:paige-ai/Virchow2", gated=True,
       arch_kwargs={"img_size": 224, "init_values": 1e-5, "mlp_ratio": 5.3375, "reg_tokens": 4},
       model_kwargs=dict(SWIGLU),
       licence="CC-BY-NC-ND-4.0", release_year=2024,
+      preprocessing_from="card: paige-ai/Virchow2 (224, ImageNet mean/std; catalog 2.1)",
       description="Virchow2 (Paige, ViT-H/14 + 4 registers) through timm hf-hub; concat(CLS, mean of the patch "
                   "tokens after the 4 registers) = 2560.")
 
@@ -85,6 +91,8 @@ _tile("prov_gigapath", library="timm", hub_id="hf_hub:prov-gigapath/prov-gigapat
       arch_kwargs={"img_size": 224, "patch_size": 16, "embed_dim": 1536, "depth": 40, "num_heads": 24,
                    "init_values": 1e-5, "mlp_ratio": 5.33334},
       licence="Apache-2.0 (gated terms)", release_year=2024,
+      preprocessing_from="card: prov-gigapath/prov-gigapath (resize 256 bicubic, centre crop 224, ImageNet mean/std; "
+                         "catalog 2.1)",
       description="Prov-GigaPath tile encoder (DINOv2 ViT-g with 16 px patches) through timm hf_hub; resize 256 "
                   "bicubic, centre crop 224; CLS 1536.")
 
@@ -110,6 +118,7 @@ _tile("h_optimus_0", library="timm", hub_id="hf-hub:bioptimus/H-optimus-0", gate
       architecture="vit_giant_patch14_reg4_dinov2", arch_kwargs={"img_size": 224, "init_values": 1e-5},
       model_kwargs={"dynamic_img_size": False},
       licence="Apache-2.0", release_year=2024,
+      preprocessing_from="card: bioptimus/H-optimus-0 (224, its own mean/std; catalog 2.2)",
       description="H-optimus-0 (Bioptimus, ViT-g/14 + 4 registers) through timm hf-hub; CLS 1536; its own "
                   "mean/std. Gated as TRIDENT's error text says (the catalog marks this unverified).")
 
@@ -118,6 +127,7 @@ _tile("h_optimus_1", library="timm", hub_id="hf-hub:bioptimus/H-optimus-1", gate
       architecture="vit_giant_patch14_reg4_dinov2", arch_kwargs={"img_size": 224, "init_values": 1e-5},
       model_kwargs={"dynamic_img_size": False},
       licence="Bioptimus non-commercial (unverified)", release_year=2025,
+      preprocessing_from="card: bioptimus/H-optimus-1 (224, its own mean/std; catalog 2.2)",
       description="H-optimus-1 (Bioptimus, ViT-g/14 + 4 registers) through timm hf-hub; CLS 1536.")
 
 _tile("h0_mini", library="timm", hub_id="hf-hub:bioptimus/H0-mini", gated=True,
@@ -126,6 +136,7 @@ _tile("h0_mini", library="timm", hub_id="hf-hub:bioptimus/H0-mini", gated=True,
       arch_kwargs={"img_size": 224, "init_values": 1e-5, "mlp_ratio": 5.3334},
       model_kwargs=dict(SWIGLU),
       licence="CC-BY-NC-ND-4.0 (unverified)", release_year=2025,
+      preprocessing_from="card: bioptimus/H0-mini (224, H-optimus mean/std; catalog 2.2)",
       description="H0-mini (Bioptimus, ViT-B/14 + 4 registers, SwiGLU, distilled from H-optimus-0) through "
                   "timm hf-hub; concat(CLS, mean of patch tokens after the registers) = 1536 (croma's "
                   "'virchow' mode). The offline architecture uses mlp_ratio 5.3334, which gives the paper's "
@@ -143,6 +154,7 @@ _tile("prost40m", library="timm", hub_id="hf-hub:waticlems/Prost40M",
       embedding="cls", embed_dim=384, params_m=21.62,
       architecture="vit_small_patch16_224", arch_kwargs={"img_size": 224}, model_kwargs={"patch_size": 14},
       licence="unknown", release_year=2025,
+      preprocessing_from="card: waticlems/Prost40M (224, ImageNet mean/std, unverified in catalog 2.2)",
       description="Prost40M (DINO ViT-S/14 on prostate) through timm hf-hub with patch_size=14; CLS 384. "
                   "Mean/std: ImageNet (the catalog leaves the norm unverified).")
 
@@ -163,6 +175,8 @@ _tile("mstar", library="timm", hub_id="hf-hub:Wangyh/mSTAR", gated=True,
       architecture="vit_large_patch16_224", arch_kwargs={"img_size": 224, "init_values": 1e-5},
       model_kwargs={"dynamic_img_size": True},
       licence="CC-BY-NC-ND-4.0 (unverified)", release_year=2024,
+      preprocessing_from="paper: the authors' Resize(224) + ImageNet mean/std (catalog 2.2; the hub cfg's 0.5 and "
+                         "crop_pct 0.9 are not their recipe)",
       description="mSTAR (ViT-L/16 distilled from UNI) through timm hf-hub; CLS 1024. Authors' transform: "
                   "Resize(224) + ImageNet mean/std (the hub cfg's 0.5/crop 0.9 is not their recipe).")
 
@@ -170,6 +184,8 @@ _tile("gpfm", library="timm", hub_id="majiabo/GPFM", hub_file="GPFM.pth",
       embedding="cls", embed_dim=1024, params_m=303.23,
       architecture="vit_large_patch14_dinov2", arch_kwargs={"img_size": 224, "init_values": 1e-5},
       licence="MIT", release_year=2024,
+      preprocessing_from="card: majiabo/GPFM (224 bicubic, ImageNet mean/std; catalog 2.2); a bare checkpoint timm "
+                         "publishes no config for",
       description="GPFM (multi-expert distillation into a DINOv2 ViT-L/14): GPFM.pth from the HF repo loaded "
                   "strictly into timm vit_large_patch14_dinov2 at 224; CLS 1024.")
 
@@ -191,7 +207,10 @@ _tile("genbio_pathfm", library="transformers", hub_id="genbio-ai/genbio-pathfm",
 
 register(EncoderSpec(
     name="dinov2_b", library="timm", hub_id="vit_base_patch14_dinov2.lvd142m",
-    input_size=224, resize="shorter_center_crop", interpolation="bicubic", mean=IMNET_MEAN, std=IMNET_STD,
+    **from_library("timm:vit_base_patch14_dinov2.lvd142m",
+                   input_size=(224, "CRoMa runs its DINOv2-B control at 224 px like the pathology tiles "
+                                    "(croma_conventions.md E; catalog 2.2), not timm's native 518"),
+                   resize_size=(None, "224 px tiles: resize 224 + crop 224 (CRoMa's tile transform)")),
     embedding="cls", embed_dim=768, params_m=86.58, model_kwargs={"dynamic_img_size": True},
     licence="Apache-2.0", release_year=2023, objective="ssl",
     description="DINOv2 ViT-B/14 (LVD-142M): CRoMa's natural-image control at 224 px (dynamic_img_size=True "

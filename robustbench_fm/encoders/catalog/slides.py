@@ -15,6 +15,8 @@ register(EncoderSpec(
     embedding="cls", embed_dim=384, params_m=21.67,
     architecture="vit_small_patch8_224", arch_kwargs={"img_size": 224},
     licence="Lunit non-commercial (unverified)", release_year=2023, objective="ssl",
+    preprocessing_from="card: 1aurent/vit_small_patch8_224.lunit_dino config.json (Lunit's benchmark mean/std; catalog "
+                       "2.3)",
     description="Lunit DINO ViT-S/8 (TCGA tiles at 20x): MOOZY's tile encoder (CLS 384). Mean/std: Lunit's "
                 "benchmark values (unverified here; the hub cfg of the timm port carries them).",
 ))

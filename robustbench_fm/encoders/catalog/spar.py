@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 from ..registry import register
-from ..spec import HALF_MEAN, HALF_STD, IMNET_MEAN, IMNET_STD, EncoderSpec
+from ..spec import IMNET_MEAN, IMNET_STD, EncoderSpec
+from .library import from_library
 
 register(EncoderSpec(
     name="resnet50_in1k", library="timm", hub_id="resnet50.tv_in1k",
-    input_size=224, resize="shorter_center_crop", resize_size=256, interpolation="bilinear",
-    mean=IMNET_MEAN, std=IMNET_STD, embedding="pooled", embed_dim=2048, params_m=23.51,
+    **from_library("timm:resnet50.tv_in1k"), embedding="pooled", embed_dim=2048, params_m=23.51,
     licence="BSD-3-Clause", release_year=2016, objective="supervised",
     description="ResNet-50 with the torchvision ImageNet-1k weights (timm resnet50.tv_in1k): global average "
                 "pool, 2048-d (SPAR's 'average-pooled features for CNN'). timm cfg: crop_pct 0.875 "
@@ -16,8 +16,7 @@ register(EncoderSpec(
 
 register(EncoderSpec(
     name="vit_b32_in1k", library="timm", hub_id="vit_base_patch32_224.augreg_in21k_ft_in1k",
-    input_size=224, resize="shorter_center_crop", resize_size=248, interpolation="bicubic",
-    mean=HALF_MEAN, std=HALF_STD, embedding="cls", embed_dim=768, params_m=87.46,
+    **from_library("timm:vit_base_patch32_224.augreg_in21k_ft_in1k"), embedding="cls", embed_dim=768, params_m=87.46,
     licence="Apache-2.0", release_year=2021, objective="supervised",
     description="ViT-B/32 (AugReg, IN-21k then IN-1k; timm's default tag): CLS after the final norm, 768-d "
                 "(SPAR's 'CLS token for ViT'). timm cfg: crop_pct 0.9 (resize 248, crop 224), bicubic, "
