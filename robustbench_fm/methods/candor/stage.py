@@ -199,10 +199,48 @@ class _Setting:
     vectors: np.ndarray | None = None  # each row's vector id (core.neighbors.distinct_rows): copies tie exactly
 
 
+def group_path(path: str, n_labelled: int, jobs) -> str:
+    """How a matched group's neighbour questions are answered: ``"shortlist"`` (one pass over its
+    ``n_labelled`` labelled images, :class:`~robustbench_fm.core.neighbors.Shortlist`, shared by all
+    its tasks) or ``"exact"`` (one exact search per question). ``path`` other than ``"auto"`` is
+    taken as given; ``"auto"`` takes the one that computes fewer similarities: the pass computes
+    n_labelled² of them, the exact searches Σ |queries| × |candidates| over the questions
+    (:func:`_questions`) of the group's scored tasks (``jobs``). Many findings over a group favour
+    the pass (the 12 chest findings over 8,000 images: 3.6× fewer similarities at 2–30% prevalence),
+    one finding over a large group the exact searches (50,000 images: 5× fewer). Both answer with
+    the same c±: the k largest similarities of each query among the candidates."""
+    if path != "auto":
+        return path
+    exact = sum(n_queries * n_cands for n_queries, n_cands in _questions(jobs))
+    return "exact" if exact < n_labelled ** 2 else "shortlist"
+
+
+def _questions(jobs) -> list[tuple[int, int]]:
+    """(queries, candidates) of every neighbour question :func:`_score_group` asks about the scored
+    tasks of a group (``jobs``: (task, pos, neg, cand_pos, cand_neg, row, queries, bank_pos, bank_neg)):
+    the scored images against each bank, and the queries against all positives / negatives where
+    those differ from the banks (D_all)."""
+    out = []
+    for _, pos, neg, cand_pos, cand_neg, _, queries, bank_pos, bank_neg in jobs:
+        out += [(len(pos) + len(neg), len(bank_pos)), (len(pos) + len(neg), len(bank_neg))]
+        out += [(len(queries), len(cands)) for bank, cands in ((bank_pos, cand_pos), (bank_neg, cand_neg))
+                if not np.array_equal(bank, cands)]
+    return out
+
+
+def shortlist_size(size: int, k: int, n_labelled: int, jobs) -> int:
+    """Entries per image of a group's shared shortlist: as many as its widest first scan needs
+    (:meth:`~robustbench_fm.core.neighbors.Shortlist.scan_width`) among the questions it serves,
+    at most ``size`` (``shortlist``); a question whose scan is wider is read off the group's
+    similarity matrix, and so is a row whose scan finds fewer than k candidates."""
+    widths = [Shortlist.scan_width(k, n_labelled, n) for _, n in _questions(jobs)]
+    return max([k] + [w for w in widths if w <= size]) if size >= k else size
+
+
 def _neighbour_means(s: _Setting, shortlist, queries, cands, drops=None) -> np.ndarray:
-    """c(x) of ``queries`` on ``cands``: the shared shortlist, or an exact search when a control
-    changes the candidate set per query."""
-    if s.exact or drops is not None:
+    """c(x) of ``queries`` on ``cands``: the shared shortlist, or an exact search when the group
+    takes the exact path (``shortlist`` None) or a control changes the candidate set per query."""
+    if s.exact or shortlist is None or drops is not None:
         return masked_mean_topk(s.feats, queries, cands, s.k, s.clusters if s.exclude_patient else None,
                                 drops, s.block_size, s.backend, s.vectors)
     return shortlist.mean_topk(queries, cands, s.k)
@@ -312,7 +350,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
         in_group = groups == group
         images = np.flatnonzero(in_group)  # the query sample is drawn from all of them (draw_group)
         labelled = np.flatnonzero(in_group & np.any([~np.isnan(t.labels) for t in tasks], axis=0))
-        group_shortlist = None
+        jobs = []  # (task, pos, neg, cand_pos, cand_neg, row, queries, bank_pos, bank_neg) of the scored tasks
         for i, t in enumerate(tasks):
             pos = np.flatnonzero(in_group & (t.labels == 1))
             neg = np.flatnonzero(in_group & (t.labels == 0))
@@ -332,9 +370,12 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
             if len(q) == 0:
                 row["reason"] = "no positive in the sampled images"
                 continue
-            if group_shortlist is None and not setting.exact:
-                group_shortlist = Shortlist(setting.feats, labelled, p.shortlist, p.block_size, p.backend,
-                                            setting.vectors)
+            jobs.append((i, pos, neg, cand_pos, cand_neg, row, q, bank_pos, bank_neg))
+        shared = not setting.exact and bool(jobs) and group_path(p.neighbour_path, len(labelled), jobs) == "shortlist"
+        group_shortlist = Shortlist(setting.feats, labelled, shortlist_size(p.shortlist, k, len(labelled), jobs),
+                                    p.block_size, p.backend, setting.vectors) if shared else None
+        for i, pos, neg, cand_pos, cand_neg, row, q, bank_pos, bank_neg in jobs:
+            t = tasks[i]
             drops = equal_size_drops(q, bank_pos, bank_neg, ct.task_rng(seed, group, t.target, "equal_size")) \
                 if p.equal_size else None
             c_pos, c_neg, c_pos_all, c_neg_all, everyone, margin, y = _score_group(
