@@ -15,8 +15,10 @@ is bounded by one tile whatever the set sizes. The pieces:
   over one set of rows (each tile on or above the diagonal computed once, serving its rows and,
   transposed, its columns), with self or every candidate sharing the row's group excluded before
   the top-k. :class:`Shortlist` (CANDOR: one pass answers the 72 neighbour questions of a matched
-  group) and CRoMa's scope pass (:func:`robustbench_fm.methods.croma.knn.scope_neighbours`) are
-  built on it.
+  group; :func:`symmetric_matrix` assembles the pass's tiles into the whole matrix when it fits)
+  and CRoMa's scope pass (:func:`robustbench_fm.methods.croma.knn.scope_neighbours`) are built on it;
+* :func:`topk_rows`: ``torch.topk`` of each row through a chunk-maximum prefilter (the same values,
+  a fraction of the comparisons when k is small against the row).
 
 The engine computes in the dtype of the tensor it is given: float32 for CANDOR, float64 features
 stay float64 for CRoMa (conventions A.1; its agreement with the reference is checked in float64).
@@ -465,11 +467,18 @@ class Shortlist:
 
     One blocked symmetric pass (:func:`symmetric_tiles`, ``block_size`` × ``block_size`` tiles on
     and above the diagonal) stores each row's shortlist sorted by similarity. The k nearest members
-    of any candidate subset R ⊆ rows are then the first k shortlist entries that belong to R; a row
-    whose shortlist holds fewer than k members of R is answered by an exact search against R
-    (:func:`topk_similarity`), so :meth:`mean_topk` always equals :func:`mean_topk_similarity`.
+    of any candidate subset R ⊆ rows are then the first k shortlist entries that belong to R.
     CANDOR asks 6 such questions per finding and matched group (c± on the banks and on all images,
     and the margin of every image), for 12 findings, about the same images: one pass replaces 72.
+
+    When the whole similarity matrix fits in :data:`MATRIX_BYTES` (8,000 rows: 256 MB) it is held
+    (``matrix``, assembled from the pass's tiles, diagonal −inf) and each row's shortlist is taken
+    from it (:func:`topk_rows`); a set R too sparse for the shortlist (its first scan wider than
+    ``size``) and a row whose scan finds fewer than k members of R are then read off the matrix:
+    every similarity comes from the same products, so a c(x) does not depend on the branch that
+    answered it. A larger group is shortlisted tile by tile (:class:`RunningTopK`) and a short row
+    is answered by an exact search against R (:func:`topk_similarity`). Either way
+    :meth:`mean_topk` equals :func:`mean_topk_similarity`.
     """
 
     def __init__(self, feats: torch.Tensor, rows, size: int = 256, block_size: int = 4096,
@@ -546,7 +555,8 @@ class Shortlist:
 
         The first ``scan_factor · k · |rows| / |R|`` shortlist entries are scanned (enough for k
         members of R when neighbours are spread like R), then the whole shortlist for rows still
-        short of k, then an exact search for the rest.
+        short of k, then the held matrix or an exact search for the rest; with the matrix held, an
+        R whose first scan is wider than the shortlist is read off the matrix for every row.
         """
         query_rows = np.asarray(query_rows, dtype=np.int64)
         cand_rows = np.asarray(cand_rows, dtype=np.int64)

@@ -49,7 +49,11 @@ with an expert box). The shortlist fast path serves the default and the label co
 neighbour controls use exact searches against each candidate set.
 
 Several findings (``finding`` as a list) are scored together: the similarities of a matched
-group's labelled images are computed once and shared by every task's banks and queries.
+group's labelled images are computed once and shared by every task's banks and queries. Each
+matched group takes the path that computes fewer similarities for its shape (:func:`group_path`):
+that shared pass (many findings over a group of moderate size), or one exact search per question
+(one finding over a large group, where the pass would cost its n² similarities for a few thousand
+bank members). Both give the same c±, DM and margins.
 
 ``summary`` columns: finding, acq_group (``"__pooled__"`` for the pool), target, n_queries, n_pos,
 n_neg, bank_size, k, d, d_sd, d_ci_low, d_ci_high, d_all, d_all_sd, d_all_ci_low, d_all_ci_high,
@@ -206,7 +210,7 @@ def group_path(path: str, n_labelled: int, jobs) -> str:
     taken as given; ``"auto"`` takes the one that computes fewer similarities: the pass computes
     n_labelled² of them, the exact searches Σ |queries| × |candidates| over the questions
     (:func:`_questions`) of the group's scored tasks (``jobs``). Many findings over a group favour
-    the pass (the 12 chest findings over 8,000 images: 3.6× fewer similarities at 2–30% prevalence),
+    the pass (the 12 chest findings at 2–30% prevalence over 8,000 images: 4.6× fewer similarities),
     one finding over a large group the exact searches (50,000 images: 5× fewer). Both answer with
     the same c±: the k largest similarities of each query among the candidates."""
     if path != "auto":
@@ -320,8 +324,10 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     scores every class against the other classes of its ``group_col`` group; ``task="auto"`` does
     so for a column of names and reads a numeric column as a binary finding. Without a neighbour
     control, all tasks of a matched group are scored from one
-    :class:`~robustbench_fm.core.neighbors.Shortlist` of its labelled images (``shortlist`` nearest per
-    image; exact whatever its size); ``block_size`` bounds the similarity rows held at once,
+    :class:`~robustbench_fm.core.neighbors.Shortlist` of its labelled images (at most ``shortlist``
+    nearest per image, :func:`shortlist_size`; exact whatever its size), or, where that computes
+    more similarities than the exact searches, by exact searches (:func:`group_path`;
+    ``neighbour_path`` forces one); ``block_size`` bounds the similarity rows held at once,
     ``backend="faiss"`` sends the exact searches to faiss.
     """
     p = PARAMS.parse(params)

@@ -352,7 +352,7 @@ def test_neighbour_paths_give_identical_results(monkeypatch):
 
 def test_auto_path_follows_the_shape():
     """``group_path("auto")``: 12 findings at 2–30% over 8,000 images (the chest shape) share the
-    pass (3.6× fewer similarities than the exact searches); one finding over 50,000 images goes
+    pass (4.6× fewer similarities than the exact searches); one finding over 50,000 images goes
     exact (5× fewer); the shortlist is as wide as its widest first scan (at most ``shortlist``)."""
     def job(n, prevalence, bank=4000, sample=4000):
         pos, neg = np.arange(int(n * prevalence)), np.arange(int(n * prevalence), n)
