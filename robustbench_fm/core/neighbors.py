@@ -15,8 +15,10 @@ is bounded by one tile whatever the set sizes. The pieces:
   over one set of rows (each tile on or above the diagonal computed once, serving its rows and,
   transposed, its columns), with self or every candidate sharing the row's group excluded before
   the top-k. :class:`Shortlist` (CANDOR: one pass answers the 72 neighbour questions of a matched
-  group) and CRoMa's scope pass (:func:`robustbench_fm.methods.croma.knn.scope_neighbours`) are
-  built on it.
+  group; :func:`symmetric_matrix` assembles the pass's tiles into the whole matrix when it fits)
+  and CRoMa's scope pass (:func:`robustbench_fm.methods.croma.knn.scope_neighbours`) are built on it;
+* :func:`topk_rows`: ``torch.topk`` of each row through a chunk-maximum prefilter (the same values,
+  a fraction of the comparisons when k is small against the row).
 
 The engine computes in the dtype of the tensor it is given: float32 for CANDOR, float64 features
 stay float64 for CRoMa (conventions A.1; its agreement with the reference is checked in float64).
@@ -218,6 +220,48 @@ def symmetric_tiles(x: torch.Tensor, block_size: int) -> Iterator[tuple[int, int
         for b0 in starts[a0 // block_size:]:
             b1 = min(n, b0 + block_size)
             yield a0, a1, b0, b1, x[a0:a1] @ x[b0:b1].T
+
+
+#: bytes of a group's whole similarity matrix a :class:`Shortlist` may hold (:func:`symmetric_matrix`);
+#: a larger group is shortlisted tile by tile without it
+MATRIX_BYTES = 1 << 30
+
+
+def symmetric_matrix(x: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The similarity matrix of ``x``'s rows assembled from :func:`symmetric_tiles`: each tile on or
+    above the diagonal computed once, its transpose filling the tile below, so the matrix holds the
+    very products of that pass and is symmetric bitwise."""
+    n = len(x)
+    full = x.new_empty((n, n))
+    for a0, a1, b0, b1, sims in symmetric_tiles(x, block_size):
+        full[a0:a1, b0:b1] = sims
+        if a0 != b0:
+            full[b0:b1, a0:a1] = sims.T
+    return full
+
+
+def topk_rows(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.topk(sims, k, dim=1)`` (values sorted descending, column indices), through a
+    prefilter when it pays: the columns are cut into chunks of c, the k chunks with the largest
+    maxima are kept and the top k of their c·k entries taken. Exact for the values: the entries
+    ≥ the k-th largest v lie in chunks whose maximum is ≥ v, and the k chunks of largest maxima
+    hold at least k such entries, all those > v among them (ties between equal values may pick
+    other columns, as ``torch.topk``'s own order among them is unspecified). Rows of ``sims`` must
+    hold at least k finite values."""
+    r, m = sims.shape
+    c = int(np.sqrt(m / max(k, 1)))
+    if k == 0 or c < 4:
+        return torch.topk(sims, k, dim=1)
+    whole = m // c * c
+    maxima = sims[:, :whole].reshape(r, whole // c, c).amax(dim=2)
+    if whole < m:
+        maxima = torch.cat([maxima, sims[:, whole:].amax(dim=1, keepdim=True)], dim=1)
+    _, chunks = torch.topk(maxima, k, dim=1, sorted=False)
+    cols = (chunks[:, :, None] * c + torch.arange(c, device=sims.device)).reshape(r, -1)
+    outside = cols >= m
+    values = torch.gather(sims, 1, cols.clamp_(max=m - 1)).masked_fill_(outside, float("-inf"))
+    values, at = torch.topk(values, k, dim=1)
+    return values, torch.gather(cols, 1, at)
 
 
 class RunningTopK:
@@ -423,11 +467,18 @@ class Shortlist:
 
     One blocked symmetric pass (:func:`symmetric_tiles`, ``block_size`` × ``block_size`` tiles on
     and above the diagonal) stores each row's shortlist sorted by similarity. The k nearest members
-    of any candidate subset R ⊆ rows are then the first k shortlist entries that belong to R; a row
-    whose shortlist holds fewer than k members of R is answered by an exact search against R
-    (:func:`topk_similarity`), so :meth:`mean_topk` always equals :func:`mean_topk_similarity`.
+    of any candidate subset R ⊆ rows are then the first k shortlist entries that belong to R.
     CANDOR asks 6 such questions per finding and matched group (c± on the banks and on all images,
     and the margin of every image), for 12 findings, about the same images: one pass replaces 72.
+
+    When the whole similarity matrix fits in :data:`MATRIX_BYTES` (8,000 rows: 256 MB) it is held
+    (``matrix``, assembled from the pass's tiles, diagonal −inf) and each row's shortlist is taken
+    from it (:func:`topk_rows`); a set R too sparse for the shortlist (its first scan wider than
+    ``size``) and a row whose scan finds fewer than k members of R are then read off the matrix:
+    every similarity comes from the same products, so a c(x) does not depend on the branch that
+    answered it. A larger group is shortlisted tile by tile (:class:`RunningTopK`) and a short row
+    is answered by an exact search against R (:func:`topk_similarity`). Either way
+    :meth:`mean_topk` equals :func:`mean_topk_similarity`.
     """
 
     def __init__(self, feats: torch.Tensor, rows, size: int = 256, block_size: int = 4096,
@@ -436,10 +487,19 @@ class Shortlist:
         self.rows = np.sort(np.asarray(rows, dtype=np.int64))
         n, device = len(self.rows), feats.device
         self.size = max(0, min(size, n - 1))
+        self.matrix = None  # the whole similarity matrix (diagonal −inf) when held
         if _has_copies(vectors, self.rows):
             self.values, self.members = self._distinct_pass(np.asarray(vectors))
             return
         x = feats[torch.as_tensor(self.rows, device=device)]
+        if n * n * x.element_size() <= MATRIX_BYTES:
+            self.matrix = symmetric_matrix(x, block_size).fill_diagonal_(float("-inf"))
+            parts = [topk_rows(self.matrix[r0:r0 + block_size], self.size) for r0 in range(0, n, block_size)]
+            self.values = torch.cat([v for v, _ in parts]) if parts else x.new_empty((0, self.size))
+            members = torch.cat([i for _, i in parts]) if parts else torch.empty((0, self.size), dtype=torch.long,
+                                                                                 device=device)
+            self.members = torch.as_tensor(self.rows, device=device)[members]
+            return
         best = RunningTopK(n, self.size, x)
         for a0, _, b0, _, sims in symmetric_tiles(x, block_size):
             if a0 == b0:
@@ -495,7 +555,8 @@ class Shortlist:
 
         The first ``scan_factor · k · |rows| / |R|`` shortlist entries are scanned (enough for k
         members of R when neighbours are spread like R), then the whole shortlist for rows still
-        short of k, then an exact search for the rest.
+        short of k, then the held matrix or an exact search for the rest; with the matrix held, an
+        R whose first scan is wider than the shortlist is read off the matrix for every row.
         """
         query_rows = np.asarray(query_rows, dtype=np.int64)
         cand_rows = np.asarray(cand_rows, dtype=np.int64)
@@ -505,8 +566,11 @@ class Shortlist:
         in_r[torch.as_tensor(cand_rows, device=device)] = True
         positions = self._local(query_rows)
         todo = np.arange(len(query_rows))
-        first = int(np.ceil(scan_factor * k * len(self.rows) / max(len(cand_rows), 1)))
-        for width in sorted({min(first, self.size), self.size}):
+        first = self.scan_width(k, len(self.rows), len(cand_rows), scan_factor)
+        widths = sorted({min(first, self.size), self.size})
+        if self.matrix is not None and first > self.size:
+            widths = []  # R too sparse for the shortlist: every row read off the matrix
+        for width in widths:
             if len(todo) == 0 or width < k:
                 continue
             local = torch.as_tensor(positions[todo], device=device)
@@ -514,10 +578,34 @@ class Shortlist:
             done = found == k
             out[todo[done]] = sums[done] / k
             todo = todo[~done]
-        if len(todo):
+        if len(todo) and self.matrix is not None:
+            out[todo] = self._matrix_means(positions[todo], self._local(cand_rows), k)
+        elif len(todo):
             out[todo] = mean_topk_similarity(self.feats, query_rows[todo], cand_rows, k,
                                              self.block_size, self.backend, self.vectors)
         return out
+
+    @staticmethod
+    def scan_width(k: int, n_rows: int, n_cands: int, scan_factor: float = 4.0) -> int:
+        """Shortlist entries :meth:`mean_topk` scans first for k members of a candidate set of
+        ``n_cands`` among ``n_rows``: ``scan_factor · k · n_rows / n_cands``."""
+        return int(np.ceil(scan_factor * k * n_rows / max(n_cands, 1)))
+
+    def _matrix_means(self, local: np.ndarray, cand_local: np.ndarray, k: int) -> np.ndarray:
+        """c(x) of the rows ``local`` on the rows ``cand_local`` read off the held matrix (its
+        diagonal −inf: a row is never its own neighbour), ``block_size`` rows at a time; the mean
+        of the k largest in float64, as :func:`mean_topk_similarity` takes it."""
+        device = self.matrix.device
+        if len(cand_local) - int(np.isin(local, cand_local).any()) < k:
+            raise ValueError(f"k={k} exceeds the candidates available")
+        # the matrix is symmetric bitwise: the candidates' rows, read at the query columns, are the
+        # queries' rows at the candidate columns (|R| × n copied instead of |queries| × n)
+        cand_rows = self.matrix.index_select(0, torch.as_tensor(cand_local, device=device))
+        out = []
+        for r0 in range(0, len(local), self.block_size):
+            sims = cand_rows.index_select(1, torch.as_tensor(local[r0:r0 + self.block_size], device=device))
+            out.append(topk_rows(sims.T.contiguous(), k)[0].double().mean(dim=1))
+        return torch.cat(out).cpu().numpy()
 
     def _first_hits(self, local: torch.Tensor, in_r: torch.Tensor, k: int, width: int):
         """Sum (float64) of the first k shortlist similarities within ``width`` that belong to R,

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+from robustbench_fm.core import neighbors
 from robustbench_fm.core.neighbors import (
     RunningTopK,
     SameGroupMask,
@@ -12,6 +13,7 @@ from robustbench_fm.core.neighbors import (
     l2_normalize,
     mean_topk_similarity,
     symmetric_tiles,
+    topk_rows,
     topk_similarity,
 )
 
@@ -238,3 +240,55 @@ def test_copies_of_a_vector_get_bitwise_equal_scores(n, block_size, d):
             for member in (True, False):
                 same = got[(vid == v) & (in_bank == member)]
                 assert len(np.unique(same)) <= 1, (v, member, same)
+
+
+@pytest.mark.parametrize("width, k", [(1000, 5), (1000, 60), (997, 40), (61, 7), (5000, 256), (300, 299)])
+def test_topk_rows_gives_the_values_of_torch_topk(width, k):
+    """The chunk prefilter keeps torch.topk's values bitwise (many ties: values on a grid of 1/64,
+    a −inf per row as the masked diagonal) and column indices that hold them."""
+    rng = np.random.default_rng(width + k)
+    sims = torch.as_tensor(np.round(rng.normal(size=(50, width)) * 8) / 64, dtype=torch.float32)
+    sims[torch.arange(50), torch.as_tensor(rng.integers(0, width, 50))] = float("-inf")
+    values, cols = topk_rows(sims, k)
+    assert torch.equal(values, torch.topk(sims, k, dim=1).values)
+    assert torch.equal(torch.gather(sims, 1, cols), values)
+    assert all(len(set(row.tolist())) == k for row in cols)  # k distinct columns per row
+
+
+def exact_unit_rows(n, d, rng):
+    """Rows with exactly four ones scaled by 1/2: unit norm, every similarity a multiple of 1/4, so
+    any order of the float additions gives the same bits."""
+    x = np.zeros((n, d), np.float32)
+    for row in x:
+        row[rng.choice(d, 4, replace=False)] = 0.5
+    return x
+
+
+def test_shortlist_paths_give_identical_means(monkeypatch):
+    """Issue 44: every way a :class:`Shortlist` answers gives the same c(x), bit for bit: read off
+    the held matrix (a candidate set too sparse for the shortlist), the first hits in the shortlist,
+    the matrix for the rows whose scan finds fewer than k, and, with the matrix not held
+    (``MATRIX_BYTES`` 0), the tile pass with exact searches for short rows. Equal to the brute force."""
+    rng = np.random.default_rng(3)
+    x = exact_unit_rows(500, 12, rng)
+    rows = np.sort(rng.choice(500, 400, replace=False))
+    held = Shortlist(torch.as_tensor(x), rows, size=80, block_size=64)
+    assert held.matrix is not None
+    answered = {"matrix": [], "hits": []}  # rows each way answered, per call
+    for name, method in (("matrix", "_matrix_means"), ("hits", "_first_hits")):
+        real = getattr(Shortlist, method)
+        monkeypatch.setattr(Shortlist, method, lambda self, local, *a, _real=real, _n=name: (
+            answered[_n].append(len(local)), _real(self, local, *a))[1])
+    monkeypatch.setattr(neighbors, "MATRIX_BYTES", 0)
+    tiles = Shortlist(torch.as_tensor(x), rows, size=80, block_size=64)
+    assert tiles.matrix is None
+    with_zero = rows[x[rows, 0] > 0]  # a set the rows without coordinate 0 meet late in their lists
+    for cands, queries in ((np.sort(rng.choice(rows, 8, replace=False)), rng.choice(rows, 200, replace=False)),
+                           (np.sort(rng.choice(rows, 400, replace=False)), rng.choice(rows, 200, replace=False)),
+                           (with_zero, rows[x[rows, 0] == 0])):
+        want = brute_mean_topk(x, queries, cands, 5)
+        for shortlist in (held, tiles):
+            np.testing.assert_array_equal(shortlist.mean_topk(queries, cands, 5), want)
+    assert 200 in answered["matrix"]  # the sparse set: every row off the matrix
+    assert any(0 < n < (x[rows, 0] == 0).sum() for n in answered["matrix"])  # rows short after their first hits
+    assert answered["hits"]

@@ -34,6 +34,24 @@ def test_bench_candor_writes_its_figures(tmp_path):
     assert 180 <= result["queries_per_finding"] <= 220  # half of each group's 200-image sample, 2 groups
 
 
+def test_bench_candor_measures_each_shape_with_its_floor(tmp_path):
+    """Issue 44 item 4: the prevalence and single-finding cohorts, each timed with its own floor in
+    one run; the single finding over the largest groups takes the exact path."""
+    out = tmp_path / "candor.json"
+    result = load("bench_candor").main(["--shapes", "prevalence,single", "--groups", "2", "--group-size", "400",
+                                        "--dim", "16", "--bank-size", "100", "--max-group-sample", "200",
+                                        "--n-boot", "10", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    prevalence, single = result["shapes"]["prevalence"], result["shapes"]["single"]
+    assert prevalence["floor"] == "group_pass" and single["floor"] == "images_x_banks"
+    assert prevalence["prevalences"][0] == 0.02 and prevalence["prevalences"][-1] == 0.3
+    assert prevalence["n_findings"] == 12 and single["n_findings"] == 1 and single["n_images"] == 800
+    assert single["neighbour_paths"] == {"exact": 2}
+    for shape in (prevalence, single):
+        ratio = shape["seconds"] / shape["similarity_floor_seconds"]
+        assert abs(shape["ratio_over_similarity_floor"] - ratio) <= 0.01 * ratio + 0.01
+
+
 def test_estimate_cost_counts_flops_and_schedules_longest_first():
     cost = load("estimate_cost")
     gflops, how = cost.gflops_per_image("random_vit_s")

@@ -19,6 +19,9 @@ QUERY_ROLES = ("positive", "negative")
 #: margin-AUROC intervals: the bootstrap of its placement-value expansion, or re-ranked resamples (the default)
 #: (the estimators: :data:`robustbench_fm.methods.candor.stage.AUROC_ESTIMATORS`)
 AUROC_BOOTSTRAPS = ("linear", "exact")
+#: how a matched group's neighbour questions are answered (``neighbour_path``; the choice:
+#: :func:`robustbench_fm.methods.candor.stage.group_path`)
+NEIGHBOUR_PATHS = ("auto", "shortlist", "exact")
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,11 @@ class CandorParams(StageParams):
     its size); Python API only."""
     backend: str = field(default="torch", metadata=PYTHON_ONLY)
     """torch | faiss: where the exact neighbour searches run; Python API only."""
+    neighbour_path: str = field(default="auto", metadata=PYTHON_ONLY)
+    """auto | shortlist | exact: a matched group's questions answered from one shared pass over its
+    labelled images (shortlist) or by an exact search per question; auto takes the one computing
+    fewer similarities for the group's shape (findings, prevalences, bank and group sizes). Both give
+    the same c±; Python API only."""
 
     def check(self) -> None:
         """Refuse inconsistent options before any heavy work (one line each)."""
@@ -92,6 +100,9 @@ class CandorParams(StageParams):
         if self.auroc_bootstrap not in AUROC_BOOTSTRAPS:
             raise ValueError(f"candor: auroc_bootstrap={self.auroc_bootstrap!r} is not one of "
                              f"{', '.join(AUROC_BOOTSTRAPS)}")
+        if self.neighbour_path not in NEIGHBOUR_PATHS:
+            raise ValueError(f"candor: neighbour_path={self.neighbour_path!r} is not one of "
+                             f"{', '.join(NEIGHBOUR_PATHS)}")
         if self.queries not in QUERY_ROLES:
             raise ValueError(f"candor: queries={self.queries!r} is not one of {', '.join(QUERY_ROLES)}")
         if self.task == "family_one_vs_rest" and (self.unmatched or self.isolated or self.box_verified):

@@ -49,7 +49,11 @@ with an expert box). The shortlist fast path serves the default and the label co
 neighbour controls use exact searches against each candidate set.
 
 Several findings (``finding`` as a list) are scored together: the similarities of a matched
-group's labelled images are computed once and shared by every task's banks and queries.
+group's labelled images are computed once and shared by every task's banks and queries. Each
+matched group takes the path that computes fewer similarities for its shape (:func:`group_path`):
+that shared pass (many findings over a group of moderate size), or one exact search per question
+(one finding over a large group, where the pass would cost its n² similarities for a few thousand
+bank members). Both give the same c±, DM and margins.
 
 ``summary`` columns: finding, acq_group (``"__pooled__"`` for the pool), target, n_queries, n_pos,
 n_neg, bank_size, k, d, d_sd, d_ci_low, d_ci_high, d_all, d_all_sd, d_all_ci_low, d_all_ci_high,
@@ -199,10 +203,48 @@ class _Setting:
     vectors: np.ndarray | None = None  # each row's vector id (core.neighbors.distinct_rows): copies tie exactly
 
 
+def group_path(path: str, n_labelled: int, jobs) -> str:
+    """How a matched group's neighbour questions are answered: ``"shortlist"`` (one pass over its
+    ``n_labelled`` labelled images, :class:`~robustbench_fm.core.neighbors.Shortlist`, shared by all
+    its tasks) or ``"exact"`` (one exact search per question). ``path`` other than ``"auto"`` is
+    taken as given; ``"auto"`` takes the one that computes fewer similarities: the pass computes
+    n_labelled² of them, the exact searches Σ |queries| × |candidates| over the questions
+    (:func:`_questions`) of the group's scored tasks (``jobs``). Many findings over a group favour
+    the pass (the 12 chest findings at 2–30% prevalence over 8,000 images: 4.6× fewer similarities),
+    one finding over a large group the exact searches (50,000 images: 5× fewer). Both answer with
+    the same c±: the k largest similarities of each query among the candidates."""
+    if path != "auto":
+        return path
+    exact = sum(n_queries * n_cands for n_queries, n_cands in _questions(jobs))
+    return "exact" if exact < n_labelled ** 2 else "shortlist"
+
+
+def _questions(jobs) -> list[tuple[int, int]]:
+    """(queries, candidates) of every neighbour question :func:`_score_group` asks about the scored
+    tasks of a group (``jobs``: (task, pos, neg, cand_pos, cand_neg, row, queries, bank_pos, bank_neg)):
+    the scored images against each bank, and the queries against all positives / negatives where
+    those differ from the banks (D_all)."""
+    out = []
+    for _, pos, neg, cand_pos, cand_neg, _, queries, bank_pos, bank_neg in jobs:
+        out += [(len(pos) + len(neg), len(bank_pos)), (len(pos) + len(neg), len(bank_neg))]
+        out += [(len(queries), len(cands)) for bank, cands in ((bank_pos, cand_pos), (bank_neg, cand_neg))
+                if not np.array_equal(bank, cands)]
+    return out
+
+
+def shortlist_size(size: int, k: int, n_labelled: int, jobs) -> int:
+    """Entries per image of a group's shared shortlist: as many as its widest first scan needs
+    (:meth:`~robustbench_fm.core.neighbors.Shortlist.scan_width`) among the questions it serves,
+    at most ``size`` (``shortlist``); a question whose scan is wider is read off the group's
+    similarity matrix, and so is a row whose scan finds fewer than k candidates."""
+    widths = [Shortlist.scan_width(k, n_labelled, n) for _, n in _questions(jobs)]
+    return max([k] + [w for w in widths if w <= size]) if size >= k else size
+
+
 def _neighbour_means(s: _Setting, shortlist, queries, cands, drops=None) -> np.ndarray:
-    """c(x) of ``queries`` on ``cands``: the shared shortlist, or an exact search when a control
-    changes the candidate set per query."""
-    if s.exact or drops is not None:
+    """c(x) of ``queries`` on ``cands``: the shared shortlist, or an exact search when the group
+    takes the exact path (``shortlist`` None) or a control changes the candidate set per query."""
+    if s.exact or shortlist is None or drops is not None:
         return masked_mean_topk(s.feats, queries, cands, s.k, s.clusters if s.exclude_patient else None,
                                 drops, s.block_size, s.backend, s.vectors)
     return shortlist.mean_topk(queries, cands, s.k)
@@ -282,8 +324,10 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     scores every class against the other classes of its ``group_col`` group; ``task="auto"`` does
     so for a column of names and reads a numeric column as a binary finding. Without a neighbour
     control, all tasks of a matched group are scored from one
-    :class:`~robustbench_fm.core.neighbors.Shortlist` of its labelled images (``shortlist`` nearest per
-    image; exact whatever its size); ``block_size`` bounds the similarity rows held at once,
+    :class:`~robustbench_fm.core.neighbors.Shortlist` of its labelled images (at most ``shortlist``
+    nearest per image, :func:`shortlist_size`; exact whatever its size), or, where that computes
+    more similarities than the exact searches, by exact searches (:func:`group_path`;
+    ``neighbour_path`` forces one); ``block_size`` bounds the similarity rows held at once,
     ``backend="faiss"`` sends the exact searches to faiss.
     """
     p = PARAMS.parse(params)
@@ -312,7 +356,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
         in_group = groups == group
         images = np.flatnonzero(in_group)  # the query sample is drawn from all of them (draw_group)
         labelled = np.flatnonzero(in_group & np.any([~np.isnan(t.labels) for t in tasks], axis=0))
-        group_shortlist = None
+        jobs = []  # (task, pos, neg, cand_pos, cand_neg, row, queries, bank_pos, bank_neg) of the scored tasks
         for i, t in enumerate(tasks):
             pos = np.flatnonzero(in_group & (t.labels == 1))
             neg = np.flatnonzero(in_group & (t.labels == 0))
@@ -332,9 +376,12 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
             if len(q) == 0:
                 row["reason"] = "no positive in the sampled images"
                 continue
-            if group_shortlist is None and not setting.exact:
-                group_shortlist = Shortlist(setting.feats, labelled, p.shortlist, p.block_size, p.backend,
-                                            setting.vectors)
+            jobs.append((i, pos, neg, cand_pos, cand_neg, row, q, bank_pos, bank_neg))
+        shared = not setting.exact and bool(jobs) and group_path(p.neighbour_path, len(labelled), jobs) == "shortlist"
+        group_shortlist = Shortlist(setting.feats, labelled, shortlist_size(p.shortlist, k, len(labelled), jobs),
+                                    p.block_size, p.backend, setting.vectors) if shared else None
+        for i, pos, neg, cand_pos, cand_neg, row, q, bank_pos, bank_neg in jobs:
+            t = tasks[i]
             drops = equal_size_drops(q, bank_pos, bank_neg, ct.task_rng(seed, group, t.target, "equal_size")) \
                 if p.equal_size else None
             c_pos, c_neg, c_pos_all, c_neg_all, everyone, margin, y = _score_group(

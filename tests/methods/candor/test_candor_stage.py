@@ -316,3 +316,53 @@ def test_margin_chance_low_by_hand():
     excluded = candor.run(np.random.default_rng(0).normal(size=(n, 16)), man, "f", k=5, n_boot=0,
                           exclude_patient=True).summary
     assert excluded["margin_chance_low"].isna().all()
+
+
+def test_neighbour_paths_give_identical_results(monkeypatch):
+    """Issue 44 item 4: the shared pass (matrix held; or, with ``MATRIX_BYTES`` 0, the tile pass) and
+    the exact searches give the same summary, per-sample rows and items, bit for bit, on a shape
+    that sends questions down every branch: a 3% finding (its banks of 9 too sparse for the
+    shortlist: read off the matrix), a 50% finding (first hits), D_all on all negatives. Features
+    with exactly four ones scaled by 1/2 make every similarity a multiple of 1/4, so the float
+    additions are exact in any order."""
+    from robustbench_fm.core import neighbors
+
+    rng = np.random.default_rng(21)
+    n = 600
+    feats = np.zeros((n, 12), np.float32)
+    for row in feats:
+        row[rng.choice(12, 4, replace=False)] = 0.5
+    man = make_manifest(rng.random(n) < 0.5, np.where(np.arange(n) < 300, "a", "b"))
+    man["rare"] = 0.0
+    for group in ("a", "b"):
+        man.loc[rng.choice(np.flatnonzero(man["acq_group"] == group), 9, replace=False), "rare"] = 1.0
+    params = dict(finding=["finding", "rare"], k=4, bank_size=100, max_group_sample=200, n_boot=20)
+    runs = {path: robustbench_fm.evaluate("candor", feats, man, neighbour_path=path, **params)
+            for path in ("auto", "shortlist", "exact")}
+    monkeypatch.setattr(neighbors, "MATRIX_BYTES", 0)
+    runs["tiles"] = robustbench_fm.evaluate("candor", feats, man, neighbour_path="shortlist", **params)
+    for path, res in runs.items():
+        pd.testing.assert_frame_equal(res.summary, runs["exact"].summary, check_exact=True, obj=path)
+        pd.testing.assert_frame_equal(res.per_sample, runs["exact"].per_sample, check_exact=True, obj=path)
+        pd.testing.assert_frame_equal(res.items, runs["exact"].items, check_exact=True, obj=path)
+    assert (runs["exact"].per_sample["finding"] == "rare").sum() >= 2
+    with pytest.raises(ValueError, match="neighbour_path='fast' is not one of auto, shortlist, exact"):
+        robustbench_fm.evaluate("candor", feats, man, neighbour_path="fast", **params)
+
+
+def test_auto_path_follows_the_shape():
+    """``group_path("auto")``: 12 findings at 2–30% over 8,000 images (the chest shape) share the
+    pass (4.6× fewer similarities than the exact searches); one finding over 50,000 images goes
+    exact (5× fewer); the shortlist is as wide as its widest first scan (at most ``shortlist``)."""
+    def job(n, prevalence, bank=4000, sample=4000):
+        pos, neg = np.arange(int(n * prevalence)), np.arange(int(n * prevalence), n)
+        size = min(bank, len(pos), len(neg))
+        return (0, pos, neg, pos, neg, None, pos[:int(sample * prevalence)], pos[:size], neg[:size])
+
+    chest = [job(8000, p) for p in np.linspace(0.02, 0.30, 12)]
+    assert candor.group_path("auto", 8000, chest) == "shortlist"
+    assert candor.group_path("auto", 50000, [job(50000, 0.5)]) == "exact"
+    assert candor.group_path("exact", 8000, chest) == "exact"
+    # widest first scan within 256: the 9.6% finding's banks of 770, ⌈4 · 5 · 8000 / 770⌉ = 208
+    assert candor.shortlist_size(256, 5, 8000, chest) == 208
+    assert candor.shortlist_size(256, 5, 8000, [job(8000, 0.5)]) == 40
