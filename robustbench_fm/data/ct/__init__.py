@@ -19,7 +19,7 @@ from ..registry import Adapter, register
 from .layouts import DATASET_LAYOUTS, list_volumes, sample_options
 from .phantoms import write_phantoms
 
-PHANTOM_DEFAULTS = {"n_subjects": 30, "n_lits": 20, "phantom_seed": 0}
+PHANTOM_DEFAULTS = {"n_subjects": 30, "n_lits": 20, "phantom_seed": 0, "extra_test": 0}
 
 
 def _manifest(dataset: str, root: str | Path, **options) -> pd.DataFrame:
@@ -41,7 +41,8 @@ def _phantom_generator(layout: str):
         """Write the phantom set (and, for WORD, its LiTS-style set under ``root/lits``)."""
         opts = {**PHANTOM_DEFAULTS, **{k: v for k, v in options.items() if k in PHANTOM_DEFAULTS}}
         root = Path(root)
-        write_phantoms(root, layout, n_subjects=int(opts["n_subjects"]), seed=int(opts["phantom_seed"]))
+        write_phantoms(root, layout, n_subjects=int(opts["n_subjects"]), seed=int(opts["phantom_seed"]),
+                       extra_test=int(opts["extra_test"]))
         if layout == "word" and int(opts["n_lits"]) > 0:
             write_phantoms(root / "lits", "lits", n_subjects=int(opts["n_lits"]), seed=int(opts["phantom_seed"]) + 1)
         return root

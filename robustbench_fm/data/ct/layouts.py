@@ -185,7 +185,7 @@ DATASET_LAYOUTS = {"word": "word", "lits": "lits", "totalsegmentator": "totalseg
 #: changes across slices), the paper's; the demo's phantoms ask ``random`` (configs/dataset/spar_phantom_word.yaml)
 SAMPLE_OPTIONS = {"lits_root": None, "n_lits": 20, "min_organs": 5, "size": 224, "distance_questions": 1,
                   "distance_rule": "varying"}
-GENERATOR_OPTIONS = ("n_subjects", "phantom_seed")
+GENERATOR_OPTIONS = ("n_subjects", "phantom_seed", "extra_test")
 #: the lowest value each numeric sample option accepts
 _MINIMA = {"min_organs": 1, "size": 8, "n_lits": 0, "distance_questions": 1}
 #: the values each choice option accepts (``distance_rule``: methods.spar.probes.make_questions)

@@ -133,25 +133,37 @@ def _splits(n: int) -> list[str]:
     return ["train"] * (n - n_val - n_test) + ["val"] * n_val + ["test"] * n_test
 
 
-def write_phantoms(root: str | Path, layout: str = "word", n_subjects: int = 6, seed: int = 0) -> Path:
+def write_phantoms(root: str | Path, layout: str = "word", n_subjects: int = 6, seed: int = 0,
+                   extra_test: int = 0) -> Path:
     """Write ``n_subjects`` phantoms under ``root`` in ``layout`` ('word' | 'totalsegmentator' | 'lits').
 
     Subject ``i`` is drawn from child ``i`` of ``SeedSequence(seed)``; LiTS subjects have 0-3 tumours.
+    The ``n_subjects`` are split in WORD's proportions (:func:`_splits`); ``extra_test`` more subjects
+    (WORD and TotalSegmentator layouts), drawn after them, all go to the test split: a larger test
+    set for the probes whose items are rare per volume (kidney symmetry: about one symmetric slice
+    per subject) while the training and validation subjects, and so every trained head, stay the
+    same. LiTS volumes take their split from the volume number (``layouts.lits_split``), so a
+    larger LiTS test set needs more volumes.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown phantom layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     if n_subjects < 1:
         raise DatasetError(f"write_phantoms: n_subjects must be >= 1, got {n_subjects}; "
                            "set dataset.options.n_subjects (or n_lits) to 1 or more")
+    if extra_test < 0 or (extra_test and layout == "lits"):
+        raise DatasetError(f"write_phantoms: extra_test must be >= 0 (and 0 for LiTS, split by volume number), got "
+                           f"{extra_test}; set dataset.options.extra_test to 0 or more")
     root = Path(root)
     params = {"version": PHANTOM_VERSION, "layout": layout, "n_subjects": int(n_subjects), "seed": int(seed)}
+    if extra_test:  # absent at 0, so phantom sets written before the option stay valid
+        params["extra_test"] = int(extra_test)
     meta = root / "generator.json"
     if meta.is_file() and json.loads(meta.read_text()) == params:
         return root
     meta.unlink(missing_ok=True)
-    splits = _splits(n_subjects)
+    splits = _splits(n_subjects) + ["test"] * int(extra_test)
     rows = []
-    for i, ss in enumerate(np.random.SeedSequence(seed).spawn(n_subjects)):
+    for i, ss in enumerate(np.random.SeedSequence(seed).spawn(len(splits))):
         rng = np.random.default_rng(ss)
         hu, labels, tumour = _subject(rng, n_tumours=(i + 1) % 4 if layout == "lits" else 0)
         if layout == "word":

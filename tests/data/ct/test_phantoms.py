@@ -68,6 +68,33 @@ def test_lits_phantoms_hold_zero_to_three_tumours_inside_the_liver(tmp_path):
     assert counts == [1, 2, 3, 0, 1, 2, 3, 0]
 
 
+def test_extra_test_subjects_join_the_test_split_and_leave_the_others_alone(tmp_path):
+    """extra_test (the SPAR demo's larger test sets): subjects drawn after the n_subjects, all in
+    the test split; the training, validation and first test subjects are byte for byte those
+    written without it, so every trained head stays the same; at 0 the generator's stamp is the
+    one written before the option, so existing phantom sets are not rewritten."""
+    import json
+
+    plain = phantoms.write_phantoms(tmp_path / "a", "word", n_subjects=3, seed=1)
+    more = phantoms.write_phantoms(tmp_path / "b", "word", n_subjects=3, seed=1, extra_test=2)
+    files = {d: sorted(p.name for p in (more / d).iterdir()) for d in ("imagesTr", "imagesVal", "imagesTs")}
+    assert files == {"imagesTr": ["word_0001.nii.gz"], "imagesVal": ["word_0002.nii.gz"],
+                     "imagesTs": ["word_0003.nii.gz", "word_0004.nii.gz", "word_0005.nii.gz"]}
+    for d, name in (("imagesTr", "word_0001"), ("labelsVal", "word_0002"), ("labelsTs", "word_0003")):
+        np.testing.assert_array_equal(load_ras(plain / d / f"{name}.nii.gz"), load_ras(more / d / f"{name}.nii.gz"))
+    assert not np.array_equal(load_ras(more / "imagesTs" / "word_0004.nii.gz"),
+                              load_ras(more / "imagesTs" / "word_0005.nii.gz"))
+    assert json.loads((plain / "generator.json").read_text()) == {"layout": "word", "n_subjects": 3, "seed": 1,
+                                                                 "version": phantoms.PHANTOM_VERSION}
+    assert json.loads((more / "generator.json").read_text())["extra_test"] == 2
+    ts = phantoms.write_phantoms(tmp_path / "ts", "totalsegmentator", n_subjects=1, seed=0, extra_test=1)
+    assert ct_datasets.read_totalseg_meta(ts)["split"].tolist() == ["train", "test"]
+    from robustbench_fm.data.files import DatasetError
+
+    with pytest.raises(DatasetError, match="extra_test must be >= 0 .and 0 for LiTS"):
+        phantoms.write_phantoms(tmp_path / "l", "lits", n_subjects=2, extra_test=1)
+
+
 def test_totalsegmentator_phantoms_write_every_mapped_class(tmp_path):
     root = phantoms.write_phantoms(tmp_path, "totalsegmentator", n_subjects=3, seed=0)
     files = {p.name for p in (root / "s0001" / "segmentations").iterdir()}

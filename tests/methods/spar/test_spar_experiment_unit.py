@@ -10,6 +10,7 @@ import pytest
 pytestmark = pytest.mark.slow  # two SPAR runs (token extraction and head training on the CPU)
 
 SMALL = ["experiment=spar_demo", "encoders=[random_vit_s]", "dataset.options.n_subjects=6",
+         "dataset.options.extra_test=0",
          "dataset.options.n_lits=2", "dataset.options.distance_questions=2",
          "stage.params.transfer.totalsegmentator.options.n_subjects=4",
          "stage.params.transfer.totalsegmentator.options.distance_questions=2",
