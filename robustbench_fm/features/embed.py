@@ -31,7 +31,7 @@ from .. import encoders
 from ..core.errors import InvalidSetting
 from ..core.text import one_line
 from ..data import prepared
-from ..data.images import CROP_COLUMNS
+from ..data.images import CROP_COLUMNS, DEFAULT_DECODE
 from . import load, store
 from .cache import FeatureCacheError
 from .extract import FeatureSet, _unwritable
@@ -95,6 +95,8 @@ class Embedder:
     panel_memory: int | None = None
     #: rows made with other package/library versions: reuse (one-line notice), warn, recompute
     on_version_change: str = "reuse"
+    #: how JPEGs resized smaller are decoded (``extract.decode``: scaled or exact; data.images, keyed)
+    decode: str = DEFAULT_DECODE
 
     def _options(self, name: str) -> EncoderOptions:
         return self.options.get(name, EncoderOptions())
@@ -131,7 +133,8 @@ class Embedder:
         if self.resolution is None or root is None:
             return manifest, root
         done = prepared.prepare(manifest, root, self.prepared_root, self.resolution, shard_size=self.shard_size,
-                                workers=self.num_workers, on_bad_image=self.on_bad_image, identities=identities)
+                                workers=self.num_workers, on_bad_image=self.on_bad_image, identities=identities,
+                                decode=self.decode)
         return done.manifest, done.root
 
     def embed(self, manifest: pd.DataFrame, root: str | Path | None, encoder, sharded: bool = False) -> FeatureSet:
@@ -181,7 +184,7 @@ class Embedder:
         sources = None
         if self.resolution is not None:
             sources = store.source_ids(manifest, root, hashes)  # what the prepared store finds images by
-            ids = store.derived_ids(ids, prepared.recipe(self.resolution))
+            ids = store.derived_ids(ids, prepared.recipe(self.resolution, self.decode))
         hashes.save()
         source, source_root = manifest, root
         todo = [n if isinstance(n, str) else n.spec.name for n in names]
@@ -212,7 +215,7 @@ class Embedder:
         of the earlier layout is still found)."""
         if self.resolution is None:
             return manifest, Path(root)
-        have = [store.Recipe(self.cache_dir, enc).held(complete=True) for enc in loaded]
+        have = [store.Recipe(self.cache_dir, enc, decode=self.decode).held(complete=True) for enc in loaded]
         need = np.array([any(i not in h for h in have) for i in ids], bool)
         if need.all():
             read, read_root = self.prepare(manifest, root, sources)
@@ -227,7 +230,7 @@ class Embedder:
         return out, Path(read_root)
 
     def _plan(self, encoder, manifest: pd.DataFrame, ids, root) -> store.Plan:
-        recipe = store.Recipe(self.cache_dir, encoder)
+        recipe = store.Recipe(self.cache_dir, encoder, decode=self.decode)
         if not recipe.covers(ids):  # an entry of the earlier per-manifest layout may hold them
             recipe.adopt(encoder, manifest, root, ids)
         try:
@@ -271,12 +274,14 @@ class Embedder:
             if len(encs) == 1:
                 feats = [extract(encs[0], rows, root, self.cache_dir, batch_size=self.batch_size_of(encs[0].spec.name),
                                  num_workers=self.num_workers, shard_size=self.shard_size,
-                                 on_bad_image=self.on_bad_image, read=False, entry=entries[0], **parts)]
+                                 on_bad_image=self.on_bad_image, read=False, entry=entries[0], decode=self.decode,
+                                 **parts)]
             else:
                 feats = extract_panel(encs, rows, root, self.cache_dir,
                                       batch_size=[self.batch_size_of(e.spec.name) for e in encs],
                                       num_workers=self.num_workers, shard_size=self.shard_size,
-                                      on_bad_image=self.on_bad_image, read=False, entries=entries, **parts)
+                                      on_bad_image=self.on_bad_image, read=False, entries=entries, decode=self.decode,
+                                      **parts)
             for (j, c, _), f in zip(items, feats):
                 counts[j][0] += f.n_forward
                 counts[j][1] += f.n_images_embedded

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..data import manifest as mf
+from ..data.images import DEFAULT_DECODE, check_decode
 from .occlusion import OCCLUSION_COLUMNS
 
 #: Manifest columns that locate an image's pixels: ``sample_id``, ``path`` and, on occluded rows
@@ -64,13 +65,16 @@ def manifest_hash(manifest: pd.DataFrame) -> str:
     return mf.content_hash(manifest, KEY_COLUMNS)
 
 
-def cache_key_fields(encoder, manifest: pd.DataFrame, image_root=None) -> dict:
+def cache_key_fields(encoder, manifest: pd.DataFrame, image_root=None, decode: str = DEFAULT_DECODE) -> dict:
     """Everything that determines the cached features of ``encoder`` on ``manifest``.
 
     Label columns are deliberately absent: the manifest enters only through
     ``content_hash(manifest, KEY_COLUMNS)`` (the locator and any occlusion columns). The resolved
     image root is part of the key: two folders holding different images under the same relative
     paths (a dataset stored at 224 and at 512 px, regenerated synthetic data) never share an entry.
+    ``decode``: ``"scaled"`` adds ``"decode": "scaled"`` (JPEGs decoded at the DCT scale the
+    encoder's resize needs, :func:`robustbench_fm.data.images.draft_scale`); ``"exact"`` adds
+    nothing, so an exact entry keeps the key of an entry made before scaled decoding existed.
     """
     spec = encoder.spec
     return _canonical({
@@ -92,6 +96,7 @@ def cache_key_fields(encoder, manifest: pd.DataFrame, image_root=None) -> dict:
         "n_rows": int(len(manifest)),
         "package_version": package_version(),
         "library_versions": library_versions(),
+        **({} if check_decode(decode) == "exact" else {"decode": decode}),
     })
 
 

@@ -19,6 +19,12 @@ needs, and an encoder sees only its own rows. Each encoder's entry lock is held 
 encoder whose entry another process is filling is left out of the pass and then waits for that
 process (a pass of its own that waits for the lock).
 
+Scaled JPEG decoding (``decode="scaled"``, the default, with the default reader; issue 44): the
+encoders are grouped by their resize's need (:func:`_decode_groups`) and each group is one pass
+whose reader decodes a JPEG at the DCT scale that group needs
+(:func:`robustbench_fm.data.images.draft_scale`), so an encoder's pixels never depend on which
+encoders share its pass; a panel of one need (the usual CANDOR panel at 224 px) is one pass.
+
 Memory is bounded as for one encoder: a decoded image lives only while the worker transforms it
 (with at most :data:`LANES` - 1 others, the films resized together); in flight are the workers'
 prefetched chunks (bounded by :data:`PREFETCH_BYTES`) and at most one batch per encoder.
@@ -70,6 +76,7 @@ from torchvision.transforms import v2 as T
 from ..core.devices import usable_cores
 from ..core.errors import InvalidSetting
 from ..core.locking import FileLock, LockTimeout, acquire_waiting, who_holds
+from ..data.images import DEFAULT_DECODE, check_decode, need_of
 from ..encoders.base import _LongestSidePad, _ToMode
 from .cache import FeatureCache
 from .extract import (
@@ -462,7 +469,7 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
                   on_bad_image: str = "error", num_shards: int = 1, shard: int = 0, read: bool = True,
                   flush_seconds: float | None = FLUSH_SECONDS, device_transform: bool = False,
                   _wait: bool = False, _stats: dict | None = None,
-                  entries: Sequence[tuple[Path, dict]] | None = None) -> list[FeatureSet]:
+                  entries: Sequence[tuple[Path, dict]] | None = None, decode: str = DEFAULT_DECODE) -> list[FeatureSet]:
     """Embed every manifest row with every encoder of ``encoders`` in one decode pass; one
     :class:`FeatureSet` per encoder, in order (see the module docstring).
 
@@ -475,8 +482,12 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
     process's seconds (waiting for decode chunks, collate + tail, forwards, shard writes).
     ``entries``: (folder, key fields) per encoder of the entries to fill instead of the manifest's
     own (chunks of the per-image store, :mod:`.store`).
+    ``decode``: ``"scaled"`` (default reader only): each encoder's JPEGs decoded at the DCT scale
+    its own resize needs (:func:`_decode_groups`), keyed (``"decode"`` in its key fields).
     """
     t0 = time.perf_counter()
+    check_decode(decode)
+    own_reader = reader is None
     encoders = list(encoders)
     if not encoders:
         return []
@@ -492,7 +503,8 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
                                                                    on_bad_image, num_workers, encoders[0].device)
     jobs = []
     for j, (enc, bs) in enumerate(zip(encoders, sizes)):
-        folder, fields = entries[j] if entries is not None else (None, cache_key_fields(enc, manifest, image_root))
+        folder, fields = entries[j] if entries is not None else (None, cache_key_fields(enc, manifest, image_root,
+                                                                                         decode))
         split = split_transform(enc.transform) if device_transform else None
         if split is not None and entries is None:
             fields = {**fields, "transform": "device"}
@@ -538,9 +550,9 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
             else:
                 log.info("cache hit: %d rows, 0 forward passes (%s)", len(ids), job.cache.path)
         try:
-            if active:
-                _pass(active, manifest, ids, image_root, reader, num_workers, progress, on_bad_image, flush_seconds,
-                      _stats if _stats is not None else {})
+            for group, group_reader in _decode_groups(active, reader, own_reader and decode == "scaled"):
+                _pass(group, manifest, ids, image_root, group_reader, num_workers, progress, on_bad_image,
+                      flush_seconds, _stats if _stats is not None else {})
         except KeyboardInterrupt as exc:
             if isinstance(exc, ExtractionInterrupted):
                 raise
@@ -561,11 +573,30 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
             out.append(extract_panel([job.encoder], manifest, image_root, cache_root, job.batch_size, num_workers,
                                      shard_size, progress, reader, on_bad_image, num_shards, shard, read,
                                      flush_seconds, device_transform, _wait=True,
-                                     entries=None if entries is None else [entries[j]])[0])
+                                     entries=None if entries is None else [entries[j]], decode=decode)[0])
             continue
         out.append(_result(job.encoder, manifest, job.cache, job.fields, ids, job.skipped, job.n_forward,
                            job.n_images, t0, read, num_shards, shard))
     return out
+
+
+def _decode_groups(jobs: list[_Job], reader, scaled: bool) -> list[tuple[list[_Job], object]]:
+    """The passes of a panel: one with ``reader`` for every job, or with scaled decoding one per
+    distinct resize need (:func:`robustbench_fm.data.images.need_of` of each encoder's
+    preprocessing), read with the default reader (``reader``) at that need. An encoder's JPEGs are decoded at
+    the DCT scale its own resize needs, whichever encoders share the pass, so its entry is the one
+    a single-encoder extraction writes, byte for byte; encoders with the same need share one
+    decode (issue 44: decoding once at the largest need would make an entry's pixels depend on
+    the panel)."""
+    if not jobs:
+        return []
+    if not scaled:
+        return [(jobs, reader)]
+    groups: dict = {}
+    for job in jobs:
+        p = job.encoder.spec.preprocessing()
+        groups.setdefault(need_of(p["resize"], p["input_size"], p["resize_size"]), []).append(job)
+    return [(group, functools.partial(reader, need=need)) for need, group in groups.items()]
 
 
 def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root, reader, num_workers: int,
@@ -729,7 +760,7 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
             batch_size: int = 32, num_workers: int | str = 0, shard_size: int = 1024, progress: bool = True,
             reader: Reader | None = None, on_bad_image: str = "error", num_shards: int = 1, shard: int = 0,
             read: bool = True, flush_seconds: float | None = FLUSH_SECONDS,
-            entry: tuple[Path, dict] | None = None) -> FeatureSet:
+            entry: tuple[Path, dict] | None = None, decode: str = DEFAULT_DECODE) -> FeatureSet:
     """Embed every manifest row with ``encoder``, reusing and filling the feature cache.
 
     ``reader(image_root, row)`` returns a PIL image for a manifest row (default: open
@@ -760,4 +791,4 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
         num_workers = default_num_workers(encoder.device)
     return extract_panel([encoder], manifest, image_root, cache_root, batch_size, num_workers, shard_size, progress,
                          reader, on_bad_image, num_shards, shard, read, flush_seconds, _wait=True,
-                         entries=None if entry is None else [entry])[0]
+                         entries=None if entry is None else [entry], decode=decode)[0]

@@ -61,7 +61,7 @@ from ..core.errors import InvalidSetting
 from ..core.locking import FileLock
 from ..core.shards import META_NAME, SHARD_NAME
 from ..core.versions import VERSION_POLICIES
-from ..data.images import CROP_COLUMNS, locator_file
+from ..data.images import CROP_COLUMNS, DEFAULT_DECODE, locator_file
 from .cache import (
     CACHE_FORMAT,
     SKIPPED_NAME,
@@ -107,11 +107,13 @@ def library_major(module: str) -> str | None:
 NOT_RECIPE = ("cache_format", "manifest_hash", "image_root", "n_rows", "package_version", "library_versions")
 
 
-def recipe_fields(encoder, extra: dict | None = None) -> dict:
+def recipe_fields(encoder, extra: dict | None = None, decode: str = DEFAULT_DECODE) -> dict:
     """What makes ``encoder``'s vector of one image (module docstring): the per-manifest key fields
     without :data:`NOT_RECIPE`, plus :data:`RECIPE_VERSION` and the major versions of torch and of
-    the encoder's library. ``extra``: more fields (the device-side transform of a panel pass)."""
-    fields = {k: v for k, v in cache_key_fields(encoder, pd.DataFrame({"sample_id": [], "path": []})).items()
+    the encoder's library. ``extra``: more fields (the device-side transform of a panel pass);
+    ``decode``: the JPEG decode mode (:func:`robustbench_fm.features.key.cache_key_fields`)."""
+    fields = {k: v for k, v in cache_key_fields(encoder, pd.DataFrame({"sample_id": [], "path": []}),
+                                                decode=decode).items()
               if k not in NOT_RECIPE}
     own = _LIBRARY_DISTRIBUTIONS.get(str(encoder.spec.library))
     majors = {m: library_major(m) for m in ("torch", own) if m}
@@ -253,9 +255,10 @@ class Chunk:
 class Recipe:
     """The store of one encoder recipe: ``<cache>/<encoder>/images-<recipe key>/``."""
 
-    def __init__(self, cache_dir: str | Path, encoder, extra: dict | None = None):
+    def __init__(self, cache_dir: str | Path, encoder, extra: dict | None = None, decode: str = DEFAULT_DECODE):
         self.cache_dir = Path(cache_dir)
-        self.fields = recipe_fields(encoder, extra)
+        self.decode = decode
+        self.fields = recipe_fields(encoder, extra, decode)
         self.key = cache_key(self.fields)
         self.encoder_dir = self.cache_dir / _safe_name(str(self.fields["encoder"]))
         self.folder = self.encoder_dir / f"images-{self.key}"
@@ -355,7 +358,7 @@ class Recipe:
         ``adopted-<key>.ids.parquet`` (kept in memory on a read-only cache)."""
         if not self.encoder_dir.is_dir():
             return None
-        want = {k: v for k, v in cache_key_fields(encoder, manifest, root).items()
+        want = {k: v for k, v in cache_key_fields(encoder, manifest, root, self.decode).items()
                 if k not in ("package_version", "library_versions", "image_root")}
         here = str(Path(root).resolve())
         for meta_path in sorted(self.encoder_dir.glob("*/meta.json")):

@@ -46,7 +46,7 @@ from ..core.versions import VERSION_POLICIES
 from ..data import cards, prepared
 from ..data import manifest as mf
 from ..data.csv_manifest import no_findings_reason
-from ..data.images import BAD_IMAGE_POLICIES
+from ..data.images import BAD_IMAGE_POLICIES, DEFAULT_DECODE, check_decode
 from ..data.sample import fixed_sample
 from ..encoders import generic
 from ..methods.run import score_and_save
@@ -91,6 +91,7 @@ class ExtractOptions:
     device: str
     allow_remote_code: bool
     on_version_change: str = "reuse"
+    decode: str = DEFAULT_DECODE
 
 
 @dataclass(frozen=True)
@@ -357,7 +358,8 @@ def _extract_options(cfg: DictConfig, here: bool = True) -> ExtractOptions:
                           num_shards=count("num_shards", x.get("num_shards", 1), 1),
                           shard=count("shard", x.get("shard", 0), 0),
                           device=check_device(str(cfg.device)) if here else str(cfg.device),
-                          allow_remote_code=bool(cfg.security.allow_remote_code), on_version_change=versions)
+                          allow_remote_code=bool(cfg.security.allow_remote_code), on_version_change=versions,
+                          decode=check_decode(str(OmegaConf.select(cfg, "extract.decode", default=DEFAULT_DECODE))))
 
 
 #: the keys of the ``stage`` node (:func:`robustbench_fm.cli.configstore.stage_node`); its ``params``
@@ -557,7 +559,7 @@ def embedder(job: Plan) -> Embedder:
     return Embedder(job.paths.cache_dir, device=x.device, batch_size=x.batch_size, num_workers=x.num_workers,
                     shard_size=x.shard_size, on_bad_image=x.on_bad_image, num_shards=x.num_shards, shard=x.shard,
                     allow_remote_code=x.allow_remote_code, options={name: options}, resolution=job.resolution,
-                    prepared_dir=job.paths.prepared_dir, on_version_change=x.on_version_change)
+                    prepared_dir=job.paths.prepared_dir, on_version_change=x.on_version_change, decode=x.decode)
 
 
 def encoder_options(job: Plan) -> tuple[str, EncoderOptions]:

@@ -55,6 +55,9 @@ def test_the_extraction_service_and_the_stage_context_are_built_from_the_plan_al
     assert (service.resolution, service.prepared_dir, service.allow_remote_code) == (224, p.paths.prepared_dir, False)
     assert service.batch_size_of("planted_sharp") == 3 and service.batch_size_of("planted_blur") == 7
     assert job.encoder_options(p)[0] == "planted_sharp"
+    assert service.decode == p.extract.decode == "scaled"  # configs/config.yaml: extract.decode
+    exact = job.plan(_compose(tmp_path, [*OVERRIDES, "extract.decode=exact"]), OVERRIDES)
+    assert exact.extract.decode == job.embedder(exact).decode == "exact"
 
 
 def test_a_bring_your_own_features_plan_names_the_users_files(tmp_path):
@@ -118,6 +121,7 @@ from robustbench_fm.core.errors import InvalidSetting  # noqa: E402
     ("extract.shard_size=abc", "extract.shard_size='abc': use a whole number >= 1"),
     ("extract.num_workers=-1", "extract.num_workers=-1: use a whole number >= 0"),
     ("extract.on_bad_image=maybe", "extract.on_bad_image='maybe': use error or skip"),
+    ("extract.decode=fast", "extract.decode='fast': use scaled"),
     ("resolution=abc", "resolution='abc': use native"),
 ])
 def test_a_bad_extraction_setting_is_the_users_error_named_by_its_key_before_any_data_is_read(tmp_path, override,
