@@ -246,6 +246,32 @@ def draft_scale(size: tuple[int, int], need: Need | None, margins: tuple[int, in
     return 1
 
 
+def scale_groups(image_root: str | Path, row: dict, needs: list[Need | None]) -> list[tuple[Need | None, list[int]]]:
+    """The positions of ``needs`` grouped by the DCT scale each gives the row's image (its header
+    only is read), each group with a representative need: reading the image once per group with
+    that need gives every member exactly what its own need gives (a panel decodes an image once
+    per distinct scale its encoders need). A file that is not a JPEG, or cannot be opened here
+    (the reader reports it), is one group."""
+    everyone = list(range(len(needs)))
+    if len(set(needs)) <= 1:
+        return [(needs[0] if needs else None, everyone)]
+    rel = str(row["path"]).partition("#")[0]
+    file = Path(image_root) / rel
+    if file.suffix.lower() in (*HDF5_SUFFIXES, ".npz", ".parquet"):
+        return [(needs[0], everyone)]
+    try:
+        with Image.open(file) as im:
+            if im.format != "JPEG":
+                return [(needs[0], everyone)]
+            size = im.size
+    except Exception:  # noqa: BLE001  (the reader raises it, with the row named)
+        return [(needs[0], everyone)]
+    groups: dict[int, list[int]] = {}
+    for k, need in enumerate(needs):
+        groups.setdefault(draft_scale(size, need, _margins(row)), []).append(k)
+    return [(needs[ks[0]], ks) for ks in groups.values()]
+
+
 def _read_pillow(file: Path, need: Need | None = None, margins=(0, 0, 0, 0)) -> tuple[Image.Image, int, tuple]:
     """(the image, the DCT scale it was decoded at, the full size the crop refers to). The file
     is closed on return; a loaded image needs no copy (its pixels live in memory, not in the file)."""

@@ -19,11 +19,12 @@ needs, and an encoder sees only its own rows. Each encoder's entry lock is held 
 encoder whose entry another process is filling is left out of the pass and then waits for that
 process (a pass of its own that waits for the lock).
 
-Scaled JPEG decoding (``decode="scaled"``, the default, with the default reader; issue 44): the
-encoders are grouped by their resize's need (:func:`_decode_groups`) and each group is one pass
-whose reader decodes a JPEG at the DCT scale that group needs
-(:func:`robustbench_fm.data.images.draft_scale`), so an encoder's pixels never depend on which
-encoders share its pass; a panel of one need (the usual CANDOR panel at 224 px) is one pass.
+Scaled JPEG decoding (``decode="scaled"``, the default, with the default reader; issue 44): each
+encoder's JPEGs are decoded at the DCT scale its own resize needs
+(:func:`robustbench_fm.data.images.draft_scale`), so its pixels never depend on which encoders
+share the pass; the worker decodes an image once per distinct scale among the encoders that need
+it (:func:`robustbench_fm.data.images.scale_groups`: one decode when they agree, as 224-256 px
+encoders do on a 2,048 px film).
 
 Memory is bounded as for one encoder: a decoded image lives only while the worker transforms it
 (with at most :data:`LANES` - 1 others, the films resized together); in flight are the workers'
@@ -76,7 +77,7 @@ from torchvision.transforms import v2 as T
 from ..core.devices import usable_cores
 from ..core.errors import InvalidSetting
 from ..core.locking import FileLock, LockTimeout, acquire_waiting, who_holds
-from ..data.images import DEFAULT_DECODE, check_decode, need_of
+from ..data.images import DEFAULT_DECODE, check_decode, need_of, scale_groups
 from ..encoders.base import _LongestSidePad, _ToMode
 from .cache import FeatureCache
 from .extract import (
@@ -272,39 +273,53 @@ class _PanelDataset(Dataset):
     :class:`_RowsDataset` (same messages, so ``skipped.csv`` is the same)."""
 
     def __init__(self, records: list[dict], image_root, transforms: list, plans: list, modes: list[str | None],
-                 reader: Reader):
+                 reader: Reader, needs: list | None = None):
         self.rows = _RowsDataset(records, image_root, None, reader)
         self.transforms, self.plans, self.modes = transforms, plans, modes
+        self.needs = needs  # per job: the decode its resize needs (scaled decoding), None: one plain read
 
     def __len__(self):
         return len(self.rows)
 
+    def _split(self, i: int, jobs: tuple) -> list[tuple[tuple, object]]:
+        """[(jobs, need)]: the row's jobs grouped by the decode they need (one group without needs)."""
+        if self.needs is None or len(jobs) < 2:
+            return [(tuple(jobs), None if self.needs is None or not jobs else self.needs[jobs[0]])]
+        groups = scale_groups(self.rows.image_root, self.rows.records[i], [self.needs[j] for j in jobs])
+        return [(tuple(jobs[k] for k in ks), need) for need, ks in groups]
+
     def __getitem__(self, item):
         i, jobs = item
-        im, err = self._decode(i)
-        return (i, {j: (None, err) for j in jobs}) if im is None else self._transform(i, jobs, im, {})
+        out = {}
+        for sub, need in self._split(i, jobs):
+            im, err = self._decode(i, need)
+            out.update({j: (None, err) for j in sub} if im is None else self._transform(i, sub, im, {})[1])
+        return i, out
 
     def __getitems__(self, items: list) -> list:
-        """A decode chunk (DataLoader's batched fetch): its rows :data:`LANES` at a time, grey
-        films of one size resized together (:func:`_packed_geometry`); memory holds at most
-        :data:`LANES` decoded films."""
-        out = []
-        for a in range(0, len(items), LANES):
-            part = items[a:a + LANES]
-            decoded = [self._decode(i) for i, _ in part]
+        """A decode chunk (DataLoader's batched fetch): its decodes (a row's, or one per distinct
+        scale its jobs need) :data:`LANES` at a time, grey films of one size resized together
+        (:func:`_packed_geometry`); memory holds at most :data:`LANES` decoded films."""
+        merged: dict[int, dict] = {i: {} for i, _ in items}
+        flat = [(i, sub, need) for i, jobs in items for sub, need in self._split(i, jobs)]
+        for a in range(0, len(flat), LANES):
+            part = flat[a:a + LANES]
+            decoded = [self._decode(i, need) for i, _, need in part]
             shared: list[dict] = [{} for _ in part]
-            self._pack_lanes(part, decoded, shared)
-            for (i, jobs), (im, err), sh in zip(part, decoded, shared):
-                out.append((i, {j: (None, err) for j in jobs}) if im is None else self._transform(i, jobs, im, sh))
+            self._pack_lanes([(i, sub) for i, sub, _ in part], decoded, shared)
+            for (i, sub, _), (im, err), sh in zip(part, decoded, shared):
+                merged[i].update({j: (None, err) for j in sub} if im is None else self._transform(i, sub, im, sh)[1])
             del decoded, shared
-        return out
+        return [(i, merged[i]) for i, _ in items]
 
-    def _decode(self, i: int):
-        """-> (image, None) or (None, error)."""
+    def _decode(self, i: int, need=None):
+        """-> (image, None) or (None, error); ``need``: read at the DCT scale it gives (scaled decoding)."""
         rows = self.rows
         record = rows.records[i]
         try:
-            return occlude_row(rows.reader(rows.image_root, record), record), None
+            im = rows.reader(rows.image_root, record) if need is None else rows.reader(rows.image_root, record,
+                                                                                       need=need)
+            return occlude_row(im, record), None
         except MemoryError:
             raise
         except Exception as exc:  # noqa: BLE001  (reported in the main process, one line)
@@ -483,7 +498,8 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
     ``entries``: (folder, key fields) per encoder of the entries to fill instead of the manifest's
     own (chunks of the per-image store, :mod:`.store`).
     ``decode``: ``"scaled"`` (default reader only): each encoder's JPEGs decoded at the DCT scale
-    its own resize needs (:func:`_decode_groups`), keyed (``"decode"`` in its key fields).
+    its own resize needs, once per distinct scale (module docstring), keyed (``"decode"`` in its
+    key fields).
     """
     t0 = time.perf_counter()
     check_decode(decode)
@@ -550,9 +566,9 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
             else:
                 log.info("cache hit: %d rows, 0 forward passes (%s)", len(ids), job.cache.path)
         try:
-            for group, group_reader in _decode_groups(active, reader, own_reader and decode == "scaled"):
-                _pass(group, manifest, ids, image_root, group_reader, num_workers, progress, on_bad_image,
-                      flush_seconds, _stats if _stats is not None else {})
+            if active:
+                _pass(active, manifest, ids, image_root, reader, num_workers, progress, on_bad_image, flush_seconds,
+                      _stats if _stats is not None else {}, scaled=own_reader and decode == "scaled")
         except KeyboardInterrupt as exc:
             if isinstance(exc, ExtractionInterrupted):
                 raise
@@ -580,27 +596,17 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
     return out
 
 
-def _decode_groups(jobs: list[_Job], reader, scaled: bool) -> list[tuple[list[_Job], object]]:
-    """The passes of a panel: one with ``reader`` for every job, or with scaled decoding one per
-    distinct resize need (:func:`robustbench_fm.data.images.need_of` of each encoder's
-    preprocessing), read with the default reader (``reader``) at that need. An encoder's JPEGs are decoded at
-    the DCT scale its own resize needs, whichever encoders share the pass, so its entry is the one
-    a single-encoder extraction writes, byte for byte; encoders with the same need share one
-    decode (issue 44: decoding once at the largest need would make an entry's pixels depend on
-    the panel)."""
-    if not jobs:
-        return []
-    if not scaled:
-        return [(jobs, reader)]
-    groups: dict = {}
+def _needs(jobs: list[_Job]) -> list:
+    """Each job's decode need (:func:`robustbench_fm.data.images.need_of` of its encoder's preprocessing)."""
+    out = []
     for job in jobs:
         p = job.encoder.spec.preprocessing()
-        groups.setdefault(need_of(p["resize"], p["input_size"], p["resize_size"]), []).append(job)
-    return [(group, functools.partial(reader, need=need)) for need, group in groups.items()]
+        out.append(need_of(p["resize"], p["input_size"], p["resize_size"]))
+    return out
 
 
 def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root, reader, num_workers: int,
-          progress: bool, on_bad_image: str, flush_seconds: float | None, stats: dict) -> None:
+          progress: bool, on_bad_image: str, flush_seconds: float | None, stats: dict, scaled: bool = False) -> None:
     """One decode pass filling every job's missing shards; ``stats`` gets the main process's
     seconds: ``wait`` (for the workers' next chunk), ``collate`` (batch + tail), ``forward``,
     ``write`` (shard writer)."""
@@ -622,7 +628,7 @@ def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root,
         job.plan = None if steps is None else _HostPlan(*steps)
     chunk = max(job.batch_size for job in jobs)
     dataset = _PanelDataset(records, image_root, [j.encoder.transform for j in jobs], [j.plan for j in jobs],
-                            [j.mode for j in jobs], reader)
+                            [j.mode for j in jobs], reader, _needs(jobs) if scaled else None)
     chunks = _Chunks(need, chunk, list(jobs[0].batches) if len(jobs) == 1 else None)
     cpu = all(job.encoder.device.type == "cpu" for job in jobs)
     loader = DataLoader(dataset, batch_sampler=chunks, num_workers=num_workers, collate_fn=_pack,

@@ -109,8 +109,9 @@ def test_the_embedder_keys_the_decode_and_exact_reads_full_size(tmp_path):
 
 def test_a_panel_decodes_each_encoder_at_its_own_scale(tmp_path, monkeypatch):
     """Two encoders with different needs in one panel call: each entry is byte-identical to its
-    single-encoder extraction (the scale does not depend on the panel), and the larger one's
-    images were never decoded below its target."""
+    single-encoder extraction (the scale does not depend on the panel), the larger one's images
+    were never decoded below its target, and encoders whose needs agree on an image's scale share
+    one decode of it."""
     m = _films(tmp_path / "d")
     small = tiny_encoder(weights_id="s", name="small", input_size=48, resize="squash")
     large = tiny_encoder(weights_id="l", name="large", input_size=300, resize_size=320)
@@ -130,6 +131,13 @@ def test_a_panel_decodes_each_encoder_at_its_own_scale(tmp_path, monkeypatch):
     assert {n for n, _ in sizes} == {Need(short=48), Need(short=320)}
     assert all(side >= n.short for n, side in sizes)
     assert any(side < 500 for n, side in sizes if n == Need(short=48))  # the small one's decode was scaled
+    # encoders whose needs give an image the same scale share one read of it
+    sizes.clear()
+    mid = tiny_encoder(weights_id="m", name="mid", input_size=40, resize="squash")
+    monkeypatch.setattr(extract_mod, "default_reader", reader)
+    extract_panel([small, mid], m, tmp_path / "d", tmp_path / "p2", batch_size=4, progress=False)
+    monkeypatch.undo()
+    assert len(sizes) == len(m)  # 48 and 40 px: 1/4 of these films for both, one decode each
     for enc, got in zip([small, large], panel):
         alone = extract(enc, m, tmp_path / "d", tmp_path / f"alone-{enc.spec.name}", batch_size=4, progress=False)
         assert alone.key == got.key and got.fields["decode"] == "scaled"
