@@ -32,6 +32,15 @@ grey -> RGB, shorter side 224 + centre crop, bicubic; ``conv_grey_384``: 384 px 
 ``conv_rgb_256_squash``: squash to 256). Any registry names can be given with ``--models``.
 
     python scripts/bench_panel.py --n 2000 --size 2048 --out benchmarks/cpu2/panel.json
+
+``--compare-decode`` (issue 44) measures instead, in one run, full-size and scaled JPEG decoding
+(``decode="exact"`` / ``"scaled"``, :func:`robustbench_fm.data.images.draft_scale`) side by side:
+images/s of the panel (``extract_panel``, cold caches) and of the prepared-image store at 224 px
+(``prepare``), the runs alternating exact, scaled, exact, scaled (``--rounds``) so the machine's
+load hits both alike, and the worker's per-image profile under each (file read + decode, the
+geometries, packing; the main process's wait, collate + tail, forwards, writes):
+
+    python scripts/bench_panel.py --compare-decode --n 200 --size 2048 --out benchmarks/cpu2/panel_decode.json
 """
 from __future__ import annotations
 
@@ -149,17 +158,20 @@ def pass_seconds(manifest: pd.DataFrame, root: Path, transform, batch_size: int,
     return time.perf_counter() - t0
 
 
-def profile_worker(manifest: pd.DataFrame, root: Path, panel, n: int, batch_size: int) -> dict:
+def profile_worker(manifest: pd.DataFrame, root: Path, panel, n: int, batch_size: int, decode: str = "exact") -> dict:
     """Milliseconds per image of the panel worker's work, in this process with one thread: the
     decode alone, then the worker's whole fetch of each chunk (decode + every distinct geometry
     of the panel, grey films packed as in the pass: :meth:`_PanelDataset.__getitems__`), and
-    packing a chunk for the main process (:func:`_pack`); ``geometries`` is their difference."""
-    from robustbench_fm.features.engine.panel import _HostPlan, _pack, _PanelDataset, _standard_steps
+    packing a chunk for the main process (:func:`_pack`); ``geometries`` is their difference.
+    ``decode="scaled"``: each image read once per distinct DCT scale its encoders need, as the
+    panel's pass does (:meth:`robustbench_fm.features.engine.panel._PanelDataset._split`)."""
+    from robustbench_fm.features.engine.panel import _HostPlan, _needs, _pack, _PanelDataset, _standard_steps
     from robustbench_fm.features.engine.rows import _one_thread, default_reader
 
     plans = [None if (st := _standard_steps(e.transform)) is None else _HostPlan(*st) for e in panel]
+    needs = _needs([type("J", (), {"encoder": e})() for e in panel]) if decode == "scaled" else None
     records = manifest.iloc[:n].to_dict("records")
-    ds = _PanelDataset(records, root, [e.transform for e in panel], plans, [None] * len(panel), default_reader)
+    ds = _PanelDataset(records, root, [e.transform for e in panel], plans, [None] * len(panel), default_reader, needs)
     jobs = tuple(range(len(panel)))
     t = {"decode": 0.0, "decode + geometries": 0.0, "pack": 0.0}
     with _one_thread(True):
@@ -167,7 +179,8 @@ def profile_worker(manifest: pd.DataFrame, root: Path, panel, n: int, batch_size
             rows = range(a, min(a + batch_size, len(records)))
             t0 = time.perf_counter()
             for i in rows:
-                default_reader(root, records[i])
+                for _, need in ds._split(i, jobs):
+                    ds._decode(i, need)
             t1 = time.perf_counter()
             items = ds.__getitems__([(i, jobs) for i in rows])
             t2 = time.perf_counter()
@@ -193,7 +206,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--profile-n", type=int, default=200, help="films the worker profile reads")
     ap.add_argument("--films", default=None, help="folder keeping the films between runs (default: a temporary one)")
     ap.add_argument("--out", default="outputs/bench/panel.json")
+    ap.add_argument("--compare-decode", action="store_true",
+                    help="only compare exact vs scaled JPEG decoding (panel and prepared store, images/s)")
+    ap.add_argument("--rounds", type=int, default=2, help="--compare-decode: exact/scaled rounds, alternating")
     args = ap.parse_args(argv)
+    if args.compare_decode:
+        return compare_decode(args)
 
     from robustbench_fm import encoders
     from robustbench_fm.features import extract
@@ -214,16 +232,8 @@ def main(argv=None) -> dict:
               "load_average_before": [round(v, 2) for v in os.getloadavg()]}
     with tempfile.TemporaryDirectory(prefix="bench_panel_") as tmp:
         tmp = Path(tmp)
-        root = Path(args.films) / f"{args.size}px" if args.films else tmp / "data"
-        done = root / "films_written.txt"  # how many films the folder holds (written with seed 0)
         t0 = time.perf_counter()
-        if done.exists() and int(done.read_text()) >= args.n:
-            manifest = pd.DataFrame({"sample_id": [f"f{i:06d}" for i in range(args.n)],
-                                     "path": [f"img/{i:06d}.jpg" for i in range(args.n)]})
-        else:
-            manifest = write_films(root, args.n, args.size)
-            if args.films:
-                done.write_text(f"{args.n}\n")
+        root, manifest = films(args, tmp)
         result["image_write_seconds"] = round(time.perf_counter() - t0, 1)
         panel = [load_encoder(n, device) for n in names]
         result["profile_ms_per_image"] = {"worker (one thread, this process)": profile_worker(
@@ -285,6 +295,76 @@ def main(argv=None) -> dict:
         result["load_average_after"] = [round(v, 2) for v in os.getloadavg()]
         if not all(identical.values()):
             raise SystemExit(f"bench_panel: panel entries differ from single-encoder entries: {identical}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    return result
+
+
+def films(args, tmp: Path) -> tuple[Path, pd.DataFrame]:
+    """``(root, manifest)`` of ``args.n`` films of ``args.size`` px: under ``--films`` (reused when
+    the folder already holds as many, written with seed 0), else written under ``tmp``."""
+    root = Path(args.films) / f"{args.size}px" if args.films else tmp / "data"
+    done = root / "films_written.txt"  # how many films the folder holds (written with seed 0)
+    if done.exists() and int(done.read_text()) >= args.n:
+        return root, pd.DataFrame({"sample_id": [f"f{i:06d}" for i in range(args.n)],
+                                   "path": [f"img/{i:06d}.jpg" for i in range(args.n)]})
+    manifest = write_films(root, args.n, args.size)
+    if args.films:
+        done.write_text(f"{args.n}\n")
+    return root, manifest
+
+
+def compare_decode(args) -> dict:
+    """``--compare-decode``: exact vs scaled decoding, panel and prepared store, one run (module docstring)."""
+    from robustbench_fm import encoders
+    from robustbench_fm.data import prepared
+    from robustbench_fm.features.engine.panel import default_panel_workers, extract_panel
+
+    device = encoders.resolve_device(args.device)
+    workers = default_panel_workers(device) if args.num_workers == "auto" else int(args.num_workers)
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    result = {"n_images": args.n, "image_size": args.size, "image_format": "JPEG, grey (L), quality 90",
+              "models": names, "batch_size": args.batch_size, "num_workers": workers, "rounds": args.rounds,
+              "device": str(device), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+              "load_average_before": [round(v, 2) for v in os.getloadavg()]}
+    times: dict = {k: [] for k in ("panel_exact", "panel_scaled", "prepare_exact", "prepare_scaled")}
+    stats: dict = {"exact": {}, "scaled": {}}
+    with tempfile.TemporaryDirectory(prefix="bench_panel_decode_") as tmp:
+        tmp = Path(tmp)
+        root, manifest = films(args, tmp)
+        panel = [load_encoder(n, device) for n in names]
+        result["profile_ms_per_image"] = {
+            d: {"worker (one thread, this process)": profile_worker(manifest, root, panel,
+                                                                     min(args.profile_n, args.n), args.batch_size, d)}
+            for d in ("exact", "scaled")}
+        for r in range(args.rounds):
+            for d in ("exact", "scaled"):
+                st: dict = {}
+                t = time.perf_counter()
+                extract_panel(panel, manifest, root, tmp / f"panel-{d}-{r}", batch_size=args.batch_size,
+                              num_workers=workers, shard_size=args.shard_size, progress=False, read=False,
+                              _stats=st, decode=d)
+                times[f"panel_{d}"].append(time.perf_counter() - t)
+                for k, v in st.items():
+                    stats[d][k] = stats[d].get(k, 0.0) + v
+                t = time.perf_counter()
+                prepared.prepare(manifest, root, tmp / f"prep-{d}-{r}", 224, workers=workers, progress=False,
+                                 decode=d)
+                times[f"prepare_{d}"].append(time.perf_counter() - t)
+                print(f"round {r} {d}: panel {times[f'panel_{d}'][-1]:.1f} s, "
+                      f"prepare {times[f'prepare_{d}'][-1]:.1f} s", flush=True)
+    n = args.n
+    for d in ("exact", "scaled"):
+        result["profile_ms_per_image"][d]["main process (panel runs)"] = {
+            k: round(1e3 * v / (n * args.rounds), 2) for k, v in stats[d].items()}
+    result["seconds"] = {k: [round(v, 2) for v in vs] for k, vs in times.items()}
+    result["images_per_s"] = {k: round(n * len(vs) / sum(vs), 1) for k, vs in times.items()}
+    result["speedup_scaled_over_exact"] = {
+        "panel": round(sum(times["panel_exact"]) / sum(times["panel_scaled"]), 2),
+        "prepare_224": round(sum(times["prepare_exact"]) / sum(times["prepare_scaled"]), 2)}
+    result["load_average_after"] = [round(v, 2) for v in os.getloadavg()]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

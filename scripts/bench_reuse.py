@@ -104,7 +104,7 @@ def main() -> None:
         finally:
             phase[0] = "native"
 
-    def counting_read(image_root, row):
+    def counting_read(image_root, row, need=None):
         rel, _, locator = str(row["path"]).partition("#")
         file = Path(image_root) / rel
         prepared = "prepared" in file.parts
@@ -114,7 +114,7 @@ def main() -> None:
             crop = tuple(row.get(c) for c in images_mod.CROP_COLUMNS)
             sources.add((content[file], locator, repr(crop), phase[0]))
         decodes["prepared copy" if prepared else "source"] += 1
-        return real_read(image_root, row)
+        return real_read(image_root, row, need)
 
     extract_mod.embed_full_batch = panel_mod.embed_full_batch = counting_embed
     extract_mod.read_image = prepared_mod.read_image = counting_read

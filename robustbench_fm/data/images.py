@@ -28,12 +28,35 @@ the 20-px copyright banner of FGVC-Aircraft (catalog 1.3).
 
 The result is mode ``'L'`` for single-channel data and ``'RGB'`` for colour (alpha dropped,
 palette expanded); the encoder's own transform converts channels to what it expects.
+
+Scaled decoding (``decode="scaled"``, the default; issue 44, docs/datasets.md "Scaled decoding"):
+a caller that resizes the image down anyway passes ``need`` (:class:`Need`: the pixels its resize
+must start from, :func:`need_of` an encoder's preprocessing or the prepared store's side). A
+JPEG is then decoded by libjpeg directly at 1/2, 1/4 or 1/8 scale in the DCT domain (Pillow's
+``Image.draft``): the largest scale that still leaves at least :data:`REDUCING_GAP` x ``need`` on
+the side the resize uses (:func:`draft_scale`), so the final resize starts from at least twice
+the pixels it writes and its own antialiasing filter, not libjpeg's reduced IDCT, shapes the
+result (Pillow's ``Image.thumbnail`` drafts with the same ``reducing_gap=2.0``). Measured: with
+a gap of 1 the final resize of a 512 px photograph drafted to 256 px is nearly the identity and
+differs from the exact path by up to 43 grey levels (mean 1.5) on sharp edges; with the gap of 2
+by at most 2 levels on films (mean under 0.35; ``benchmarks/cpu2/decode.json``). A scale is used
+only when the edges of the region kept (the whole image, or the crop box: crop margins are
+full-resolution pixels) fall on its block grid, so the decode covers exactly the source pixels
+the exact path keeps: libjpeg's last row/column of blocks of a side not divisible by the scale
+covers a partial block yet is one pixel wide, which shifts the geometry by up to half a decoded
+pixel (measured: up to 20 grey levels after the resize on a 2,048 x 2,500 film at 1/8, against
+3 at 1/4, which divides 2,500). The check applies to the cropped size. Every other format, and
+``need=None`` (``decode="exact"``), decodes at full size: exactly today's pixels. A scaled
+decode changes pixels (by a grey level or two after the resize), so it is part of every recipe
+it feeds (the feature key, the prepared store's key) and entries made either way never mix.
 """
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -55,6 +78,16 @@ MIN_IMAGE_SIDE = 16
 CROP_COLUMNS = ("crop_left", "crop_top", "crop_right", "crop_bottom")
 HDF5_SUFFIXES = (".h5", ".hdf5")
 DICOM_SUFFIXES = (".dcm", ".dicom")
+
+#: how a JPEG that is resized smaller is decoded (``extract.decode``; module docstring): "scaled"
+#: at the largest DCT scale that leaves the resize's target, "exact" at full size (the pixels of
+#: every release before issue 44)
+DECODE_MODES = ("scaled", "exact")
+DEFAULT_DECODE = "scaled"
+#: libjpeg's scaled decodes that Pillow's ``draft`` exposes, largest reduction first
+DRAFT_SCALES = (8, 4, 2)
+#: a scaled decode keeps at least this many times the resize's target (Pillow's thumbnail default)
+REDUCING_GAP = 2
 
 _h5_files: dict[str, object] = {}
 _h5_pid: int | None = None
@@ -152,15 +185,119 @@ def _read_dicom(file: Path, force: bool = False) -> Image.Image:
     return Image.fromarray(np.ascontiguousarray(out))
 
 
-def _read_pillow(file: Path) -> Image.Image:
+@dataclass(frozen=True)
+class Need:
+    """The pixels a resize must start from: at least ``short`` px on the decoded image's short
+    side and ``long`` px on its long side (0: no demand)."""
+
+    short: int = 0
+    long: int = 0
+
+
+def check_decode(decode: str, key: str = "extract.decode") -> str:
+    """``decode`` when it is one of :data:`DECODE_MODES`, else a one-line error naming ``key``."""
+    if decode not in DECODE_MODES:
+        raise InvalidSetting(f"{key}={decode!r}: use scaled (JPEGs decoded at the scale the resize needs, the "
+                             "default) or exact (full-size decode: the pixels of earlier releases)")
+    return decode
+
+
+def decode_fields(decode: str = DEFAULT_DECODE) -> dict:
+    """A decode mode as key fields, for every key that depends on it (the feature store's recipe,
+    :func:`robustbench_fm.features.recipe.recipe_fields`; the prepared-image store's key):
+    ``{"decode": "scaled"}``; none for ``exact``, so an exact entry keeps the key of an entry made
+    before scaled decoding existed (and is found by it)."""
+    return {} if check_decode(decode) == "exact" else {"decode": decode}
+
+
+def need_of(resize: str, input_size: int, resize_size: int | None = None) -> Need:
+    """What an encoder's resize (``EncoderSpec.preprocessing()``: ``resize``, ``input_size``,
+    ``resize_size``) needs: ``squash`` and the prepared store's S x S both sides >= S (short side);
+    ``shorter_center_crop`` the short side >= the resize size; ``longest_pad`` the long side >= S."""
+    if resize == "longest_pad":
+        return Need(long=int(input_size))
+    if resize == "squash":
+        return Need(short=int(input_size))
+    return Need(short=int(resize_size or input_size))
+
+
+def combine(needs: Iterable[Need | None]) -> Need | None:
+    """The decode that serves every need (a panel decodes once for all its encoders): the largest
+    demand per side; None when any caller needs the full image (or there is none)."""
+    needs = list(needs)
+    if not needs or any(n is None for n in needs):
+        return None
+    return Need(short=max(n.short for n in needs), long=max(n.long for n in needs))
+
+
+def _margins(row: dict) -> tuple[int, int, int, int]:
+    return tuple(0 if (m := row.get(c)) is None or (isinstance(m, float) and math.isnan(m)) else int(m)
+                 for c in CROP_COLUMNS)
+
+
+def draft_scale(size: tuple[int, int], need: Need | None, margins: tuple[int, int, int, int] = (0, 0, 0, 0)) -> int:
+    """The DCT scale (8, 4, 2, else 1) to decode a ``size`` = (w, h) JPEG at for ``need``: the
+    largest whose block grid the kept region's four edges lie on (the image's edges, or those of
+    the crop ``margins``: left, top, right, bottom in full-resolution pixels) and whose decode of
+    that region still has at least :data:`REDUCING_GAP` x ``need.short`` px on its short side and
+    :data:`REDUCING_GAP` x ``need.long`` on its long side."""
+    if need is None:
+        return 1
+    w, h = (int(v) for v in size)
+    left, top, right, bottom = (int(m) for m in margins)
+    for d in DRAFT_SCALES:
+        if left % d or top % d or (w - right) % d or (h - bottom) % d:
+            continue
+        cw, ch = (w - left - right) // d, (h - top - bottom) // d
+        if min(cw, ch) >= max(REDUCING_GAP * need.short, 1) and max(cw, ch) >= REDUCING_GAP * need.long:
+            return d
+    return 1
+
+
+def scale_groups(image_root: str | Path, row: dict, needs: list[Need | None]) -> list[tuple[Need | None, list[int]]]:
+    """The positions of ``needs`` grouped by the DCT scale each gives the row's image (its header
+    only is read), each group with a representative need: reading the image once per group with
+    that need gives every member exactly what its own need gives (a panel decodes an image once
+    per distinct scale its encoders need). A file that is not a JPEG, or cannot be opened here
+    (the reader reports it), is one group."""
+    everyone = list(range(len(needs)))
+    if len(set(needs)) <= 1:
+        return [(needs[0] if needs else None, everyone)]
+    rel = str(row["path"]).partition("#")[0]
+    file = Path(image_root) / rel
+    if file.suffix.lower() in (*HDF5_SUFFIXES, ".npz", ".parquet"):
+        return [(needs[0], everyone)]
+    try:
+        with Image.open(file) as im:
+            if im.format != "JPEG":
+                return [(needs[0], everyone)]
+            size = im.size
+    except Exception:  # noqa: BLE001  (the reader raises it, with the row named)
+        return [(needs[0], everyone)]
+    groups: dict[int, list[int]] = {}
+    for k, need in enumerate(needs):
+        groups.setdefault(draft_scale(size, need, _margins(row)), []).append(k)
+    return [(needs[ks[0]], ks) for ks in groups.values()]
+
+
+def _read_pillow(file: Path, need: Need | None = None, margins=(0, 0, 0, 0)) -> tuple[Image.Image, int, tuple]:
+    """(the image, the DCT scale it was decoded at, the full size the crop refers to). The file
+    is closed on return; a loaded image needs no copy (its pixels live in memory, not in the file)."""
     with Image.open(file) as im:
+        full = im.size
+        d = draft_scale(im.size, need, margins) if need is not None and im.format == "JPEG" else 1
+        if d > 1:
+            w, h = im.size
+            im.draft(im.mode, (w // d, h // d))  # Pillow picks d: w // (w // d) lies in [d, 2d)
+            if im.size != (-(-w // d), -(-h // d)):
+                raise RuntimeError(f"{file}: Pillow decoded {im.size} at scale 1/{d} of {w}x{h}")
         im.load()
-        return _l_or_rgb(im, file)
+        return _l_or_rgb(im, file, copy=False), d, full
 
 
-def _l_or_rgb(im: Image.Image, file: Path) -> Image.Image:
+def _l_or_rgb(im: Image.Image, file: Path, copy: bool = True) -> Image.Image:
     if im.mode in ("L", "RGB"):
-        return im.copy()
+        return im.copy() if copy else im
     if im.mode in ("1", "LA", "La"):
         return im.convert("L")
     if im.mode.startswith("I") or im.mode == "F":
@@ -168,21 +305,22 @@ def _l_or_rgb(im: Image.Image, file: Path) -> Image.Image:
     return im.convert("RGB")
 
 
-def _crop(im: Image.Image, row: dict) -> Image.Image:
-    margins = [row.get(c) for c in CROP_COLUMNS]
-    left, top, right, bottom = (0 if m is None or (isinstance(m, float) and math.isnan(m)) else int(m)
-                                for m in margins)
+def _crop(im: Image.Image, row: dict, scale: int = 1, full: tuple[int, int] | None = None) -> Image.Image:
+    """The row's crop; ``scale`` > 1: ``im`` was decoded at 1/scale of ``full`` = (w, h), and the
+    box (on that block grid, :func:`draft_scale`) is divided by it."""
+    left, top, right, bottom = _margins(row)
     if not (left or top or right or bottom):
         return im
-    w, h = im.size
+    w, h = full if full is not None else im.size
     if left + right >= w or top + bottom >= h:
         raise InvalidSetting(f"crop {left, top, right, bottom} leaves nothing of a {w}x{h} image; "
                              f"fix the {', '.join(CROP_COLUMNS)} columns")
-    return im.crop((left, top, w - right, h - bottom))
+    return im.crop((left // scale, top // scale, (w - right) // scale, (h - bottom) // scale))
 
 
-def read_image(image_root: str | Path, row: dict) -> Image.Image:
-    """The image of manifest ``row`` under ``image_root`` as 'L' or 'RGB' (module docstring)."""
+def read_image(image_root: str | Path, row: dict, need: Need | None = None) -> Image.Image:
+    """The image of manifest ``row`` under ``image_root`` as 'L' or 'RGB' (module docstring);
+    ``need``: a JPEG is decoded at the largest DCT scale that leaves it (scaled decoding)."""
     rel, _, locator = str(row["path"]).partition("#")
     file = Path(image_root) / rel
     suffix = file.suffix.lower()
@@ -197,7 +335,8 @@ def read_image(image_root: str | Path, row: dict) -> Image.Image:
         im = _read_dicom(file)
     else:
         try:
-            im = _read_pillow(file)
+            im, scale, full = _read_pillow(file, need, _margins(row))
+            return _crop(im, row, scale, full)
         except UnidentifiedImageError:
             if suffix not in DICOM_SUFFIXES:
                 raise

@@ -17,7 +17,10 @@ support when it shrinks (antialiased); the aspect ratio is not kept ("stored at 
 and no crop, so nothing of the image is lost); grayscale stays 'L' and colour 'RGB' (each
 encoder's transform converts channels as it does for the originals); stored as lossless PNG, so
 reading it back gives exactly the resized pixels. :func:`prepare_image` is the one home of the
-rule (``scripts/prepare_dataset.py`` uses it too).
+rule (``scripts/prepare_dataset.py`` uses it too). With ``decode="scaled"`` (the default) a JPEG
+is first decoded at the largest DCT scale that leaves at least twice S on both sides
+(:func:`robustbench_fm.data.images.draft_scale`); ``decode="exact"`` decodes it at full size,
+the pixels of a store made before the option existed.
 
 Store layout (content-keyed and resumable like the feature cache,
 :mod:`robustbench_fm.features.cache`)::
@@ -32,7 +35,8 @@ Store layout (content-keyed and resumable like the feature cache,
 ``key``: the first 16 hex digits of the SHA-256 of the canonical JSON of :func:`key_fields`: the
 format version :data:`PREPARE_VERSION`, the size, the resize rule, the resolved image root, the
 hash of the unique source locators in manifest order (``path`` and the crop columns; labels and
-sample_ids do not change pixels), their number and Pillow's version. Bump
+sample_ids do not change pixels), their number, Pillow's version and, for ``decode="scaled"``
+only, ``"decode": "scaled"`` (an exact store keeps the key it had before the field existed). Bump
 :data:`PREPARE_VERSION` when :func:`read_image` or :func:`prepare_image` changes what it returns.
 One image is stored once however many manifest rows (occluded variants, paired subsets) use it.
 
@@ -47,7 +51,8 @@ per-image feature store computes anyway), a complete entry records its sources' 
 :data:`IDENTITIES_NAME`, and a later call whose own entry is not complete finds each source in
 every complete entry of the same recipe (format, size, resize rule, Pillow major): the images
 held are read from there, only the others are decoded, into a new entry of just them, and the
-returned paths are ``<key>/<locator>`` under ``<store_root>/<S>px`` (:func:`held_images`). A
+returned paths are ``<key>/<locator>`` under ``<store_root>/<S>px`` (:func:`held_images`; an
+exact request never finds a scaled entry, nor the reverse). A
 pool, subset, reorder or extension of prepared images, or the same files under another root,
 decodes only what no entry holds (issue 31 item 4). Without ``identities`` a call reads or
 writes its own entry only.
@@ -82,7 +87,15 @@ from ..core.errors import InvalidSetting, UserError
 from ..core.locking import acquire_waiting
 from ..core.shards import META_NAME, SHARD_NAME, ShardedEntry, file_sha256, json_bytes, parquet_bytes
 from ..core.text import one_line
-from .images import BAD_IMAGE_POLICIES, CROP_COLUMNS, check_size, read_image
+from .images import (
+    BAD_IMAGE_POLICIES,
+    CROP_COLUMNS,
+    DEFAULT_DECODE,
+    check_size,
+    decode_fields,
+    need_of,
+    read_image,
+)
 
 log = logging.getLogger("robustbench_fm.data")
 
@@ -167,27 +180,29 @@ def pillow_version() -> str:
     return Image.__version__
 
 
-def key_fields(sources: list[dict], image_root, size: int) -> dict:
+def key_fields(sources: list[dict], image_root, size: int, decode: str = DEFAULT_DECODE) -> dict:
     """What determines the stored pixels (module docstring, "key")."""
     blob = "\x1f".join(s["source"] for s in sources).encode()
     return {"format": PREPARE_VERSION, "size": int(size), "resize": RESIZE_RULE,
             "image_root": str(Path(image_root).resolve()),
             "sources_hash": hashlib.sha256(blob).hexdigest()[:16], "n_images": len(sources),
-            "pillow": pillow_version()}
+            "pillow": pillow_version(), **decode_fields(decode)}
 
 
-def recipe(size: int) -> dict:
+def recipe(size: int, decode: str = DEFAULT_DECODE) -> dict:
     """What turns a source image into its stored copy, without the sources, folder or patch
     versions: the per-image feature store's identity of a prepared image
     (:func:`robustbench_fm.features.store.derived_ids`), and what :func:`held_images` matches."""
     return _recipe_of({"format": PREPARE_VERSION, "size": int(parse_resolution(size)), "resize": RESIZE_RULE,
-                       "pillow": pillow_version()})
+                       "pillow": pillow_version(), **decode_fields(decode)})
 
 
 def _recipe_of(fields: dict) -> dict:
-    """The recipe part of an entry's key fields (:func:`key_fields`)."""
-    return {"format": fields.get("format"), "size": fields.get("size"), "resize": fields.get("resize"),
-            "pillow_major": str(fields.get("pillow", "")).split(".")[0]}
+    """The recipe part of an entry's key fields (:func:`key_fields`); the decode mode only when
+    scaled (an exact entry's recipe is that of a store made before the field existed)."""
+    out = {"format": fields.get("format"), "size": fields.get("size"), "resize": fields.get("resize"),
+           "pillow_major": str(fields.get("pillow", "")).split(".")[0]}
+    return {**out, "decode": fields["decode"]} if "decode" in fields else out
 
 
 def store_key(fields: dict) -> str:
@@ -302,10 +317,11 @@ class Prepared:
 
 
 def _decode(job: tuple) -> tuple[bytes, str]:
-    """(image_root, source record, size) -> (PNG bytes, '') or (b'', 'Type: message')."""
-    image_root, rec, size = job
+    """(image_root, source record, size, decode) -> (PNG bytes, '') or (b'', 'Type: message')."""
+    image_root, rec, size, decode = job
+    need = need_of("squash", size) if decode == "scaled" else None  # S x S: both sides >= S
     try:
-        return encode_png(prepare_image(check_size(read_image(image_root, rec)), size)), ""
+        return encode_png(prepare_image(check_size(read_image(image_root, rec, need)), size)), ""
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001  (reported by the caller, one line)
@@ -324,7 +340,7 @@ def prepare_workers(num_workers, n_images: int) -> int:
 
 def prepare(manifest: pd.DataFrame, image_root: str | Path, store_root: str | Path, size: int,
             shard_size: int = DEFAULT_SHARD_SIZE, workers: int | str = 0, on_bad_image: str = "error",
-            progress: bool = True, identities=None) -> Prepared:
+            progress: bool = True, identities=None, decode: str = DEFAULT_DECODE) -> Prepared:
     """Store every image of ``manifest`` (under ``image_root``) at ``size`` x ``size`` in the
     store under ``store_root`` (writing only what is missing) and return the manifest that reads
     them (module docstring). ``workers`` > 1 decodes in that many forked processes.
@@ -334,6 +350,10 @@ def prepare(manifest: pd.DataFrame, image_root: str | Path, store_root: str | Pa
     :func:`robustbench_fm.features.store.source_ids`). With them the store is found per image
     (module docstring, "Per image"): a source some complete entry of the same recipe already
     holds is read from there, and only the others are decoded, into one new entry.
+
+    ``decode``: ``"scaled"`` (a JPEG decoded at the largest DCT scale that leaves ``size`` px on
+    its short side, :func:`robustbench_fm.data.images.draft_scale`) or ``"exact"`` (full-size
+    decode, the pixels and key of a store made before scaled decoding); keyed, so the two never mix.
     """
     size = parse_resolution(size)
     if size is None:
@@ -343,7 +363,7 @@ def prepare(manifest: pd.DataFrame, image_root: str | Path, store_root: str | Pa
     manifest = manifest.reset_index(drop=True)
     sources, index = source_locators(manifest)
     image_root = Path(image_root)
-    store = PreparedStore(store_root, key_fields(sources, image_root, size), shard_size=shard_size)
+    store = PreparedStore(store_root, key_fields(sources, image_root, size, decode), shard_size=shard_size)
     src_ids = None
     if identities is not None:
         ids = np.asarray(identities, dtype=object)
@@ -352,10 +372,10 @@ def prepare(manifest: pd.DataFrame, image_root: str | Path, store_root: str | Pa
         src_ids = [str(ids[s["first_row"]]) for s in sources]
         hit = not store.missing_shards() and not (on_bad_image == "error" and store.failed())
         if not hit:
-            held = held_images(store_root, size)
+            held = held_images(store_root, size, decode)
             if any(i in held for i in src_ids):
                 return _from_held(manifest, sources, index, src_ids, held, image_root, store_root, size,
-                                  shard_size, workers, on_bad_image, progress)
+                                  shard_size, workers, on_bad_image, progress, decode)
     n_decoded, written = 0, []
     # a complete store is only read (no lock, no write access); "error" mode re-reads failed rows
     if store.missing_shards() or (on_bad_image == "error" and store.failed()):
@@ -363,7 +383,7 @@ def prepare(manifest: pd.DataFrame, image_root: str | Path, store_root: str | Pa
         try:
             store = PreparedStore(store_root, store.fields, shard_size=shard_size)  # what the holder wrote
             n_decoded, written = _fill(store, manifest, sources, image_root, size, workers, on_bad_image, progress,
-                                       lock.refresh)
+                                       lock.refresh, decode)
         finally:
             lock.release()
     failed = store.failed()
@@ -379,13 +399,13 @@ def prepare(manifest: pd.DataFrame, image_root: str | Path, store_root: str | Pa
                     n_decoded=n_decoded, shards_written=written, failed=failed)
 
 
-def held_images(store_root: str | Path, size: int) -> dict[str, str]:
+def held_images(store_root: str | Path, size: int, decode: str = DEFAULT_DECODE) -> dict[str, str]:
     """``{identity: "<key>/<locator>"}`` of the images the complete entries under
     ``<store_root>/<size>px/`` hold for this package's recipe (:func:`recipe`: format, size, resize
-    rule, Pillow major), read from each entry's :data:`IDENTITIES_NAME`; a source that failed to
+    rule, Pillow major, decode mode), read from each entry's :data:`IDENTITIES_NAME`; a source that failed to
     read is left out (it is read again, or skipped again). Entries are read in key order and the
     first holder of an identity wins."""
-    want, out = recipe(size), {}
+    want, out = recipe(size, decode), {}
     for ids_file in sorted((Path(store_root) / f"{int(size)}px").glob(f"*/{IDENTITIES_NAME}")):
         folder = ids_file.parent
         try:
@@ -427,7 +447,7 @@ def _record_identities(store: PreparedStore, src_ids: list[str]) -> None:
 
 
 def _from_held(manifest, sources, index, src_ids, held, image_root, store_root, size, shard_size, workers,
-               on_bad_image, progress) -> Prepared:
+               on_bad_image, progress, decode) -> Prepared:
     """The manifest read from the entries that hold its sources, the sources none holds stored
     first in one new entry of just them (their own :func:`prepare`); paths are
     ``<key>/<locator>`` under ``<store_root>/<size>px``."""
@@ -437,7 +457,8 @@ def _from_held(manifest, sources, index, src_ids, held, image_root, store_root, 
     if todo:
         rows = manifest.iloc[[sources[j]["first_row"] for j in todo]].reset_index(drop=True)
         new = prepare(rows, image_root, store_root, size, shard_size=shard_size, workers=workers,
-                      on_bad_image=on_bad_image, progress=progress, identities=[src_ids[j] for j in todo])
+                      on_bad_image=on_bad_image, progress=progress, identities=[src_ids[j] for j in todo],
+                      decode=decode)
         for k, j in enumerate(todo):
             where[src_ids[j]] = f"{new.key}/{new.manifest['path'].iloc[k]}"
         n_decoded, written, key = new.n_decoded, new.shards_written, new.key
@@ -457,13 +478,13 @@ def _describe(image_root: Path, manifest: pd.DataFrame, src: dict) -> str:
 
 
 def _fill(store: PreparedStore, manifest, sources, image_root: Path, size: int, workers, on_bad_image: str,
-          progress: bool, heartbeat) -> tuple[int, list[int]]:
+          progress: bool, heartbeat, decode: str = DEFAULT_DECODE) -> tuple[int, list[int]]:
     """Write the missing shards (after re-reading failed rows in ``"error"`` mode); (images
     decoded, shards written)."""
     n_decoded = 0
     failed = store.failed() if on_bad_image == "error" else {}
     for j in sorted(failed):  # an earlier skip run's failures: readable now, or stop naming the first
-        _, error = _decode((image_root, sources[j], size))
+        _, error = _decode((image_root, sources[j], size, decode))
         n_decoded += 1
         if error:
             raise PreparedImageError(f"{_describe(image_root, manifest, sources[j])}: cannot read image: {error}")
@@ -487,7 +508,7 @@ def _fill(store: PreparedStore, manifest, sources, image_root: Path, size: int, 
     try:
         for i in missing:
             lo, hi = store.shard_bounds(i)
-            jobs = [(image_root, sources[j], size) for j in range(lo, hi)]
+            jobs = [(image_root, sources[j], size, decode) for j in range(lo, hi)]
             results = pool.map(_decode, jobs, chunksize=8) if pool is not None else [_decode(job) for job in jobs]
             n_decoded += len(jobs)
             if on_bad_image == "error":

@@ -30,7 +30,7 @@ import torch
 from .. import encoders
 from ..core.errors import InvalidSetting
 from ..data import prepared
-from ..data.images import CROP_COLUMNS
+from ..data.images import CROP_COLUMNS, DEFAULT_DECODE
 from ..encoders.options import EncoderOptions
 from . import engine
 from .cache import FeatureSet
@@ -81,6 +81,8 @@ class Embedder:
     panel_memory: int | None = None
     #: rows made with other package/library versions: reuse (one-line notice), warn, recompute
     on_version_change: str = "reuse"
+    #: how JPEGs resized smaller are decoded (``extract.decode``: scaled or exact; data.images, keyed)
+    decode: str = DEFAULT_DECODE
 
     def _options(self, name: str) -> EncoderOptions:
         return self.options.get(name, EncoderOptions())
@@ -117,7 +119,8 @@ class Embedder:
         if self.resolution is None or root is None:
             return manifest, root
         done = prepared.prepare(manifest, root, self.prepared_root, self.resolution, shard_size=self.shard_size,
-                                workers=self.num_workers, on_bad_image=self.on_bad_image, identities=identities)
+                                workers=self.num_workers, on_bad_image=self.on_bad_image, identities=identities,
+                                decode=self.decode)
         return done.manifest, done.root
 
     def embed(self, manifest: pd.DataFrame, root: str | Path | None, encoder, sharded: bool = False) -> FeatureSet:
@@ -165,7 +168,7 @@ class Embedder:
         # an image's identity is its source file's, also when the encoders read a prepared copy
         # (that copy's bytes depend on which manifest's store holds it; the prepared recipe does not)
         ids, sources = features.identities(manifest, root, None if self.resolution is None
-                                           else prepared.recipe(self.resolution))
+                                           else prepared.recipe(self.resolution, self.decode))
         source, source_root = manifest, root
         todo = [n if isinstance(n, str) else n.spec.name for n in names]
         given = {n.spec.name: n for n in names if not isinstance(n, str)}
@@ -183,7 +186,7 @@ class Embedder:
 
     def store(self) -> FeatureStore:
         """The feature store this run's features are served from."""
-        return FeatureStore(self.cache_dir, self.on_version_change, self.on_bad_image)
+        return FeatureStore(self.cache_dir, self.on_version_change, self.on_bad_image, self.decode)
 
     def backend(self, sharded: bool = False):
         """The extraction engine with this run's settings: the store's :data:`.store.Backend`."""
@@ -225,7 +228,7 @@ class Embedder:
                               tile_weights=opts.tile_weights, device=self.device,
                               batch_size=self.batch_size_of(name), num_workers=self.num_workers,
                               shard_size=self.shard_size, on_bad_image=self.on_bad_image,
-                              allow_remote_code=self.allow_remote_code)
+                              allow_remote_code=self.allow_remote_code, decode=self.decode)
 
 
 def _check_rows(manifest: pd.DataFrame) -> None:

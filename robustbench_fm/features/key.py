@@ -1,7 +1,7 @@
 """The per-manifest key of the earlier layout (cache format 2), kept to find and read its entries
 (a read-only migration path, :mod:`.legacy`): the recipe's encoder identity
-(:func:`.recipe.encoder_fields`) plus the manifest's locator hash, image root, row count and the
-versions. New features are filed by recipe and image (:mod:`.store`).
+(:func:`.recipe.encoder_fields` and the recipe's decode field) plus the manifest's locator hash,
+image root, row count and the versions. New features are filed by recipe and image (:mod:`.store`).
 """
 from __future__ import annotations
 
@@ -12,16 +12,25 @@ import pandas as pd
 
 from .cache import CACHE_FORMAT, manifest_hash
 from .cache import _safe_name as safe_name
-from .recipe import canonical, encoder_fields, fields_key, library_versions, package_version
+from .recipe import (
+    DEFAULT_DECODE,
+    canonical,
+    decode_fields,
+    encoder_fields,
+    fields_key,
+    library_versions,
+    package_version,
+)
 
 cache_key = fields_key  # the earlier layout's name of the same hash
 
 
-def cache_key_fields(encoder, manifest: pd.DataFrame, image_root=None) -> dict:
+def cache_key_fields(encoder, manifest: pd.DataFrame, image_root=None, decode: str = DEFAULT_DECODE) -> dict:
     """The key fields of ``encoder``'s per-manifest entry of ``manifest``: the encoder identity,
     the manifest (``content_hash(manifest, KEY_COLUMNS)``: locator and occlusion columns, no
     labels), the resolved image root (two folders holding different images under the same
-    relative paths never shared an entry), the row count and the versions."""
+    relative paths never shared an entry), the row count, the versions and the recipe's decode
+    field (as :func:`.recipe.recipe_fields` has it: none for ``exact``, the key every entry made before had)."""
     return canonical({
         "cache_format": CACHE_FORMAT,
         **encoder_fields(encoder),
@@ -30,6 +39,7 @@ def cache_key_fields(encoder, manifest: pd.DataFrame, image_root=None) -> dict:
         "n_rows": int(len(manifest)),
         "package_version": package_version(),
         "library_versions": library_versions(),
+        **decode_fields(decode),
     })
 
 
@@ -45,6 +55,8 @@ def _matches(meta_path: Path, want: dict, here: str | None, ignore: tuple) -> bo
         return False
     f = meta.get("fields") or {}
     if any(f.get(k) != v for k, v in canonical(want).items() if k not in ignore):
+        return False
+    if f.get("decode") != want.get("decode"):  # a scaled entry is never read for an exact request
         return False
     recorded = f.get("image_root")
     # another folder that still exists may hold other images under the same names
@@ -63,12 +75,14 @@ def find_entry(encoder_dir: Path, want: dict, root) -> Path | None:
     return None
 
 
-def find_slide_entry(cache_dir: Path, want: dict, tile_encoder, tiles: pd.DataFrame, root) -> Path | None:
+def find_slide_entry(cache_dir: Path, want: dict, tile_encoder, tiles: pd.DataFrame, root,
+                     decode: str = DEFAULT_DECODE) -> Path | None:
     """A complete slide entry of the earlier layout (``extract_slides`` before the store: its tiles
     in a per-manifest entry named by its ``tile_entry`` field) with the slide fields ``want``
-    (``tile_entry`` aside), whose tile entry holds these ``tiles`` by :func:`find_entry`'s rule."""
+    (``tile_entry`` aside), whose tile entry holds these ``tiles`` by :func:`find_entry`'s rule
+    (tiles decoded as ``decode`` says)."""
     cache_dir = Path(cache_dir)
-    tile_want = cache_key_fields(tile_encoder, tiles, root)
+    tile_want = cache_key_fields(tile_encoder, tiles, root, decode)
     here = str(Path(root).resolve())
     for meta_path in sorted((cache_dir / safe_name(str(want["encoder"]))).glob("*/meta.json")):
         if not _matches(meta_path, want, None, (*_VERSIONS, "tile_entry")):

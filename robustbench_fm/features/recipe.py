@@ -3,11 +3,12 @@
 (:mod:`.key`, read-only) is this encoder identity plus a manifest.
 
 :func:`encoder_fields` is the encoder's identity (entry, weights, architecture, preprocessing,
-pooling, precision); :func:`recipe_fields` adds :data:`RECIPE_VERSION` and the *major* versions of
-torch and of the encoder's own library. No manifest, no absolute path, no patch version: a patch
-release of a library the encoder does not use cannot change its features; the versions a row was
-made with are recorded per chunk (:func:`made_with`) and compared on use
-(``cache.on_version_change``). Torch-free.
+pooling, precision); :func:`recipe_fields` adds how JPEGs are decoded (``extract.decode``:
+scaled or exact; exact adds no field, so every entry written before scaled decoding keeps its
+key), :data:`RECIPE_VERSION` and the *major* versions of torch and of the encoder's own library.
+No manifest, no absolute path, no patch version: a patch release of a library the encoder does
+not use cannot change its features; the versions a row was made with are recorded per chunk
+(:func:`made_with`) and compared on use (``cache.on_version_change``). Torch-free.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import importlib.metadata
 import importlib.util
 import json
 import sys
+
+from ..data.images import DEFAULT_DECODE, decode_fields
 
 #: Bump when what a recipe's vectors mean changes (preprocessing semantics, pooling code, the
 #: batch rule): every chunk of an older recipe version is then left alone and images re-embedded.
@@ -95,13 +98,17 @@ def encoder_fields(encoder) -> dict:
     })
 
 
-def recipe_fields(encoder, extra: dict | None = None) -> dict:
+def recipe_fields(encoder, extra: dict | None = None, decode: str = DEFAULT_DECODE) -> dict:
     """What makes ``encoder``'s vector of one image (module docstring): :func:`encoder_fields`,
-    :data:`RECIPE_VERSION` and the major versions of torch and of the encoder's library.
-    ``extra``: more fields (the device-side transform of a panel pass)."""
+    how its JPEGs are decoded (``decode``: scaled or exact, ``extract.decode``, at the DCT scale the
+    resize needs or at full size; :func:`~robustbench_fm.data.images.decode_fields`: ``exact`` adds
+    no field, so an exact recipe, and the per-manifest key derived from it (:mod:`.key`), keep the
+    keys of every entry made before), :data:`RECIPE_VERSION` and the major versions of torch
+    and of the encoder's library. ``extra``: more fields (the device-side transform of a panel pass)."""
     own = _LIBRARY_DISTRIBUTIONS.get(str(encoder.spec.library))
     majors = {m: library_major(m) for m in ("torch", own) if m}
-    return canonical({**encoder_fields(encoder), **(extra or {}), "recipe_version": RECIPE_VERSION,
+    return canonical({**encoder_fields(encoder), **decode_fields(decode), **(extra or {}),
+                      "recipe_version": RECIPE_VERSION,
                       "library_major": {m: v for m, v in majors.items() if v is not None}})
 
 

@@ -32,11 +32,12 @@ import torch
 from .. import encoders
 from ..core.errors import InvalidSetting
 from ..data import manifest as mf
+from ..data.images import DEFAULT_DECODE
 from . import engine
 from .cache import CACHE_FORMAT
 from .key import find_slide_entry
 from .recipe import library_versions, package_version
-from .store import FeatureStore, Recipe, gather, read_view, view_path
+from .store import FeatureStore, gather, read_view, view_path
 
 log = logging.getLogger("robustbench_fm.features")
 
@@ -80,7 +81,7 @@ def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir:
                    tile_encoder=None, tiles: pd.DataFrame | None = None, tiles_dir: str = "tiles",
                    weights=None, tile_weights=None, device="auto", batch_size: int = 32,
                    num_workers: int | str = 0, shard_size: int = 1024, on_bad_image: str = "error",
-                   allow_remote_code: bool = True, progress: bool = True) -> Path:
+                   allow_remote_code: bool = True, progress: bool = True, decode: str = DEFAULT_DECODE) -> Path:
     """Slide embeddings of every slide (``sample_id``) of ``manifest`` with slide encoder
     ``encoder`` (a registry name or a loaded :class:`~robustbench_fm.encoders.SlideEncoder`);
     returns the cache entry folder, whose rows follow the manifest's distinct sample_ids.
@@ -89,7 +90,9 @@ def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir:
     :func:`slide_tiles` under ``root/tiles_dir``. ``tile_encoder`` (name or loaded encoder)
     defaults to the slide encoder's own; the tiles are served by the feature store (only those
     it does not hold are embedded, with :func:`robustbench_fm.features.engine.extract`'s options). Tiles
-    skipped as unreadable (``on_bad_image="skip"``) are left out of their slide's bag.
+    skipped as unreadable (``on_bad_image="skip"``) are left out of their slide's bag. ``decode``:
+    how the tiles' JPEGs are decoded (``extract.decode``, part of the tiles' recipe, so of the
+    slide entry's key through the tiles' view).
     """
 
     slide_enc = encoder if isinstance(encoder, encoders.SlideEncoder) else encoders.load_slide(
@@ -109,13 +112,13 @@ def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir:
     if tile_enc.spec.name != spec.tile_encoder:
         raise InvalidSetting(f"slide encoder '{spec.name}' aggregates '{spec.tile_encoder}' tiles, "
                          f"not '{tile_enc.spec.name}'")
-    store = FeatureStore(cache_dir, on_bad_image=on_bad_image)
+    store = FeatureStore(cache_dir, on_bad_image=on_bad_image, decode=decode)
     tiles = tiles.reset_index(drop=True)
     ids, _ = store.identities(tiles, root)
-    tile_view = view_path(Recipe(cache_dir, tile_enc), tiles, ids)[0].name
+    tile_view = view_path(store.recipe(tile_enc), tiles, ids)[0].name
     fields = slide_key_fields(slide_enc, tile_view, slides)
     if not store.settled(fields):
-        old = find_slide_entry(Path(cache_dir), fields, tile_enc, tiles[["sample_id", "path"]], root)
+        old = find_slide_entry(Path(cache_dir), fields, tile_enc, tiles[["sample_id", "path"]], root, decode)
         if old is not None:
             log.info("%s: %d slides read from %s (written by an earlier layout)", spec.name, len(slides), old)
             return old

@@ -17,11 +17,12 @@ A manifest's features are found by looking up its images, not its rows:
   first time the file is seen.
 - **Recipe** (:func:`.recipe.recipe_fields`, defined from the encoder, not from any key): what
   makes an encoder's vector of a given image: encoder identity, weights, architecture,
-  preprocessing, pooling, precision, device-side transform, :data:`RECIPE_VERSION` and the
-  *major* version of torch and of the encoder's own library. Nothing else: no manifest, no
-  absolute path, no patch version (a patch release of a library the encoder does not use cannot
-  change its features; the versions a row was made with are recorded, :func:`made_with`, and
-  compared on use, ``cache.on_version_change``).
+  preprocessing, pooling, precision, how JPEGs are decoded (``extract.decode``; ``exact`` adds
+  no field, so entries made before scaled decoding keep their recipe), device-side transform,
+  :data:`RECIPE_VERSION` and the *major* version of torch and of the encoder's own library.
+  Nothing else: no manifest, no absolute path, no patch version (a patch release of a library
+  the encoder does not use cannot change its features; the versions a row was made with are
+  recorded, :func:`made_with`, and compared on use, ``cache.on_version_change``).
 
 Layout under the feature cache ``<cache>``::
 
@@ -68,7 +69,7 @@ from ..core.errors import InvalidSetting
 from ..core.locking import FileLock
 from ..core.text import one_line
 from ..core.versions import VERSION_POLICIES
-from ..data.images import CROP_COLUMNS, locator_file
+from ..data.images import CROP_COLUMNS, DEFAULT_DECODE, check_decode, locator_file
 from .cache import (
     SKIPPED_NAME,
     FeatureCache,
@@ -221,11 +222,13 @@ class Chunk:
 
 
 class Recipe:
-    """The store of one encoder recipe: ``<cache>/<encoder>/images-<recipe key>/``."""
+    """The store of one encoder recipe: ``<cache>/<encoder>/images-<recipe key>/``; ``decode``:
+    how its images' JPEGs are decoded (scaled or exact, :func:`.recipe.decode_fields`)."""
 
-    def __init__(self, cache_dir: str | Path, encoder, extra: dict | None = None):
+    def __init__(self, cache_dir: str | Path, encoder, extra: dict | None = None, decode: str = DEFAULT_DECODE):
         self.cache_dir = Path(cache_dir)
-        self.fields = recipe_fields(encoder, extra)
+        self.decode = decode
+        self.fields = recipe_fields(encoder, extra, decode)
         self.key = cache_key(self.fields)
         self.encoder_dir = self.cache_dir / _safe_name(str(self.fields["encoder"]))
         self.folder = self.encoder_dir / f"images-{self.key}"
@@ -326,7 +329,7 @@ class Recipe:
         (:func:`.key.find_entry`: same encoder identity, locator hash and row count, from this image
         root or one that no longer exists), read as a chunk without re-embedding. Its image ids are
         written to ``adopted-<key>.ids.parquet`` (kept in memory on a read-only cache)."""
-        folder = find_entry(self.encoder_dir, cache_key_fields(encoder, manifest, root), root)
+        folder = find_entry(self.encoder_dir, cache_key_fields(encoder, manifest, root, self.decode), root)
         if folder is None:
             return None
         key = folder.name
@@ -529,23 +532,31 @@ def write_view_skipped(folder: Path, table: pd.DataFrame) -> None:
 
 # ------------------------------------------------------------------ the store
 
-#: The extraction engine as the store calls it: ``backend(encoders, rows, root, entries)`` embeds
-#: ``rows`` (sample_id = image id) with each encoder into its entry ``(folder, key fields)`` and
-#: returns one :class:`~.cache.FeatureSet` per encoder (:func:`robustbench_fm.features.engine.extract_panel`
-#: with the run's settings bound).
-Backend = Callable[[list, pd.DataFrame, Path, list], list]
+#: The extraction engine as the store calls it: ``backend(encoders, rows, root, entries, decode)``
+#: embeds ``rows`` (sample_id = image id) with each encoder into its entry ``(folder, key fields)``,
+#: reading JPEGs as the recipe's ``decode`` says, and returns one :class:`~.cache.FeatureSet` per
+#: encoder (:func:`robustbench_fm.features.engine.extract_panel` with the run's settings bound).
+Backend = Callable[[list, pd.DataFrame, Path, list, str], list]
 
 
 class FeatureStore:
     """The one writer of feature entries under ``cache_dir``: look up -> embed what is missing (by
     the engine, a :data:`Backend`) -> write the manifest's view; the entries a slide encoder
     aggregates (:meth:`entry`) and frozen-token arrays (:meth:`array`) go through it too, under
-    its locks and atomic writes. Entries of the earlier per-manifest layout are read, never written."""
+    its locks and atomic writes. Entries of the earlier per-manifest layout are read, never written.
+    ``decode`` (``extract.decode``: scaled or exact): how the images' JPEGs are decoded, part of
+    every recipe this store looks up and fills (:func:`.recipe.decode_fields`)."""
 
-    def __init__(self, cache_dir: str | Path, on_version_change: str = "reuse", on_bad_image: str = "error"):
+    def __init__(self, cache_dir: str | Path, on_version_change: str = "reuse", on_bad_image: str = "error",
+                 decode: str = DEFAULT_DECODE):
         self.cache_dir = Path(cache_dir)
         self.on_version_change = on_version_change
         self.on_bad_image = on_bad_image
+        self.decode = check_decode(decode)
+
+    def recipe(self, encoder, extra: dict | None = None) -> Recipe:
+        """``encoder``'s recipe store under this store's decode mode."""
+        return Recipe(self.cache_dir, encoder, extra, self.decode)
 
     # --- look up
     def identities(self, manifest: pd.DataFrame, root, prepared_recipe: dict | None = None
@@ -564,12 +575,12 @@ class FeatureStore:
 
     def held(self, encoder) -> set:
         """The image ids complete chunks of ``encoder``'s recipe hold."""
-        return Recipe(self.cache_dir, encoder).held(complete=True)
+        return self.recipe(encoder).held(complete=True)
 
     def look_up(self, encoder, manifest: pd.DataFrame, ids: np.ndarray, root) -> Plan:
         """Where each row's image is (a complete chunk, an entry of the earlier layout) and the
         chunks still to fill (:func:`plan`)."""
-        recipe = Recipe(self.cache_dir, encoder)
+        recipe = self.recipe(encoder)
         if not recipe.covers(ids):  # an entry of the earlier per-manifest layout may hold them
             recipe.adopt(encoder, manifest, root, ids)
         try:
@@ -607,7 +618,7 @@ class FeatureStore:
                     (j, chunk, rows))
         for items in groups.values():
             entries = [(plans[j].recipe.chunk_folder(c), plans[j].recipe.chunk_cache(c).fields) for j, c, _ in items]
-            feats = backend([loaded[j] for j, _, _ in items], items[0][2], Path(root), entries)
+            feats = backend([loaded[j] for j, _, _ in items], items[0][2], Path(root), entries, self.decode)
             for (j, c, _), f in zip(items, feats):
                 counts[j][0] += f.n_forward
                 counts[j][1] += f.n_images_embedded

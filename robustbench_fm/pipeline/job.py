@@ -105,7 +105,7 @@ def embedder(job: Plan) -> Embedder:
     return Embedder(job.paths.cache_dir, device=x.device, batch_size=x.batch_size, num_workers=x.num_workers,
                     shard_size=x.shard_size, on_bad_image=x.on_bad_image, num_shards=x.num_shards, shard=x.shard,
                     allow_remote_code=x.allow_remote_code, options={name: options}, resolution=job.resolution,
-                    prepared_dir=job.paths.prepared_dir, on_version_change=x.on_version_change)
+                    prepared_dir=job.paths.prepared_dir, on_version_change=x.on_version_change, decode=x.decode)
 
 
 def encoder_options(job: Plan) -> tuple[str, EncoderOptions]:

@@ -27,7 +27,7 @@ from ..core.versions import VERSION_POLICIES
 from ..data import cards, prepared
 from ..data import manifest as mf
 from ..data.csv_manifest import no_findings_reason
-from ..data.images import BAD_IMAGE_POLICIES
+from ..data.images import BAD_IMAGE_POLICIES, DEFAULT_DECODE, check_decode
 from ..encoders import generic
 from ..encoders.options import EncoderOptions
 
@@ -58,6 +58,7 @@ class ExtractOptions:
     device: str
     allow_remote_code: bool
     on_version_change: str = "reuse"
+    decode: str = DEFAULT_DECODE  # ``extract.decode``: scaled or exact JPEG decoding (data.images)
 
 
 #: the options the user gave the job's ``encoder`` (one type with the Embedder's, torch-free)
@@ -315,7 +316,8 @@ def _extract_options(cfg: DictConfig, here: bool = True) -> ExtractOptions:
                           num_shards=count("num_shards", x.get("num_shards", 1), 1),
                           shard=count("shard", x.get("shard", 0), 0),
                           device=check_device(str(cfg.device)) if here else str(cfg.device),
-                          allow_remote_code=bool(cfg.security.allow_remote_code), on_version_change=versions)
+                          allow_remote_code=bool(cfg.security.allow_remote_code), on_version_change=versions,
+                          decode=check_decode(str(OmegaConf.select(cfg, "extract.decode", default=DEFAULT_DECODE))))
 
 
 #: the keys of the ``stage`` node (:func:`robustbench_fm.cli.configstore.stage_node`); its ``params``

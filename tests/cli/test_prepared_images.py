@@ -74,7 +74,8 @@ def test_chest_candor_job_reads_images_stored_once_at_224(tmp_path, monkeypatch)
     write_chexpert(root, np.random.default_rng(0))
     calls = []
     real = prepared.read_image
-    monkeypatch.setattr(prepared, "read_image", lambda r, row: calls.append(row["path"]) or real(r, row))
+    monkeypatch.setattr(prepared, "read_image",
+                        lambda r, row, need=None: calls.append(row["path"]) or real(r, row, need))
 
     summary = app.run(_cfg(tmp_path, root), tmp_path / "run224")
     manifest = job_manifest(_cfg(tmp_path, root))

@@ -19,4 +19,8 @@ def test_cache_keys_survive_the_renovation(name, monkeypatch):
     manifest = pd.DataFrame({"sample_id": ["a", "b", "c"], "path": ["a.png", "b.png", "c.png"],
                              "pneumothorax": [0, 1, 0]})
     enc = encoders.load(name, device="cpu")
-    assert feature_key.cache_key(feature_key.cache_key_fields(enc, manifest, "/data/images")) == BEFORE[name]
+    # exact decoding (the pixels before issue 44) keeps the old key; scaled decoding is keyed apart
+    exact = feature_key.cache_key_fields(enc, manifest, "/data/images", decode="exact")
+    assert feature_key.cache_key(exact) == BEFORE[name]
+    scaled = feature_key.cache_key_fields(enc, manifest, "/data/images", decode="scaled")
+    assert scaled == {**exact, "decode": "scaled"} and feature_key.cache_key(scaled) != BEFORE[name]

@@ -2,7 +2,9 @@
 make_fixture.py with that commit's code, from an image folder that no longer exists) is served
 by today's code with 0 forward passes and the stored values, byte for byte: per-image store
 chunks and their views (native and at a prepared resolution), a per-manifest entry, slide
-embeddings (and their tiles' per-manifest entry), and a SPAR frozen-token array."""
+embeddings (and their tiles' per-manifest entry), and a SPAR frozen-token array. Every entry of
+cf22284 was decoded at full size: it is served to ``extract.decode=exact`` requests (exact adds
+no recipe field) and never to ``scaled`` ones (issue 44)."""
 from __future__ import annotations
 
 import shutil
@@ -37,17 +39,22 @@ def test_store_chunks_and_views_are_served_without_a_forward(fx, resolution):
     calls: list = []
     manifest = pd.read_csv(root / "store.csv")
     feats = Embedder(root / "cache", device="cpu", batch_size=4, shard_size=2, resolution=resolution,
-                     prepared_dir=root / "prepared").embed(manifest, root / "images", mod.tile_encoder(calls))
+                     prepared_dir=root / "prepared", decode="exact").embed(manifest, root / "images",
+                                                                           mod.tile_encoder(calls))
     got = load_features(feats.path, manifest)[1]
     assert calls == [] and feats.n_forward == 0 and feats.n_images_embedded == 0
     assert _same(got, expected["store" if resolution is None else "store_16px"])
+    # a scaled request (the default) is another recipe: every image embedded again
+    scaled = Embedder(root / "cache", device="cpu", batch_size=4, shard_size=2, resolution=resolution,
+                      prepared_dir=root / "prepared").embed(manifest, root / "images", mod.tile_encoder(calls))
+    assert scaled.n_images_embedded == manifest["path"].nunique() and calls
 
 
 def test_a_per_manifest_entry_is_served_without_a_forward(fx):
     root, mod, expected = fx
     calls: list = []
     manifest = pd.read_csv(root / "manifest.csv")
-    feats = Embedder(root / "cache", device="cpu", batch_size=4, shard_size=2).embed(
+    feats = Embedder(root / "cache", device="cpu", batch_size=4, shard_size=2, decode="exact").embed(
         manifest, root / "images", mod.tile_encoder(calls))
     assert calls == [] and feats.n_images_embedded == 0
     assert _same(load_features(feats.path, manifest)[1], expected["manifest"])
@@ -58,7 +65,7 @@ def test_slide_embeddings_are_served_without_a_forward(fx):
     tile_calls, slide_calls = [], []
     entry = extract_slides(mod.slide_encoder(slide_calls), pd.read_csv(root / "slides.csv"), root / "images",
                            root / "cache", tile_encoder=mod.tile_encoder(tile_calls), batch_size=4, shard_size=1,
-                           progress=False)
+                           progress=False, decode="exact")
     assert tile_calls == [] and slide_calls == []
     assert _same(load_features(entry)[1], expected["slides"])
 

@@ -261,7 +261,8 @@ def test_embedder_panel_decodes_once_and_fills_the_entries_embed_fills(data, tmp
     manifest = manifests["error"]
     calls = []
     real = extract_mod.default_reader
-    monkeypatch.setattr(extract_mod, "default_reader", lambda r, row: calls.append(row["path"]) or real(r, row))
+    monkeypatch.setattr(extract_mod, "default_reader",
+                        lambda r, row, need=None: calls.append(row["path"]) or real(r, row, need))
     names = ["planted_blur", "planted_sharp"]
     opts = {"planted_sharp": EncoderOptions(batch_size=7)}
     service = Embedder(tmp_path / "panel", device="cpu", batch_size=5, shard_size=SHARD, options=opts)

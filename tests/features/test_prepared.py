@@ -83,9 +83,9 @@ def _count_decodes(monkeypatch) -> list:
     calls = []
     real = prepared.read_image
 
-    def counting(root, row):
+    def counting(root, row, need=None):
         calls.append(row["path"])
-        return real(root, row)
+        return real(root, row, need)
 
     monkeypatch.setattr(prepared, "read_image", counting)
     return calls

@@ -126,19 +126,22 @@ def test_an_entry_written_by_45a9efd_is_read_without_re_embedding(tmp_path, monk
     assert not Path(recorded).exists()  # the folder it was written from has moved
     monkeypatch.setattr(store, "made_with", lambda: {"package": "2.0.0", "libraries": {"torch": "3.0.0"}})
     enc = encoders.load("planted_sharp", device="cpu")
+    # an entry made before extract.decode existed is an exact-decode entry: served to exact requests
     with caplog.at_level(logging.INFO, logger="robustbench_fm.features"):
-        feats, got = _embed(cache, manifest, root, enc)
+        feats, got = _embed(cache, manifest, root, enc, decode="exact")
     assert feats.n_images_embedded == 0 and got.tobytes() == expected.astype(np.float32).tobytes()
     assert any("written by an earlier layout" in r.getMessage() for r in caplog.records)
     assert any("were embedded with" in r.getMessage() and "robustbench_fm 0.1.0 (now 2.0.0)" in r.getMessage()
                for r in caplog.records)
     rev = manifest.iloc[::-1].reset_index(drop=True)
-    feats, got = _embed(cache, rev, root, enc)
+    feats, got = _embed(cache, rev, root, enc, decode="exact")
     assert feats.n_images_embedded == 0 and got.tobytes() == expected[::-1].astype(np.float32).tobytes()
     Image.fromarray(np.full((24, 24), 7, np.uint8)).save(root / "new.png")
     more = pd.concat([manifest, pd.DataFrame({"sample_id": ["new"], "path": ["new.png"]})], ignore_index=True)
-    feats, got = _embed(cache, more, root, enc)
+    feats, got = _embed(cache, more, root, enc, decode="exact")
     assert feats.n_images_embedded == 1 and got[:6].tobytes() == expected.astype(np.float32).tobytes()
+    # a scaled request (the default) is another recipe: embedded again, never served the exact entry
+    assert _embed(cache, manifest, root, enc)[0].n_images_embedded == 6
 
 
 def test_an_entry_from_another_folder_that_still_exists_is_not_adopted(tmp_path):

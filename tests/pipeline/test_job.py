@@ -23,6 +23,9 @@ def test_the_extraction_service_and_the_stage_context_are_built_from_the_plan_al
     assert (service.resolution, service.prepared_dir, service.allow_remote_code) == (224, p.paths.prepared_dir, False)
     assert service.batch_size_of("planted_sharp") == 3 and service.batch_size_of("planted_blur") == 7
     assert job.encoder_options(p)[0] == "planted_sharp"
+    assert service.decode == p.extract.decode == "scaled"  # configs/config.yaml: extract.decode
+    exact = plan(compose_job(tmp_path, [*OVERRIDES, "extract.decode=exact"]), OVERRIDES)
+    assert exact.extract.decode == job.embedder(exact).decode == "exact"
 
 
 #: the functions of pipeline/job.py that take a config: each hands it to plan() and nothing else

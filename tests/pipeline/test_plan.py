@@ -64,6 +64,7 @@ def test_a_missing_root_under_the_data_folder_names_paths_data_dir(tmp_path):
     ("extract.shard_size=abc", "extract.shard_size='abc': use a whole number >= 1"),
     ("extract.num_workers=-1", "extract.num_workers=-1: use a whole number >= 0"),
     ("extract.on_bad_image=maybe", "extract.on_bad_image='maybe': use error or skip"),
+    ("extract.decode=fast", "extract.decode='fast': use scaled"),
     ("resolution=abc", "resolution='abc': use native"),
 ])
 def test_a_bad_extraction_setting_is_the_users_error_named_by_its_key_before_any_data_is_read(tmp_path, override,

@@ -19,6 +19,13 @@ needs, and an encoder sees only its own rows. Each encoder's entry lock is held 
 encoder whose entry another process is filling is left out of the pass and then waits for that
 process (a pass of its own that waits for the lock).
 
+Scaled JPEG decoding (``decode="scaled"``, the default, with the default reader; issue 44): each
+encoder's JPEGs are decoded at the DCT scale its own resize needs
+(:func:`robustbench_fm.data.images.draft_scale`), so its pixels never depend on which encoders
+share the pass; the worker decodes an image once per distinct scale among the encoders that need
+it (:func:`robustbench_fm.data.images.scale_groups`: one decode when they agree, as 224-256 px
+encoders do on a 2,048 px film).
+
 Memory is bounded as for one encoder: a decoded image lives only while the worker transforms it
 (with at most :data:`LANES` - 1 others, the films resized together); in flight are the workers'
 prefetched chunks (bounded by :data:`PREFETCH_BYTES`) and at most one batch per encoder.
@@ -70,6 +77,7 @@ from torchvision.transforms import v2 as T
 from ...core.devices import usable_cores
 from ...core.errors import InvalidSetting
 from ...core.locking import FileLock, LockTimeout, acquire_waiting, who_holds
+from ...data.images import DEFAULT_DECODE, check_decode, need_of, scale_groups
 from ...encoders.base import _LongestSidePad, _ToMode
 from ..cache import FeatureCache
 from ..key import cache_key_fields
@@ -265,39 +273,53 @@ class _PanelDataset(Dataset):
     :class:`_RowsDataset` (same messages, so ``skipped.csv`` is the same)."""
 
     def __init__(self, records: list[dict], image_root, transforms: list, plans: list, modes: list[str | None],
-                 reader: Reader):
+                 reader: Reader, needs: list | None = None):
         self.rows = _RowsDataset(records, image_root, None, reader)
         self.transforms, self.plans, self.modes = transforms, plans, modes
+        self.needs = needs  # per job: the decode its resize needs (scaled decoding), None: one plain read
 
     def __len__(self):
         return len(self.rows)
 
+    def _split(self, i: int, jobs: tuple) -> list[tuple[tuple, object]]:
+        """[(jobs, need)]: the row's jobs grouped by the decode they need (one group without needs)."""
+        if self.needs is None or len(jobs) < 2:
+            return [(tuple(jobs), None if self.needs is None or not jobs else self.needs[jobs[0]])]
+        groups = scale_groups(self.rows.image_root, self.rows.records[i], [self.needs[j] for j in jobs])
+        return [(tuple(jobs[k] for k in ks), need) for need, ks in groups]
+
     def __getitem__(self, item):
         i, jobs = item
-        im, err = self._decode(i)
-        return (i, {j: (None, err) for j in jobs}) if im is None else self._transform(i, jobs, im, {})
+        out = {}
+        for sub, need in self._split(i, jobs):
+            im, err = self._decode(i, need)
+            out.update({j: (None, err) for j in sub} if im is None else self._transform(i, sub, im, {})[1])
+        return i, out
 
     def __getitems__(self, items: list) -> list:
-        """A decode chunk (DataLoader's batched fetch): its rows :data:`LANES` at a time, grey
-        films of one size resized together (:func:`_packed_geometry`); memory holds at most
-        :data:`LANES` decoded films."""
-        out = []
-        for a in range(0, len(items), LANES):
-            part = items[a:a + LANES]
-            decoded = [self._decode(i) for i, _ in part]
+        """A decode chunk (DataLoader's batched fetch): its decodes (a row's, or one per distinct
+        scale its jobs need) :data:`LANES` at a time, grey films of one size resized together
+        (:func:`_packed_geometry`); memory holds at most :data:`LANES` decoded films."""
+        merged: dict[int, dict] = {i: {} for i, _ in items}
+        flat = [(i, sub, need) for i, jobs in items for sub, need in self._split(i, jobs)]
+        for a in range(0, len(flat), LANES):
+            part = flat[a:a + LANES]
+            decoded = [self._decode(i, need) for i, _, need in part]
             shared: list[dict] = [{} for _ in part]
-            self._pack_lanes(part, decoded, shared)
-            for (i, jobs), (im, err), sh in zip(part, decoded, shared):
-                out.append((i, {j: (None, err) for j in jobs}) if im is None else self._transform(i, jobs, im, sh))
+            self._pack_lanes([(i, sub) for i, sub, _ in part], decoded, shared)
+            for (i, sub, _), (im, err), sh in zip(part, decoded, shared):
+                merged[i].update({j: (None, err) for j in sub} if im is None else self._transform(i, sub, im, sh)[1])
             del decoded, shared
-        return out
+        return [(i, merged[i]) for i, _ in items]
 
-    def _decode(self, i: int):
-        """-> (image, None) or (None, error)."""
+    def _decode(self, i: int, need=None):
+        """-> (image, None) or (None, error); ``need``: read at the DCT scale it gives (scaled decoding)."""
         rows = self.rows
         record = rows.records[i]
         try:
-            return occlude_row(rows.reader(rows.image_root, record), record), None
+            im = rows.reader(rows.image_root, record) if need is None else rows.reader(rows.image_root, record,
+                                                                                       need=need)
+            return occlude_row(im, record), None
         except MemoryError:
             raise
         except Exception as exc:  # noqa: BLE001  (reported in the main process, one line)
@@ -462,7 +484,7 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
                   on_bad_image: str = "error", num_shards: int = 1, shard: int = 0, read: bool = True,
                   flush_seconds: float | None = FLUSH_SECONDS, device_transform: bool = False,
                   _wait: bool = False, _stats: dict | None = None,
-                  entries: Sequence[tuple[Path, dict]] | None = None) -> list[FeatureSet]:
+                  entries: Sequence[tuple[Path, dict]] | None = None, decode: str = DEFAULT_DECODE) -> list[FeatureSet]:
     """Embed every manifest row with every encoder of ``encoders`` in one decode pass; one
     :class:`FeatureSet` per encoder, in order (see the module docstring).
 
@@ -475,8 +497,13 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
     process's seconds (waiting for decode chunks, collate + tail, forwards, shard writes).
     ``entries``: (folder, key fields) per encoder of the entries to fill instead of the manifest's
     own (chunks of the per-image store, :mod:`.store`).
+    ``decode``: ``"scaled"`` (default reader only): each encoder's JPEGs decoded at the DCT scale
+    its own resize needs, once per distinct scale (module docstring), keyed (``"decode"`` in its
+    key fields).
     """
     t0 = time.perf_counter()
+    check_decode(decode)
+    own_reader = reader is None
     encoders = list(encoders)
     if not encoders:
         return []
@@ -492,7 +519,8 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
                                                                    on_bad_image, num_workers, encoders[0].device)
     jobs = []
     for j, (enc, bs) in enumerate(zip(encoders, sizes)):
-        folder, fields = entries[j] if entries is not None else (None, cache_key_fields(enc, manifest, image_root))
+        folder, fields = entries[j] if entries is not None else (None, cache_key_fields(enc, manifest, image_root,
+                                                                                         decode))
         split = split_transform(enc.transform) if device_transform else None
         if split is not None and entries is None:
             fields = {**fields, "transform": "device"}
@@ -540,7 +568,7 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
         try:
             if active:
                 _pass(active, manifest, ids, image_root, reader, num_workers, progress, on_bad_image, flush_seconds,
-                      _stats if _stats is not None else {})
+                      _stats if _stats is not None else {}, scaled=own_reader and decode == "scaled")
         except KeyboardInterrupt as exc:
             if isinstance(exc, ExtractionInterrupted):
                 raise
@@ -561,15 +589,24 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
             out.append(extract_panel([job.encoder], manifest, image_root, cache_root, job.batch_size, num_workers,
                                      shard_size, progress, reader, on_bad_image, num_shards, shard, read,
                                      flush_seconds, device_transform, _wait=True,
-                                     entries=None if entries is None else [entries[j]])[0])
+                                     entries=None if entries is None else [entries[j]], decode=decode)[0])
             continue
         out.append(_result(job.encoder, manifest, job.cache, job.fields, ids, job.skipped, job.n_forward,
                            job.n_images, t0, read, num_shards, shard))
     return out
 
 
+def _needs(jobs: list[_Job]) -> list:
+    """Each job's decode need (:func:`robustbench_fm.data.images.need_of` of its encoder's preprocessing)."""
+    out = []
+    for job in jobs:
+        p = job.encoder.spec.preprocessing()
+        out.append(need_of(p["resize"], p["input_size"], p["resize_size"]))
+    return out
+
+
 def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root, reader, num_workers: int,
-          progress: bool, on_bad_image: str, flush_seconds: float | None, stats: dict) -> None:
+          progress: bool, on_bad_image: str, flush_seconds: float | None, stats: dict, scaled: bool = False) -> None:
     """One decode pass filling every job's missing shards; ``stats`` gets the main process's
     seconds: ``wait`` (for the workers' next chunk), ``collate`` (batch + tail), ``forward``,
     ``write`` (shard writer)."""
@@ -591,7 +628,7 @@ def _pass(jobs: list[_Job], manifest: pd.DataFrame, ids: np.ndarray, image_root,
         job.plan = None if steps is None else _HostPlan(*steps)
     chunk = max(job.batch_size for job in jobs)
     dataset = _PanelDataset(records, image_root, [j.encoder.transform for j in jobs], [j.plan for j in jobs],
-                            [j.mode for j in jobs], reader)
+                            [j.mode for j in jobs], reader, _needs(jobs) if scaled else None)
     chunks = _Chunks(need, chunk, list(jobs[0].batches) if len(jobs) == 1 else None)
     cpu = all(job.encoder.device.type == "cpu" for job in jobs)
     loader = DataLoader(dataset, batch_sampler=chunks, num_workers=num_workers, collate_fn=_pack,
@@ -729,7 +766,7 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
             batch_size: int = 32, num_workers: int | str = 0, shard_size: int = 1024, progress: bool = True,
             reader: Reader | None = None, on_bad_image: str = "error", num_shards: int = 1, shard: int = 0,
             read: bool = True, flush_seconds: float | None = FLUSH_SECONDS,
-            entry: tuple[Path, dict] | None = None) -> FeatureSet:
+            entry: tuple[Path, dict] | None = None, decode: str = DEFAULT_DECODE) -> FeatureSet:
     """Embed every manifest row with ``encoder``, reusing and filling the feature cache.
 
     ``reader(image_root, row)`` returns a PIL image for a manifest row (default: open
@@ -760,23 +797,25 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
         num_workers = default_num_workers(encoder.device)
     return extract_panel([encoder], manifest, image_root, cache_root, batch_size, num_workers, shard_size, progress,
                          reader, on_bad_image, num_shards, shard, read, flush_seconds, _wait=True,
-                         entries=None if entry is None else [entry])[0]
+                         entries=None if entry is None else [entry], decode=decode)[0]
 
 
 def backend(cache_root: str | Path, batch_size=32, num_workers: int | str = 0, shard_size: int = 1024,
             on_bad_image: str = "error", num_shards: int = 1, shard: int = 0, progress: bool = True):
     """The engine as the feature store calls it (:data:`robustbench_fm.features.store.Backend`):
-    ``run(encoders, rows, root, entries)`` fills each encoder's entry ``(folder, key fields)`` with
-    ``rows`` (one encoder: :func:`extract`, which waits for a lock another process holds; several:
-    one :func:`extract_panel` pass). ``batch_size``: an int or ``name -> int``."""
+    ``run(encoders, rows, root, entries, decode)`` fills each encoder's entry ``(folder, key fields)``
+    with ``rows`` (one encoder: :func:`extract`, which waits for a lock another process holds;
+    several: one :func:`extract_panel` pass), reading JPEGs as the store's recipe says (``decode``:
+    scaled or exact). ``batch_size``: an int or ``name -> int``."""
     size = batch_size if callable(batch_size) else (lambda _name: int(batch_size))
     opts = dict(num_workers=num_workers, shard_size=shard_size, on_bad_image=on_bad_image, num_shards=num_shards,
                 shard=shard, progress=progress, read=False)
 
-    def run(encs: list, rows: pd.DataFrame, root: Path, entries: list) -> list[FeatureSet]:
+    def run(encs: list, rows: pd.DataFrame, root: Path, entries: list, decode: str = DEFAULT_DECODE
+            ) -> list[FeatureSet]:
         if len(encs) == 1:
             return [extract(encs[0], rows, root, cache_root, batch_size=size(encs[0].spec.name), entry=entries[0],
-                            **opts)]
+                            decode=decode, **opts)]
         return extract_panel(encs, rows, root, cache_root, batch_size=[size(e.spec.name) for e in encs],
-                             entries=entries, **opts)
+                             entries=entries, decode=decode, **opts)
     return run

@@ -58,12 +58,13 @@ class ExtractionInterrupted(KeyboardInterrupt):
     (complete shards are kept: the same call resumes from them)."""
 
 
-def default_reader(image_root: Path, row: dict) -> Image.Image:
+def default_reader(image_root: Path, row: dict, need=None) -> Image.Image:
     """The row's image as 'L' or 'RGB', decoded eagerly: :func:`robustbench_fm.data.images.read_image`
     (PNG 8/16-bit, JPEG, TIFF, DICOM with its LUTs, HDF5/NPZ rows, crop columns), at least
-    :data:`~robustbench_fm.data.images.MIN_IMAGE_SIDE` px on its short side (:func:`check_size`)."""
+    :data:`~robustbench_fm.data.images.MIN_IMAGE_SIDE` px on its short side (:func:`check_size`);
+    ``need`` (:class:`~robustbench_fm.data.images.Need`): a JPEG decoded at the DCT scale that leaves it."""
 
-    return check_size(read_image(image_root, row))
+    return check_size(read_image(image_root, row, need))
 
 
 def default_num_workers(device: torch.device | str) -> int:
