@@ -42,7 +42,9 @@ with −inf) is fixed, and changing it may move a tie.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -228,16 +230,57 @@ MATRIX_BYTES = 1 << 30
 
 
 def symmetric_matrix(x: torch.Tensor, block_size: int) -> torch.Tensor:
-    """The similarity matrix of ``x``'s rows assembled from :func:`symmetric_tiles`: each tile on or
-    above the diagonal computed once, its transpose filling the tile below, so the matrix holds the
-    very products of that pass and is symmetric bitwise."""
+    """The similarity matrix of ``x``'s rows assembled from :func:`symmetric_tiles`' products: each
+    tile on or above the diagonal computed once, straight into its place (``torch.mm(..., out=)``, the
+    same product), its transpose filling the tile below, so the matrix holds the very products of
+    that pass and is symmetric bitwise."""
     n = len(x)
     full = x.new_empty((n, n))
-    for a0, a1, b0, b1, sims in symmetric_tiles(x, block_size):
-        full[a0:a1, b0:b1] = sims
-        if a0 != b0:
-            full[b0:b1, a0:a1] = sims.T
+    starts = range(0, n, block_size)
+    for a0 in starts:  # symmetric_tiles' products, each written in place (no tile-sized temporary)
+        a1 = min(n, a0 + block_size)
+        for b0 in starts[a0 // block_size:]:
+            b1 = min(n, b0 + block_size)
+            tile = full[a0:a1, b0:b1]
+            torch.mm(x[a0:a1], x[b0:b1].T, out=tile)
+            if a0 != b0:
+                full[b0:b1, a0:a1] = tile.T
     return full
+
+
+#: rows per piece of work :func:`row_parallel` hands a thread (few enough pieces to keep each op large)
+PARALLEL_ROWS = 1024
+
+
+@contextmanager
+def one_thread_ops():
+    """Torch's intra-op parallelism off (``torch.set_num_threads(1)``) inside the block, restored after;
+    yields the thread count in force before (the workers :func:`row_parallel` may use)."""
+    threads = torch.get_num_threads()
+    if threads > 1:
+        torch.set_num_threads(1)
+    try:
+        yield threads
+    finally:
+        if threads > 1:
+            torch.set_num_threads(threads)
+
+
+def row_parallel(fn: Callable[[int, int], object], n_rows: int, device: torch.device,
+                 rows: int = PARALLEL_ROWS) -> list:
+    """``[fn(r0, r1) for each piece r0:r1 of 0:n_rows]``. On the CPU the pieces run in as many Python
+    threads as torch has intra-op threads, each torch op inside single-threaded: the many small
+    bookkeeping ops of a shortlist (top-k, gathers, sums) then cost no OpenMP barrier each, which on a
+    loaded machine costs more than the op. Every row's result is computed by the same ops whatever the
+    piece it falls in, so the output does not depend on the split; on a GPU it is one piece."""
+    if device.type != "cpu" or n_rows <= rows:
+        return [fn(0, n_rows)]
+    pieces = [(r0, min(n_rows, r0 + rows)) for r0 in range(0, n_rows, rows)]
+    with one_thread_ops() as threads:
+        if threads == 1:
+            return [fn(r0, r1) for r0, r1 in pieces]
+        with ThreadPoolExecutor(threads) as pool:  # torch releases the GIL inside its ops
+            return list(pool.map(lambda piece: fn(*piece), pieces))
 
 
 def topk_rows(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -494,7 +537,7 @@ class Shortlist:
         x = feats[torch.as_tensor(self.rows, device=device)]
         if n * n * x.element_size() <= MATRIX_BYTES:
             self.matrix = symmetric_matrix(x, block_size).fill_diagonal_(float("-inf"))
-            parts = [topk_rows(self.matrix[r0:r0 + block_size], self.size) for r0 in range(0, n, block_size)]
+            parts = row_parallel(lambda r0, r1: topk_rows(self.matrix[r0:r1], self.size), n, device)
             self.values = torch.cat([v for v, _ in parts]) if parts else x.new_empty((0, self.size))
             members = torch.cat([i for _, i in parts]) if parts else torch.empty((0, self.size), dtype=torch.long,
                                                                                  device=device)
@@ -574,7 +617,8 @@ class Shortlist:
             if len(todo) == 0 or width < k:
                 continue
             local = torch.as_tensor(positions[todo], device=device)
-            sums, found = self._first_hits(local, in_r, k, width)
+            parts = row_parallel(lambda r0, r1: self._first_hits(local[r0:r1], in_r, k, width), len(local), device)
+            sums, found = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
             done = found == k
             out[todo[done]] = sums[done] / k
             todo = todo[~done]
@@ -601,11 +645,13 @@ class Shortlist:
         # the matrix is symmetric bitwise: the candidates' rows, read at the query columns, are the
         # queries' rows at the candidate columns (|R| × n copied instead of |queries| × n)
         cand_rows = self.matrix.index_select(0, torch.as_tensor(cand_local, device=device))
-        out = []
-        for r0 in range(0, len(local), self.block_size):
-            sims = cand_rows.index_select(1, torch.as_tensor(local[r0:r0 + self.block_size], device=device))
-            out.append(topk_rows(sims.T.contiguous(), k)[0].double().mean(dim=1))
-        return torch.cat(out).cpu().numpy()
+        local = torch.as_tensor(local, device=device)
+
+        def means(r0: int, r1: int) -> torch.Tensor:
+            sims = cand_rows.index_select(1, local[r0:r1])
+            return topk_rows(sims.T.contiguous(), k)[0].double().mean(dim=1)
+
+        return torch.cat(row_parallel(means, len(local), device)).cpu().numpy()
 
     def _first_hits(self, local: torch.Tensor, in_r: torch.Tensor, k: int, width: int):
         """Sum (float64) of the first k shortlist similarities within ``width`` that belong to R,

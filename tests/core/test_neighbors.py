@@ -292,3 +292,44 @@ def test_shortlist_paths_give_identical_means(monkeypatch):
     assert 200 in answered["matrix"]  # the sparse set: every row off the matrix
     assert any(0 < n < (x[rows, 0] == 0).sum() for n in answered["matrix"])  # rows short after their first hits
     assert answered["hits"]
+
+
+def test_row_parallel_pieces_give_the_same_shortlist(monkeypatch):
+    """Issue 44: the shortlist's bookkeeping runs in row pieces on threads with torch's intra-op
+    threads off (:func:`neighbors.row_parallel`); the shortlist and every c(x) equal those of one
+    piece, bit for bit, and the thread count in force is restored after."""
+    rng = np.random.default_rng(5)
+    x = torch.as_tensor(exact_unit_rows(300, 12, rng))
+    rows = np.sort(rng.choice(300, 250, replace=False))
+    queries = rng.choice(rows, 120, replace=False)
+    sets = [np.sort(rng.choice(rows, n, replace=False)) for n in (6, 60, 250)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        whole = Shortlist(x, rows, size=40, block_size=64)
+        want = [whole.mean_topk(queries, cands, 5) for cands in sets]
+        pieces = []
+        real = neighbors.row_parallel
+        monkeypatch.setattr(neighbors, "row_parallel", lambda fn, n, device, rows=7: (
+            pieces.append(-(-n // rows)), real(fn, n, device, rows))[1])
+        split = Shortlist(x, rows, size=40, block_size=64)
+        got = [split.mean_topk(queries, cands, 5) for cands in sets]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert max(pieces) > 10  # the work was split
+    assert torch.equal(split.values, whole.values) and torch.equal(split.members, whole.members)
+    for g, w, cands in zip(got, want, sets):
+        np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(g, brute_mean_topk(x.numpy(), queries, cands, 5))
+
+
+def test_row_parallel_keeps_the_pieces_order():
+    """:func:`neighbors.row_parallel` returns the pieces' results in row order, covering every row once."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = neighbors.row_parallel(lambda r0, r1: (r0, r1), 23, torch.device("cpu"), rows=5)
+    finally:
+        torch.set_num_threads(threads)
+    assert out == [(0, 5), (5, 10), (10, 15), (15, 20), (20, 23)]
