@@ -44,11 +44,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import numpy as np
 import torch
 
+from .devices import torch_threads
 from .errors import InvalidSetting
 from .handover import HandedOver, hand_over  # noqa: F401  (hand_over: importable here)
 
@@ -252,20 +252,6 @@ def symmetric_matrix(x: torch.Tensor, block_size: int) -> torch.Tensor:
 PARALLEL_ROWS = 1024
 
 
-@contextmanager
-def one_thread_ops():
-    """Torch's intra-op parallelism off (``torch.set_num_threads(1)``) inside the block, restored after;
-    yields the thread count in force before (the workers :func:`row_parallel` may use)."""
-    threads = torch.get_num_threads()
-    if threads > 1:
-        torch.set_num_threads(1)
-    try:
-        yield threads
-    finally:
-        if threads > 1:
-            torch.set_num_threads(threads)
-
-
 def row_parallel(fn: Callable[[int, int], object], n_rows: int, device: torch.device,
                  rows: int = PARALLEL_ROWS) -> list:
     """``[fn(r0, r1) for each piece r0:r1 of 0:n_rows]``. On the CPU the pieces run in as many Python
@@ -276,7 +262,7 @@ def row_parallel(fn: Callable[[int, int], object], n_rows: int, device: torch.de
     if device.type != "cpu" or n_rows <= rows:
         return [fn(0, n_rows)]
     pieces = [(r0, min(n_rows, r0 + rows)) for r0 in range(0, n_rows, rows)]
-    with one_thread_ops() as threads:
+    with torch_threads(1) as threads:
         if threads == 1:
             return [fn(r0, r1) for r0, r1 in pieces]
         with ThreadPoolExecutor(threads) as pool:  # torch releases the GIL inside its ops

@@ -56,7 +56,6 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -219,15 +218,6 @@ def need_of(resize: str, input_size: int, resize_size: int | None = None) -> Nee
     if resize == "squash":
         return Need(short=int(input_size))
     return Need(short=int(resize_size or input_size))
-
-
-def combine(needs: Iterable[Need | None]) -> Need | None:
-    """The decode that serves every need (a panel decodes once for all its encoders): the largest
-    demand per side; None when any caller needs the full image (or there is none)."""
-    needs = list(needs)
-    if not needs or any(n is None for n in needs):
-        return None
-    return Need(short=max(n.short for n in needs), long=max(n.long for n in needs))
 
 
 def _margins(row: dict) -> tuple[int, int, int, int]:

@@ -68,3 +68,22 @@ def test_a_device_this_machine_has_not_got_is_one_user_error(monkeypatch, device
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert check_device("cuda") == "cuda" and check_device("cuda:0") == "cuda:0" and check_device("auto") == "auto"
+
+
+def test_torch_threads_sets_and_restores_the_count():
+    import torch
+
+    from robustbench_fm.core.devices import torch_threads
+
+    before = torch.get_num_threads()
+    with torch_threads(1) as was:
+        assert was == before and torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with torch_threads(0) as was:  # 0: unchanged
+        assert was == before and torch.get_num_threads() == before
+    try:
+        with torch_threads(1):
+            raise KeyError("x")
+    except KeyError:
+        pass
+    assert torch.get_num_threads() == before

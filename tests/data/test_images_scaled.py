@@ -17,7 +17,6 @@ from robustbench_fm.data.images import (
     REDUCING_GAP,
     Need,
     check_decode,
-    combine,
     draft_scale,
     need_of,
     read_image,
@@ -81,13 +80,11 @@ def test_every_registered_encoder_resizes_down_from_a_scaled_decode(tmp_path):
         assert (w, h) != (2048, 2500) or REDUCING_GAP * max(need.short, need.long) > 1024, name  # scaled when it can
 
 
-def test_need_of_reads_each_resize_rule_and_a_panel_takes_the_largest():
+def test_need_of_reads_each_resize_rule():
     assert need_of("shorter_center_crop", 224, 256) == Need(short=256)
     assert need_of("shorter_center_crop", 224, None) == Need(short=224)
     assert need_of("squash", 384) == Need(short=384)
     assert need_of("longest_pad", 518) == Need(long=518)
-    assert combine([Need(short=256), Need(long=518), Need(short=224)]) == Need(short=256, long=518)
-    assert combine([Need(short=256), None]) is None and combine([]) is None
     assert draft_scale((4000, 4000), None) == 1
     with pytest.raises(InvalidSetting, match="extract.decode='fast'"):
         check_decode("fast")

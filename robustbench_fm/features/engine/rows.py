@@ -20,7 +20,6 @@ recomputes the shards that held them (the result is byte-identical to a clean ru
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import os
 import time
@@ -33,7 +32,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from ...core.devices import usable_cores
+from ...core.devices import torch_threads, usable_cores
 from ...core.errors import InvalidSetting, UserError
 from ...core.text import one_line
 from ...data.images import BAD_IMAGE_POLICIES, check_size, read_image
@@ -149,23 +148,10 @@ class _RowsDataset(Dataset):
         return rows, batch, errors
 
 
-@contextlib.contextmanager
 def _one_thread(enabled: bool):
-    """Decode/transform in the main process with one torch thread.
-
-    The transform's small tensor ops gain nothing from intra-op threads, and when the cores are
-    busy the thread pool's synchronisation makes them an order of magnitude slower (measured:
-    1.7 ms vs 22 ms per 224 px image on a loaded 2-core machine). Workers already use one.
-    """
-    n = torch.get_num_threads()
-    if not enabled or n == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
+    """Decode/transform in the main process with one torch thread (:func:`torch_threads`): the
+    transform's small tensor ops gain nothing from intra-op threads. Workers already use one."""
+    return torch_threads(1 if enabled else 0)
 
 
 #: Decoded batches held in flight by the decode workers are bounded by this many bytes.

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ...core.devices import torch_threads
 from ...features.store import FeatureStore
 from . import metrics
 from .heads import MAX_CLASSES, MLPHead, ProbeHeads, SparModel, TransformerHead, probe_losses
@@ -508,18 +509,6 @@ def _assemble(tried: list, own: dict | None) -> tuple[torch.nn.Module, dict]:
 
 
 @contextlib.contextmanager
-def cpu_threads(n: int) -> Iterator[None]:
-    """Torch's CPU threads set to ``n`` inside the block (0: unchanged), restored after it."""
-    before = torch.get_num_threads()
-    if n > 0:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-@contextlib.contextmanager
 def seeded(seed: int, device) -> Iterator[None]:
     """Torch's generators seeded with ``seed`` inside the block and restored after it (the CPU's
     and, on CUDA, the device's), so a configuration's initialisation and dropout depend on its
@@ -549,7 +538,7 @@ def run_encoder(encoder, samples: SparSamples, transfers: dict[str, SparSamples]
     run = EncoderRun(encoder, samples, transfers, setup, device, cache_dir, dataset)
     name = encoder if isinstance(encoder, str) else encoder.spec.name
     rows = []
-    with cpu_threads(setup.cpu_threads if torch.device(device).type == "cpu" else 0):
+    with torch_threads(setup.cpu_threads if torch.device(device).type == "cpu" else 0):
         for head, mode in configs:
             for level in setup.levels:
                 for seed in setup.seeds:

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import robustbench_fm.encoders as enc
+from robustbench_fm.core.devices import torch_threads
 from robustbench_fm.methods.spar import metrics
 from robustbench_fm.methods.spar import run as spar_run
 from robustbench_fm.methods.spar.heads import MLPHead, ProbeHeads, SparModel, TransformerHead
@@ -504,7 +505,7 @@ def test_level2_heads_recover_the_permutation_from_planted_tokens(head, batch, e
     setup = spar_run.Setup(levels=("permutation",), seeds=(42,), d_model=32, hidden=256,
                            train=spar_run.TrainConfig(lr=5e-3, batch_size=batch, max_epochs=epochs, patience=epochs))
     run = spar_run.EncoderRun(ORACLE, s, {}, setup, CPU, None, "layout")
-    with spar_run.cpu_threads(1):  # as run_encoder does on the CPU (many small steps)
+    with torch_threads(1):  # as run_encoder does on the CPU (many small steps)
         rows = pd.DataFrame(run.run_config(head, "frozen", "permutation", 42))
     overall = rows[rows["organ"] == "all"].iloc[0]
     assert overall["n"] == 32 and overall["perm_acc"] >= 0.9, overall.to_dict()
