@@ -34,7 +34,8 @@ def old_yaml(name: str) -> dict:
 #: parameters added after 5fcc8da, by stage: {name: default}, appended in this order
 ADDED = {"croma": {"on_incomplete": "error",  # refuse incomplete 2x2 subsets as croma 1.0.1 does
                    "m_sweep": 20},  # the m sweep croma reports (croma_auc, croma_min, croma_delta)
-         "spar": {"lr_selection": "fixed"},  # spar.md's one learning rate for all models (params.py)
+         "spar": {"lr_selection": "fixed",  # spar.md's one learning rate for all models (params.py)
+                  "min_delta": 0.0},  # early stopping's least improvement (0: the paper's rule)
          # the cross-site failure-detection study
          "error_detection": {"train_on": None, "site_col": "dataset", "view_col": "view"}}
 
@@ -117,8 +118,8 @@ def test_parse_round_trips(name):
     (lambda: methods.check("spar", {"seeds": "42"}),
      "spar: stage.params.seeds=42 must be a list, e.g. [1,2] (default: [42,123,1234])"),
     (lambda: methods.check("spar", {"by_encoder": {"spar_oracle": {"lr_x": 1}}}),
-     "stage.params.by_encoder.spar_oracle: unknown ['lr_x']; use batch_size, max_epochs, patience, lr, lr_search, "
-     "hidden, d_model, head_layers"),
+     "stage.params.by_encoder.spar_oracle: unknown ['lr_x']; use batch_size, max_epochs, patience, min_delta, lr, "
+     "lr_search, hidden, d_model, head_layers"),
 ])
 def test_an_unknown_or_mistyped_parameter_is_one_line(call, message):
     with pytest.raises(ValueError) as err:

@@ -131,7 +131,7 @@ def reference_answers(train: pd.DataFrame, asked: pd.DataFrame) -> tuple[np.ndar
     return fallback, prior
 
 
-def canonical_answers(train: pd.DataFrame, asked: pd.DataFrame) -> np.ndarray:
+def canonical_answers(train: pd.DataFrame, asked: pd.DataFrame, prior: np.ndarray | None = None) -> np.ndarray:
     """The canonical-recall answer to every question of ``asked`` from TRAINING labels only (issue
     42 item 5; spar.md Section 5: "what we measured in domain was recall of canonical anatomy"):
     the most frequent training label of the same question (:func:`question_key`) shown the same
@@ -142,8 +142,9 @@ def canonical_answers(train: pd.DataFrame, asked: pd.DataFrame) -> np.ndarray:
     prior. It does not apply to orientation, whose presentation is the answer: -1 there (and for a
     probe without training questions), so its rate is NaN.
 
+    ``prior``: :func:`reference_answers`' prior for ``asked`` where the caller has it already.
     Returns int64 labels [len(asked)]."""
-    _, prior = reference_answers(train, asked)
+    prior = reference_answers(train, asked)[1] if prior is None else np.asarray(prior, np.int64)
     votes: dict = {}
     for (key, flip), t, label in zip(_keys(train), train["transform"].astype(str), train["label"].to_numpy()):
         votes.setdefault((key, t), []).append(1 - label if flip else label)

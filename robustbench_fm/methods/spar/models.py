@@ -81,12 +81,14 @@ class Backbone(nn.Module):
 
     def prepare(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 windowed CT [B, H, W] -> the encoder's normalised input [B, C, S, S] (grey
-        replicated over channels, bilinear resize to the entry's input size)."""
-        x = images.to(self.mean.device, torch.float32).div(255.0).unsqueeze(1)
+        replicated over channels, bilinear resize to the entry's input size). The resize is linear,
+        so the scaling to [0, 1] comes after it, on the input size's pixels rather than the 224 x 224
+        ones (the demo's backbones read 32 and 64 px: 49 and 12 times fewer divisions)."""
+        x = images.to(self.mean.device, torch.float32).unsqueeze(1)
         size = self.spec.input_size
         if x.shape[-1] != size or x.shape[-2] != size:
             x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-        x = x.expand(-1, self.spec.channels, -1, -1)
+        x = x.div(255.0).expand(-1, self.spec.channels, -1, -1)
         return (x - self.mean) / self.std
 
     def _cls_and_grid(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:

@@ -34,7 +34,8 @@ PLANTED = (ORACLE, CANONICAL)
 DEFAULT_LABELS = {"resnet50_in1k": "CNN", "vit_b32_in1k": "ViT", "rad_dino": "RadDINO", "biomedclip": "BiomedCLIP",
                   "sam_med2d": "SAM-Med2D", ORACLE: "Oracle", CANONICAL: "Canonical"}
 #: the training-setup fields ``by_encoder`` may set per encoder
-BY_ENCODER = ("batch_size", "max_epochs", "patience", "lr", "lr_search", "hidden", "d_model", "head_layers")
+BY_ENCODER = ("batch_size", "max_epochs", "patience", "min_delta", "lr", "lr_search", "hidden", "d_model",
+              "head_layers")
 #: how a run picks Adam's learning rate (``lr_selection``): ``fixed`` trains every model at ``lr``
 #: (the default: the rate spar.md Section 3.2 reports for all models); ``per_configuration`` searches
 #: ``lr_search`` for every configuration, level and seed (and each frozen Level 3 head)
@@ -97,11 +98,16 @@ class SparParams(StageParams):
     """Epochs, at most."""
     by_encoder: dict = field(default_factory=dict)
     """Encoder (or planted backbone) -> its own training setup, any of ``batch_size``,
-    ``max_epochs``, ``patience``, ``lr_search``, ``hidden``, ``d_model``, ``head_layers`` (demos:
+    ``max_epochs``, ``patience``, ``min_delta``, ``lr``, ``lr_search``, ``hidden``, ``d_model``,
+    ``head_layers`` (demos:
     the planted oracle trains longer, in larger batches, with a wider MLP than the random
     backbones beside it); the others use the fields above. Not in the paper."""
     patience: int = 20
     """Early stopping on the validation loss after this many epochs without improvement."""
+    min_delta: float = 0.0
+    """The least fall of the validation loss that counts as an improvement for early stopping (0:
+    any fall, spar.md Section 3.2's rule; :func:`~robustbench_fm.methods.spar.train.fit`). Demos set
+    it for planted heads whose loss creeps down at accuracy 1.0. Not in the paper."""
     sinkhorn_tau: float = 0.3
     """Sinkhorn temperature of the permutation head (Level 2)."""
     sinkhorn_iters: int = 20
@@ -187,6 +193,10 @@ class SparParams(StageParams):
             raise ValueError(f"stage.params.lr_search: learning rates must be > 0, got {list(self.lr_search)}")
         if self.lr <= 0 or self.batch_size < 1 or self.max_epochs < 1 or self.patience < 1:
             raise ValueError("stage.params: need lr > 0, batch_size >= 1, max_epochs >= 1, patience >= 1")
+        bad = {k: v["min_delta"] for k, v in (self.by_encoder or {}).items()
+               if float((v or {}).get("min_delta", 0.0)) < 0}
+        if self.min_delta < 0 or bad:
+            raise ValueError(f"stage.params: min_delta must be >= 0, got {bad or self.min_delta}")
         if self.sinkhorn_tau <= 0 or self.sinkhorn_iters < 1 or not 0 <= self.smoothing < 1:
             raise ValueError("stage.params: need sinkhorn_tau > 0, sinkhorn_iters >= 1, 0 <= smoothing < 1")
         if self.cpu_threads < 0:

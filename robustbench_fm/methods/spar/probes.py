@@ -249,7 +249,7 @@ def make_questions(slice_table: pd.DataFrame, present: np.ndarray, centroids: np
     - distance (``distance_rule="random"``, the demo's): ``distance_questions`` draws per slice of
       four distinct random present organs, label 1 when d(A, B) > d(C, D); exact ties and a
       repeat of a drawn pair of pairs are skipped. In canonical anatomy most pairs of pairs drawn
-      so never change order: the question-only prior scores 0.893 in domain and 0.896 zero-shot
+      so never change order: the question-only prior scores 0.893 in domain and 0.916 zero-shot
       on the demo's phantoms; the tables' prior row shows it. It asks more questions (the demo's
       training split, 8 per slice: 1,226 against 592 under ``varying``), which the demo's heads
       need.

@@ -260,9 +260,11 @@ class QueryTask:
     head (:class:`~robustbench_fm.methods.spar.heads.ProbeHeads`), which answers with its own
     number of classes and is trained on its own cross-entropy. ``train``: the training questions
     (of the in-domain cohort, also for a transfer cohort) that the majority-class and question-only
-    reference answers are taken from (:func:`metrics.reference_answers`, :func:`metrics.canonical_answers`)."""
+    reference answers are taken from (:func:`metrics.reference_answers`, :func:`metrics.canonical_answers`), or
+    ``reference``: those answers computed once for the cohort (:func:`reference_rows`)."""
 
-    def __init__(self, samples: SparSamples, source, view_of: np.ndarray, device, train: pd.DataFrame | None = None):
+    def __init__(self, samples: SparSamples, source, view_of: np.ndarray, device, train: pd.DataFrame | None = None,
+                 reference: tuple | None = None):
         q = samples.questions
         self.s, self.source, self.view_of, self.device = samples, source, view_of, device
         self.cond = encode_questions(q)
@@ -270,8 +272,8 @@ class QueryTask:
         self.groups = self.probe  # batches of one probe: each step trains the head its batch routes to
         self.label = q["label"].to_numpy(np.int64)
         self.n_classes = q["n_classes"].to_numpy(np.int64)
-        self.reference = None if train is None else \
-            (*metrics.reference_answers(train, q), metrics.canonical_answers(train, q))
+        self.reference = reference if reference is not None else \
+            None if train is None else reference_rows(train, q)
 
     def batch(self, idx, rng):
         x = torch.from_numpy(np.asarray(self.source(self.view_of[idx]))).to(self.device)
@@ -298,6 +300,14 @@ class QueryTask:
                                    "cluster": subject})
         return [{**r, "organ": "all"} for r in metrics.probe_rows(pred, self.label[idx], probes, self.n_classes[idx],
                                                                   *ref)]
+
+
+def reference_rows(train: pd.DataFrame, asked: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(majority, question-only prior, canonical recall) answers to ``asked`` from the TRAINING
+    questions ``train`` (:func:`metrics.reference_answers`, :func:`metrics.canonical_answers`): the
+    same for every encoder and configuration, so a run computes them once per cohort."""
+    majority, prior = metrics.reference_answers(train, asked)
+    return majority, prior, metrics.canonical_answers(train, asked, prior)
 
 
 # ------------------------------------------------------------------ configurations
@@ -328,13 +338,15 @@ class EncoderRun:
     transfer datasets."""
 
     def __init__(self, encoder, samples: SparSamples, transfers: dict[str, SparSamples], setup: Setup,
-                 device: torch.device, cache_dir: Path | None, dataset: str):
+                 device: torch.device, cache_dir: Path | None, dataset: str, references: dict | None = None):
         self.encoder, self.samples, self.transfers, self.setup = encoder, samples, transfers, setup
         self.device, self.cache_dir, self.dataset = device, cache_dir, dataset
         self.oracle = isinstance(encoder, str) and encoder in PLANTED  # a planted backbone (ORACLE, CANONICAL)
         self.planted = encoder if self.oracle else None
         self._frozen: dict = {}
         self.items: list[pd.DataFrame] = []  # what each configuration scored, item by item (run_encoder)
+        # cohort name -> its Level 3 reference answers (reference_rows), shared by every encoder of a job
+        self.references = {} if references is None else references
 
     # --- inputs per (mode, level, cohort)
     def _frozen_source(self, level: str, name: str, samples: SparSamples):
@@ -386,12 +398,14 @@ class EncoderRun:
         backbone = OracleBackbone(images(np.arange(len(views))), canonical_view_tokens(mean_xy, views, known))
         return backbone, canonical_geometry(mean_xy, views, known)
 
-    def _task(self, level, samples, source, view_of, seed):
+    def _task(self, level, name, samples, source, view_of, seed):
         if level in TILE_LEVELS:
             return TileTask(level, samples, source, self.device, self.setup, seed, self.samples,
                             _split_idx(self.samples.table, "train"))
-        q = self.samples.questions
-        return QueryTask(samples, source, view_of, self.device, train=q[q["split"] == "train"])
+        if name not in self.references:
+            q = self.samples.questions
+            self.references[name] = reference_rows(q[q["split"] == "train"], samples.questions)
+        return QueryTask(samples, source, view_of, self.device, reference=self.references[name])
 
     def _inputs(self, mode: str, head: str, level: str, name: str, samples: SparSamples):
         """(source, view_of) for a task: cached tokens (frozen) or images (finetuned)."""
@@ -445,7 +459,7 @@ class EncoderRun:
         s, setup = self.samples, self.setup
         table = s.table if level in TILE_LEVELS else s.questions
         source, view_of = self._inputs(mode, head, level, self.dataset, s)
-        task = self._task(level, s, source, view_of, seed)
+        task = self._task(level, self.dataset, s, source, view_of, seed)
         train_idx, val_idx, test_idx = (_split_idx(table, k) for k in ("train", "val", "test"))
         if len(train_idx) == 0 or len(val_idx) == 0 or len(test_idx) == 0:
             raise ValueError(f"dataset '{self.dataset}': {level} needs train, val and test samples; got "
@@ -473,7 +487,7 @@ class EncoderRun:
             for name, ts in self.transfers.items():
                 t_source, t_view = self._inputs(mode, head, level, name, ts)
                 t_table = ts.table if level in TILE_LEVELS else ts.questions
-                cohorts.append((name, self._task(level, ts, t_source, t_view, seed), np.arange(len(t_table))))
+                cohorts.append((name, self._task(level, name, ts, t_source, t_view, seed), np.arange(len(t_table))))
             rows = []
             for name, t, idx in cohorts:
                 if len(idx) == 0:
@@ -531,11 +545,13 @@ def configurations(encoder: str, heads, modes: dict, combined) -> list[tuple[str
 
 def run_encoder(encoder, samples: SparSamples, transfers: dict[str, SparSamples], setup: Setup,
                 configs: list[tuple[str, str]], device, cache_dir: Path | None, dataset: str,
-                items: list | None = None) -> pd.DataFrame:
+                items: list | None = None, references: dict | None = None) -> pd.DataFrame:
     """Metric rows of every configuration x level x seed of one encoder (long over organs); ``items``
     (a list) receives the scored items of every configuration (one frame each: item, finding, organ,
-    the metric's per-item value, cluster = volume, eval_dataset, head, mode, seed)."""
-    run = EncoderRun(encoder, samples, transfers, setup, device, cache_dir, dataset)
+    the metric's per-item value, cluster = volume, eval_dataset, head, mode, seed). ``references``
+    (a dict the caller keeps across the encoders of one job): each cohort's Level 3 reference
+    answers, computed on first use (:func:`reference_rows`)."""
+    run = EncoderRun(encoder, samples, transfers, setup, device, cache_dir, dataset, references)
     name = encoder if isinstance(encoder, str) else encoder.spec.name
     rows = []
     with torch_threads(setup.cpu_threads if torch.device(device).type == "cpu" else 0):

@@ -169,8 +169,8 @@ def _save(rows: pd.DataFrame, encoder: str, dataset: str, out_dir: Path, params:
 
 def setup_for(setup: Setup, own: dict) -> Setup:
     """``setup`` with one encoder's ``by_encoder`` fields (training ones into ``setup.train``)."""
-    train = {k: (float(v) if k == "lr" else int(v)) for k, v in own.items()
-             if k in ("lr", "batch_size", "max_epochs", "patience")}
+    train = {k: (float(v) if k in ("lr", "min_delta") else int(v)) for k, v in own.items()
+             if k in ("lr", "batch_size", "max_epochs", "patience", "min_delta")}
     rest = {k: (tuple(float(x) for x in v) if k == "lr_search" else int(v)) for k, v in own.items() if k not in train}
     return dataclasses.replace(setup, train=dataclasses.replace(setup.train, **train), **rest)
 
@@ -197,12 +197,14 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
     write_notes(out_dir, spacing_notes({job.dataset: samples, **{f"transfer {n}": t for n, t in transfers.items()}}))
     setup = Setup(levels=tuple(p.levels), heads=tuple(p.heads), seeds=tuple(p.seeds),
                   lr_selection=p.lr_selection, lr_search=tuple(float(lr) for lr in p.lr_search),
-                  train=TrainConfig(lr=p.lr, batch_size=p.batch_size, max_epochs=p.max_epochs, patience=p.patience),
+                  train=TrainConfig(lr=p.lr, batch_size=p.batch_size, max_epochs=p.max_epochs, patience=p.patience,
+                                    min_delta=p.min_delta),
                   **{k: getattr(p, k) for k in ("token_grid", "tile_token_grid", "sinkhorn_tau", "sinkhorn_iters",
                                                 "smoothing", "sdr_px", "d_model", "head_layers", "hidden",
                                                 "cpu_threads")})
     labels = {**DEFAULT_LABELS, **(p.labels or {})}
     planted = list(p.planted) if job.sweep_first else []  # once per sweep: the first job of its fan-out
+    references: dict = {}  # each cohort's Level 3 reference answers, the same for every encoder
     for name in [*job.encoders, *planted]:
         if name in p.planted:  # planted: tokens from the masks, frozen heads only
             enc, configs = name, [(h, "frozen") for h in setup.heads]
@@ -212,7 +214,7 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
         own = setup_for(setup, (p.by_encoder or {}).get(name) or {})
         items: list[pd.DataFrame] = []
         rows = run_encoder(enc, samples, transfers, own, configs, device, cache_dir / "spar_tokens", job.dataset,
-                           items)
+                           items, references)
         rows, notes = partial_macro(rows, {job.dataset: samples, **transfers})
         write_notes(out_dir, notes)
         names = [config_label(name, h, m, labels, p.scratch or []) for h, m in zip(rows["head"], rows["mode"])]

@@ -26,6 +26,7 @@ class TrainConfig:
     batch_size: int = SparParams.batch_size
     max_epochs: int = SparParams.max_epochs
     patience: int = SparParams.patience
+    min_delta: float = SparParams.min_delta
     seed: int = 42
 
 
@@ -68,12 +69,20 @@ def fit(model: torch.nn.Module, batch: BatchFn, loss: LossFn, train_idx: np.ndar
     back its own best-validation weights, and the result's ``by_group`` holds each group's best
     validation loss and epochs trained. A group without validation samples trains every epoch
     and keeps its last weights (its loss is reported as inf). Without ``own``, one early stop for
-    the whole model on the summed loss (:func:`evaluate_loss`)."""
+    the whole model on the summed loss (:func:`evaluate_loss`).
+
+    ``cfg.min_delta`` (0 by default: any decrease counts, as spar.md Section 3.2 reads): an epoch
+    resets the patience only when its validation loss falls more than ``min_delta`` below the loss of
+    the last epoch that did (``min_delta`` of Keras' and Lightning's EarlyStopping). The weights kept
+    are still those of the lowest validation loss. A head whose loss keeps creeping down by less (a
+    planted head at accuracy 1.0, its cross-entropy shrinking by 1e-5 an epoch) then stops ``patience``
+    epochs after its last real improvement instead of at ``max_epochs``."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=cfg.lr)
     rng = np.random.default_rng(cfg.seed)
     keys = list(own) if own else [None]
     best = dict.fromkeys(keys, float("inf"))
+    mark = dict.fromkeys(keys, float("inf"))  # the loss of the last epoch that reset the patience
     stale, trained, best_state = dict.fromkeys(keys, 0), dict.fromkeys(keys, 0), {}
     stopped: set = set()
     epochs = 0
@@ -102,10 +111,12 @@ def fit(model: torch.nn.Module, batch: BatchFn, loss: LossFn, train_idx: np.ndar
             if key not in val:
                 continue  # no validation sample: trains on, keeps its last weights
             if val[key] < best[key]:
-                best[key], stale[key] = val[key], 0
+                best[key] = val[key]
                 prefix = own[key] if own else ""
                 best_state[key] = {k: v.detach().clone() for k, v in model.state_dict().items()
                                    if k.startswith(prefix)}
+            if val[key] < mark[key] - cfg.min_delta:
+                mark[key], stale[key] = val[key], 0
             else:
                 stale[key] += 1
                 if stale[key] >= cfg.patience:

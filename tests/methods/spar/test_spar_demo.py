@@ -145,6 +145,28 @@ def test_every_in_domain_test_set_gives_an_interval_within_a_tenth(run):
         assert (scored["n"] == n[probe]).all(), (probe, scored["n"].tolist(), n[probe])
 
 
+def test_every_zero_shot_probe_gives_an_interval_within_a_tenth(run):
+    """Issue 42 item 6, zero-shot: every probe asked of the TotalSegmentator-layout cohort (all its
+    questions are scored, no counting there) rests on n >= 97 items, so its 95% interval is at most
+    +-0.1 whatever the accuracy. Kidney symmetry had 24 items (+-0.20) on the 10 subjects of before;
+    the cohort's 30 test-only subjects (transfer options.extra_test) bring it to 99, balanced over its
+    three classes within each split as in domain (hence overall), and the oracle's zero-shot
+    accuracies are computed on exactly those items."""
+    from scipy.stats import norm
+
+    ts = _samples(run, "spar_phantom_totalsegmentator")
+    n = ts.questions.groupby("probe").size()
+    half = norm.ppf(0.975) * np.sqrt(0.25 / n)
+    assert set(n.index) == set(L3_PROBES) - {"tumour_count"} and (half <= 0.1).all(), half.to_dict()
+    assert n["kidney_symmetry"] >= 97, n.to_dict()
+    symm = ts.questions[ts.questions["probe"] == "kidney_symmetry"]
+    assert (symm.groupby("split")["label"].value_counts().unstack().nunique(axis=1) == 1).all()
+    assert symm["label"].value_counts().nunique() == 1
+    for probe in n.index:
+        scored = _overall(run, "spar_oracle", probe, "totalsegmentator")
+        assert (scored["n"] == n[probe]).all(), (probe, scored["n"].tolist(), n[probe])
+
+
 def _distance_prior(train: pd.DataFrame, asked: pd.DataFrame) -> float:
     """Accuracy on ``asked`` of the most frequent training label of the same pair of organ pairs
     (either order: a swapped question votes with its label flipped; ties: 0 in the order with the
@@ -178,7 +200,7 @@ def test_reference_rows_come_from_the_training_labels(run):
     independent count over the cached samples' TRAINING questions, in domain and zero-shot. The
     training majority of liver size is not the test one (0.18 in domain, where the test labels'
     own majority share was 0.82), and the distance prior is what the organ pairs asked allow
-    (0.87 in domain, 0.91 zero-shot in our runs)."""
+    (0.87 in domain, 0.92 zero-shot in our runs)."""
     word, ts = _samples(run, "spar_phantom_word"), _samples(run, "spar_phantom_totalsegmentator")
     train = word.questions[word.questions["split"] == "train"]
     for cohort, s in (("spar_phantom_word", word), ("totalsegmentator", ts)):
@@ -200,7 +222,7 @@ def test_the_planted_oracle_is_near_perfect_and_random_backbones_stay_at_their_b
     no fully right permutation, chance on the balanced kidney-symmetry probe.
 
     Distance (issue 29 item 8): the oracle must beat the question-only prior (the tables' row: a
-    lookup of the pair of organ pairs in the training labels, 0.87 in domain and 0.91 zero-shot
+    lookup of the pair of organ pairs in the training labels, 0.87 in domain and 0.92 zero-shot
     here), by answering at least half of the questions the prior gets wrong: accuracy >= prior +
     (1 - prior) / 2 (0.984-1.000 in our runs). Before the oracle read the question
     (models.AskedTokens) its heads scored 0.88-0.91 against a prior of 0.92-0.94 (32 questions per

@@ -347,6 +347,39 @@ def test_each_level3_head_stops_on_its_own_validation_loss_and_keeps_its_own_bes
     assert [float(h.weight.detach()) for h in model.head.heads] == pytest.approx([2.0, 8.0])
 
 
+@pytest.mark.parametrize("min_delta, epochs", [(0.0, 8), (1e-3, 5)])
+def test_min_delta_stops_a_loss_that_only_creeps_and_keeps_the_lowest_loss_weights(min_delta, epochs):
+    """train.fit's ``min_delta`` (Keras' and Lightning's EarlyStopping rule): one weight w rising by
+    lr = 1 per step (Adam on a constant gradient, w = epoch), validation loss 10 - w until epoch 1,
+    then 5 - 1e-4 w: a drop of 4 at epoch 2, then a creep of 1e-4 per epoch. With min_delta 1e-3
+    and patience 3 epochs 3-5 are no improvement (the loss sits 1e-4 to 3e-4 below the epoch-2
+    mark), so training stops after epoch 5 and keeps w = 5, the lowest loss seen; with 0 (the paper's
+    rule) every creep counts and it trains all 8 epochs (w = 8)."""
+    model = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    net = torch.nn.Module()
+    net.head = model
+
+    def forward(x, q):
+        return model(x)
+    net.forward = forward
+
+    def batch(rows, rng):
+        return torch.ones(len(rows), 1), None, torch.from_numpy(rows)
+
+    def loss(out, rows):
+        if int(rows[0]) == 1:  # validation
+            w = out.mean()
+            return 10 - w if float(w) < 1.5 else 5 - 1e-4 * w
+        return -out.sum()
+
+    info = fit(net, batch, loss, np.array([0]), np.array([1]),
+               TrainConfig(lr=1.0, batch_size=1, max_epochs=8, patience=3, seed=0, min_delta=min_delta), CPU)
+    assert info["epochs"] == epochs
+    assert float(model.weight.detach()) == pytest.approx(epochs, abs=1e-5)
+    assert info["val_loss"] == pytest.approx(5 - 1e-4 * epochs, abs=1e-6)
+
+
 # ------------------------------------------------------------------ the planted oracle
 
 def _oracle_samples() -> SparSamples:
