@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from PIL import Image
+from feature_fixtures import write_jpeg_films
 
 import robustbench_fm
 from robustbench_fm import encoders
@@ -32,14 +32,9 @@ def test_a_bad_decode_is_one_line_before_anything_is_read(tmp_path):
 
 
 def _films(root: Path, n: int = 3) -> pd.DataFrame:
-    """Grey 1,024 px JPEG films (a smooth gradient plus noise): planted_blur's 224 px resize leaves a 1/2 decode."""
-    rng = np.random.default_rng(0)
-    (root / "img").mkdir(parents=True)
-    yy, xx = np.mgrid[0:1024, 0:1024]
-    for i in range(n):
-        arr = (96 + 64 * np.sin(xx / (60 + 20 * i)) * np.cos(yy / 90) + rng.normal(0, 8, xx.shape)).clip(0, 255)
-        Image.fromarray(arr.astype(np.uint8)).save(root / "img" / f"{i}.jpg", quality=90)
-    return pd.DataFrame({"sample_id": [f"f{i}" for i in range(n)], "path": [f"img/{i}.jpg" for i in range(n)]})
+    """Grey 1,024 px JPEG films: planted_blur's 224 px resize leaves a 1/2 decode."""
+    paths = write_jpeg_films(root, n)
+    return pd.DataFrame({"sample_id": [f"f{i}" for i in range(n)], "path": paths})
 
 
 def test_embed_decodes_jpegs_as_decode_says_and_keys_it(tmp_path):

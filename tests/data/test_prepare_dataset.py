@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from feature_fixtures import write_jpeg_films
 from fixtures_derm import write_ddi
 from fixtures_natural import write_fgvc
 from fixtures_pathology import pcam_patch, write_pcam
@@ -85,13 +86,8 @@ def test_stored_names_are_safe_relative_paths(script):
 
 def _jpeg_films(root, n: int = 2) -> Path:
     """Grey 1,024 px JPEG films and a CSV manifest (dataset ``csv``): at 224 px the scaled path decodes at 1/2."""
-    rng = np.random.default_rng(1)
-    (root / "img").mkdir(parents=True)
-    yy, xx = np.mgrid[0:1024, 0:1024]
-    for i in range(n):
-        arr = (100 + 70 * np.sin(xx / (40 + 15 * i)) * np.cos(yy / 70) + rng.normal(0, 10, xx.shape)).clip(0, 255)
-        Image.fromarray(arr.astype(np.uint8)).save(root / "img" / f"{i}.jpg", quality=90)
-    (root / "films.csv").write_text("path\n" + "".join(f"img/{i}.jpg\n" for i in range(n)))
+    paths = write_jpeg_films(root, n, seed=1)
+    (root / "films.csv").write_text("path\n" + "".join(f"{p}\n" for p in paths))
     return root / "films.csv"
 
 
