@@ -19,6 +19,7 @@ import pandas as pd
 
 from . import data
 from .core.errors import InvalidSetting
+from .data.images import DEFAULT_DECODE, check_decode
 from .encoders import generic
 from .methods.run import evaluate
 from .pipeline.experiment import Outcome, run_experiment
@@ -50,7 +51,7 @@ def embed(manifest: pd.DataFrame | str | Path, encoder: str, root: str | Path | 
           model: str | None = None, pretrained: str | None = None, weights: str | Path | None = None,
           embedding: str | None = None, cache_dir: str | Path = DEFAULT_CACHE, device: str = "auto",
           batch_size: int = 32, num_workers: int | str = 0, on_bad_image: str = "error",
-          allow_remote_code: bool = True) -> FeatureSet:
+          allow_remote_code: bool = True, decode: str = DEFAULT_DECODE) -> FeatureSet:
     """Embed every image of ``manifest`` with ``encoder`` through the feature cache.
 
     ``manifest``: a canonical manifest (``data.build_manifest``) or a CSV/parquet path read as
@@ -62,7 +63,10 @@ def embed(manifest: pd.DataFrame | str | Path, encoder: str, root: str | Path | 
     ``"random"`` for a generic kind. ``embedding``: ``cls``/``patch_mean``/``pooled`` (a generic
     kind's pooling, or a registry entry's override). ``cache_dir`` defaults to the command line's
     ``outputs/cache/features`` (relative to the current folder), so a later CLI run with the same
-    encoder, images and root reads this entry, and the other way round.
+    encoder, images and root reads this entry, and the other way round. ``decode``: how JPEGs resized
+    smaller are decoded, as the command line's ``extract.decode`` (same default): ``scaled`` (at the
+    largest DCT scale that leaves the resize twice its target) or ``exact`` (full size: the pixels
+    of earlier releases); part of the feature store's recipe, so the two never share features.
 
     Returns a :class:`~robustbench_fm.features.engine.rows.FeatureSet`: ``embeddings`` (N, D) float32 in
     the manifest's row order (one row per ``sample_id``), ``sample_ids``, ``path`` (the cache
@@ -71,6 +75,7 @@ def embed(manifest: pd.DataFrame | str | Path, encoder: str, root: str | Path | 
     from .features.embed import Embedder, EncoderOptions  # lazy: the feature engine imports torch
     from .features.load import load_features  # lazy: as above
 
+    check_decode(decode, "embed: decode")
     if not isinstance(manifest, pd.DataFrame):
         path = Path(manifest)
         root = Path(root) if root is not None else path.parent
@@ -87,7 +92,8 @@ def embed(manifest: pd.DataFrame | str | Path, encoder: str, root: str | Path | 
         name = encoder
         options = EncoderOptions(weights=str(weights) if weights is not None else None, embedding=embedding)
     service = Embedder(Path(cache_dir), device=device, batch_size=batch_size, num_workers=num_workers,
-                       on_bad_image=on_bad_image, allow_remote_code=allow_remote_code, options={name: options})
+                       on_bad_image=on_bad_image, allow_remote_code=allow_remote_code, options={name: options},
+                       decode=decode)
     images = manifest.drop_duplicates("sample_id")  # as the command line: paired designs list an image once
     feats = service.embed(images, root, name)
     ids, matrix = load_features(feats.path, images)

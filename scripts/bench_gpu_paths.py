@@ -170,9 +170,10 @@ def device_transform_check(tmp: Path, device: str, n: int, size: int) -> dict:
         enc = encoders.load("random_vit_s", device=device)
         enc.spec = enc.spec.replace(amp_dtype=amp)
         (host_fs,) = extract_panel([enc], manifest, tmp / "films", tmp / f"c-host-{label}", batch_size=32,
-                                   num_workers="auto", progress=False)
+                                   num_workers="auto", progress=False, entries=[bench_panel.engine_entry(enc)])
         (dev_fs,) = extract_panel([enc], manifest, tmp / "films", tmp / f"c-dev-{label}", batch_size=32,
-                                  num_workers="auto", progress=False, device_transform=True)
+                                  num_workers="auto", progress=False, device_transform=True,
+                                  entries=[bench_panel.engine_entry(enc, device_transform=True)])
         out[label] = {"min_cosine_device_vs_host_transform": float(_cos(host_fs.embeddings, dev_fs.embeddings).min()),
                       "min_cosine_device_transform_vs_cpu": float(_cos(ref, dev_fs.embeddings).min()),
                       "min_cosine_host_transform_vs_cpu": float(_cos(ref, host_fs.embeddings).min()),
@@ -202,10 +203,11 @@ def extract_vs_forward(tmp: Path, device: str, n: int, batch_size: int, models=t
         enc = encoders.load(spec, device=device)
         bench_extract.forward_throughput(enc, batch_size, batch_size)  # warm-up
         fwd, _ = bench_extract.forward_throughput(enc, n, batch_size)
-        host = extract(enc, manifest, tmp / "jpeg224", tmp / f"cache-{label}-host", batch_size=batch_size,
-                       num_workers="auto", progress=False, read=False)
+        (host,) = extract_panel([enc], manifest, tmp / "jpeg224", tmp / f"cache-{label}-host", batch_size=batch_size,
+                                num_workers="auto", progress=False, read=False, entries=[bench_panel.engine_entry(enc)])
         (dev,) = extract_panel([enc], manifest, tmp / "jpeg224", tmp / f"cache-{label}-dev", batch_size=batch_size,
-                               num_workers="auto", progress=False, read=False, device_transform=True)
+                               num_workers="auto", progress=False, read=False, device_transform=True,
+                               entries=[bench_panel.engine_entry(enc, device_transform=True)])
         fwd_after, _ = bench_extract.forward_throughput(enc, n, batch_size)
         fwd = (fwd + fwd_after) / 2
         out["models"][label] = {"encoder": spec.name, "forward_images_per_s": round(fwd, 1),

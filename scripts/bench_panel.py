@@ -115,6 +115,21 @@ def load_encoder(name: str, device):
     return conv_encoder(name, device) if name in CONVS else encoders.load(name, device=device)
 
 
+def engine_entry(encoder, decode: str | None = None, device_transform: bool = False) -> tuple[None, dict]:
+    """``(None, key fields)`` of the entry a benchmark hands the extraction engine (which fills only
+    entries it is handed; the package files features through its store): the encoder's recipe
+    (decode mode included), ``"transform": "device"`` where ``device_transform`` moves its transform
+    to the device (such an entry is keyed apart), tagged as a benchmark's."""
+    from robustbench_fm.data.images import DEFAULT_DECODE
+    from robustbench_fm.features.engine.panel import split_transform
+    from robustbench_fm.features.recipe import recipe_fields
+
+    fields = {**recipe_fields(encoder, decode=decode or DEFAULT_DECODE), "entry": "benchmark"}
+    if device_transform and split_transform(encoder.transform) is not None:
+        fields["transform"] = "device"
+    return None, fields
+
+
 def _sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
@@ -214,8 +229,7 @@ def main(argv=None) -> dict:
         return compare_decode(args)
 
     from robustbench_fm import encoders
-    from robustbench_fm.features import extract
-    from robustbench_fm.features.engine.panel import default_panel_workers, extract_panel
+    from robustbench_fm.features.engine.panel import default_panel_workers, extract, extract_panel
 
     device = encoders.resolve_device(args.device)
     workers = default_panel_workers(device) if args.num_workers == "auto" else int(args.num_workers)
@@ -248,7 +262,7 @@ def main(argv=None) -> dict:
             fwd = forward_seconds(enc, args.n, args.batch_size)
             t = time.perf_counter()
             single = extract(enc, manifest, root, tmp / "single", batch_size=args.batch_size, num_workers=workers,
-                             shard_size=args.shard_size, progress=False, read=False)
+                             shard_size=args.shard_size, progress=False, read=False, entry=engine_entry(enc))
             per[name] = {"decode_transform_s": round(dt, 3), "transform_s": round(dt - sec["decode"], 3),
                          "forward_s": round(fwd, 3), "single_extract_s": round(time.perf_counter() - t, 3),
                          "entry": single.path}
@@ -257,7 +271,8 @@ def main(argv=None) -> dict:
         t = time.perf_counter()
         stats: dict = {}
         feats = extract_panel(panel, manifest, root, tmp / "panel", batch_size=args.batch_size, num_workers=workers,
-                              shard_size=args.shard_size, progress=False, read=False, _stats=stats)
+                              shard_size=args.shard_size, progress=False, read=False, _stats=stats,
+                              entries=[engine_entry(e) for e in panel])
         sec["panel"] = time.perf_counter() - t
         print(f"panel: {sec['panel']:.1f} s ({workers} workers)", flush=True)
         result["profile_ms_per_image"]["main process (panel run)"] = {
@@ -266,7 +281,8 @@ def main(argv=None) -> dict:
         for w in [int(v) for v in args.also_workers.split(",") if v.strip()]:
             t = time.perf_counter()
             extract_panel(panel, manifest, root, tmp / f"panel-w{w}", batch_size=args.batch_size, num_workers=w,
-                          shard_size=args.shard_size, progress=False, read=False)
+                          shard_size=args.shard_size, progress=False, read=False,
+                          entries=[engine_entry(e) for e in panel])
             by_workers[w] = round(time.perf_counter() - t, 3)
             print(f"panel with {w} workers: {by_workers[w]:.1f} s", flush=True)
         identical = {}
@@ -345,7 +361,7 @@ def compare_decode(args) -> dict:
                 t = time.perf_counter()
                 extract_panel(panel, manifest, root, tmp / f"panel-{d}-{r}", batch_size=args.batch_size,
                               num_workers=workers, shard_size=args.shard_size, progress=False, read=False,
-                              _stats=st, decode=d)
+                              _stats=st, decode=d, entries=[engine_entry(e, d) for e in panel])
                 times[f"panel_{d}"].append(time.perf_counter() - t)
                 for k, v in st.items():
                     stats[d][k] = stats[d].get(k, 0.0) + v

@@ -5,7 +5,7 @@ The experiments do this themselves (``resolution=224``, :mod:`robustbench_fm.dat
 script writes standalone PNG copies and their manifest, for use outside the package.
 
     python scripts/prepare_dataset.py NAME ROOT OUT [--size 224] [--option key=value ...] [--no-verify]
-                                      [--workers N]
+                                      [--workers N] [--decode scaled|exact]
 
 builds the manifest of dataset NAME under ROOT, writes one PNG per row to
 ``OUT/images/<sample_id>.png`` and ``OUT/manifest.csv`` (the manifest with ``path`` relative to
@@ -19,10 +19,19 @@ bicubic filter, which low-passes when it shrinks (no aliasing); the aspect ratio
 images single-channel. The crop columns are dropped from the written manifest (already applied);
 other columns, boxes included (normalised, so unchanged by the resize), are kept.
 
+Decoding (``--decode``, the experiments' ``extract.decode``, same default): ``scaled`` reads a JPEG at
+the largest DCT scale that leaves at least twice SIZE on both sides
+(:func:`robustbench_fm.data.images.draft_scale`, the prepared store's need), then resizes as above;
+``exact`` decodes it at full size (the copies this script wrote before scaled decoding, bit for
+bit). Either way the copies hold the pixels the experiments' store holds for the same mode (tested).
+Other formats are read at full size in both modes.
+
 Resumable: a finished PNG is never rewritten (each is written to a temp file and renamed, so an
 existing file is complete), nor are an unchanged manifest and ``prepare.json``. ``prepare.json``
-records the dataset and size; a later run into the same OUT with another dataset or size stops
-with an error instead of mixing them. ``--workers N`` decodes in N forked processes.
+records the dataset, size and decode mode (``"decode": "scaled"``; no field for ``exact``, as
+the prepared store keys it, so an OUT written before is an exact one); a later run into the same
+OUT with another dataset, size or decode mode stops with an error instead of mixing them.
+``--workers N`` decodes in N forked processes.
 """
 from __future__ import annotations
 
@@ -38,7 +47,15 @@ from tqdm import tqdm
 
 from robustbench_fm.core.atomic import write_atomic, write_text_atomic
 from robustbench_fm.data import build_manifest
-from robustbench_fm.data.images import CROP_COLUMNS, read_image
+from robustbench_fm.data.images import (
+    CROP_COLUMNS,
+    DECODE_MODES,
+    DEFAULT_DECODE,
+    check_decode,
+    decode_fields,
+    need_of,
+    read_image,
+)
 from robustbench_fm.data.prepared import prepare_image
 
 
@@ -64,9 +81,11 @@ def _check_out(out: Path, record: dict) -> None:
     marker = out / "prepare.json"
     if marker.is_file():
         previous = json.loads(marker.read_text())
-        if {k: previous.get(k) for k in ("dataset", "size")} != {k: record[k] for k in ("dataset", "size")}:
-            raise SystemExit(f"{out} holds dataset '{previous.get('dataset')}' at size {previous.get('size')}; "
-                             f"choose another OUT for '{record['dataset']}' at size {record['size']}")
+        keys = ("dataset", "size", "decode")
+        if {k: previous.get(k) for k in keys} != {k: record.get(k) for k in keys}:
+            raise SystemExit(f"{out} holds dataset '{previous.get('dataset')}' at size {previous.get('size')} "
+                             f"(decode {previous.get('decode', 'exact')}); choose another OUT for "
+                             f"'{record['dataset']}' at size {record['size']} (decode {record.get('decode', 'exact')})")
     _write_if_changed(marker, json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
@@ -75,22 +94,26 @@ def _write_if_changed(path: Path, text: str) -> None:
         write_text_atomic(path, text)
 
 
-def _store(job: tuple[Path, dict, Path, int]) -> int:
+def _store(job: tuple[Path, dict, Path, int, str]) -> int:
     """Write one resized copy unless it exists; 1 if written."""
-    root, row, dest, size = job
+    root, row, dest, size, decode = job
     if dest.is_file():
         return 0
-    image = prepare_image(read_image(root, row), size)  # the rule's one home (the experiments' store too)
+    need = need_of("squash", size) if decode == "scaled" else None  # the prepared store's need: S x S
+    image = prepare_image(read_image(root, row, need), size)  # the rule's one home (the experiments' store too)
     write_atomic(dest, lambda f: image.save(f, format="PNG"))
     return 1
 
 
 def prepare(name: str, root: Path, out: Path, size: int = 224, options: dict | None = None,
-            verify_images: bool = True, progress: bool = True, workers: int = 1) -> tuple[Path, int]:
+            verify_images: bool = True, progress: bool = True, workers: int = 1,
+            decode: str = DEFAULT_DECODE) -> tuple[Path, int]:
     """Write the resized copies and ``OUT/manifest.csv``; returns (manifest path, images written).
 
     ``workers`` > 1 decodes in that many forked processes (each opens its own HDF5 handles).
+    ``decode``: ``scaled`` or ``exact`` (module docstring).
     """
+    check_decode(decode, "--decode")
     if size < 8:
         raise SystemExit(f"--size {size}: too small; use 224 (the papers) or 512 (resolution ablation)")
     manifest = build_manifest(name, root, verify_images=verify_images, **(options or {}))
@@ -101,8 +124,9 @@ def prepare(name: str, root: Path, out: Path, size: int = 224, options: dict | N
                          "another after replacing unsafe characters; make sample_ids distinct")
     out.mkdir(parents=True, exist_ok=True)
     _check_out(out, {"dataset": name, "size": int(size), "source_root": str(Path(root).resolve()),
-                     "options": options or {}, "resize": "PIL bicubic to size x size, aspect not kept, PNG"})
-    jobs = [(root, row, out / rel, size) for row, rel in zip(manifest.to_dict("records"), names)]
+                     "options": options or {}, "resize": "PIL bicubic to size x size, aspect not kept, PNG",
+                     **decode_fields(decode)})
+    jobs = [(root, row, out / rel, size, decode) for row, rel in zip(manifest.to_dict("records"), names)]
     bar = {"total": len(jobs), "desc": f"{name} -> {size}px", "unit": "img", "disable": not progress}
     if workers > 1:
         with multiprocessing.get_context("fork").Pool(workers) as pool:
@@ -126,9 +150,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="adapter option passed to build_manifest (repeatable)")
     parser.add_argument("--no-verify", action="store_true", help="do not check that every image exists first")
     parser.add_argument("--workers", type=int, default=1, help="decoding processes (DICOM/JPEG 2000 are slow)")
+    parser.add_argument("--decode", choices=DECODE_MODES, default=DEFAULT_DECODE,
+                        help="scaled: JPEGs decoded at the DCT scale the resize needs (the experiments' default); "
+                             "exact: full size, the copies of earlier releases")
     args = parser.parse_args(argv)
     target, written = prepare(args.name, args.root, args.out, args.size, _parse_options(args.option),
-                              verify_images=not args.no_verify, workers=args.workers)
+                              verify_images=not args.no_verify, workers=args.workers, decode=args.decode)
     print(f"{args.name}: {written} images written at {args.size}px, manifest {target}")
     return 0
 

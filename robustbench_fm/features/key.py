@@ -1,5 +1,6 @@
 """The per-manifest key of the earlier layout (cache format 2), kept to find and read its entries
-(a read-only migration path, :mod:`.legacy`): the recipe's encoder identity
+(a read-only migration path: :func:`find_entry`, :func:`find_slide_entry`; nothing writes that
+layout): the recipe's encoder identity
 (:func:`.recipe.encoder_fields` and the recipe's decode field) plus the manifest's locator hash,
 image root, row count and the versions. New features are filed by recipe and image (:mod:`.store`).
 """

@@ -193,9 +193,10 @@ def test_a_complete_cache_entry_is_read_from_a_read_only_cache(tmp_path, monkeyp
 
 def test_an_incomplete_entry_in_a_read_only_cache_is_one_line_naming_paths_cache_dir(tmp_path, monkeypatch):
     import readonly_fs
+    from feature_fixtures import engine_extract as extract  # the engine's entry: its shard files are named here
     from feature_fixtures import tiny_encoder, write_images
 
-    from robustbench_fm.features import FeatureCacheError, extract
+    from robustbench_fm.features import FeatureCacheError
 
     manifest = write_images(tmp_path / "images", n=20)
     first = extract(tiny_encoder(), manifest, tmp_path / "images", tmp_path / "cache", shard_size=8, progress=False)

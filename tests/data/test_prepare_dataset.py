@@ -1,15 +1,18 @@
 """scripts/prepare_dataset.py: resized PNG copies + a manifest relative to OUT; resumable."""
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from feature_fixtures import write_jpeg_films
 from fixtures_derm import write_ddi
 from fixtures_natural import write_fgvc
 from fixtures_pathology import pcam_patch, write_pcam
 from PIL import Image
 
+from robustbench_fm.core.errors import InvalidSetting
 from robustbench_fm.data import manifest as mf
 from robustbench_fm.data.images import read_image
 
@@ -79,3 +82,52 @@ def test_size_512_with_two_workers_matches_one(script, tmp_path):
 def test_stored_names_are_safe_relative_paths(script):
     assert script.stored_name("NCT-CRC-HE-100K/ADI-AAAF") == "images/NCT-CRC-HE-100K/ADI-AAAF.png"
     assert script.stored_name("../a b:c") == "images/a_b_c.png"
+
+
+def _jpeg_films(root, n: int = 2) -> Path:
+    """Grey 1,024 px JPEG films and a CSV manifest (dataset ``csv``): at 224 px the scaled path decodes at 1/2."""
+    paths = write_jpeg_films(root, n, seed=1)
+    (root / "films.csv").write_text("path\n" + "".join(f"{p}\n" for p in paths))
+    return root / "films.csv"
+
+
+@pytest.mark.parametrize("decode", ["scaled", "exact"])
+def test_copies_hold_the_prepared_stores_pixels_for_each_decode_mode(script, tmp_path, decode):
+    """--decode: the copies are the experiments' prepared store's pixels for the same mode; exact
+    ones are the full-size decode resized (the copies of earlier releases), scaled ones the 1/2
+    decode resized, and the two differ."""
+    from robustbench_fm.data import build_manifest
+    from robustbench_fm.data.images import need_of
+    from robustbench_fm.data.prepared import prepare as store_prepare
+    from robustbench_fm.data.prepared import prepare_image
+
+    csv = _jpeg_films(tmp_path / "src")
+    out = tmp_path / "out"
+    assert script.main(["csv", str(csv.parent), str(out), "--size", "224", "--option", f"manifest={csv}",
+                        "--decode", decode]) == 0
+    copies = mf.read(out / "manifest.csv")
+    source = build_manifest("csv", csv.parent, verify_images=False, manifest=csv)
+    store = store_prepare(source, csv.parent, tmp_path / "store", 224, progress=False, decode=decode)
+    need = need_of("squash", 224) if decode == "scaled" else None
+    for row, stored, src in zip(copies.to_dict("records"), store.manifest.to_dict("records"),
+                                source.to_dict("records")):
+        got = np.asarray(read_image(out, row))
+        assert got.shape == (224, 224)
+        assert np.array_equal(got, np.asarray(read_image(store.root, stored)))
+        assert np.array_equal(got, np.asarray(prepare_image(read_image(csv.parent, src, need), 224)))
+        other = prepare_image(read_image(csv.parent, src, None if need else need_of("squash", 224)), 224)
+        assert not np.array_equal(got, np.asarray(other))
+    assert read_image(csv.parent, source.iloc[0].to_dict(), need_of("squash", 224)).size == (512, 512)
+    record = json.loads((out / "prepare.json").read_text())
+    assert record.get("decode") == ("scaled" if decode == "scaled" else None)
+
+
+def test_a_second_run_with_another_decode_mode_stops(script, tmp_path):
+    src, out = write_fgvc(tmp_path / "src"), tmp_path / "out"
+    script.prepare("fgvc_aircraft", src, out, size=16, progress=False, decode="exact")
+    # an OUT written before --decode existed has no decode field: it is an exact OUT
+    assert "decode" not in json.loads((out / "prepare.json").read_text())
+    with pytest.raises(SystemExit, match=r"\(decode exact\); choose another OUT .* \(decode scaled\)"):
+        script.prepare("fgvc_aircraft", src, out, size=16, progress=False)
+    with pytest.raises(InvalidSetting, match="^--decode='fast': use scaled"):
+        script.prepare("fgvc_aircraft", src, tmp_path / "o2", size=16, progress=False, decode="fast")

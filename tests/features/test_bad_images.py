@@ -17,6 +17,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+
+# the engine filling a manifest-keyed entry: these tests are about the engine and the entry format
+from feature_fixtures import engine_extract as extract
 from feature_fixtures import shard_bytes, tiny_encoder, write_images
 from PIL import Image
 
@@ -27,7 +30,6 @@ from robustbench_fm.features import (
     ImageReadError,
     cache_key,
     cache_key_fields,
-    extract,
     read_skipped,
     skipped_ids,
 )

@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+# the engine filling a manifest-keyed entry: these tests are about the engine and the entry format
+from feature_fixtures import engine_extract as extract
 from feature_fixtures import shard_bytes, tiny_encoder, write_images
 from PIL import Image
 
 from robustbench_fm.cli import app
 from robustbench_fm.core.locking import FileLock, LockTimeout
-from robustbench_fm.features import extract
 
 pytestmark = pytest.mark.slow  # command-line subprocesses: the full suite runs them
 

@@ -14,6 +14,9 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+
+# the engine filling a manifest-keyed entry: these tests are about the engine and the entry format
+from feature_fixtures import engine_extract as extract
 from feature_fixtures import tiny_encoder, write_images
 from PIL import Image
 
@@ -24,7 +27,6 @@ from robustbench_fm.features import (
     ImageReadError,
     cache_key,
     cache_key_fields,
-    extract,
     load_features,
 )
 from robustbench_fm.features.cache import PARQUET_META_KEY

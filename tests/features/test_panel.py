@@ -12,11 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+# the engine filling a manifest-keyed entry: these tests are about the engine and the entry format
+from feature_fixtures import engine_extract as extract
+from feature_fixtures import engine_extract_panel as extract_panel
 from feature_fixtures import tiny_encoder, write_images
 from PIL import Image
 
-from robustbench_fm.features import FeatureCache, ImageReadError, extract, verify_entry
-from robustbench_fm.features.engine.panel import extract_panel, split_transform
+from robustbench_fm.features import FeatureCache, ImageReadError, verify_entry
+from robustbench_fm.features.engine.panel import split_transform
 from robustbench_fm.features.engine.rows import default_reader
 
 N, SHARD = 40, 8

@@ -20,12 +20,15 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+
+# the engine filling a manifest-keyed entry: these tests are about the engine and the entry format
+from feature_fixtures import engine_extract as extract
+from feature_fixtures import engine_extract_panel as extract_panel
 from feature_fixtures import tiny_encoder
 from PIL import Image
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from robustbench_fm.encoders.base import _ToMode, build_transform
-from robustbench_fm.features import extract
 from robustbench_fm.features.engine import panel as panel_mod
 from robustbench_fm.features.engine.panel import (
     _HostPlan,
@@ -33,7 +36,6 @@ from robustbench_fm.features.engine.panel import (
     _PanelDataset,
     _standard_steps,
     default_panel_workers,
-    extract_panel,
 )
 from robustbench_fm.features.engine.rows import _RowsDataset, default_num_workers, default_reader
 

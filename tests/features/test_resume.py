@@ -25,6 +25,9 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+
+# the engine filling a manifest-keyed entry: these tests are about the engine and the entry format
+from feature_fixtures import engine_extract as extract
 from feature_fixtures import shard_bytes, tiny_encoder, write_images
 from PIL import Image
 
@@ -35,7 +38,6 @@ from robustbench_fm.features import (
     FeatureCache,
     FeatureCacheError,
     ImageReadError,
-    extract,
     verify_entry,
 )
 

@@ -13,13 +13,14 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from feature_fixtures import engine_extract as extract  # the engine filling a manifest-keyed entry
+from feature_fixtures import engine_extract_panel as extract_panel
 from feature_fixtures import shard_bytes, tiny_encoder
 from PIL import Image
 
 from robustbench_fm.data import prepared
 from robustbench_fm.data.images import Need, need_of, read_image
 from robustbench_fm.features.embed import Embedder
-from robustbench_fm.features.engine.panel import extract, extract_panel
 from robustbench_fm.features.key import cache_key_fields
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "prepared_cf22284"

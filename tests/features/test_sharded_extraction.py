@@ -11,10 +11,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
+# the engine filling a manifest-keyed entry: these tests are about the engine and the entry format
+from feature_fixtures import engine_extract as extract
 from feature_fixtures import shard_bytes, tiny_encoder, write_images
 from PIL import Image
 
-from robustbench_fm.features import FeatureCache, extract, load_features, verify_entry
+from robustbench_fm.features import FeatureCache, load_features, verify_entry
 from robustbench_fm.features.cache import FeatureCacheError
 
 pytestmark = pytest.mark.slow  # command-line subprocesses: the full suite runs them

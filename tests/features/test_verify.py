@@ -12,6 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+# the engine filling a manifest-keyed entry: these tests are about the engine and the entry format
+from feature_fixtures import engine_extract as extract
 from feature_fixtures import tiny_encoder, write_images
 
 import robustbench_fm.features.cache as cache_mod
@@ -21,7 +24,6 @@ from robustbench_fm.features import (
     FeatureCache,
     FeatureCacheError,
     cache_key_fields,
-    extract,
     verify_cache,
     verify_entry,
 )

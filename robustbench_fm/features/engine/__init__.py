@@ -1,7 +1,10 @@
 """The extraction engine: decode -> transform -> forward -> shards of a feature-cache entry.
 
 The feature store (:mod:`robustbench_fm.features.store`) calls it as its backend to fill the
-chunks it found missing; nothing here looks images up or decides what to embed.
+chunks it found missing; nothing here looks images up or decides what to embed, and it fills
+only the entries it is handed (``entry=`` / ``entries=``: it writes no layout of its own). To
+embed a manifest call :func:`robustbench_fm.features.extract` (:mod:`..serve`), which goes through
+the store.
 
 - :mod:`.rows`: a row's image (readers, occlusion, bad-image policy), the shard writer with its
   partial files, padded forwards (:func:`embed_full_batch`), the :class:`FeatureSet` it returns;

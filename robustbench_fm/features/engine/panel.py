@@ -8,8 +8,8 @@ encoder's rows into that encoder's own batches and runs its forward pass. It is 
 extraction engine: :func:`robustbench_fm.features.engine.extract` is this function with one
 encoder (issue 31 item 4).
 
-Each encoder's cache entry gets what it would get alone: the same key (:func:`cache_key_fields`),
-the same shards, and the same batches (each encoder's batches start at each of its missing shards'
+Each encoder's cache entry (the one the feature store hands it, ``entries``) gets what it would
+get alone: the same shards, and the same batches (each encoder's batches start at each of its missing shards'
 first row with its own batch size, and never straddle a shard), written by the same code
 (``_ShardWriter``), so the shard files, ``meta.json`` and ``skipped.csv`` do not depend on which
 other encoders shared the pass. Each encoder is resumable on its own: a settled entry is read and
@@ -80,7 +80,6 @@ from ...core.locking import FileLock, LockTimeout, acquire_waiting, who_holds
 from ...data.images import DEFAULT_DECODE, check_decode, need_of, scale_groups
 from ...encoders.base import _LongestSidePad, _ToMode
 from ..cache import FeatureCache
-from ..key import cache_key_fields
 from ..occlusion import occlude_row
 from .rows import (
     FLUSH_SECONDS,
@@ -495,8 +494,9 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
     (:func:`split_transform`; the entry is keyed apart). ``_wait``: wait for busy entry locks
     (the call that finishes an encoder left out of a pass). ``_stats``: filled with the main
     process's seconds (waiting for decode chunks, collate + tail, forwards, shard writes).
-    ``entries``: (folder, key fields) per encoder of the entries to fill instead of the manifest's
-    own (chunks of the per-image store, :mod:`.store`).
+    ``entries`` (required): (folder, key fields) per encoder of the entries to fill, as the feature
+    store hands them (chunks of the per-image store, :mod:`..store`); with ``device_transform`` an
+    encoder whose transform runs on the device needs ``"transform": "device"`` in its key fields.
     ``decode``: ``"scaled"`` (default reader only): each encoder's JPEGs decoded at the DCT scale
     its own resize needs, once per distinct scale (module docstring), keyed (``"decode"`` in its
     key fields).
@@ -517,13 +517,16 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
         raise InvalidSetting(f"extract_panel: encoder names repeat ({', '.join(names)}); one entry per encoder")
     manifest, ids, image_root, reader, num_workers = _check_inputs(manifest, image_root, reader, sizes,
                                                                    on_bad_image, num_workers, encoders[0].device)
+    if entries is None or len(entries) != len(encoders):
+        raise InvalidSetting("extract_panel: give entries=[(folder, key fields)] per encoder, the entries the feature "
+                             "store hands its backend; to embed a manifest call robustbench_fm.features.extract_panel")
     jobs = []
     for j, (enc, bs) in enumerate(zip(encoders, sizes)):
-        folder, fields = entries[j] if entries is not None else (None, cache_key_fields(enc, manifest, image_root,
-                                                                                         decode))
+        folder, fields = entries[j]
         split = split_transform(enc.transform) if device_transform else None
-        if split is not None and entries is None:
-            fields = {**fields, "transform": "device"}
+        if split is not None and fields.get("transform") != "device":
+            raise InvalidSetting(f"extract_panel: '{enc.spec.name}' with device_transform=True fills an entry keyed "
+                                 "apart; add \"transform\": \"device\" to its key fields")
         cache = FeatureCache(cache_root, fields, shard_size=shard_size, n_rows=len(manifest), folder=folder)
         job = _Job(enc, bs, cache.fields, cache, set(cache.part_shards(num_shards, shard)))
         if split is not None:
@@ -588,8 +591,8 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
         if job.waiting:
             out.append(extract_panel([job.encoder], manifest, image_root, cache_root, job.batch_size, num_workers,
                                      shard_size, progress, reader, on_bad_image, num_shards, shard, read,
-                                     flush_seconds, device_transform, _wait=True,
-                                     entries=None if entries is None else [entries[j]], decode=decode)[0])
+                                     flush_seconds, device_transform, _wait=True, entries=[entries[j]],
+                                     decode=decode)[0])
             continue
         out.append(_result(job.encoder, manifest, job.cache, job.fields, ids, job.skipped, job.n_forward,
                            job.n_images, t0, read, num_shards, shard))
@@ -767,7 +770,9 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
             reader: Reader | None = None, on_bad_image: str = "error", num_shards: int = 1, shard: int = 0,
             read: bool = True, flush_seconds: float | None = FLUSH_SECONDS,
             entry: tuple[Path, dict] | None = None, decode: str = DEFAULT_DECODE) -> FeatureSet:
-    """Embed every manifest row with ``encoder``, reusing and filling the feature cache.
+    """Embed every manifest row with ``encoder`` into the cache entry ``entry`` (reusing and filling it).
+    The feature store hands the entry (a chunk of the per-image store, :mod:`..store`); to embed a
+    manifest call :func:`robustbench_fm.features.extract`, which goes through the store.
 
     ``reader(image_root, row)`` returns a PIL image for a manifest row (default: open
     ``image_root / row['path']``); a row with occlusion columns has that rectangle filled
@@ -787,29 +792,34 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
     never), so a killed run loses seconds of work instead of up to a shard; the resume continues
     from it and writes the same bytes (:mod:`.cache`, "Partial shards").
 
-    ``entry``: (folder, key fields) of the entry to fill instead of the manifest's own (a chunk of
-    the per-image store, :mod:`.store`).
+    ``entry``: (folder, key fields) of the entry to fill (required; folder None: the default folder
+    of those key fields under ``cache_root``).
 
     This is the panel engine with one encoder (:func:`extract_panel`, waiting for the entry's lock
     when another process holds it): one engine writes every entry.
     """
+    if entry is None:
+        raise InvalidSetting("engine extract: give entry=(folder, key fields), the entry the feature store hands its "
+                             "backend; to embed a manifest call robustbench_fm.features.extract")
     if num_workers == "auto":
         num_workers = default_num_workers(encoder.device)
     return extract_panel([encoder], manifest, image_root, cache_root, batch_size, num_workers, shard_size, progress,
                          reader, on_bad_image, num_shards, shard, read, flush_seconds, _wait=True,
-                         entries=None if entry is None else [entry], decode=decode)[0]
+                         entries=[entry], decode=decode)[0]
 
 
 def backend(cache_root: str | Path, batch_size=32, num_workers: int | str = 0, shard_size: int = 1024,
-            on_bad_image: str = "error", num_shards: int = 1, shard: int = 0, progress: bool = True):
+            on_bad_image: str = "error", num_shards: int = 1, shard: int = 0, progress: bool = True,
+            reader: Reader | None = None, flush_seconds: float | None = FLUSH_SECONDS):
     """The engine as the feature store calls it (:data:`robustbench_fm.features.store.Backend`):
     ``run(encoders, rows, root, entries, decode)`` fills each encoder's entry ``(folder, key fields)``
     with ``rows`` (one encoder: :func:`extract`, which waits for a lock another process holds;
     several: one :func:`extract_panel` pass), reading JPEGs as the store's recipe says (``decode``:
-    scaled or exact). ``batch_size``: an int or ``name -> int``."""
+    scaled or exact). ``batch_size``: an int or ``name -> int``; ``reader``: a custom row reader
+    (called as given), ``flush_seconds``: as :func:`extract`'s."""
     size = batch_size if callable(batch_size) else (lambda _name: int(batch_size))
     opts = dict(num_workers=num_workers, shard_size=shard_size, on_bad_image=on_bad_image, num_shards=num_shards,
-                shard=shard, progress=progress, read=False)
+                shard=shard, progress=progress, read=False, reader=reader, flush_seconds=flush_seconds)
 
     def run(encs: list, rows: pd.DataFrame, root: Path, entries: list, decode: str = DEFAULT_DECODE
             ) -> list[FeatureSet]:
