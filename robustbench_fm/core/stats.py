@@ -175,9 +175,10 @@ class ResampledRatio:
         return self.ratio(self.sums(counts))
 
 
-#: bytes of the float64 (clusters × resamples) multiplicities :class:`ResampledAUROC`'s segment form works on;
-#: above it (many clusters: the columns leave the cache) it sums per unit instead
-SEGMENT_BYTES = 4 << 20
+#: bytes of the float64 (clusters × resamples) multiplicities :class:`ResampledAUROC`'s segment form works on at
+#: once (in cache); more resamples are taken that many at a time (at least :data:`SEGMENT_ROWS`)
+SEGMENT_BYTES = 5 << 19
+SEGMENT_ROWS = 8
 
 
 class ResampledAUROC:
@@ -191,16 +192,17 @@ class ResampledAUROC:
 
     * per unit: one cumulative sum over the negatives' weights and one gather at each positive's
       rank (ties counted half);
-    * segments (when the multiplicities of the clusters, as float64 clusters × resamples, fit in
-      :data:`SEGMENT_BYTES`): the negatives' ranks are cut at every ``lo_i`` and ``hi_i``; a sparse
+    * segments (the resamples taken as many at a time as their clusters' multiplicities, float64
+      clusters × resamples, fit in :data:`SEGMENT_BYTES`): the negatives' ranks are cut at every
+      ``lo_i`` and ``hi_i``; a sparse
       product gives each segment's negative weight for every resample at once, their cumulative sum
       C at each cut, and a second sparse product each cut's positive weight (the positives with
       ``lo_i`` or ``hi_i`` there), so 2U = Σ_cuts (positive weight) × C: work per negative and per
       positive rather than per resample and unit, on the clusters' columns (:meth:`columns`) that
       estimators over the same clusters share.
 
-    Integer multiplicities keep every sum exact (int32/int64 per unit; float64 segments, used only
-    while every sum stays below 2**53), so both give the same bits.
+    Integer multiplicities keep every sum exact (int32/int64 per unit; float64 segments, checked to
+    stay below 2**51, the per-unit form taking over otherwise), so both give the same bits.
     """
 
     def __init__(self, scores: np.ndarray, labels: np.ndarray, codes: np.ndarray):
@@ -215,10 +217,14 @@ class ResampledAUROC:
         self.clusters = np.unique(codes)
         self._segments = None  # (negatives per segment, positives per cut, positives per cluster), built once used
 
+    def segment_rows(self) -> int:
+        """Resamples the segment form takes at a time: as many as fit :data:`SEGMENT_BYTES`."""
+        return max(SEGMENT_ROWS, SEGMENT_BYTES // (8 * max(len(self.clusters), 1)))
+
     def segment_form(self, counts: np.ndarray) -> bool:
-        """Whether a resample of ``counts`` (resamples × clusters) takes the segment form: its
-        columns fit :data:`SEGMENT_BYTES` (its sums are checked to stay exact when it runs)."""
-        return 0 < len(self.clusters) * len(counts) * 8 <= SEGMENT_BYTES
+        """Whether all of ``counts`` (resamples × clusters) is taken at once in the segment form,
+        so that its :meth:`columns` can be shared."""
+        return 0 < len(counts) <= self.segment_rows() and len(self.clusters) > 0
 
     def columns(self, counts: np.ndarray) -> np.ndarray:
         """The multiplicities of this estimator's clusters, (clusters × resamples) float64: the same
@@ -242,16 +248,33 @@ class ResampledAUROC:
 
     def __call__(self, counts: np.ndarray, columns: np.ndarray | None = None) -> np.ndarray:
         """One AUROC per row of ``counts`` (resamples × clusters); NaN when a class has no weight.
-        ``columns``: :meth:`columns` of these counts, when already taken (segment form only)."""
-        if self.segment_form(counts):
-            neg, pos, pos_per_cluster = self._segments or self._build_segments()
-            x = self.columns(counts) if columns is None else columns
-            below = np.cumsum(neg @ x, axis=0)  # (cuts × resamples): negative weight ranked below each cut
-            w_pos, w_neg = pos_per_cluster @ x, below[-1]
-            if (w_pos + w_neg).max() < 2**26:  # 2U ≤ (w_pos + w_neg)² / 2 < 2**51: every float64 sum exact
-                twice_u = np.einsum("ij,ij->j", pos @ x, below)
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    return twice_u / (2.0 * w_pos * w_neg)
+        ``columns``: :meth:`columns` of these counts, when already taken (:meth:`segment_form`)."""
+        if len(self.clusters) and len(counts):
+            rows = self.segment_rows()
+            if columns is not None and len(counts) <= rows:
+                out = self._by_segments(columns)
+                return self._per_unit(counts) if out is None else out
+            parts = []
+            for r0 in range(0, len(counts), rows):
+                part = self._by_segments(self.columns(counts[r0:r0 + rows]))
+                parts.append(self._per_unit(counts[r0:r0 + rows]) if part is None else part)
+            return np.concatenate(parts)
+        return self._per_unit(counts)
+
+    def _by_segments(self, x: np.ndarray) -> np.ndarray | None:
+        """The segment form on the columns ``x`` (clusters × resamples); None where a sum could
+        leave float64's exact integers."""
+        neg, pos, pos_per_cluster = self._segments or self._build_segments()
+        below = np.cumsum(neg @ x, axis=0)  # (cuts × resamples): negative weight ranked below each cut
+        w_pos, w_neg = pos_per_cluster @ x, below[-1]
+        if (w_pos + w_neg).max() >= 2**26:  # 2U ≤ (w_pos + w_neg)² / 2 < 2**51 keeps every sum exact
+            return None
+        twice_u = np.einsum("ij,ij->j", pos @ x, below)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return twice_u / (2.0 * w_pos * w_neg)
+
+    def _per_unit(self, counts: np.ndarray) -> np.ndarray:
+        """The per-unit form: a cumulative sum over the negatives' weights, gathered at the positives."""
         # int32 is exact while Σ multiplicity × cumulated weight stays below 2**31
         cum = np.zeros((len(counts), len(self.neg_codes) + 1), np.int32 if len(self.neg_codes) < 2**22 else np.int64)
         np.cumsum(counts[:, self.neg_codes], axis=1, out=cum[:, 1:])
