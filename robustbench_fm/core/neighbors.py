@@ -293,6 +293,28 @@ def topk_rows(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values, torch.gather(cols, 1, at)
 
 
+#: rows per block of :func:`topk_columns`' block maxima
+COLUMN_BLOCK = 16
+
+
+def topk_columns(sims: torch.Tensor, k: int, block: int = COLUMN_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest values of every column of ``sims`` (rows a multiple of ``block``; pad with
+    −inf), sorted descending down dim 0, with their row indices: the rows are cut into blocks of
+    ``block``, the k blocks with the largest maxima in each column kept and the top k of their
+    k·block entries taken (exact for the values, as :func:`topk_rows`' chunks: the entries ≥ the
+    column's k-th largest v lie in blocks whose maximum is ≥ v). Columns must hold at least k
+    finite values."""
+    r, m = sims.shape
+    blocks = sims.reshape(r // block, block, m)
+    if r // block < k:
+        return torch.topk(sims, k, dim=0)
+    _, top = torch.topk(blocks.amax(dim=1), k, dim=0, sorted=False)  # (k, m): each column's best blocks
+    at = (top[:, None, :] * block + torch.arange(block, device=sims.device)[None, :, None]).reshape(k * block, m)
+    values = torch.gather(blocks, 0, top[:, None, :].expand(k, block, m)).reshape(k * block, m)
+    values, pick = torch.topk(values.T.contiguous(), k, dim=1)  # along rows of the transposed copy: faster
+    return values.T, torch.gather(at, 0, pick.T)
+
+
 class RunningTopK:
     """The ``k`` largest values of every row of a matrix seen one tile at a time, with their column
     indices (the tiles of one pass share their row blocks).
@@ -591,8 +613,12 @@ class Shortlist:
         cand_rows = np.asarray(cand_rows, dtype=np.int64)
         out = np.full(len(query_rows), np.nan)
         device = self.feats.device
-        in_r = torch.zeros(self.feats.shape[0], dtype=torch.bool, device=device)
-        in_r[torch.as_tensor(cand_rows, device=device)] = True
+        if device.type == "cpu":
+            in_r = np.zeros(self.feats.shape[0], bool)
+            in_r[cand_rows] = True
+        else:
+            in_r = torch.zeros(self.feats.shape[0], dtype=torch.bool, device=device)
+            in_r[torch.as_tensor(cand_rows, device=device)] = True
         positions = self._local(query_rows)
         todo = np.arange(len(query_rows))
         first = self.scan_width(k, len(self.rows), len(cand_rows), scan_factor)
@@ -602,7 +628,7 @@ class Shortlist:
         for width in widths:
             if len(todo) == 0 or width < k:
                 continue
-            local = torch.as_tensor(positions[todo], device=device)
+            local = positions[todo] if device.type == "cpu" else torch.as_tensor(positions[todo], device=device)
             parts = row_parallel(lambda r0, r1: self._first_hits(local[r0:r1], in_r, k, width), len(local), device)
             sums, found = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
             done = found == k
@@ -630,6 +656,14 @@ class Shortlist:
             raise ValueError(f"k={k} exceeds the candidates available")
         # the matrix is symmetric bitwise: the candidates' rows, read at the query columns, are the
         # queries' rows at the candidate columns (|R| × n copied instead of |queries| × n)
+        n, r, b = len(self.rows), len(cand_local), COLUMN_BLOCK
+        if len(local) * 4 >= n and r >= k * b:  # most rows: every column's top k down the candidates' rows
+            blocks = -(-r // b)
+            cand_rows = self.matrix.new_full((blocks * b, n), float("-inf"))
+            torch.index_select(self.matrix, 0, torch.as_tensor(cand_local, device=device), out=cand_rows[:r])
+            every = torch.cat(row_parallel(lambda c0, c1: topk_columns(cand_rows[:, c0:c1], k, b)[0].double().mean(
+                dim=0), n, device))
+            return every[torch.as_tensor(local, device=device)].cpu().numpy()
         cand_rows = self.matrix.index_select(0, torch.as_tensor(cand_local, device=device))
         local = torch.as_tensor(local, device=device)
 
@@ -639,10 +673,26 @@ class Shortlist:
 
         return torch.cat(row_parallel(means, len(local), device)).cpu().numpy()
 
-    def _first_hits(self, local: torch.Tensor, in_r: torch.Tensor, k: int, width: int):
+    def _first_hits(self, local, in_r, k: int, width: int):
         """Sum (float64) of the first k shortlist similarities within ``width`` that belong to R,
-        and how many were found (≤ k). The k earliest members are the k largest scores
-        ``member × (width − position)``."""
+        and how many were found (≤ k). On a GPU (tensors) the k earliest members are the k largest
+        scores ``member × (width − position)``; on the CPU (numpy arrays, no per-op thread barrier)
+        a running count of members marks the first k. Either way the k values are summed in list
+        order (largest first)."""
+        if isinstance(local, np.ndarray):
+            hit = in_r[self._members_np[local, :width]]
+            count = np.cumsum(hit, axis=1, dtype=np.int32)
+            found = np.minimum(count[:, -1], k)
+            sums = np.zeros(len(local))
+            done = np.flatnonzero(found == k)
+            if len(done):
+                taken = hit[done] & (count[done] <= k)  # exactly k per row, in list order
+                values = self._values_np[local[done], :width][taken].reshape(len(done), k).astype(np.float64)
+                total = values[:, 0].copy()
+                for j in range(1, k):
+                    total += values[:, j]
+                sums[done] = total
+            return sums, found
         hit = in_r[self.members[local, :width]]
         rank = torch.arange(width, 0, -1, dtype=torch.int32 if width > 32767 else torch.int16,
                             device=hit.device)
@@ -651,3 +701,11 @@ class Shortlist:
         values = torch.gather(self.values[local, :width], 1, at).double()
         sums = torch.where(taken, values, 0.0).sum(dim=1)
         return sums.cpu().numpy(), taken.sum(dim=1).cpu().numpy()
+
+    @property
+    def _members_np(self) -> np.ndarray:
+        return self.members.numpy()
+
+    @property
+    def _values_np(self) -> np.ndarray:
+        return self.values.numpy()

@@ -175,13 +175,34 @@ class ResampledRatio:
         return self.ratio(self.sums(counts))
 
 
+#: bytes of the float64 (clusters × resamples) multiplicities :class:`ResampledAUROC`'s segment form works on at
+#: once (in cache); more resamples are taken that many at a time (at least :data:`SEGMENT_ROWS`)
+SEGMENT_BYTES = 5 << 19
+SEGMENT_ROWS = 8
+
+
 class ResampledAUROC:
     """AUROC of ``scores`` for ``labels`` (1 positive, 0 negative) with every unit weighted by its
     cluster's multiplicity: Σ_{i pos, j neg} w_i w_j ([s_i > s_j] + ½[s_i = s_j]) / (Σ w_i Σ w_j).
 
-    The negatives are sorted once; a resample then costs one cumulative sum over the negatives'
-    weights and one gather at each positive's rank (ties counted half). Integer multiplicities
-    keep every sum exact.
+    The negatives are sorted once; positive i meets the negatives ranked below ``lo_i`` (smaller
+    scores) and, counted half, those ranked in ``[lo_i, hi_i)`` (ties), so
+    2U = Σ_i w_i (C(lo_i) + C(hi_i)), C(r) the summed weight of the negatives ranked below r.
+    Two ways to a resample, the same integers:
+
+    * per unit: one cumulative sum over the negatives' weights and one gather at each positive's
+      rank (ties counted half);
+    * segments (the resamples taken as many at a time as their clusters' multiplicities, float64
+      clusters × resamples, fit in :data:`SEGMENT_BYTES`): the negatives' ranks are cut at every
+      ``lo_i`` and ``hi_i``; a sparse
+      product gives each segment's negative weight for every resample at once, their cumulative sum
+      C at each cut, and a second sparse product each cut's positive weight (the positives with
+      ``lo_i`` or ``hi_i`` there), so 2U = Σ_cuts (positive weight) × C: work per negative and per
+      positive rather than per resample and unit, on the clusters' columns (:meth:`columns`) that
+      estimators over the same clusters share.
+
+    Integer multiplicities keep every sum exact (int32/int64 per unit; float64 segments, checked to
+    stay below 2**51, the per-unit form taking over otherwise), so both give the same bits.
     """
 
     def __init__(self, scores: np.ndarray, labels: np.ndarray, codes: np.ndarray):
@@ -193,9 +214,67 @@ class ResampledAUROC:
         self.lo = np.searchsorted(neg_scores, scores[pos], "left")
         self.hi = np.searchsorted(neg_scores, scores[pos], "right")
         self.untied = bool((self.lo == self.hi).all())
+        self.clusters = np.unique(codes)
+        self._segments = None  # (negatives per segment, positives per cut, positives per cluster), built once used
 
-    def __call__(self, counts: np.ndarray) -> np.ndarray:
-        """One AUROC per row of ``counts`` (resamples × clusters); NaN when a class has no weight."""
+    def segment_rows(self) -> int:
+        """Resamples the segment form takes at a time: as many as fit :data:`SEGMENT_BYTES`."""
+        return max(SEGMENT_ROWS, SEGMENT_BYTES // (8 * max(len(self.clusters), 1)))
+
+    def segment_form(self, counts: np.ndarray) -> bool:
+        """Whether all of ``counts`` (resamples × clusters) is taken at once in the segment form,
+        so that its :meth:`columns` can be shared."""
+        return 0 < len(counts) <= self.segment_rows() and len(self.clusters) > 0
+
+    def columns(self, counts: np.ndarray) -> np.ndarray:
+        """The multiplicities of this estimator's clusters, (clusters × resamples) float64: the same
+        for every estimator over the same clusters (pass them to ``__call__`` to share them)."""
+        return np.ascontiguousarray(counts[:, self.clusters].T, dtype=np.float64)
+
+    def _build_segments(self):
+        from scipy import sparse
+
+        n_neg, n_clusters = len(self.neg_codes), len(self.clusters)
+        cuts = np.unique(np.r_[self.lo, self.hi, n_neg])  # segment s: negatives ranked in [cuts[s-1], cuts[s])
+        neg = sparse.csr_array((np.ones(n_neg), (np.searchsorted(cuts, np.arange(n_neg), "right"),
+                                                 np.searchsorted(self.clusters, self.neg_codes))),
+                               shape=(len(cuts), n_clusters))
+        pos_cluster = np.searchsorted(self.clusters, self.pos_codes)
+        at = np.r_[np.searchsorted(cuts, self.lo), np.searchsorted(cuts, self.hi)]
+        pos = sparse.csr_array((np.ones(len(at)), (at, np.r_[pos_cluster, pos_cluster])),
+                               shape=(len(cuts), n_clusters))
+        self._segments = neg, pos, np.bincount(pos_cluster, minlength=n_clusters).astype(np.float64)
+        return self._segments
+
+    def __call__(self, counts: np.ndarray, columns: np.ndarray | None = None) -> np.ndarray:
+        """One AUROC per row of ``counts`` (resamples × clusters); NaN when a class has no weight.
+        ``columns``: :meth:`columns` of these counts, when already taken (:meth:`segment_form`)."""
+        if len(self.clusters) and len(counts):
+            rows = self.segment_rows()
+            if columns is not None and len(counts) <= rows:
+                out = self._by_segments(columns)
+                return self._per_unit(counts) if out is None else out
+            parts = []
+            for r0 in range(0, len(counts), rows):
+                part = self._by_segments(self.columns(counts[r0:r0 + rows]))
+                parts.append(self._per_unit(counts[r0:r0 + rows]) if part is None else part)
+            return np.concatenate(parts)
+        return self._per_unit(counts)
+
+    def _by_segments(self, x: np.ndarray) -> np.ndarray | None:
+        """The segment form on the columns ``x`` (clusters × resamples); None where a sum could
+        leave float64's exact integers."""
+        neg, pos, pos_per_cluster = self._segments or self._build_segments()
+        below = np.cumsum(neg @ x, axis=0)  # (cuts × resamples): negative weight ranked below each cut
+        w_pos, w_neg = pos_per_cluster @ x, below[-1]
+        if (w_pos + w_neg).max() >= 2**26:  # 2U ≤ (w_pos + w_neg)² / 2 < 2**51 keeps every sum exact
+            return None
+        twice_u = np.einsum("ij,ij->j", pos @ x, below)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return twice_u / (2.0 * w_pos * w_neg)
+
+    def _per_unit(self, counts: np.ndarray) -> np.ndarray:
+        """The per-unit form: a cumulative sum over the negatives' weights, gathered at the positives."""
         # int32 is exact while Σ multiplicity × cumulated weight stays below 2**31
         cum = np.zeros((len(counts), len(self.neg_codes) + 1), np.int32 if len(self.neg_codes) < 2**22 else np.int64)
         np.cumsum(counts[:, self.neg_codes], axis=1, out=cum[:, 1:])

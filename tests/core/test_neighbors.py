@@ -333,3 +333,51 @@ def test_row_parallel_keeps_the_pieces_order():
     finally:
         torch.set_num_threads(threads)
     assert out == [(0, 5), (5, 10), (10, 15), (15, 20), (20, 23)]
+
+
+@pytest.mark.parametrize("rows, width, k, block", [(160, 300, 5, 16), (96, 50, 5, 16), (64, 40, 5, 16),
+                                                   (800, 130, 7, 8), (48, 20, 3, 4)])
+def test_topk_columns_gives_the_values_of_torch_topk_down_the_rows(rows, width, k, block):
+    """Issue 44: the block-maximum prefilter down the rows keeps torch.topk(dim=0)'s values bitwise
+    (ties on a grid of 1/64, a −inf per column as a masked diagonal) and row indices that hold them;
+    with fewer than k blocks it is torch.topk itself."""
+    rng = np.random.default_rng(rows + width)
+    sims = torch.as_tensor(np.round(rng.normal(size=(rows, width)) * 8) / 64, dtype=torch.float32)
+    sims[torch.as_tensor(rng.integers(0, rows, width)), torch.arange(width)] = float("-inf")
+    values, at = neighbors.topk_columns(sims, k, block)
+    assert torch.equal(values, torch.topk(sims, k, dim=0).values)
+    assert torch.equal(torch.gather(sims, 0, at), values)
+    assert all(len(set(col.tolist())) == k for col in at.T)  # k distinct rows per column
+
+
+def test_cpu_first_hits_and_column_reads_equal_the_tensor_ways(monkeypatch):
+    """Issue 44: on the CPU the shortlist's first hits run in numpy (a running count of members) and a
+    sparse set asked about most rows is read down the matrix's columns (:func:`neighbors.topk_columns`);
+    both give the tensor ways' sums and means bit for bit, and the brute force."""
+    rng = np.random.default_rng(7)
+    x = exact_unit_rows(600, 14, rng)
+    rows = np.sort(rng.choice(600, 560, replace=False))
+    sl = Shortlist(torch.as_tensor(x), rows, size=60, block_size=128)
+    assert sl.matrix is not None
+    for n_cands in (60, 200, 560):
+        cands = np.sort(rng.choice(rows, n_cands, replace=False))
+        local = sl._local(rng.choice(rows, 300, replace=False))
+        in_np = np.zeros(600, bool)
+        in_np[cands] = True
+        for width in (20, 60):
+            sums, found = sl._first_hits(local, in_np, 5, width)
+            t_sums, t_found = sl._first_hits(torch.as_tensor(local), torch.as_tensor(in_np), 5, width)
+            np.testing.assert_array_equal(found, t_found)
+            np.testing.assert_array_equal(sums[found == 5], t_sums[found == 5])
+    cands = np.sort(rng.choice(rows, 100, replace=False))  # first scan wider than the shortlist: the matrix
+    everyone = rng.permutation(rows)
+    columns = []
+    real = neighbors.topk_columns
+    monkeypatch.setattr(neighbors, "topk_columns", lambda *a: (columns.append(a[0].shape), real(*a))[1])
+    by_columns = sl._matrix_means(sl._local(everyone), sl._local(cands), 5)
+    assert columns and columns[0][0] == 112  # 100 candidates' rows padded to blocks of 16
+    monkeypatch.setattr(neighbors, "COLUMN_BLOCK", 10**6)  # too few blocks: the rows' way
+    by_rows = sl._matrix_means(sl._local(everyone), sl._local(cands), 5)
+    np.testing.assert_array_equal(by_columns, by_rows)
+    np.testing.assert_array_equal(by_columns, brute_mean_topk(x, everyone, cands, 5))
+    np.testing.assert_array_equal(sl.mean_topk(everyone, cands, 5), by_columns)

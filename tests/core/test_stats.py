@@ -214,3 +214,64 @@ def test_spearman_equals_scipy_and_has_one_nan_policy():
     assert np.isnan(stats.spearman([1, 1, 1, 1], [1, 2, 3, 4]))  # constant side: no ranking
     with pytest.raises(ValueError, match="one length"):
         stats.spearman([1, 2, 3], [1, 2])
+
+
+def per_unit_reference(scores, labels, weights) -> np.ndarray:
+    """The weighted Mann-Whitney AUROC written out pair by pair (ties ½), one value per row of
+    ``weights`` (resamples × units), as an exact fraction turned into a float at the end."""
+    pos, neg = labels == 1, labels == 0
+    wins = (scores[pos][:, None] > scores[neg][None, :]) * 2 + (scores[pos][:, None] == scores[neg][None, :])
+    out = []
+    for w in weights.astype(np.int64):
+        twice_u = int(w[pos] @ wins @ w[neg])
+        denominator = 2.0 * int(w[pos].sum()) * int(w[neg].sum())
+        out.append(twice_u / denominator if denominator else np.nan)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("case", ["ties", "untied", "one_cluster", "all_positive", "all_negative", "singletons"])
+def test_resampled_auroc_segment_form_equals_the_per_unit_form_bit_for_bit(case, monkeypatch):
+    """Issue 44: the segment form (sparse products over the negatives' rank segments, float64) gives
+    the per-unit form's values bit for bit, and both the pairwise reference: ties, uneven clusters,
+    one cluster, a class missing, every unit its own cluster; in slices of resamples
+    (``SEGMENT_BYTES`` small) and on columns shared between estimators."""
+    rng = np.random.default_rng(["ties", "untied", "one_cluster", "all_positive", "all_negative",
+                                 "singletons"].index(case))
+    n = 120
+    codes = {"one_cluster": np.zeros(n, int), "singletons": np.arange(n)}.get(case, rng.integers(0, 40, n))
+    labels = {"all_positive": np.ones(n), "all_negative": np.zeros(n)}.get(case, (rng.random(n) < 0.3) * 1.0)
+    scores = rng.integers(0, 5, n) / 4.0 if case != "untied" else rng.normal(size=n)
+    n_clusters = int(codes.max()) + 1
+    counts = np.concatenate(list(stats.cluster_count_chunks(n_clusters, 70, np.random.default_rng(1))))
+    counts = np.r_[counts, np.zeros((1, n_clusters), np.int32), np.full((1, n_clusters), 3, np.int32)]
+    estimator = stats.ResampledAUROC(scores, labels, codes)
+    assert case != "ties" or not estimator.untied
+    per_unit = estimator._per_unit(counts)
+    np.testing.assert_array_equal(per_unit, per_unit_reference(scores, labels, counts[:, codes]))
+    assert estimator.segment_form(counts)
+    np.testing.assert_array_equal(estimator(counts), per_unit)
+    np.testing.assert_array_equal(estimator(counts, estimator.columns(counts)), per_unit)  # shared columns
+    other = stats.ResampledAUROC(-scores, labels, codes)  # another estimator over the same clusters
+    np.testing.assert_array_equal(other(counts, estimator.columns(counts)), other._per_unit(counts))
+    monkeypatch.setattr(stats, "SEGMENT_BYTES", 0)  # slices of SEGMENT_ROWS resamples
+    assert not estimator.segment_form(counts)
+    np.testing.assert_array_equal(estimator(counts), per_unit)
+
+
+def test_resampled_auroc_segment_form_hands_large_sums_to_the_per_unit_form(monkeypatch):
+    """Weights so large that a float64 sum could round (total weight ≥ 2**26) are summed per unit, in
+    integers: the values stay the exact ones."""
+    scores, labels, codes = np.array([0.1, 0.4, 0.4, 0.9]), np.array([0, 1, 0, 1]), np.array([0, 1, 2, 3])
+    counts = np.array([[2**25, 2**25 + 1, 3, 7], [1, 2, 3, 4]], np.int64)
+    estimator = stats.ResampledAUROC(scores, labels, codes)
+    used = []
+    real = stats.ResampledAUROC._per_unit
+    monkeypatch.setattr(stats.ResampledAUROC, "_per_unit", lambda self, c: (used.append(len(c)), real(self, c))[1])
+    got = estimator(counts[:1])
+    assert used == [1]
+    w = counts[0].astype(object)  # exact integers
+    twice_u = 2 * (w[1] * w[0] + w[3] * (w[0] + w[2])) + w[1] * w[2]
+    assert got[0] == twice_u / (2.0 * (w[1] + w[3]) * (w[0] + w[2]))
+    used.clear()
+    np.testing.assert_array_equal(estimator(counts[1:]), real(estimator, counts[1:]))
+    assert used == []

@@ -682,10 +682,18 @@ class _Resampler:
                                           np.searchsorted(patients, self.clusters[self.parts[j]["images"]]))
                           for j in js]
             out, start = np.empty((self.n_boot, len(js))), 0
+            # estimators over the same patients (a group's tasks) share their columns of the multiplicities
+            shares = [e.clusters.tobytes() if hasattr(e, "columns") else None for e in estimators]
             with ThreadPoolExecutor(max(1, min(len(js), torch.get_num_threads()))) as pool:  # numpy frees the GIL
                 for counts in cluster_count_chunks(len(patients), self.n_boot, _patient_set_rng(self.seed, patients),
                                                    max_draws=max(BOOT_CHUNK, 64 * len(patients))):
-                    out[start:start + len(counts)] = np.stack(list(pool.map(lambda e: e(counts), estimators)), 1)
+                    columns = {}
+                    for share, e in zip(shares, estimators):
+                        if share is not None and share not in columns and e.segment_form(counts):
+                            columns[share] = e.columns(counts)
+                    out[start:start + len(counts)] = np.stack(list(pool.map(
+                        lambda se: se[1](counts, columns[se[0]]) if se[0] in columns else se[1](counts),
+                        zip(shares, estimators))), 1)
                     start += len(counts)
             for c, j in enumerate(js):
                 self.aurocs[(key, j)] = out[:, c]
