@@ -10,6 +10,7 @@ which experiment). The functions above :func:`plan` read the config for it; runn
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -334,6 +335,17 @@ def _leaves(node, prefix: str) -> list[str]:
     return [prefix]
 
 
+@functools.lru_cache(maxsize=1)
+def _shipped_keys() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``extract``'s keys in the shipped ``configs/config.yaml`` and every key of the shipped
+    dataset cards: read once per process (the shipped files do not change under a running process;
+    an experiment's dry run plans each of its jobs and paid ~30 YAML parses per job otherwise)."""
+    extract_keys = tuple(str(k) for k in OmegaConf.load(cards.CONFIG_DIR / "config.yaml").extract.keys())
+    dataset_keys = tuple(sorted({str(k) for card in (cards.CONFIG_DIR / "dataset").glob("*.yaml")
+                                 for k in (OmegaConf.load(card) or {})}))
+    return extract_keys, dataset_keys
+
+
 def _refuse_unknown_keys(cfg: DictConfig) -> None:
     """A key under ``stage``, ``extract``, ``encoder`` or ``dataset.options`` that nothing reads
     (``+stage.parms.k=3``, the fix Hydra itself prints for a typo, adds one and the run would
@@ -343,9 +355,7 @@ def _refuse_unknown_keys(cfg: DictConfig) -> None:
     of the shipped ``configs/config.yaml``, ``dataset``'s those of the shipped dataset cards."""
     import difflib
 
-    extract_keys = tuple(OmegaConf.load(cards.CONFIG_DIR / "config.yaml").extract.keys())
-    dataset_keys = tuple(sorted({str(k) for card in (cards.CONFIG_DIR / "dataset").glob("*.yaml")
-                                 for k in (OmegaConf.load(card) or {})}))
+    extract_keys, dataset_keys = _shipped_keys()
     for node, known in (("stage", STAGE_KEYS), ("extract", extract_keys), ("encoder", ENCODER_KEYS),
                         ("dataset", dataset_keys)):
         value = cfg.get(node)

@@ -14,7 +14,9 @@ SMALL = ["experiment=spar_demo", "encoders=[random_vit_s]", "dataset.options.n_s
          "dataset.options.n_lits=2", "dataset.options.distance_questions=2",
          "stage.params.transfer.totalsegmentator.options.n_subjects=4",
          "stage.params.transfer.totalsegmentator.options.distance_questions=2",
-         "stage.params.max_epochs=1", "stage.params.by_encoder.spar_oracle.max_epochs=1", "device=cpu",
+         "stage.params.transfer.totalsegmentator.options.extra_test=0",
+         "stage.params.max_epochs=1", "stage.params.by_encoder.spar_oracle.max_epochs=1",
+         "stage.params.by_encoder.spar_canonical.max_epochs=1", "device=cpu",
          "extract.num_workers=0"]
 
 
