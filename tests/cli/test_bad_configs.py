@@ -1,9 +1,8 @@
 """Bad configs fail in one line before heavy work; a task a stage cannot score is recorded and
 the run goes on (issue: reliability 4)."""
-import subprocess
-import sys
 from pathlib import Path
 
+import cli_process
 import numpy as np
 import pandas as pd
 import pytest
@@ -43,9 +42,8 @@ def test_bad_options_fail_in_plan_with_one_line(tmp_path, overrides, message):
 
 
 def test_cli_prints_one_line_and_exits_2_before_any_work(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "robustbench_fm", f"paths.output_root={tmp_path}",
-                           "encoders=[planted_blur,dinov2_ll]"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    proc = cli_process.run(["-m", "robustbench_fm", f"paths.output_root={tmp_path}",
+                           "encoders=[planted_blur,dinov2_ll]"], cwd=ROOT, timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: unknown encoder 'dinov2_ll'; did you mean dinov2_l, dinov3_l, dinov2_b?")

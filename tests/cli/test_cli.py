@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_process
 import pytest
 
 from robustbench_fm import methods as stages
@@ -15,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args, cwd=ROOT, check=True):
-    proc = subprocess.run([sys.executable, "-m", "robustbench_fm", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    proc = cli_process.run(["-m", "robustbench_fm", *args], cwd=cwd, timeout=300,
+                           env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
     if check:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc

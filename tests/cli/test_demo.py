@@ -1,9 +1,9 @@
 """The embedded default end to end, as a user runs it: `python -m robustbench_fm`."""
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+import cli_process
 import pandas as pd
 import pytest
 
@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args, cwd=ROOT) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "robustbench_fm", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=900)
+    proc = cli_process.run(["-m", "robustbench_fm", *args], cwd=cwd,
+                           timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 

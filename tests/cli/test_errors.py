@@ -3,10 +3,9 @@ any other exception is a bug: one line saying so, naming the log file that holds
 traceback and ``debug=true``. Before, a pandas ``KeyError`` deep in a stage printed as a one-line
 "user" error with no traceback anywhere and no hint that it was a bug."""
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+import cli_process
 import numpy as np
 import pandas as pd
 import pytest
@@ -20,7 +19,6 @@ from dataclasses import dataclass
 
 from robustbench_fm.methods import Method, register
 from robustbench_fm.methods.params import StageParams
-
 
 @dataclass(frozen=True)
 class BuggyParams(StageParams):
@@ -38,8 +36,8 @@ def run(features, manifest, finding, **params):
 
 def _cli(tmp_path, *args):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "robustbench_fm", f"paths.root={tmp_path}", *args],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    return cli_process.run(["-m", "robustbench_fm", f"paths.root={tmp_path}", *args],
+                           cwd=tmp_path, env=env, timeout=300)
 
 
 @pytest.fixture

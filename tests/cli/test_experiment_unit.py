@@ -13,6 +13,7 @@ import pytest
 import robustbench_fm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "methods" / "candor"))
+import cli_process
 from test_chest_candor_e2e import write_chexpert, write_mimic  # noqa: E402
 
 pytestmark = pytest.mark.slow  # command-line runs of a 4-job experiment
@@ -23,8 +24,8 @@ SMALL = ["experiment=chest_candor", "encoders=[planted_blur,planted_sharp]", "st
 
 def _cli(root: Path, *args: str) -> subprocess.CompletedProcess:
     flags = [a for a in args if a == "-m"]
-    return subprocess.run([sys.executable, "-m", "robustbench_fm", *flags, f"paths.root={root}", *SMALL,
-                           *[a for a in args if a != "-m"]], capture_output=True, text=True, timeout=600, cwd=root)
+    return cli_process.run(["-m", "robustbench_fm", *flags, f"paths.root={root}", *SMALL,
+                           *[a for a in args if a != "-m"]], timeout=600, cwd=root)
 
 
 def _tables(folder: Path) -> dict[str, bytes]:

@@ -8,6 +8,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import cli_process
 import pytest
 
 from robustbench_fm import encoders as enc
@@ -19,8 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args, timeout=300, **kwargs):
-    return subprocess.run([sys.executable, "-m", "robustbench_fm", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, **kwargs)
+    return cli_process.run(["-m", "robustbench_fm", *args], cwd=ROOT, timeout=timeout, **kwargs)
 
 
 def one_error_line(proc) -> str:

@@ -2,9 +2,8 @@
 ``bio_label``, the paper table built on the user's features, job folders and results named after
 the user's feature set, and a sweep that fails in one line when a requested table cannot be built."""
 import json
-import subprocess
-import sys
 
+import cli_process
 import numpy as np
 import pandas as pd
 import pytest
@@ -26,9 +25,9 @@ def _features(tmp_path, name="uni_feats"):
 
 def _cli(tmp_path, *args):
     flags = [a for a in args if a == "-m"]
-    return subprocess.run([sys.executable, "-m", "robustbench_fm", *flags, f"paths.output_root={tmp_path / 'out'}",
+    return cli_process.run(["-m", "robustbench_fm", *flags, f"paths.output_root={tmp_path / 'out'}",
                            "experiment=from_features", *[a for a in args if a != "-m"]],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+                           cwd=tmp_path, timeout=300)
 
 
 def test_a_categorical_label_is_read_as_strings_and_a_finding_stays_binary(tmp_path):

@@ -3,10 +3,9 @@ once named in ``plugins=[...]``: its ``stage=toy_gap`` config is generated from 
 class, its console columns, results and report (display name, guide) are the app's, and no file of
 the package is edited."""
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+import cli_process
 import numpy as np
 import pandas as pd
 import pytest
@@ -19,8 +18,7 @@ FIXTURES = REPO / "tests" / "fixtures"
 
 def _cli(tmp_path, *args):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FIXTURES), str(REPO)]), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "robustbench_fm", *args], capture_output=True, text=True,
-                          cwd=tmp_path, env=env, timeout=300)
+    return cli_process.run(["-m", "robustbench_fm", *args], cwd=tmp_path, env=env, timeout=300)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from robustbench_fm.pipeline.job import job_manifest, load_manifest
 from robustbench_fm.pipeline.plan import plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "methods" / "candor"))
+import cli_process
 from test_chest_candor_e2e import write_chexpert  # noqa: E402
 
 ENCODERS = ["planted_blur", "planted_sharp"]
@@ -123,17 +124,16 @@ def test_chest_candor_job_reads_images_stored_once_at_224(tmp_path, monkeypatch)
 def test_resolution_ablation_stores_its_fixed_sample_at_224_and_512(tmp_path):
     """experiment=candor_ablation_resolution as a user runs it (one site here): each size's jobs
     read their own store of the same fixed sample, and the collect step writes the ablation table."""
-    import subprocess
 
     from robustbench_fm.data.sample import fixed_sample
 
     root = tmp_path / "data" / "CheXpert-v1.0-small"
     write_chexpert(root, np.random.default_rng(0))
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "robustbench_fm", "-m", "experiment=candor_ablation_resolution",
+    cmd = ["-m", "robustbench_fm", "-m", "experiment=candor_ablation_resolution",
            f"paths.root={tmp_path}", "dataset=chexpert", f"encoders=[{','.join(ENCODERS)}]", "fixed_sample=6",
            "stage.params.n_boot=20", "device=cpu", "extract.num_workers=0", f"hydra.sweep.dir={sweep}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = cli_process.run(cmd, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (sweep / "missing.txt").read_text() == ""
     cfg = _cfg(tmp_path, root, "fixed_sample=6")

@@ -2,10 +2,9 @@
 digits with EfficientNet-Lite0's ImageNet weights beside the same network with random weights. The
 README shows this command (tests/e2e/test_readme.py RUN_BY: it runs here, once) and the pooled rows
 it prints, asserted below."""
-import subprocess
-import sys
 from pathlib import Path
 
+import cli_process
 import pandas as pd
 import pytest
 
@@ -16,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_real_weights_are_more_concordant_than_random_ones(tmp_path):
     """Measured (seed 42, 30 per digit): pooled D 0.027 [0.011, 0.046] for the real weights against 0.077
     [0.048, 0.110] for random ones; every digit's D at most 0.067 with the real weights (0.133 random)."""
-    proc = subprocess.run([sys.executable, "-m", "robustbench_fm", "experiment=real_demo",
-                           f"paths.output_root={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=1200,
-                          env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    proc = cli_process.run(["-m", "robustbench_fm", "experiment=real_demo",
+                           f"paths.output_root={tmp_path}"], cwd=ROOT, timeout=1200,
+                           env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = sorted((tmp_path / "runs").glob("*/*"))[-1]
     summary = pd.read_parquet(run / "summary.parquet")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+import cli_process
 import pandas as pd
 import pytest
 
@@ -23,8 +23,7 @@ ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.en
 
 
 def cli(*args, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "robustbench_fm", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=900, env=ENV)
+    proc = cli_process.run(["-m", "robustbench_fm", *args], cwd=cwd, timeout=900, env=ENV)
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc

@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import cli_process
 import pandas as pd
 import pytest
 import torch
@@ -71,13 +72,12 @@ def test_log_lines_mask_tokens(caplog):
 
 
 def test_saved_config_and_dry_run_never_hold_tokens(tmp_path):
-    base = [sys.executable, "-m", "robustbench_fm", f"paths.output_root={tmp_path}", f"+hub.token={TOKEN}",
+    base = ["-m", "robustbench_fm", f"paths.output_root={tmp_path}", f"+hub.token={TOKEN}",
             f"+note='use token={TOKEN}'"]
-    dry = subprocess.run(base + ["dry_run=true"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    dry = cli_process.run(base + ["dry_run=true"], cwd=ROOT, timeout=300)
     assert dry.returncode == 0, dry.stderr[-2000:]
     assert TOKEN not in dry.stdout + dry.stderr and "token: '***'" in dry.stdout
-    run = subprocess.run(base + ["encoders=[planted_blur]", "stage.params.n_boot=10"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    run = cli_process.run(base + ["encoders=[planted_blur]", "stage.params.n_boot=10"], cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     saved = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".yaml", ".log", ".json", ".md")]
     assert any(p.name == "config.yaml" for p in saved)

@@ -3,10 +3,9 @@
 the missing column(s) and the fix; a finding it does not score gets one warning line."""
 import gzip
 import logging
-import subprocess
-import sys
 from pathlib import Path
 
+import cli_process
 import pandas as pd
 import pytest
 from chest_fixtures import write_chexpert, write_mimic_cxr, write_vindr_cxr
@@ -83,9 +82,9 @@ def test_every_column_type_adapter_reports_the_gap(tmp_path):
 
 def test_cli_refuses_before_any_image_is_read(chexpert_without_pneumothorax, tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "robustbench_fm", f"paths.output_root={out}", "dataset=chexpert",
+    proc = cli_process.run(["-m", "robustbench_fm", f"paths.output_root={out}", "dataset=chexpert",
                            f"dataset.root={chexpert_without_pneumothorax}", "encoder=planted_sharp",
-                           "stage.findings=[pneumothorax]"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                           "stage.findings=[pneumothorax]"], cwd=ROOT, timeout=300)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [
         f"error: dataset 'chexpert': {chexpert_without_pneumothorax / 'train.csv'} has no column 'Pneumothorax', "

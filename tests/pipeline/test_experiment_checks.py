@@ -2,9 +2,8 @@
 once per job (136 lines for chest_candor's 66 jobs), exit 1 and leave an empty run folder with an
 empty report. Every job's plan is checked before the first job runs: each distinct problem once
 with the jobs it stops, exit 2, no run folder; robustbench_fm.run raises one UserError."""
-import subprocess
-import sys
 
+import cli_process
 import pytest
 
 import robustbench_fm
@@ -32,9 +31,9 @@ def test_run_in_python_raises_one_user_error_naming_each_problem_once_and_writes
 @pytest.mark.slow  # one command-line subprocess
 def test_the_command_line_prints_each_problem_once_exits_2_and_leaves_no_run_folder(tmp_path):
     out = tmp_path / "outputs"
-    proc = subprocess.run([sys.executable, "-m", "robustbench_fm", "experiment=chest_candor",
+    proc = cli_process.run(["-m", "robustbench_fm", "experiment=chest_candor",
                            f"paths.data_dir={tmp_path / 'none'}", f"paths.output_root={out}", *SMALL],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+                           cwd=tmp_path, timeout=600)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 3, lines

@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+import cli_process
 import numpy as np
 import pandas as pd
 import pytest
@@ -91,8 +92,6 @@ def test_run_report_lists_the_blank_rows_with_their_reason(tmp_path):
 def test_cli_prints_why_a_group_is_blank(tmp_path):
     """One matched group too small for k = 5 (3 positives), one scorable: the blank row's reason
     is printed under the console table and written to report.md and report.html."""
-    import subprocess
-    import sys
 
     import numpy as np
 
@@ -104,11 +103,11 @@ def test_cli_prints_why_a_group_is_blank(tmp_path):
     manifest.to_csv(tmp_path / "manifest.csv", index=False)
     emb = rng.normal(size=(46, 8)) + 2.0 * np.array(marker)[:, None]
     pd.DataFrame({"sample_id": manifest["sample_id"], "embedding": list(emb)}).to_parquet(tmp_path / "f.parquet")
-    proc = subprocess.run([sys.executable, "-m", "robustbench_fm", f"paths.output_root={tmp_path}",
+    proc = cli_process.run(["-m", "robustbench_fm", f"paths.output_root={tmp_path}",
                            "experiment=from_features", f"features_file={tmp_path / 'f.parquet'}",
                            f"manifest_file={tmp_path / 'manifest.csv'}", "stage.findings=[marker]",
                            "stage.params.n_boot=20", "hydra.run.dir=" + str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[2])
+                           timeout=600, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr[-3000:]
     reason = "fewer than k+1=6 positives or negatives (3 positives, 3 negatives)"
     assert f"- f, manifest, marker, group small: {reason}" in proc.stdout

@@ -3,10 +3,9 @@ sites written in their real layouts (tests/fixtures/chest_fixtures.py: planted i
 on the positives of one finding) with the two planted encoders: each sweep runs, and its collect
 step writes the table in the paper's layout with the published value beside ours."""
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+import cli_process
 import numpy as np
 import pandas as pd
 import pytest
@@ -29,10 +28,10 @@ ENCODERS = "encoders=[planted_blur,planted_sharp]"
 
 def sweep(tmp_path: Path, experiment: str, *overrides: str) -> Path:
     out = tmp_path / f"sweep_{experiment}"
-    cmd = [sys.executable, "-m", "robustbench_fm", "-m", f"experiment={experiment}", f"paths.root={tmp_path}",
+    cmd = ["-m", "robustbench_fm", "-m", f"experiment={experiment}", f"paths.root={tmp_path}",
            ENCODERS, "stage.params.n_boot=20", "device=cpu", "extract.num_workers=0", f"hydra.sweep.dir={out}",
            *overrides]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = cli_process.run(cmd, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "missing.txt").read_text() == ""
     return out
@@ -172,13 +171,13 @@ def test_objective_experiment_groups_the_encoders_by_their_objective(tmp_path):
     write_mimic_cxr_planted(tmp_path / "data" / "mimic-cxr-jpg" / "2.1.0", rng, marker="Edema")
     fixtures = Path(__file__).resolve().parents[2] / "fixtures"
     out = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "robustbench_fm", "-m", "experiment=candor_v1_objective", f"paths.root={tmp_path}",
+    cmd = ["-m", "robustbench_fm", "-m", "experiment=candor_v1_objective", f"paths.root={tmp_path}",
            "plugins=[objective_encoders]",
            "encoders=[toy_s_it,toy_b_it,toy_s_ssl,toy_b_ssl,toy_s_sup,toy_b_sup]",
            "stage.findings=[edema,pneumothorax,atelectasis]", "stage.params.n_boot=0", "device=cpu",
            "extract.num_workers=0", f"hydra.sweep.dir={out}"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fixtures), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    proc = cli_process.run(cmd, timeout=600, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = job_rows(out)
     rows = rows[rows["acq_group"] == "__pooled__"].set_index(["encoder", "finding"])["d"]

@@ -1,9 +1,8 @@
 """candor_v1.md's synthetic sweep (methods/candor/synthetic.py): Proposition 1's bound and its
 equality case, Corollary 1's cap on the normalised margin of a discordant twin, the Lipschitz
 constants, and the sweep's heads as the classes overlap; the experiment end to end."""
-import subprocess
-import sys
 
+import cli_process
 import numpy as np
 import pandas as pd
 import pytest
@@ -61,11 +60,11 @@ def test_sweep_never_exceeds_the_bound_and_errors_rise_as_the_classes_overlap():
 @pytest.mark.slow  # a command-line subprocess: the full suite runs it
 def test_lipschitz_experiment_runs_and_writes_its_table(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "robustbench_fm", "experiment=candor_v1_lipschitz", f"paths.root={tmp_path}",
+    cmd = ["-m", "robustbench_fm", "experiment=candor_v1_lipschitz", f"paths.root={tmp_path}",
            "stage.params.separations=[2.0,0.1]", "stage.params.n_train=400", "stage.params.n_test=300",
            "stage.params.pairs_per_level=50", "stage.params.hidden=16", "stage.params.epochs=5", "device=cpu",
            f"hydra.run.dir={out}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = cli_process.run(cmd, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = pd.read_parquet(next(out.glob("results/synthetic/*/candor_lipschitz/class_overlap/summary.parquet")))
     table = pd.read_csv(out / "tables" / "candor_v1_lipschitz.csv")

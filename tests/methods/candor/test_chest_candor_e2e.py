@@ -1,10 +1,9 @@
 """Miniature end-to-end run of ``experiment=chest_candor`` through the real CLI: MIMIC-CXR-JPG
 and CheXpert layouts (two sites x two views, 12 findings), two cheap planted encoders, the
 multirun over encoder x dataset, and the collect step writing Table 2's layout."""
-import subprocess
-import sys
 from pathlib import Path
 
+import cli_process
 import numpy as np
 import pandas as pd
 import pytest
@@ -75,11 +74,11 @@ def test_chest_candor_multirun_writes_table2(tmp_path):
     write_mimic(tmp_path / "data" / "mimic-cxr-jpg" / "2.1.0", rng)
     write_chexpert(tmp_path / "data" / "CheXpert-v1.0-small", rng)
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "robustbench_fm", "-m", "experiment=chest_candor", f"paths.root={tmp_path}",
+    cmd = ["-m", "robustbench_fm", "-m", "experiment=chest_candor", f"paths.root={tmp_path}",
            "encoders=[planted_blur,planted_sharp]", "stage=candor",
            "stage.params.n_boot=20", "device=cpu", "extract.num_workers=0",
            f"hydra.sweep.dir={sweep}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = cli_process.run(cmd, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = sorted(p.name for p in sweep.iterdir() if (p / "status.json").exists())
     # 2 encoders x 2 sites (the head and retention stages: tests/methods/candor/test_candor_tables.py)

@@ -5,9 +5,8 @@ same command without `-m` runs both jobs here and writes the same tables, byte f
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
+import cli_process
 import pandas as pd
 import pytest
 from croma_sweeps import camelyon_root
@@ -24,12 +23,12 @@ def test_croma_camelyon_multirun_writes_table3(tmp_path):
     args = ["experiment=croma_camelyon", "encoders=[planted_blur,planted_sharp]", f"dataset.root={root}",
             f"paths.root={tmp_path}", "device=cpu", "extract.num_workers=0", "stage.params.k_grid=[1,3,5,7]",
             "stage.params.m=3"]
-    proc = subprocess.run([sys.executable, "-m", "robustbench_fm", "-m", *args, f"hydra.sweep.dir={sweep}"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = cli_process.run(["-m", "robustbench_fm", "-m", *args, f"hydra.sweep.dir={sweep}"],
+                           cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     unit = tmp_path / "unit"  # the experiment as one command: the same jobs here, then the same collect step
-    proc = subprocess.run([sys.executable, "-m", "robustbench_fm", *args, f"hydra.run.dir={unit}"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = cli_process.run(["-m", "robustbench_fm", *args, f"hydra.run.dir={unit}"],
+                           cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     tables = {p.name: p.read_bytes() for p in sorted((sweep / "tables").iterdir())}
     assert "croma_table3.csv" in tables and {p.name: p.read_bytes() for p in sorted((unit / "tables").iterdir())} \

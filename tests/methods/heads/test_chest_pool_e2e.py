@@ -2,10 +2,9 @@
 on the five chest sites in their official layouts (tests/fixtures/chest_pool_fixtures.py) as one
 manifest (dataset=chest_pool), with the two planted encoders: one job per encoder, the collect
 step writing the tables in the paper's layout with the published values beside ours."""
-import subprocess
-import sys
 from pathlib import Path
 
+import cli_process
 import numpy as np
 import pandas as pd
 import pytest
@@ -37,9 +36,9 @@ def _manifest(root: Path) -> pd.DataFrame:
 
 
 def _run(root: Path, experiment: str, sweep: Path, *extra: str) -> None:
-    cmd = [sys.executable, "-m", "robustbench_fm", "-m", f"experiment={experiment}", f"paths.root={root}",
+    cmd = ["-m", "robustbench_fm", "-m", f"experiment={experiment}", f"paths.root={root}",
            *COMMON, *extra, f"hydra.sweep.dir={sweep}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=root)
+    proc = cli_process.run(cmd, timeout=400, cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (sweep / "missing.txt").read_text() == ""
 

@@ -1,10 +1,9 @@
 """experiment=spar_demo end to end as a user runs it: phantoms, shallow random backbones and the
 planted oracle, every SPAR table written with the published row labels and column headers, every
 probe with test items in both cohorts, the oracle near-perfect and random backbones at baseline."""
-import subprocess
-import sys
 from pathlib import Path
 
+import cli_process
 import numpy as np
 import pandas as pd
 import pytest
@@ -27,8 +26,8 @@ def _published(n: int) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("spar_demo")
-    proc = subprocess.run([sys.executable, "-m", "robustbench_fm", "experiment=spar_demo", f"paths.root={out}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = cli_process.run(["-m", "robustbench_fm", "experiment=spar_demo", f"paths.root={out}"],
+                           cwd=ROOT, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return sorted((out / "outputs" / "runs").glob("*/*"))[-1]
 

@@ -2,9 +2,7 @@
 ``-m`` the experiment runs here as one command (its one job builds the tables at the end of its
 run); with ``-m`` the sweep's collect step builds them. Shrunk to one small backbone, few phantoms
 and one epoch so that the pair of runs stays short; both train with the same seed."""
-import subprocess
-import sys
-
+import cli_process
 import pytest
 
 pytestmark = pytest.mark.slow  # two SPAR runs (token extraction and head training on the CPU)
@@ -25,12 +23,11 @@ def _tables(folder) -> dict[str, bytes]:
 
 
 def test_spar_demo_with_and_without_m_writes_the_same_tables(tmp_path):
-    common = [sys.executable, "-m", "robustbench_fm", f"paths.root={tmp_path}"]
-    sweep = subprocess.run([*common[:3], "-m", *common[3:], *SMALL, f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    common = ["-m", "robustbench_fm", f"paths.root={tmp_path}"]
+    sweep = cli_process.run([*common[:2], "-m", *common[2:], *SMALL, f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                            cwd=tmp_path, timeout=900)
     assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
-    unit = subprocess.run([*common, *SMALL, f"hydra.run.dir={tmp_path / 'unit'}"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=900)
+    unit = cli_process.run([*common, *SMALL, f"hydra.run.dir={tmp_path / 'unit'}"], cwd=tmp_path, timeout=900)
     assert unit.returncode == 0, unit.stdout[-3000:] + unit.stderr[-3000:]
     tables = _tables(tmp_path / "sweep")
     assert {f"spar_table{n}.csv" for n in range(1, 6)} <= set(tables)
