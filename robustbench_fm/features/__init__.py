@@ -10,13 +10,26 @@ your own file with ``sample_id`` and ``embedding`` columns);
 ``skipped_ids(entry)`` names the rows skipped as unreadable (``on_bad_image="skip"``);
 ``verify_entry(entry, manifest)`` / ``verify_cache(root)`` re-check checksums and row counts.
 """
+import importlib
+
 from .cache import CACHE_FORMAT, SKIPPED_NAME, FeatureCache, FeatureCacheError, FeatureSet
-from .engine import BAD_IMAGE_POLICIES, ExtractionInterrupted, ImageReadError, default_num_workers
 from .key import cache_key, cache_key_fields
 from .load import load_features, missing_shards, read_skipped, skipped_ids
-from .serve import extract, extract_panel
 from .store import FeatureStore
 from .verify import VerifyReport, verify_cache, verify_entry
+
+#: names of the extraction engine, imported on first use (the engine imports torchvision and the
+#: encoders, seconds of start-up that reading a features parquet, e.g. ``robustbench_fm.evaluate``, does not need)
+_LAZY = {"BAD_IMAGE_POLICIES": ".engine", "ExtractionInterrupted": ".engine", "ImageReadError": ".engine",
+         "default_num_workers": ".engine", "extract": ".serve", "extract_panel": ".serve"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["BAD_IMAGE_POLICIES", "CACHE_FORMAT", "SKIPPED_NAME", "ExtractionInterrupted", "FeatureCache",
            "FeatureCacheError", "FeatureSet", "FeatureStore", "ImageReadError", "VerifyReport", "cache_key",

@@ -371,13 +371,136 @@ def test_cpu_first_hits_and_column_reads_equal_the_tensor_ways(monkeypatch):
             np.testing.assert_array_equal(sums[found == 5], t_sums[found == 5])
     cands = np.sort(rng.choice(rows, 100, replace=False))  # first scan wider than the shortlist: the matrix
     everyone = rng.permutation(rows)
+    keyed = []
+    real_keyed = neighbors.topk_columns_keyed
+    monkeypatch.setattr(neighbors, "topk_columns_keyed", lambda *a: (keyed.append(a[0].shape), real_keyed(*a))[1])
+    by_keys = sl._matrix_means(sl._local(everyone), sl._local(cands), 5)
+    assert keyed and keyed[0][0] == 100  # the candidates' rows, by keys (candor4)
+    monkeypatch.setattr(neighbors, "topk_columns_keyed", lambda *a: None)  # declined: the tensor way
     columns = []
     real = neighbors.topk_columns
     monkeypatch.setattr(neighbors, "topk_columns", lambda *a: (columns.append(a[0].shape), real(*a))[1])
     by_columns = sl._matrix_means(sl._local(everyone), sl._local(cands), 5)
+    np.testing.assert_array_equal(by_keys, by_columns)
     assert columns and columns[0][0] == 112  # 100 candidates' rows padded to blocks of 16
     monkeypatch.setattr(neighbors, "COLUMN_BLOCK", 10**6)  # too few blocks: the rows' way
     by_rows = sl._matrix_means(sl._local(everyone), sl._local(cands), 5)
     np.testing.assert_array_equal(by_columns, by_rows)
     np.testing.assert_array_equal(by_columns, brute_mean_topk(x, everyone, cands, 5))
     np.testing.assert_array_equal(sl.mean_topk(everyone, cands, 5), by_columns)
+
+
+@pytest.mark.parametrize("rows, width, k", [(50, 1000, 5), (50, 1000, 60), (40, 997, 40), (30, 5000, 256),
+                                            (64, 8003, 208), (3, 2000, 1)])
+def test_topk_rows_keyed_gives_the_values_of_torch_topk(rows, width, k):
+    """Issue 44 (candor4): the threshold-and-keys selection of the shortlist keeps torch.topk's values
+    bitwise (ties on a grid of 1/64, −0 and +0, a −inf per row as the masked diagonal, columns that are
+    no multiple of the chunks), in columns that hold them, k distinct per row, equal values by ascending
+    column; where it does not pay it declines (None)."""
+    rng = np.random.default_rng(rows + width + k)
+    sims = np.round(rng.normal(size=(rows, width)) * 8) / 64
+    sims[rng.random(sims.shape) < 0.01] = -0.0
+    sims = sims.astype(np.float32)
+    sims[np.arange(rows), rng.integers(0, width, rows)] = -np.inf
+    values, cols = neighbors.topk_rows_keyed(sims, k)
+    want = torch.topk(torch.as_tensor(sims), k, dim=1).values.numpy()
+    assert values.dtype == np.float32
+    np.testing.assert_array_equal(values, want)
+    np.testing.assert_array_equal(np.take_along_axis(sims, cols, 1), values)
+    assert all(len(set(row.tolist())) == k for row in cols)
+    ties = values[:, 1:] == values[:, :-1]
+    assert (cols[:, 1:][ties] > cols[:, :-1][ties]).all()
+    assert neighbors.topk_rows_keyed(sims[:, :40], 5) is None  # chunks of fewer than 4 columns: declined
+
+
+def test_topk_rows_keyed_keeps_the_sign_of_zero_and_negative_values():
+    """The keys' order is the floats' order, negatives and −inf included; the values come back bitwise."""
+    rng = np.random.default_rng(17)
+    row = np.full((2, 2000), -np.inf, np.float32)
+    row[:, :40] = [1.0, 0.25] * 2 + [0.0] * 3 + [-0.0] * 3 + list(-rng.random(30))
+    row = row[:, rng.permutation(2000)]
+    values, cols = neighbors.topk_rows_keyed(row, 20)
+    np.testing.assert_array_equal(values, np.sort(row, axis=1)[:, ::-1][:, :20])
+    np.testing.assert_array_equal(np.take_along_axis(row, cols, 1).view(np.int32), values.view(np.int32))
+    assert (values[:, 10:] < 0).all()  # past the 4 positives and the 6 zeros: the negatives, in order
+
+
+def test_symmetric_matrix_strips_and_workspace_give_the_same_bits(monkeypatch):
+    """Issue 44 (candor4): the transposed tiles copied in strips, into a reused workspace, give the matrix
+    of one copy per tile bit for bit (symmetric, equal to the tiles' products); a workspace of another
+    dtype or too small is not used."""
+    rng = np.random.default_rng(11)
+    x = torch.as_tensor(l2_normalize(rng.normal(size=(300, 16))))
+    monkeypatch.setattr(neighbors, "TRANSPOSE_ROWS", 10**6)
+    whole = neighbors.symmetric_matrix(x, 64)
+    monkeypatch.setattr(neighbors, "TRANSPOSE_ROWS", 7)
+    workspace = torch.full((400, 400), 3.0)
+    strips = neighbors.symmetric_matrix(x, 64, workspace)
+    assert strips.data_ptr() == workspace.data_ptr()
+    assert torch.equal(strips, whole) and torch.equal(strips, strips.T)
+    for a0, a1, b0, b1, tile in symmetric_tiles(x, 64):
+        assert torch.equal(strips[a0:a1, b0:b1], tile)
+    for unfit in (torch.zeros(10, 10), torch.zeros((300, 300), dtype=torch.float64)):
+        other = neighbors.symmetric_matrix(x, 64, unfit)
+        assert other.data_ptr() != unfit.data_ptr() and torch.equal(other, whole)
+
+
+def test_keyed_shortlist_equals_the_topk_rows_shortlist(monkeypatch):
+    """Issue 44 (candor4): on the CPU the held matrix's shortlist comes from :func:`neighbors.topk_rows_keyed`;
+    its values equal :func:`topk_rows`' bitwise and every c(x) it answers equals the brute force."""
+    rng = np.random.default_rng(13)
+    x = exact_unit_rows(700, 14, rng)
+    rows = np.sort(rng.choice(700, 650, replace=False))
+    used = []
+    real = neighbors.topk_rows_keyed
+    monkeypatch.setattr(neighbors, "topk_rows_keyed", lambda *a: (used.append(a[0].shape), real(*a))[1])
+    keyed = Shortlist(torch.as_tensor(x), rows, size=40, block_size=128)
+    assert used
+    monkeypatch.setattr(neighbors, "topk_rows_keyed", lambda *a: None)
+    plain = Shortlist(torch.as_tensor(x), rows, size=40, block_size=128)
+    assert torch.equal(keyed.values, plain.values)
+    sims = torch.as_tensor(x)[keyed.members].mul(torch.as_tensor(x)[rows][:, None]).sum(-1)
+    torch.testing.assert_close(sims, keyed.values)  # the members hold the values
+    for n in (30, 200, 650):
+        cands = np.sort(rng.choice(rows, n, replace=False))
+        queries = rng.permutation(rows)
+        np.testing.assert_array_equal(keyed.mean_topk(queries, cands, 5), plain.mean_topk(queries, cands, 5))
+        np.testing.assert_array_equal(keyed.mean_topk(queries, cands, 5), brute_mean_topk(x, queries, cands, 5))
+
+
+def test_row_parallel_reuses_one_pool_of_threads(monkeypatch):
+    """Issue 44 (candor4): :func:`neighbors.row_parallel` runs its pieces on one lasting pool (no threads
+    started per call); the pieces still come back in row order."""
+    import threading
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = [neighbors.row_parallel(lambda r0, r1: (r0, threading.get_ident()), 40, torch.device("cpu"), rows=5)
+                for _ in range(3)]
+    finally:
+        torch.set_num_threads(threads)
+    assert [[r0 for r0, _ in call] for call in seen] == [list(range(0, 40, 5))] * 3
+    idents = {ident for call in seen for _, ident in call}
+    assert threading.get_ident() not in idents and len(idents) <= 2
+    pool = neighbors._row_pool(2)
+    assert neighbors._row_pool(2) is pool
+    monkeypatch.setattr(neighbors.os, "getpid", lambda: -1)  # as in a forked child: a pool of its own
+    assert neighbors._row_pool(2) is not pool
+
+
+@pytest.mark.parametrize("rows, width, k", [(567, 300, 5), (160, 100, 5), (100, 37, 5), (801, 333, 7), (81, 50, 5)])
+def test_topk_columns_keyed_gives_the_values_of_torch_topk_down_the_rows(rows, width, k):
+    """Issue 44 (candor4): the keyed selection down the rows keeps torch.topk(dim=0)'s values bitwise
+    (ties on a grid of 1/64, a −inf per column, rows that are no multiple of the chunks, a column
+    slice of a wider block) and row indices that hold them, k distinct per column."""
+    rng = np.random.default_rng(rows + width)
+    wide = (np.round(rng.normal(size=(rows, 2 * width)) * 8) / 64).astype(np.float32)
+    wide[rng.integers(0, rows, 2 * width), np.arange(2 * width)] = -np.inf
+    sims = wide[:, width // 2:width // 2 + width]  # not contiguous, as row_parallel hands it
+    values, at = neighbors.topk_columns_keyed(sims, k)
+    np.testing.assert_array_equal(values, torch.topk(torch.as_tensor(sims), k, dim=0).values.numpy())
+    np.testing.assert_array_equal(np.take_along_axis(sims, at, 0), values)
+    assert all(len(set(col.tolist())) == k for col in at.T)
+    assert values.flags.c_contiguous
+    assert neighbors.topk_columns_keyed(sims[:60], 5) is None  # chunks of fewer than 4 rows: declined

@@ -352,6 +352,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     sample_ids = manifest["sample_id"].to_numpy()
     cluster_ids = manifest[cluster_col].astype(str).to_numpy()
     rows, parts, per_sample, items = {i: [] for i in range(len(tasks))}, [], [], []
+    workspace = None  # the previous group's similarity matrix, its memory reused by the next (Shortlist)
     for group in sorted(pd.unique(groups)):
         in_group = groups == group
         images = np.flatnonzero(in_group)  # the query sample is drawn from all of them (draw_group)
@@ -378,8 +379,11 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
                 continue
             jobs.append((i, pos, neg, cand_pos, cand_neg, row, q, bank_pos, bank_neg))
         shared = not setting.exact and bool(jobs) and group_path(p.neighbour_path, len(labelled), jobs) == "shortlist"
+        if workspace is not None and workspace.numel() < len(labelled) ** 2:
+            workspace = None  # too small: freed before the new matrix is allocated
         group_shortlist = Shortlist(setting.feats, labelled, shortlist_size(p.shortlist, k, len(labelled), jobs),
-                                    p.block_size, p.backend, setting.vectors) if shared else None
+                                    p.block_size, p.backend, setting.vectors, workspace) if shared else None
+        workspace = None
         for i, pos, neg, cand_pos, cand_neg, row, q, bank_pos, bank_neg in jobs:
             t = tasks[i]
             drops = equal_size_drops(q, bank_pos, bank_neg, ct.task_rng(seed, group, t.target, "equal_size")) \
@@ -408,7 +412,9 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
                                 margin[scored], y[scored]))
             parts.append(dict(task=i, row=row, queries=q, disc=np.c_[disc, disc_all],
                               images=everyone[scored], margin=margin[scored], labels=y[scored]))
+        workspace = None if group_shortlist is None else group_shortlist.matrix
         del group_shortlist
+    del workspace
     summary = _summary(tasks, rows, parts, clusters, k, n_boot, seed, AUROC_ESTIMATORS[p.auroc_bootstrap],
                        cluster_col)
     per = pd.concat(per_sample, ignore_index=True) if per_sample else pd.DataFrame(columns=PER_SAMPLE_COLUMNS)
