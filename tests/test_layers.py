@@ -29,7 +29,8 @@ RANK = {"core": 0, "data": 1, "encoders": 1, "features": 2, "methods": 3, "repor
         "cli": 7}
 #: the Hydra modules ``pipeline`` may import: composing configs and the basic sweeper's job list
 COMPOSE_API = {"hydra", "hydra.compose", "hydra.initialize_config_dir", "hydra.core.global_hydra",
-               "hydra.core.override_parser.overrides_parser", "hydra._internal.core_plugins.basic_sweeper"}
+               "hydra.core.override_parser.overrides_parser", "hydra._internal.core_plugins.basic_sweeper",
+               "hydra._internal.config_repository"}  # the sweep's file cache (pipeline/experiment._FilesReadOnce)
 LAYERS = sorted(RANK, key=RANK.get)
 
 
