@@ -331,6 +331,22 @@ def _ordered_bits(bits: np.ndarray) -> np.ndarray:
     return np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
 
+def _first_k_by_keys(values: np.ndarray, group: np.ndarray, index: np.ndarray, n_groups: int, index_bits: int,
+                     k: int, groups_first: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest float32 ``values`` of each of ``n_groups`` groups (each holding at least k), sorted
+    descending with equal values by ascending ``index``, by one sort of int64 keys (group, value in
+    descending order, index): values (their very bits) and indices, contiguous, (n_groups, k) with
+    ``groups_first`` else (k, n_groups). The selection step of :func:`topk_rows_keyed` (a group is a
+    row) and :func:`topk_columns_keyed` (a column)."""
+    desc = np.int64(0x7FFFFFFF) - _ordered_bits(values.view(np.int32).astype(np.int64))  # 32 bits
+    keys = (group << (32 + index_bits)) | (desc << index_bits) | index
+    keys.sort()
+    starts = np.r_[0, np.cumsum(np.bincount(group, minlength=n_groups))[:-1]]
+    top = keys[starts[:, None] + np.arange(k)] if groups_first else keys[starts + np.arange(k)[:, None]]
+    out = _ordered_bits(np.int64(0x7FFFFFFF) - ((top >> index_bits) & 0xFFFFFFFF)).astype(np.int32)
+    return out.view(np.float32), top & ((1 << index_bits) - 1)
+
+
 def topk_rows_keyed(sims: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
     """:func:`topk_rows` of a float32 numpy block on the CPU (values sorted descending, column
     indices; equal values by ascending column), by a threshold and one sort of integer keys.
@@ -356,13 +372,7 @@ def topk_rows_keyed(sims: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] |
     threshold = np.partition(maxima, width - k, axis=1)[:, width - k]
     at = np.flatnonzero(sims >= threshold[:, None])
     rows, cols = np.divmod(at, m)
-    desc = np.int64(0x7FFFFFFF) - _ordered_bits(sims.ravel()[at].view(np.int32).astype(np.int64))  # 32 bits
-    keys = (rows << (32 + col_bits)) | (desc << col_bits) | cols
-    keys.sort()
-    starts = np.r_[0, np.cumsum(np.bincount(rows, minlength=r))[:-1]]
-    top = keys[starts[:, None] + np.arange(k)]
-    values = _ordered_bits(np.int64(0x7FFFFFFF) - ((top >> col_bits) & 0xFFFFFFFF)).astype(np.int32)
-    return values.view(np.float32), top & ((1 << col_bits) - 1)
+    return _first_k_by_keys(sims.ravel()[at], rows, cols, r, col_bits, k, groups_first=True)
 
 
 #: rows per block of :func:`topk_columns`' block maxima
@@ -407,13 +417,7 @@ def topk_columns_keyed(sims: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray
         np.maximum(maxima[:rest], sims[height * c:], out=maxima[:rest])
     threshold = np.partition(maxima, height - k, axis=0)[height - k]
     rows, cols = np.nonzero(sims >= threshold[None, :])
-    desc = np.int64(0x7FFFFFFF) - _ordered_bits(sims[rows, cols].view(np.int32).astype(np.int64))
-    keys = (cols << (32 + row_bits)) | (desc << row_bits) | rows
-    keys.sort()
-    starts = np.r_[0, np.cumsum(np.bincount(cols, minlength=m))[:-1]]
-    top = keys[starts + np.arange(k)[:, None]]  # (k, m)
-    values = _ordered_bits(np.int64(0x7FFFFFFF) - ((top >> row_bits) & 0xFFFFFFFF)).astype(np.int32)
-    return values.view(np.float32), top & ((1 << row_bits) - 1)
+    return _first_k_by_keys(sims[rows, cols], cols, rows, m, row_bits, k, groups_first=False)
 
 
 class RunningTopK:
