@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_process
 import numpy as np
 import pandas as pd
 import pytest
@@ -182,79 +183,22 @@ def _env() -> dict:
     return env
 
 
-#: the command line's subcommands that read what earlier commands wrote and print a report, without
-#: Hydra (``robustbench_fm.cli.main.main`` handles them before it composes a config): the shown
-#: commands that start with one of them run in one long-lived ``python`` process (:data:`IN_PROCESS`), each
-#: as ``python -m robustbench_fm`` runs it (``runpy`` of the package's ``__main__``, ``sys.argv`` as bash
-#: splits the command, its own stdout and stderr, its exit status), so that their ~12 start-ups
-#: (imports of torch, timm, pandas, ...: 7-17 s each on 2 cores) are paid once
-SUBCOMMANDS = ("list", "doctor", "collect", "compare", "rank", "verify")
-#: the long-lived process: one JSON request per line ({argv, out, err}), one JSON reply ({rc}) per line
-IN_PROCESS = r"""
-import json, os, runpy, sys, traceback
-reply = os.fdopen(os.dup(1), "w")
-for line in sys.stdin:
-    req = json.loads(line)
-    saved = [os.dup(1), os.dup(2)]
-    out, err = (os.open(req[k], os.O_WRONLY | os.O_CREAT | os.O_TRUNC) for k in ("out", "err"))
-    sys.stdout.flush(); sys.stderr.flush()
-    os.dup2(out, 1); os.dup2(err, 2)
-    sys.argv = ["-m", *req["argv"]]
-    try:
-        runpy.run_module("robustbench_fm", run_name="__main__", alter_sys=True)
-        rc = 0
-    except SystemExit as exc:
-        rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
-    except BaseException:
-        traceback.print_exc()
-        rc = 1
-    sys.stdout.flush(); sys.stderr.flush()
-    os.dup2(saved[0], 1); os.dup2(saved[1], 2)
-    for fd in (out, err, *saved):
-        os.close(fd)
-    reply.write(json.dumps({"rc": rc}) + "\n"); reply.flush()
-"""
+#: shell syntax that only bash runs as written (pipes, lists, redirections, substitutions, variable
+#: assignments before the command): a command holding any runs through ``bash -c``
+SHELL_ONLY = re.compile(r"[|&;<>`]|\$\(|^\w+=")
 
 
-def in_process_args(cmd: str) -> list[str] | None:
-    """The arguments after ``python -m robustbench_fm`` of a command :data:`IN_PROCESS` runs, or None."""
-    words = cmd.split()
-    if words[:3] == ["python", "-m", "robustbench_fm"] and len(words) > 3 and words[3] in SUBCOMMANDS:
-        return words[3:]
-    return None
-
-
-class InProcess:
-    """The long-lived process of :data:`IN_PROCESS`, started on first use in ``cwd`` with ``env``."""
-
-    def __init__(self, cwd: Path, env: dict):
-        self.cwd, self.env, self.proc, self.n = cwd, env, None, 0
-
-    def run(self, cmd: str) -> subprocess.CompletedProcess:
-        import json
-
-        # the argument words exactly as bash splits and expands them (quotes, $PWD, ...)
-        split = subprocess.run(["bash", "-c", f"printf '%s\\0' {cmd}"], cwd=self.cwd, env=self.env,
-                               capture_output=True, text=True, check=True)
-        argv = split.stdout.split("\0")[:-1]
-        assert argv[:3] == ["python", "-m", "robustbench_fm"], argv
-        if self.proc is None:
-            self.proc = subprocess.Popen([sys.executable, "-c", IN_PROCESS], cwd=self.cwd, env=self.env, text=True,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.n += 1
-        out, err = (self.cwd.parent / f"{self.cwd.name}-cmd{self.n}.{k}" for k in ("out", "err"))
-        self.proc.stdin.write(json.dumps({"argv": argv[3:], "out": str(out), "err": str(err)}) + "\n")
-        self.proc.stdin.flush()
-        reply = self.proc.stdout.readline()
-        assert reply, f"the in-process runner died during {cmd!r}"
-        return subprocess.CompletedProcess(cmd, json.loads(reply)["rc"], out.read_text(), err.read_text())
-
-    def close(self) -> None:
-        if self.proc is not None:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=60)
+def forked_args(cmd: str, cwd: Path, env: dict) -> list[str] | None:
+    """The words after ``python`` of a plain ``python -m robustbench_fm ...`` command, exactly as bash
+    splits and expands them (quotes, ``$PWD``, ...), for the suite's fork server
+    (tests/fixtures/cli_process.py: a fresh process without the ~7 s of imports); None for any other
+    command."""
+    if not cmd.startswith("python -m robustbench_fm") or SHELL_ONLY.search(cmd):
+        return None
+    split = subprocess.run(["bash", "-c", f"printf '%s\\0' {cmd}"], cwd=cwd, env=env, capture_output=True,
+                           text=True, check=True)
+    argv = split.stdout.split("\0")[:-1]
+    return argv[1:] if argv[:3] == ["python", "-m", "robustbench_fm"] else None
 
 
 def test_pages_are_the_readme_and_every_docs_page():
@@ -361,17 +305,13 @@ def test_commands_run_by_another_test_are_shown_and_run_there():
 
 def test_every_command_of_the_readme_and_the_docs_runs_as_written(workspace):
     env = _env()
-    ran = []
-    shared = InProcess(workspace, env)
-    try:
-        _run_every_block(workspace, env, ran, shared)
-    finally:
-        shared.close()
+    ran, forked = [], []
+    _run_every_block(workspace, env, ran, forked)
     assert len(ran) >= 20, ran
-    assert shared.n >= 10, shared.n  # the report subcommands shared one start-up
+    assert len(forked) >= 15, forked  # the plain commands skipped the interpreter's start-up
 
 
-def _run_every_block(workspace: Path, env: dict, ran: list, shared: InProcess) -> None:
+def _run_every_block(workspace: Path, env: dict, ran: list, forked: list) -> None:
     for page, lang, body in blocks():
         if lang == "text":
             continue
@@ -393,10 +333,13 @@ def _run_every_block(workspace: Path, env: dict, ran: list, shared: InProcess) -
             extra, _why = SUBSTITUTES.get(cmd, ("", ""))
             if "data" in extra and not (workspace / "data").exists():
                 _data(workspace / "data")
-            if not extra and in_process_args(run) is not None:
-                proc = shared.run(run)
+            full = f"{run} {extra}".strip()
+            argv = forked_args(full, workspace, env)
+            if argv is not None:
+                proc = cli_process.run(argv, cwd=workspace, env=env, timeout=900)
+                forked.append(cmd)
             else:
-                proc = subprocess.run(["bash", "-c", f"{run} {extra}".strip()], cwd=workspace, env=env,
+                proc = subprocess.run(["bash", "-c", full], cwd=workspace, env=env,
                                       capture_output=True, text=True, timeout=900)
             assert proc.returncode == 0, (f"{page}: {cmd!r} failed ({proc.returncode}):\n"
                                           f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
