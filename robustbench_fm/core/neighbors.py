@@ -397,7 +397,6 @@ def topk_columns(sims: torch.Tensor, k: int, block: int = COLUMN_BLOCK) -> tuple
     return values.T, torch.gather(at, 0, pick.T)
 
 
-
 def topk_columns_keyed(sims: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
     """:func:`topk_columns` of a float32 numpy block on the CPU (the k largest values of every column,
     sorted descending down dim 0, (k, m) contiguous, and their row indices), the way
