@@ -351,28 +351,19 @@ def topk_rows_keyed(sims: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] |
     """:func:`topk_rows` of a float32 numpy block on the CPU (values sorted descending, column
     indices; equal values by ascending column), by a threshold and one sort of integer keys.
 
-    The columns are cut into c = ⌊√(m/k)⌋ strided chunks (chunk q: columns q, q + W, q + 2W, …,
-    W = ⌊m/c⌋; the last m − cW columns join the first chunks), whose maxima are c elementwise
-    maxima of contiguous slices. The k-th largest chunk maximum t bounds the row's k-th largest
-    value from below (k chunks hold a value ≥ t), so the row's top k are among its entries ≥ t
-    (typically a few more than k). Those entries become one int64 key each, (row, value in
+    The k-th largest maximum t of strided column chunks (:func:`_chunk_threshold`) bounds the row's
+    k-th largest value from below, so the row's top k are among its entries ≥ t (typically a few
+    more than k). Those entries become one int64 key each, (row, value in
     descending order, column), sorted once; each row's first k keys decode to the very float32
-    values (their bits) and columns. None when it does not pay (c < 4) or the keys do not fit
+    values (their bits) and columns. None when it does not pay (chunks under 4) or the keys do not fit
     63 bits; the caller then takes :func:`topk_rows`."""
-    r, m = sims.shape
-    c = int(np.sqrt(m / max(k, 1)))
-    row_bits, col_bits = max(1, int(r - 1).bit_length()), max(1, int(m - 1).bit_length())
-    if r == 0 or k == 0 or c < 4 or row_bits + 32 + col_bits > 63 or sims.dtype != np.float32:
+    keyed = _chunk_threshold(sims, k, axis=1)
+    if keyed is None:
         return None
-    width = m // c
-    maxima = sims[:, :width * c].reshape(r, c, width).max(axis=1)
-    if width * c < m:
-        rest = m - width * c
-        np.maximum(maxima[:, :rest], sims[:, width * c:], out=maxima[:, :rest])
-    threshold = np.partition(maxima, width - k, axis=1)[:, width - k]
+    threshold, row_bits, col_bits = keyed
     at = np.flatnonzero(sims >= threshold[:, None])
-    rows, cols = np.divmod(at, m)
-    return _first_k_by_keys(sims.ravel()[at], rows, cols, r, col_bits, k, groups_first=True)
+    rows, cols = np.divmod(at, sims.shape[1])
+    return _first_k_by_keys(sims.ravel()[at], rows, cols, sims.shape[0], col_bits, k, groups_first=True)
 
 
 #: rows per block of :func:`topk_columns`' block maxima
@@ -404,19 +395,40 @@ def topk_columns_keyed(sims: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray
     largest chunk maximum as its threshold, one sort of (column, value descending, row) keys over the
     entries at or above it. None where it does not pay (chunks of fewer than 4 rows) or the keys do
     not fit 63 bits."""
-    r, m = sims.shape
-    c = int(np.sqrt(r / max(k, 1)))
-    row_bits, col_bits = max(1, int(r - 1).bit_length()), max(1, int(m - 1).bit_length())
-    if m == 0 or k == 0 or c < 4 or row_bits + 32 + col_bits > 63 or sims.dtype != np.float32:
+    keyed = _chunk_threshold(sims, k, axis=0)
+    if keyed is None:
         return None
-    height = r // c
-    maxima = sims[:height * c].reshape(c, height, m).max(axis=0)
-    if height * c < r:
-        rest = r - height * c
-        np.maximum(maxima[:rest], sims[height * c:], out=maxima[:rest])
-    threshold = np.partition(maxima, height - k, axis=0)[height - k]
+    threshold, row_bits, col_bits = keyed
     rows, cols = np.nonzero(sims >= threshold[None, :])
-    return _first_k_by_keys(sims[rows, cols], cols, rows, m, row_bits, k, groups_first=False)
+    return _first_k_by_keys(sims[rows, cols], cols, rows, sims.shape[1], row_bits, k, groups_first=False)
+
+
+def _chunk_threshold(sims: np.ndarray, k: int, axis: int) -> tuple[np.ndarray, int, int] | None:
+    """Per row (``axis`` 1) or column (``axis`` 0) of ``sims``, a value at or below its k-th largest
+    entry, for :func:`topk_rows_keyed` / :func:`topk_columns_keyed`: the n entries along ``axis`` are
+    cut into W = ⌊n/c⌋ strided chunks of c = ⌊√(n/k)⌋ (chunk q: q, q + W, q + 2W, …; the last
+    n − cW entries join the first chunks), whose maxima are c elementwise maxima of contiguous slices
+    (read in the block's own memory order); the k-th largest chunk maximum t is the threshold (k
+    chunks hold a value ≥ t), with the bits a row and a column index take in a key. None when the
+    keyed way does not apply: an empty block, k = 0, not float32, keys over 63 bits, or chunks of fewer
+    than 4 entries (it does not pay)."""
+    r, m = sims.shape
+    row_bits, col_bits = max(1, int(r - 1).bit_length()), max(1, int(m - 1).bit_length())
+    n = sims.shape[axis]
+    c = int(np.sqrt(n / max(k, 1)))
+    if r == 0 or m == 0 or k == 0 or row_bits + 32 + col_bits > 63 or sims.dtype != np.float32 or c < 4:
+        return None
+    width = n // c
+
+    def along(part: slice) -> tuple[slice, ...]:
+        return (part, slice(None)) if axis == 0 else (slice(None), part)
+
+    shape = (c, width, m) if axis == 0 else (r, c, width)
+    maxima = sims[along(slice(0, width * c))].reshape(shape).max(axis=axis)
+    if width * c < n:
+        rest = along(slice(0, n - width * c))
+        np.maximum(maxima[rest], sims[along(slice(width * c, None))], out=maxima[rest])
+    return np.take(np.partition(maxima, width - k, axis=axis), width - k, axis=axis), row_bits, col_bits
 
 
 class RunningTopK:
