@@ -629,6 +629,12 @@ def mean_topk_similarity(feats: torch.Tensor, query_rows, cand_rows, k: int,
     return values.double().mean(dim=1).cpu().numpy()
 
 
+def _position_dtype(n_rows: int):
+    """The narrowest integer dtype of a position among ``n_rows`` rows (int16 or int32): a quarter or
+    half of the int64 rows to read per scan."""
+    return np.int16 if n_rows <= 2**15 else np.int32
+
+
 class Shortlist:
     """The ``size`` most similar members of ``rows`` for every member of ``rows`` (self excluded).
 
@@ -666,6 +672,8 @@ class Shortlist:
             members = torch.cat([i for _, i in parts]) if parts else torch.empty((0, self.size), dtype=torch.long,
                                                                                  device=device)
             self.members = torch.as_tensor(self.rows, device=device)[members]
+            if device.type == "cpu":  # the positions in rows are the matrix's columns (no search for them)
+                self._positions_np = members.numpy().astype(_position_dtype(n))
             return
         best = RunningTopK(n, self.size, x)
         for a0, _, b0, _, sims in symmetric_tiles(x, block_size):
@@ -842,11 +850,10 @@ class Shortlist:
 
     @property
     def _positions(self) -> np.ndarray:
-        """The shortlist's members as positions in ``rows`` (int16 or int32: a quarter or half of the
-        int64 rows to read per scan), taken once."""
+        """The shortlist's members as positions in ``rows`` (:func:`_position_dtype`): the held
+        matrix's columns, else searched once."""
         if getattr(self, "_positions_np", None) is None:
-            self._positions_np = np.searchsorted(self.rows, self._members_np).astype(
-                np.int16 if len(self.rows) <= 2**15 else np.int32)
+            self._positions_np = np.searchsorted(self.rows, self._members_np).astype(_position_dtype(len(self.rows)))
         return self._positions_np
 
     @property

@@ -468,6 +468,36 @@ def test_keyed_shortlist_equals_the_topk_rows_shortlist(monkeypatch):
         np.testing.assert_array_equal(keyed.mean_topk(queries, cands, 5), brute_mean_topk(x, queries, cands, 5))
 
 
+def test_held_matrix_shortlist_keeps_its_members_positions_without_a_search(monkeypatch):
+    """Issue 44 (speed5): a shortlist read off the held matrix keeps its members' positions in ``rows``
+    (the matrix's columns) instead of searching ``rows`` for them: the same positions as the search, in
+    the narrow dtype, and the first hits and c(x) they give equal the brute force; a shortlist without
+    the matrix still searches once."""
+    rng = np.random.default_rng(19)
+    x = exact_unit_rows(500, 12, rng)
+    rows = np.sort(rng.choice(500, 460, replace=False))
+    searched = []
+    real = np.searchsorted
+    sl = Shortlist(torch.as_tensor(x), rows, size=30, block_size=128)
+    assert sl.matrix is not None and sl._positions_np is not None
+    monkeypatch.setattr(neighbors.np, "searchsorted", lambda *a, **k: (searched.append(a[1].shape), real(*a, **k))[1])
+    positions = sl._positions
+    assert not searched  # taken with the shortlist, not searched for
+    assert positions.dtype == np.int16
+    np.testing.assert_array_equal(positions, real(rows, sl.members.numpy()))
+    np.testing.assert_array_equal(rows[positions], sl.members.numpy())
+    monkeypatch.setattr(neighbors.np, "searchsorted", real)
+    cands = np.sort(rng.choice(rows, 200, replace=False))
+    queries = rng.permutation(rows)
+    np.testing.assert_array_equal(sl.mean_topk(queries, cands, 5), brute_mean_topk(x, queries, cands, 5))
+    monkeypatch.setattr(neighbors, "MATRIX_BYTES", 0)  # no matrix held: the positions are searched once
+    tiled = Shortlist(torch.as_tensor(x), rows, size=30, block_size=128)
+    assert tiled.matrix is None and getattr(tiled, "_positions_np", None) is None
+    np.testing.assert_array_equal(rows[tiled._positions], tiled.members.numpy())  # its own members (ties may
+    assert torch.equal(tiled.values, sl.values)  # order equal values otherwise), the same values
+    np.testing.assert_array_equal(tiled.mean_topk(queries, cands, 5), brute_mean_topk(x, queries, cands, 5))
+
+
 def test_row_parallel_reuses_one_pool_of_threads(monkeypatch):
     """Issue 44 (candor4): :func:`neighbors.row_parallel` runs its pieces on one lasting pool (no threads
     started per call); the pieces still come back in row order."""
