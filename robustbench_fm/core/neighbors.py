@@ -233,6 +233,12 @@ def symmetric_tiles(x: torch.Tensor, block_size: int) -> Iterator[tuple[int, int
 MATRIX_BYTES = 1 << 30
 
 
+#: the tile of a held matrix on the CPU (:class:`Shortlist`; ``block_size`` when smaller): the tiles on and above
+#: the diagonal of m row blocks make (m + 1) / 2m of the products; 2,048 against 4,096 at 8,000 rows: ~8% less
+#: time, the same bits (each entry is the same dot product)
+MATRIX_TILE = 2048
+
+
 #: rows of a tile :func:`symmetric_matrix` transposes at a time (a strip whose transpose stays in cache)
 TRANSPOSE_ROWS = 128
 
@@ -666,7 +672,8 @@ class Shortlist:
             return
         x = feats[torch.as_tensor(self.rows, device=device)]
         if n * n * x.element_size() <= MATRIX_BYTES:
-            self.matrix = symmetric_matrix(x, block_size, workspace).fill_diagonal_(float("-inf"))
+            tile = min(block_size, MATRIX_TILE) if device.type == "cpu" else block_size
+            self.matrix = symmetric_matrix(x, tile, workspace).fill_diagonal_(float("-inf"))
             parts = row_parallel(lambda r0, r1: self._top_rows(r0, r1), n, device)
             self.values = torch.cat([v for v, _ in parts]) if parts else x.new_empty((0, self.size))
             members = torch.cat([i for _, i in parts]) if parts else torch.empty((0, self.size), dtype=torch.long,

@@ -141,12 +141,24 @@ def cluster_count_chunks(n_clusters: int, n_boot: int, rng: np.random.Generator,
     one matrix serves every statistic of a stage, so statistics computed from the same rows are
     resampled jointly (candor.md "Reporting": patients resampled across findings and groups).
     """
+    for draws in cluster_draw_chunks(n_clusters, n_boot, rng, max_draws):
+        yield count_draws(draws, n_clusters)
+
+
+def cluster_draw_chunks(n_clusters: int, n_boot: int, rng: np.random.Generator, max_draws: int = 4_000_000):
+    """The draws behind :func:`cluster_count_chunks`: (resamples × n_clusters) cluster codes drawn
+    uniformly with replacement, in the same chunks from the same generator calls, for a caller that
+    counts them (:func:`count_draws`) elsewhere, e.g. in another thread while the next chunk is drawn."""
     chunk = max(1, max_draws // max(n_clusters, 1))
     for start in range(0, n_boot, chunk):
-        size = min(chunk, n_boot - start)
-        draws = rng.integers(0, n_clusters, size=(size, n_clusters))
-        flat = (draws + np.arange(size)[:, None] * n_clusters).ravel()
-        yield np.bincount(flat, minlength=size * n_clusters).reshape(size, n_clusters).astype(np.int32)
+        yield rng.integers(0, n_clusters, size=(min(chunk, n_boot - start), n_clusters))
+
+
+def count_draws(draws: np.ndarray, n_clusters: int) -> np.ndarray:
+    """Each resample's cluster multiplicities (int32, resamples × n_clusters) from its draws."""
+    size = len(draws)
+    flat = (draws + np.arange(size)[:, None] * n_clusters).ravel()
+    return np.bincount(flat, minlength=size * n_clusters).reshape(size, n_clusters).astype(np.int32)
 
 
 class ResampledRatio:
@@ -201,8 +213,9 @@ class ResampledAUROC:
       positive rather than per resample and unit, on the clusters' columns (:meth:`columns`) that
       estimators over the same clusters share.
 
-    Integer multiplicities keep every sum exact (int32/int64 per unit; float64 segments, checked to
-    stay below 2**51, the per-unit form taking over otherwise), so both give the same bits.
+    Integer multiplicities keep every sum exact (int32/int64 per unit; segments in float32 while the
+    total weight stays below 2**23, else float64 below 2**26, the per-unit form taking over beyond), so
+    every way gives the same bits.
     """
 
     def __init__(self, scores: np.ndarray, labels: np.ndarray, codes: np.ndarray):
@@ -215,7 +228,7 @@ class ResampledAUROC:
         self.hi = np.searchsorted(neg_scores, scores[pos], "right")
         self.untied = bool((self.lo == self.hi).all())
         self.clusters = np.unique(codes)
-        self._segments = None  # (negatives per segment, positives per cut, positives per cluster), built once used
+        self._segments = None  # (negatives per segment, positives per cut), built once used
 
     def segment_rows(self) -> int:
         """Resamples the segment form takes at a time: as many as fit :data:`SEGMENT_BYTES`."""
@@ -226,24 +239,25 @@ class ResampledAUROC:
         so that its :meth:`columns` can be shared."""
         return 0 < len(counts) <= self.segment_rows() and len(self.clusters) > 0
 
-    def columns(self, counts: np.ndarray) -> np.ndarray:
-        """The multiplicities of this estimator's clusters, (clusters × resamples) float64: the same
-        for every estimator over the same clusters (pass them to ``__call__`` to share them)."""
-        return np.ascontiguousarray(counts[:, self.clusters].T, dtype=np.float64)
+    def columns(self, counts: np.ndarray, dtype=np.float32) -> np.ndarray:
+        """The multiplicities of this estimator's clusters, (clusters × resamples) float32 (float64 for
+        the sums that float32 cannot hold, :meth:`_by_segments`): the same for every estimator over the
+        same clusters (pass them to ``__call__`` to share them)."""
+        return np.ascontiguousarray(counts[:, self.clusters].T, dtype=dtype)
 
     def _build_segments(self):
         from scipy import sparse
 
         n_neg, n_clusters = len(self.neg_codes), len(self.clusters)
         cuts = np.unique(np.r_[self.lo, self.hi, n_neg])  # segment s: negatives ranked in [cuts[s-1], cuts[s])
-        neg = sparse.csr_array((np.ones(n_neg), (np.searchsorted(cuts, np.arange(n_neg), "right"),
-                                                 np.searchsorted(self.clusters, self.neg_codes))),
+        neg = sparse.csr_array((np.ones(n_neg, np.float32), (np.searchsorted(cuts, np.arange(n_neg), "right"),
+                                                             np.searchsorted(self.clusters, self.neg_codes))),
                                shape=(len(cuts), n_clusters))
         pos_cluster = np.searchsorted(self.clusters, self.pos_codes)
         at = np.r_[np.searchsorted(cuts, self.lo), np.searchsorted(cuts, self.hi)]
-        pos = sparse.csr_array((np.ones(len(at)), (at, np.r_[pos_cluster, pos_cluster])),
+        pos = sparse.csr_array((np.ones(len(at), np.float32), (at, np.r_[pos_cluster, pos_cluster])),
                                shape=(len(cuts), n_clusters))
-        self._segments = neg, pos, np.bincount(pos_cluster, minlength=n_clusters).astype(np.float64)
+        self._segments = neg, pos  # float32 ones: the products keep the columns' dtype
         return self._segments
 
     def __call__(self, counts: np.ndarray, columns: np.ndarray | None = None) -> np.ndarray:
@@ -252,24 +266,37 @@ class ResampledAUROC:
         if len(self.clusters) and len(counts):
             rows = self.segment_rows()
             if columns is not None and len(counts) <= rows:
-                out = self._by_segments(columns)
-                return self._per_unit(counts) if out is None else out
-            parts = []
-            for r0 in range(0, len(counts), rows):
-                part = self._by_segments(self.columns(counts[r0:r0 + rows]))
-                parts.append(self._per_unit(counts[r0:r0 + rows]) if part is None else part)
-            return np.concatenate(parts)
+                return self._exact(counts, columns)
+            return np.concatenate([self._exact(counts[r0:r0 + rows], self.columns(counts[r0:r0 + rows]))
+                                   for r0 in range(0, len(counts), rows)])
         return self._per_unit(counts)
 
+    def _exact(self, counts: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """The segment form on the columns ``x`` of ``counts``, in float64 where float32 could round
+        and per unit where float64 could (:meth:`_by_segments`)."""
+        out = self._by_segments(x)
+        if out is None and x.dtype == np.float32:
+            out = self._by_segments(self.columns(counts, np.float64))
+        return self._per_unit(counts) if out is None else out
+
     def _by_segments(self, x: np.ndarray) -> np.ndarray | None:
-        """The segment form on the columns ``x`` (clusters × resamples); None where a sum could
-        leave float64's exact integers."""
-        neg, pos, pos_per_cluster = self._segments or self._build_segments()
-        below = np.cumsum(neg @ x, axis=0)  # (cuts × resamples): negative weight ranked below each cut
-        w_pos, w_neg = pos_per_cluster @ x, below[-1]
-        if (w_pos + w_neg).max() >= 2**26:  # 2U ≤ (w_pos + w_neg)² / 2 < 2**51 keeps every sum exact
+        """The segment form on the columns ``x`` (clusters × resamples, float32 or float64); None where
+        a sum could leave the exact integers of ``x``'s dtype. The segments' and cuts' sums are taken in
+        ``x``'s dtype (float32: half the bytes of float64), exact while the total weight stays below
+        2**23 (float32 holds every integer below 2**24); the cumulative sum (torch's: it releases the
+        GIL, so estimators run in parallel threads) and 2U in float64, exact below 2**51."""
+        import torch
+
+        neg, pos = self._segments or self._build_segments()
+        if x.dtype != neg.dtype:
+            neg, pos = neg.astype(x.dtype), pos.astype(x.dtype)
+        # (cuts × resamples): negative weight ranked below each cut
+        below = torch.cumsum(torch.from_numpy(neg @ x), 0, dtype=torch.float64).numpy()
+        at_cuts = (pos @ x).astype(np.float64)  # each positive counted at lo_i and at hi_i
+        w_pos, w_neg = at_cuts.sum(axis=0) / 2, below[-1]
+        if (w_pos + w_neg).max() >= (2**23 if x.dtype == np.float32 else 2**26):  # 2U ≤ (w_pos + w_neg)² / 2
             return None
-        twice_u = np.einsum("ij,ij->j", pos @ x, below)
+        twice_u = np.einsum("ij,ij->j", at_cuts, below)
         with np.errstate(invalid="ignore", divide="ignore"):
             return twice_u / (2.0 * w_pos * w_neg)
 

@@ -260,7 +260,8 @@ def test_resampled_auroc_segment_form_equals_the_per_unit_form_bit_for_bit(case,
 
 def test_resampled_auroc_segment_form_hands_large_sums_to_the_per_unit_form(monkeypatch):
     """Weights so large that a float64 sum could round (total weight ≥ 2**26) are summed per unit, in
-    integers: the values stay the exact ones."""
+    integers, and those a float32 sum could round (≥ 2**23) in float64 segments: the values stay the
+    exact ones."""
     scores, labels, codes = np.array([0.1, 0.4, 0.4, 0.9]), np.array([0, 1, 0, 1]), np.array([0, 1, 2, 3])
     counts = np.array([[2**25, 2**25 + 1, 3, 7], [1, 2, 3, 4]], np.int64)
     estimator = stats.ResampledAUROC(scores, labels, codes)
@@ -275,3 +276,29 @@ def test_resampled_auroc_segment_form_hands_large_sums_to_the_per_unit_form(monk
     used.clear()
     np.testing.assert_array_equal(estimator(counts[1:]), real(estimator, counts[1:]))
     assert used == []
+    # between 2**23 and 2**26 (float32 could round a sum, float64 cannot): the float64 segments, exact
+    dtypes = []
+    by_segments = stats.ResampledAUROC._by_segments
+    monkeypatch.setattr(stats.ResampledAUROC, "_by_segments",
+                        lambda self, x: (dtypes.append(x.dtype), by_segments(self, x))[1])
+    mid = np.array([[2**22 + 1, 2**22 + 3, 2**22 + 5, 7]], np.int64)
+    w = mid[0].astype(object)
+    twice_u = 2 * (w[1] * w[0] + w[3] * (w[0] + w[2])) + w[1] * w[2]
+    assert estimator(mid)[0] == twice_u / (2.0 * (w[1] + w[3]) * (w[0] + w[2]))
+    assert dtypes == [np.float32, np.float64] and used == []
+    assert estimator(mid * 0 + 3)[0] == real(estimator, mid * 0 + 3)[0] and dtypes[-1] == np.float32
+
+
+def test_draw_chunks_counted_apart_are_the_count_chunks():
+    """Issue 44 (speed5): the draws of :func:`stats.cluster_draw_chunks`, counted by :func:`stats.count_draws`
+    (in another thread, chunk by chunk), are :func:`stats.cluster_count_chunks`' multiplicities exactly:
+    the same generator calls in the same chunks; every resample draws as many clusters as there are."""
+    for n_clusters, n_boot, max_draws in ((7, 50, 30), (300, 1000, 4_000), (1, 3, 10)):
+        counted = list(stats.cluster_count_chunks(n_clusters, n_boot, np.random.default_rng(5), max_draws))
+        drawn = list(stats.cluster_draw_chunks(n_clusters, n_boot, np.random.default_rng(5), max_draws))
+        assert [len(c) for c in counted] == [len(d) for d in drawn] and sum(map(len, drawn)) == n_boot
+        for counts, draws in zip(counted, drawn):
+            mine = stats.count_draws(draws, n_clusters)
+            assert mine.dtype == np.int32 and np.array_equal(mine, counts)
+            assert (mine.sum(axis=1) == n_clusters).all()
+            np.testing.assert_array_equal(mine[0], np.bincount(draws[0], minlength=n_clusters))

@@ -63,6 +63,7 @@ c_pos_all, c_neg_all, dm_all, discordant_all.
 """
 from __future__ import annotations
 
+import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -72,7 +73,7 @@ import pandas as pd
 import torch
 from sklearn.metrics import roc_auc_score
 
-from ...core.devices import resolve_device
+from ...core.devices import resolve_device, torch_threads
 from ...core.errors import InvalidSetting
 from ...core.neighbors import Shortlist, distinct_rows, l2_normalize, topk_similarity
 from ...core.results import Results
@@ -81,7 +82,8 @@ from ...core.stats import (
     LinearizedAUROC,
     ResampledAUROC,
     ResampledRatio,
-    cluster_count_chunks,
+    cluster_draw_chunks,
+    count_draws,
     few_clusters,
     resampled_sums,
     summarize_bootstrap,
@@ -352,11 +354,15 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     sample_ids = manifest["sample_id"].to_numpy()
     cluster_ids = manifest[cluster_col].astype(str).to_numpy()
     rows, parts, per_sample, items = {i: [] for i in range(len(tasks))}, [], [], []
-    workspace = None  # the previous group's similarity matrix, its memory reused by the next (Shortlist)
-    for group in sorted(pd.unique(groups)):
+    auroc_boot = AUROC_ESTIMATORS[p.auroc_bootstrap]
+    spare = _Workspaces()  # finished groups' similarity matrices, their memory reused by the next (Shortlist)
+
+    def score(group: str) -> tuple[list, list, list, list]:
+        """One matched group: its rows (task, row), parts, per-sample and item tables."""
         in_group = groups == group
         images = np.flatnonzero(in_group)  # the query sample is drawn from all of them (draw_group)
         labelled = np.flatnonzero(in_group & np.any([~np.isnan(t.labels) for t in tasks], axis=0))
+        group_rows, group_parts, group_per_sample, group_items = [], [], [], []
         jobs = []  # (task, pos, neg, cand_pos, cand_neg, row, queries, bank_pos, bank_neg) of the scored tasks
         for i, t in enumerate(tasks):
             pos = np.flatnonzero(in_group & (t.labels == 1))
@@ -366,7 +372,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
             cand_pos, cand_neg = pools[i][:2] if unmatched else (pos, neg)  # banks are drawn from these
             row = _row(t, group, k, n_pos=len(pos), n_neg=len(neg),
                        bank_size=min(bank_size, len(cand_pos), len(cand_neg)))
-            rows[i].append(row)
+            group_rows.append((i, row))
             if min(len(cand_pos), len(cand_neg)) < k + 1:
                 row["reason"] = (f"fewer than k+1={k + 1} positives or negatives "
                                  f"({len(cand_pos)} positives, {len(cand_neg)} negatives)")
@@ -379,11 +385,9 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
                 continue
             jobs.append((i, pos, neg, cand_pos, cand_neg, row, q, bank_pos, bank_neg))
         shared = not setting.exact and bool(jobs) and group_path(p.neighbour_path, len(labelled), jobs) == "shortlist"
-        if workspace is not None and workspace.numel() < len(labelled) ** 2:
-            workspace = None  # too small: freed before the new matrix is allocated
         group_shortlist = Shortlist(setting.feats, labelled, shortlist_size(p.shortlist, k, len(labelled), jobs),
-                                    p.block_size, p.backend, setting.vectors, workspace) if shared else None
-        workspace = None
+                                    p.block_size, p.backend, setting.vectors, spare.take(len(labelled) ** 2)) \
+            if shared else None
         for i, pos, neg, cand_pos, cand_neg, row, q, bank_pos, bank_neg in jobs:
             t = tasks[i]
             drops = equal_size_drops(q, bank_pos, bank_neg, ct.task_rng(seed, group, t.target, "equal_size")) \
@@ -403,20 +407,31 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
                 mp, mn = everyone[scored & (y == 1)], everyone[scored & (y == 0)]
                 row["margin_chance_low"] = margin_chance_low(k, len(bank_pos), int(np.isin(mp, bank_pos).sum()),
                                                              len(mp), int(np.isin(mn, bank_neg).sum()), len(mn))
-            per_sample.append(pd.DataFrame({
+            group_per_sample.append(pd.DataFrame({
                 "sample_id": sample_ids[q], "finding": t.finding, "target": t.target, "acq_group": group,
                 "c_pos": c_pos, "c_neg": c_neg, "dm": c_neg - c_pos, "discordant": disc,
                 "c_pos_all": c_pos_all, "c_neg_all": c_neg_all, "dm_all": c_neg_all - c_pos_all,
                 "discordant_all": disc_all}))
-            items.append(_items(t, group, sample_ids, cluster_ids, q, disc, disc_all, everyone[scored],
-                                margin[scored], y[scored]))
-            parts.append(dict(task=i, row=row, queries=q, disc=np.c_[disc, disc_all],
-                              images=everyone[scored], margin=margin[scored], labels=y[scored]))
-        workspace = None if group_shortlist is None else group_shortlist.matrix
-        del group_shortlist
-    del workspace
-    summary = _summary(tasks, rows, parts, clusters, k, n_boot, seed, AUROC_ESTIMATORS[p.auroc_bootstrap],
-                       cluster_col)
+            group_items.append(_items(t, group, sample_ids, cluster_ids, q, disc, disc_all, everyone[scored],
+                                      margin[scored], y[scored]))
+            group_parts.append(dict(task=i, row=row, queries=q, disc=np.c_[disc, disc_all],
+                                    images=everyone[scored], margin=margin[scored], labels=y[scored]))
+        if group_shortlist is not None:
+            spare.give(group_shortlist.matrix)
+            del group_shortlist
+        if n_boot:  # the group rows' AUROC resamples, here beside the other groups' scoring (_Resampler)
+            _group_aurocs(group_parts, clusters, n_boot, seed, auroc_boot)
+        return group_rows, group_parts, group_per_sample, group_items
+
+    for group_rows, group_parts, group_per_sample, group_items in _map_groups(
+            score, sorted(pd.unique(groups)), setting.feats.device):
+        for i, row in group_rows:
+            rows[i].append(row)
+        parts += group_parts
+        per_sample += group_per_sample
+        items += group_items
+    spare.clear()  # the matrices' memory freed before the bootstrap
+    summary = _summary(tasks, rows, parts, clusters, k, n_boot, seed, auroc_boot, cluster_col)
     per = pd.concat(per_sample, ignore_index=True) if per_sample else pd.DataFrame(columns=PER_SAMPLE_COLUMNS)
     if len(tasks) > 1 and len(per):
         order = {(t.finding, t.target): i for i, t in enumerate(tasks)}
@@ -668,40 +683,49 @@ class _Resampler:
         self.auroc_sets.setdefault(auroc_key, (auroc_patients, set()))[1].update(self._scored(js))
 
     def run(self) -> None:
-        for key, (patients, groups) in self.rate_sets.items():
-            groups = sorted(groups)
-            totals = np.zeros((len(patients), 3 * len(groups)))  # per patient: Σ disc, Σ disc_all, queries
-            for g, group in enumerate(groups):
-                for j in group:
-                    part = self.parts[j]
-                    local = np.searchsorted(patients, self.clusters[part["queries"]])
-                    for c, values in enumerate((*part["disc"].T, np.ones(len(local)))):
-                        totals[:, 3 * g + c] += np.bincount(local, weights=values, minlength=len(patients))
-            out = resampled_sums(totals, self.n_boot, _patient_set_rng(self.seed, patients))
-            for g, group in enumerate(groups):
-                self.sums[(key, group)] = out[:, 3 * g:3 * g + 3]
-        for key, (patients, js) in self.auroc_sets.items():
-            js = sorted(js)
-            if not js:
-                continue
-            estimators = [self.auroc_boot(self.parts[j]["margin"], self.parts[j]["labels"],
-                                          np.searchsorted(patients, self.clusters[self.parts[j]["images"]]))
-                          for j in js]
-            out, start = np.empty((self.n_boot, len(js))), 0
-            # estimators over the same patients (a group's tasks) share their columns of the multiplicities
-            shares = [e.clusters.tobytes() if hasattr(e, "columns") else None for e in estimators]
-            with ThreadPoolExecutor(max(1, min(len(js), torch.get_num_threads()))) as pool:  # numpy frees the GIL
-                for counts in cluster_count_chunks(len(patients), self.n_boot, _patient_set_rng(self.seed, patients),
-                                                   max_draws=max(BOOT_CHUNK, 64 * len(patients))):
-                    columns = {}
-                    for share, e in zip(shares, estimators):
-                        if share is not None and share not in columns and e.segment_form(counts):
-                            columns[share] = e.columns(counts)
-                    out[start:start + len(counts)] = np.stack(list(pool.map(
-                        lambda se: se[1](counts, columns[se[0]]) if se[0] in columns else se[1](counts),
-                        zip(shares, estimators))), 1)
-                    start += len(counts)
-            for c, j in enumerate(js):
+        """Every patient set's resamples on one pool of threads (numpy and torch free the GIL): the
+        sets' discordance sums (:meth:`_rate_set`) and the AUROC estimators' construction run as tasks
+        of their own; the AUROC's multiplicities are drawn here, chunk by chunk, while the pool
+        evaluates the previous chunk's estimators. Each value is computed by the same ops whatever
+        ran beside it, so the results do not depend on the threads."""
+        threads = max(1, torch.get_num_threads())
+        with ThreadPoolExecutor(threads) as pool:
+            rates = [pool.submit(self._rate_set, key, patients, sorted(groups))
+                     for key, (patients, groups) in self.rate_sets.items()]
+            for key, (patients, js) in self.auroc_sets.items():
+                if js:
+                    self._auroc_set(pool, threads, key, patients, sorted(js))
+            for done in rates:
+                done.result()
+
+    def _rate_set(self, key: bytes, patients: np.ndarray, groups: list[tuple]) -> None:
+        """Each task group's resampled (Σ disc, Σ disc_all, queries) over the patient set ``patients``."""
+        totals = np.zeros((len(patients), 3 * len(groups)))  # per patient: Σ disc, Σ disc_all, queries
+        for g, group in enumerate(groups):
+            for j in group:
+                part = self.parts[j]
+                local = np.searchsorted(patients, self.clusters[part["queries"]])
+                for c, values in enumerate((*part["disc"].T, np.ones(len(local)))):
+                    totals[:, 3 * g + c] += np.bincount(local, weights=values, minlength=len(patients))
+        out = resampled_sums(totals, self.n_boot, _patient_set_rng(self.seed, patients))
+        for g, group in enumerate(groups):
+            self.sums[(key, group)] = out[:, 3 * g:3 * g + 3]
+
+    def _auroc_set(self, pool: ThreadPoolExecutor, threads: int, key: bytes, patients: np.ndarray,
+                   js: list[int]) -> None:
+        """The resampled AUROC of each part ``js`` over the patient set ``patients``; a part's own set
+        (its group row's) was resampled beside the other groups' scoring (:func:`_group_aurocs`)."""
+        todo = []
+        for j in js:
+            done = self.parts[j].get("aurocs", {}).get(key)
+            if done is None:
+                todo.append(j)
+            else:
+                self.aurocs[(key, j)] = done
+        if todo:
+            out = resampled_aurocs([self.parts[j] for j in todo], patients, self.clusters, self.n_boot, self.seed,
+                                   self.auroc_boot, pool, threads)
+            for c, j in enumerate(todo):
                 self.aurocs[(key, j)] = out[:, c]
 
     def replicates(self, tasks_parts: dict[int, list[int]]) -> dict[int, np.ndarray]:
@@ -715,6 +739,107 @@ class _Resampler:
                 reps[:, 2] = sum(w * self.aurocs[(auroc_key, j)] for j, w in zip(group, weights) if w) / weights.sum()
             out[i] = reps
         return out
+
+
+def resampled_aurocs(parts: list[dict], patients: np.ndarray, clusters: np.ndarray, n_boot: int, seed: int,
+                     auroc_boot, pool: ThreadPoolExecutor | None = None, threads: int = 1) -> np.ndarray:
+    """(n_boot × parts) margin AUROCs of ``parts`` over the bootstrap resamples of the patient set
+    ``patients`` (sorted cluster codes; :func:`_patient_set_rng` seeds the draws, so a part's values do
+    not depend on the parts beside it). The draws are taken here, in order; each chunk is counted and
+    evaluated by every estimator (:func:`_evaluate_chunk`), in ``pool`` when given (at most one chunk
+    per thread and one more waiting)."""
+    def build(part):
+        return auroc_boot(part["margin"], part["labels"], np.searchsorted(patients, clusters[part["images"]]))
+
+    estimators = list(pool.map(build, parts)) if pool is not None else [build(part) for part in parts]
+    # estimators over the same patients (a group's tasks) share their columns of the multiplicities
+    shares = [e.clusters.tobytes() if hasattr(e, "columns") else None for e in estimators]
+    out, start, pending = np.empty((n_boot, len(parts))), 0, []
+    for draws in cluster_draw_chunks(len(patients), n_boot, _patient_set_rng(seed, patients),
+                                     max_draws=max(BOOT_CHUNK, 64 * len(patients))):
+        if pool is None:
+            _evaluate_chunk(estimators, shares, draws, len(patients), out, start)
+        else:
+            pending.append(pool.submit(_evaluate_chunk, estimators, shares, draws, len(patients), out, start))
+            if len(pending) > threads:
+                pending.pop(0).result()
+        start += len(draws)
+    for done in pending:
+        done.result()
+    return out
+
+
+def _group_aurocs(group_parts: list[dict], clusters: np.ndarray, n_boot: int, seed: int, auroc_boot) -> None:
+    """Each scored part's AUROC resamples over its own patients (the set its group row resamples,
+    :class:`_Resampler`), stored in the part as ``aurocs`` {set: values}: taken while the group's
+    scoring is at hand, so that on the CPU the groups' threads do them beside each other."""
+    by_set: dict[bytes, tuple[np.ndarray, list[dict]]] = {}
+    for part in group_parts:
+        if _auroc_weights([part])[0]:
+            patients = np.unique(clusters[part["images"]]).astype(np.int64)
+            by_set.setdefault(patients.tobytes(), (patients, []))[1].append(part)
+    for key, (patients, members) in by_set.items():
+        out = resampled_aurocs(members, patients, clusters, n_boot, seed, auroc_boot)
+        for c, part in enumerate(members):
+            part["aurocs"] = {key: out[:, c]}
+
+
+class _Workspaces:
+    """Finished groups' similarity matrices, handed to the next groups' shortlists so that their
+    memory is reused (:func:`~robustbench_fm.core.neighbors.symmetric_matrix`'s ``workspace``);
+    thread-safe, for groups scored side by side."""
+
+    def __init__(self):
+        self._spare: list[torch.Tensor] = []
+        self._lock = threading.Lock()
+
+    def take(self, numel: int) -> torch.Tensor | None:
+        """A spare matrix of at least ``numel`` entries, or None (the smaller ones freed first)."""
+        with self._lock:
+            while self._spare:
+                matrix = self._spare.pop()
+                if matrix.numel() >= numel:
+                    return matrix
+            return None
+
+    def give(self, matrix: torch.Tensor | None) -> None:
+        if matrix is not None:
+            with self._lock:
+                self._spare.append(matrix)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._spare.clear()
+
+
+def _map_groups(score, groups: list[str], device: torch.device):
+    """``score`` of every group, in ``groups`` order. On the CPU with several torch threads the groups
+    are scored side by side, one per thread and each with one torch thread (the group's shortlist,
+    scoring and resamples are its own: the same ops, the same values), as many at a time as there are
+    threads; the remaining few (fewer than the threads), and every group elsewhere, one after another
+    with all the threads."""
+    threads = torch.get_num_threads()
+    side_by_side = len(groups) - len(groups) % threads if device.type == "cpu" and threads > 1 else 0
+    if side_by_side:
+        with torch_threads(1):
+            pool = ThreadPoolExecutor(threads, thread_name_prefix="candor_group")
+            try:
+                yield from pool.map(score, groups[:side_by_side])
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
+    yield from map(score, groups[side_by_side:])  # fewer groups than threads: each with all the threads
+
+
+def _evaluate_chunk(estimators, shares, draws: np.ndarray, n_clusters: int, out: np.ndarray, start: int) -> None:
+    """One chunk of resamples (its draws) counted and evaluated by every estimator, into its rows of
+    ``out``; estimators of the same ``shares`` key (over the same patients) share their columns of the
+    multiplicities."""
+    counts = count_draws(draws, n_clusters)
+    columns = {}
+    for c, (share, e) in enumerate(zip(shares, estimators)):
+        if share is not None and share not in columns and e.segment_form(counts):
+            columns[share] = e.columns(counts)
+        out[start:start + len(counts), c] = e(counts, columns[share]) if share in columns else e(counts)
 
 
 def _fill_intervals(row: dict, reps: np.ndarray) -> None:

@@ -366,3 +366,76 @@ def test_auto_path_follows_the_shape():
     # widest first scan within 256: the 9.6% finding's banks of 770, ⌈4 · 5 · 8000 / 770⌉ = 208
     assert candor.shortlist_size(256, 5, 8000, chest) == 208
     assert candor.shortlist_size(256, 5, 8000, [job(8000, 0.5)]) == 40
+
+
+def test_groups_scored_side_by_side_equal_groups_scored_in_turn(monkeypatch):
+    """Issue 44 (speed5): on the CPU with several torch threads the matched groups are scored side by side,
+    a thread each (as many at a time as there are threads, the rest in turn), each group's rows resampling
+    their AUROC beside the others; every table equals the one-group-after-another run bit for bit, and the
+    run whose AUROC resamples are all taken by the bootstrap afterwards."""
+    import threading
+
+    import torch
+
+    rng = np.random.default_rng(29)
+    n = 5 * 240
+    groups = np.repeat(["a", "b", "c", "d", "e"], 240)
+    man = make_manifest(rng.random(n) < 0.25, groups, [f"p{i // 2:05d}" for i in range(n)])
+    man["other"] = (rng.random(n) < 0.4) * 1.0
+    feats = rng.normal(size=(n, 12)) + man[["finding"]].to_numpy() * 0.4
+    params = dict(k=3, bank_size=60, max_group_sample=150, n_boot=40)
+    findings = ["finding", "other"]
+    seen = []
+    real = candor._score_group
+    monkeypatch.setattr(candor, "_score_group",
+                        lambda *a: (seen.append((threading.current_thread().name, torch.get_num_threads())),
+                                    real(*a))[1])
+    torch.set_num_threads(1)  # the module's fixture restores the threads
+    in_turn = candor.run(feats, man, findings, **params)
+    assert {name for name, _ in seen} == {threading.current_thread().name}
+    seen.clear()
+    torch.set_num_threads(2)
+    side_by_side = candor.run(feats, man, findings, **params)
+    names = [name for name, _ in seen]
+    assert sum(name.startswith("candor_group") for name in names) == 8  # 4 groups × 2 findings in the pool
+    assert names[-2:] == [threading.current_thread().name] * 2 and seen[-1][1] == 2  # the 5th: all threads
+    assert all(threads == 1 for name, threads in seen if name.startswith("candor_group"))
+    monkeypatch.setattr(candor, "_group_aurocs", lambda *a: None)  # every AUROC resample in the bootstrap
+    afterwards = candor.run(feats, man, findings, **params)
+    for other in (side_by_side, afterwards):
+        for table in ("summary", "per_sample", "items"):
+            assert getattr(other, table).equals(getattr(in_turn, table)), table
+    assert in_turn.summary["margin_auroc_sd"].notna().sum() >= 10  # group and pooled rows carry intervals
+
+
+def test_group_aurocs_are_the_bootstraps_own_resamples():
+    """The AUROC resamples a group takes for its rows (stored in each part under its patient set) are the
+    values the bootstrap draws for that set, part by part, whatever the parts beside it."""
+    rng = np.random.default_rng(31)
+    clusters = np.repeat(np.arange(60), 2)
+    parts = []
+    for task in range(3):
+        images = np.sort(rng.choice(120, 100, replace=False))
+        labels = (rng.random(100) < 0.3) * 1.0
+        parts.append(dict(task=task, row={"margin_auroc": 0.5}, queries=images[:10], images=images,
+                          margin=rng.normal(size=100) + labels, labels=labels))
+    candor._group_aurocs(parts, clusters, 50, 7, stats.ResampledAUROC)
+    for part in parts:
+        [(key, values)] = part["aurocs"].items()
+        patients = np.frombuffer(key, np.int64)
+        np.testing.assert_array_equal(patients, np.unique(clusters[part["images"]]))
+        alone = candor.resampled_aurocs([part], patients, clusters, 50, 7, stats.ResampledAUROC)[:, 0]
+        np.testing.assert_array_equal(values, alone)
+        counts = np.concatenate(list(stats.cluster_count_chunks(len(patients), 50, candor._patient_set_rng(7, patients),
+                                                                max(candor.BOOT_CHUNK, 64 * len(patients)))))
+        want = per_unit_aurocs(part, patients, clusters, counts)
+        np.testing.assert_array_equal(values, want)
+
+
+def per_unit_aurocs(part, patients, clusters, counts):
+    """The weighted Mann-Whitney AUROC of each resample written out pair by pair (ties ½)."""
+    w = counts[:, np.searchsorted(patients, clusters[part["images"]])].astype(np.int64)
+    pos, neg = part["labels"] == 1, part["labels"] == 0
+    s = part["margin"]
+    wins = (s[pos][:, None] > s[neg][None, :]) * 2 + (s[pos][:, None] == s[neg][None, :])
+    return np.array([int(r[pos] @ wins @ r[neg]) / (2.0 * int(r[pos].sum()) * int(r[neg].sum())) for r in w])
