@@ -78,14 +78,14 @@ def l2_normalize(x: np.ndarray, source: str = "features", dtype=np.float32) -> n
     n = x.shape[0]
     step = max(1, NORMALIZE_BLOCK_BYTES // max(1, x.shape[1] * x.itemsize))
     norms = np.empty((n, 1), dtype=x.dtype)
-    n_bad, first_bad = 0, None
-    for lo in range(0, n, step):
-        block = x[lo:lo + step]
-        bad = ~np.isfinite(block).all(axis=1)
-        if bad.any():
-            first_bad = lo + int(np.flatnonzero(bad)[0]) if first_bad is None else first_bad
-            n_bad += int(bad.sum())
-        norms[lo:lo + step] = np.linalg.norm(block, axis=1, keepdims=True)
+
+    def measure(lo: int, hi: int) -> np.ndarray:
+        block = x[lo:hi]
+        norms[lo:hi] = np.linalg.norm(block, axis=1, keepdims=True)
+        return lo + np.flatnonzero(~np.isfinite(block).all(axis=1))
+
+    bad = np.concatenate(row_parallel(measure, n, _CPU, step) or [np.zeros(0, np.int64)])  # blocks side by side
+    n_bad, first_bad = len(bad), (int(bad[0]) if len(bad) else None)
     if n_bad:
         raise InvalidSetting(f"{source}: row {first_bad} holds NaN/Inf ({n_bad} rows); re-extract those features "
                              "or drop those rows")
@@ -95,8 +95,7 @@ def l2_normalize(x: np.ndarray, source: str = "features", dtype=np.float32) -> n
         raise InvalidSetting(f"{source}: row {first_zero} is a zero vector ({n_zero} rows); cosine similarity is "
                          "undefined for it, drop or re-extract it")
     out = x if in_place and x.flags.writeable else np.empty_like(x)
-    for lo in range(0, n, step):
-        np.divide(x[lo:lo + step], norms[lo:lo + step], out=out[lo:lo + step])
+    row_parallel(lambda lo, hi: np.divide(x[lo:hi], norms[lo:hi], out=out[lo:hi]), n, _CPU, step)
     return out
 
 
@@ -122,9 +121,12 @@ def distinct_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     weights = np.random.default_rng(0).integers(1, 2**62, size=words, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
     step = max(1, NORMALIZE_BLOCK_BYTES // (8 * words))
     keys = np.empty(len(x), np.uint64)
-    for lo in range(0, len(x), step):
-        block = np.ascontiguousarray(flat[lo:lo + step] + flat.dtype.type(0)).view(np.uint32).astype(np.uint64)
-        keys[lo:lo + step] = (block * weights).sum(axis=1)  # wraps modulo 2**64
+
+    def hash_rows(lo: int, hi: int) -> None:
+        block = np.ascontiguousarray(flat[lo:hi] + flat.dtype.type(0)).view(np.uint32).astype(np.uint64)
+        keys[lo:hi] = (block * weights).sum(axis=1)  # wraps modulo 2**64
+
+    row_parallel(hash_rows, len(x), _CPU, step)  # blocks side by side
     _, first, vid = np.unique(keys, return_index=True, return_inverse=True)
     first, vid = first.astype(np.int64), vid.ravel().astype(np.int64)
     counts = np.bincount(vid)
@@ -270,6 +272,8 @@ def symmetric_matrix(x: torch.Tensor, block_size: int, workspace: torch.Tensor |
                     full[b0:b1, r0:r1] = full[r0:r1, b0:b1].T
     return full
 
+
+_CPU = torch.device("cpu")
 
 #: rows per piece of work :func:`row_parallel` hands a thread (few enough pieces to keep each op large)
 PARALLEL_ROWS = 1024
