@@ -75,7 +75,7 @@ from sklearn.metrics import roc_auc_score
 
 from ...core.devices import resolve_device, torch_threads
 from ...core.errors import InvalidSetting
-from ...core.neighbors import Shortlist, distinct_rows, l2_normalize, topk_similarity
+from ...core.neighbors import MATRIX_BYTES, Shortlist, distinct_rows, l2_normalize, topk_similarity
 from ...core.results import Results
 from ...core.stats import (
     MIN_CLUSTERS,
@@ -355,13 +355,14 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     cluster_ids = manifest[cluster_col].astype(str).to_numpy()
     rows, parts, per_sample, items = {i: [] for i in range(len(tasks))}, [], [], []
     auroc_boot = AUROC_ESTIMATORS[p.auroc_bootstrap]
+    labelled_any = np.any([~np.isnan(t.labels) for t in tasks], axis=0)
     spare = _Workspaces()  # finished groups' similarity matrices, their memory reused by the next (Shortlist)
 
     def score(group: str) -> tuple[list, list, list, list]:
         """One matched group: its rows (task, row), parts, per-sample and item tables."""
         in_group = groups == group
         images = np.flatnonzero(in_group)  # the query sample is drawn from all of them (draw_group)
-        labelled = np.flatnonzero(in_group & np.any([~np.isnan(t.labels) for t in tasks], axis=0))
+        labelled = np.flatnonzero(in_group & labelled_any)
         group_rows, group_parts, group_per_sample, group_items = [], [], [], []
         jobs = []  # (task, pos, neg, cand_pos, cand_neg, row, queries, bank_pos, bank_neg) of the scored tasks
         for i, t in enumerate(tasks):
@@ -423,8 +424,10 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
             _group_aurocs(group_parts, clusters, n_boot, seed, auroc_boot)
         return group_rows, group_parts, group_per_sample, group_items
 
+    largest = max((int((labelled_any & (groups == g)).sum()) for g in pd.unique(groups)), default=0)
+    matrix_bytes = min(largest ** 2 * setting.feats.element_size(), MATRIX_BYTES)  # a group's held matrix at most
     for group_rows, group_parts, group_per_sample, group_items in _map_groups(
-            score, sorted(pd.unique(groups)), setting.feats.device):
+            score, sorted(pd.unique(groups)), setting.feats.device, matrix_bytes):
         for i, row in group_rows:
             rows[i].append(row)
         parts += group_parts
@@ -812,17 +815,22 @@ class _Workspaces:
             self._spare.clear()
 
 
-def _map_groups(score, groups: list[str], device: torch.device):
+#: similarity matrices that groups scored side by side may hold at once (:func:`_map_groups`): 8 groups of
+#: 8,000 images, 2 of the largest held matrix (:data:`~robustbench_fm.core.neighbors.MATRIX_BYTES`)
+SIDE_BY_SIDE_BYTES = 2 << 30
+
+
+def _map_groups(score, groups: list[str], device: torch.device, matrix_bytes: int = 0):
     """``score`` of every group, in ``groups`` order. On the CPU with several torch threads the groups
     are scored side by side, one per thread and each with one torch thread (the group's shortlist,
     scoring and resamples are its own: the same ops, the same values), as many at a time as there are
-    threads; the remaining few (fewer than the threads), and every group elsewhere, one after another
-    with all the threads."""
-    threads = torch.get_num_threads()
-    side_by_side = len(groups) - len(groups) % threads if device.type == "cpu" and threads > 1 else 0
+    threads and as :data:`SIDE_BY_SIDE_BYTES` holds of ``matrix_bytes`` (a group's similarity matrix);
+    the remaining few, and every group elsewhere, one after another with all the threads."""
+    workers = min(torch.get_num_threads(), max(1, SIDE_BY_SIDE_BYTES // max(matrix_bytes, 1)))
+    side_by_side = len(groups) - len(groups) % workers if device.type == "cpu" and workers > 1 else 0
     if side_by_side:
         with torch_threads(1):
-            pool = ThreadPoolExecutor(threads, thread_name_prefix="candor_group")
+            pool = ThreadPoolExecutor(workers, thread_name_prefix="candor_group")
             try:
                 yield from pool.map(score, groups[:side_by_side])
             finally:

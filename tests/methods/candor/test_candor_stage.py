@@ -370,7 +370,8 @@ def test_auto_path_follows_the_shape():
 
 def test_groups_scored_side_by_side_equal_groups_scored_in_turn(monkeypatch):
     """Issue 44 (speed5): on the CPU with several torch threads the matched groups are scored side by side,
-    a thread each (as many at a time as there are threads, the rest in turn), each group's rows resampling
+    a thread each (as many at a time as there are threads and as the matrices' memory allows, the rest in
+    turn), each group's rows resampling
     their AUROC beside the others; every table equals the one-group-after-another run bit for bit, and the
     run whose AUROC resamples are all taken by the bootstrap afterwards."""
     import threading
@@ -406,6 +407,11 @@ def test_groups_scored_side_by_side_equal_groups_scored_in_turn(monkeypatch):
         for table in ("summary", "per_sample", "items"):
             assert getattr(other, table).equals(getattr(in_turn, table)), table
     assert in_turn.summary["margin_auroc_sd"].notna().sum() >= 10  # group and pooled rows carry intervals
+    seen.clear()
+    monkeypatch.setattr(candor, "SIDE_BY_SIDE_BYTES", 1)  # no room for two groups' matrices: one at a time
+    capped = candor.run(feats, man, findings, **params)
+    assert {name for name, _ in seen} == {threading.current_thread().name} and all(t == 2 for _, t in seen)
+    assert capped.items.equals(in_turn.items)
 
 
 def test_group_aurocs_are_the_bootstraps_own_resamples():
