@@ -187,8 +187,8 @@ class ResampledRatio:
         return self.ratio(self.sums(counts))
 
 
-#: bytes of the float64 (clusters × resamples) multiplicities :class:`ResampledAUROC`'s segment form works on at
-#: once (in cache); more resamples are taken that many at a time (at least :data:`SEGMENT_ROWS`)
+#: bytes, counted at 8 a value, of the (clusters × resamples) multiplicities :class:`ResampledAUROC`'s segment form
+#: works on at once (in cache); more resamples are taken that many at a time (at least :data:`SEGMENT_ROWS`)
 SEGMENT_BYTES = 5 << 19
 SEGMENT_ROWS = 8
 
@@ -204,8 +204,8 @@ class ResampledAUROC:
 
     * per unit: one cumulative sum over the negatives' weights and one gather at each positive's
       rank (ties counted half);
-    * segments (the resamples taken as many at a time as their clusters' multiplicities, float64
-      clusters × resamples, fit in :data:`SEGMENT_BYTES`): the negatives' ranks are cut at every
+    * segments (the resamples taken as many at a time as their clusters' multiplicities, clusters ×
+      resamples, fit in :data:`SEGMENT_BYTES`): the negatives' ranks are cut at every
       ``lo_i`` and ``hi_i``; a sparse
       product gives each segment's negative weight for every resample at once, their cumulative sum
       C at each cut, and a second sparse product each cut's positive weight (the positives with
