@@ -8,6 +8,8 @@ cache entry skipped as unreadable (``on_bad_image="skip"``), which come back as 
 from __future__ import annotations
 
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +77,10 @@ def missing_shards(entry: str | Path) -> list[int]:
     return [i for i in range(int(meta["n_shards"])) if not (entry / SHARD_NAME.format(i)).exists()]
 
 
+#: parquet files :func:`load_features` reads at once (the shards of a cache entry)
+READ_THREADS = 8
+
+
 def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
                   ) -> tuple[np.ndarray, np.ndarray]:
     """Read features from a parquet file, a folder of parquet files, or a cache entry folder.
@@ -107,8 +113,7 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
         files = [path]
     else:
         raise FeatureCacheError(f"{path}: features file not found; pass a parquet file or cache folder")
-    ids_parts, emb_parts = [], []
-    for f in files:
+    def read(f: Path) -> tuple[np.ndarray, np.ndarray]:
         try:
             table = pq.read_table(f, memory_map=True)
         except Exception as exc:  # noqa: BLE001
@@ -118,8 +123,12 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
             if col not in table.column_names:
                 raise FeatureCacheError(f"{f}: no '{col}' column (present: {', '.join(table.column_names[:12])}); "
                                         "features need 'sample_id' and a list-of-floats 'embedding'")
-        ids_parts.append(table.column("sample_id").to_numpy(zero_copy_only=False).astype(str))
-        emb_parts.append(_embedding_matrix(table.column("embedding"), f))
+        return (table.column("sample_id").to_numpy(zero_copy_only=False).astype(str),
+                _embedding_matrix(table.column("embedding"), f))
+
+    # a cache entry's shards are read side by side (pyarrow decodes one file's row group on one thread)
+    with ThreadPoolExecutor(min(READ_THREADS, os.cpu_count() or 1, len(files))) as pool:
+        ids_parts, emb_parts = zip(*pool.map(read, files))
     dims = {e.shape[1] for e in emb_parts}
     if len(dims) > 1:
         raise FeatureCacheError(f"{path}: files hold embeddings of different sizes {sorted(dims)}")

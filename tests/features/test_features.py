@@ -156,6 +156,47 @@ def test_load_features_bring_your_own(tmp_path):
         load_features(tmp_path / "mine.parquet", manifest=pd.DataFrame({"sample_id": ["a", "zz"]}))
 
 
+def test_load_features_reads_a_folder_side_by_side_in_file_order(tmp_path, monkeypatch):
+    """Issue 44 (speed6): a folder's parquet files are read on several threads, and the rows still come
+    back in file order. An unreadable file is named as before: the first unreadable one in that order."""
+    import threading
+
+    import robustbench_fm.features.load as load
+
+    rng = np.random.default_rng(3)
+    want_ids, want_emb = [], []
+    for i in range(12):
+        n = int(rng.integers(1, 40))
+        ids = [f"f{i:02d}_{j:03d}" for j in range(n)]
+        emb = rng.normal(size=(n, 3)).astype(np.float32)
+        pd.DataFrame({"sample_id": ids, "embedding": list(emb)}).to_parquet(tmp_path / f"part-{i:02d}.parquet")
+        want_ids += ids
+        want_emb.append(emb)
+    threads, lock = set(), threading.Lock()
+    first_two = threading.Barrier(2, timeout=20)  # files read one after another: it would time out
+    real = load.pq.read_table
+
+    def read_table(*a, **k):
+        with lock:
+            new = threading.get_ident() not in threads
+            threads.add(threading.get_ident())
+            wait = new and len(threads) <= 2  # the first two threads meet once, at their first file
+        if wait:
+            first_two.wait()
+        return real(*a, **k)
+
+    monkeypatch.setattr(load.pq, "read_table", read_table)
+    monkeypatch.setattr(load.os, "cpu_count", lambda: 4)
+    ids, emb = load_features(tmp_path)
+    assert list(ids) == want_ids
+    np.testing.assert_array_equal(emb, np.concatenate(want_emb))
+    assert len(threads) > 1 and threading.get_ident() not in threads
+    (tmp_path / "part-05.parquet").write_bytes(b"not parquet")
+    (tmp_path / "part-09.parquet").write_bytes(b"not parquet either")
+    with pytest.raises(FeatureCacheError, match=r"part-05.parquet: unreadable parquet"):
+        load_features(tmp_path)
+
+
 # ---- (e) errors ---------------------------------------------------------------------------------
 
 

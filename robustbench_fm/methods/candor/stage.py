@@ -781,10 +781,16 @@ def _group_aurocs(group_parts: list[dict], clusters: np.ndarray, n_boot: int, se
         if _auroc_weights([part])[0]:
             patients = np.unique(clusters[part["images"]]).astype(np.int64)
             by_set.setdefault(patients.tobytes(), (patients, []))[1].append(part)
-    for key, (patients, members) in by_set.items():
-        out = resampled_aurocs(members, patients, clusters, n_boot, seed, auroc_boot)
-        for c, part in enumerate(members):
-            part["aurocs"] = {key: out[:, c]}
+    threads = torch.get_num_threads()  # 1 in a group scored beside others; all of them for a group alone
+    pool = ThreadPoolExecutor(threads) if threads > 1 and by_set else None
+    try:
+        for key, (patients, members) in by_set.items():
+            out = resampled_aurocs(members, patients, clusters, n_boot, seed, auroc_boot, pool, threads)
+            for c, part in enumerate(members):
+                part["aurocs"] = {key: out[:, c]}
+    finally:
+        if pool is not None:
+            pool.shutdown()
 
 
 class _Workspaces:
