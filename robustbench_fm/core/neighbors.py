@@ -334,7 +334,6 @@ def topk_rows(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values, torch.gather(cols, 1, at)
 
 
-
 def _ordered_bits(bits: np.ndarray) -> np.ndarray:
     """float32 bit patterns (as int64 of their int32 view) mapped to integers in the floats' order
     (−0 just below +0); the map is its own inverse."""
@@ -671,6 +670,7 @@ class Shortlist:
         n, device = len(self.rows), feats.device
         self.size = max(0, min(size, n - 1))
         self.matrix = None  # the whole similarity matrix (diagonal −inf) when held
+        self._positions_np = None  # the members' positions in rows (:attr:`_positions`), once known
         if _has_copies(vectors, self.rows):
             self.values, self.members = self._distinct_pass(np.asarray(vectors))
             return
@@ -863,7 +863,7 @@ class Shortlist:
     def _positions(self) -> np.ndarray:
         """The shortlist's members as positions in ``rows`` (:func:`_position_dtype`): the held
         matrix's columns, else searched once."""
-        if getattr(self, "_positions_np", None) is None:
+        if self._positions_np is None:
             self._positions_np = np.searchsorted(self.rows, self._members_np).astype(_position_dtype(len(self.rows)))
         return self._positions_np
 

@@ -8,7 +8,6 @@ cache entry skipped as unreadable (``on_bad_image="skip"``), which come back as 
 from __future__ import annotations
 
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from ..core.devices import usable_cores
 from ..core.errors import InvalidSetting
 from ..core.shards import META_NAME, SHARD_NAME, shard_index
 from . import view as views
@@ -127,7 +127,7 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
                 _embedding_matrix(table.column("embedding"), f))
 
     # a cache entry's shards are read side by side (pyarrow decodes one file's row group on one thread)
-    with ThreadPoolExecutor(min(READ_THREADS, os.cpu_count() or 1, len(files))) as pool:
+    with ThreadPoolExecutor(min(READ_THREADS, usable_cores(), len(files))) as pool:
         ids_parts, emb_parts = zip(*pool.map(read, files))
     dims = {e.shape[1] for e in emb_parts}
     if len(dims) > 1:

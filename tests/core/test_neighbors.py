@@ -492,7 +492,7 @@ def test_held_matrix_shortlist_keeps_its_members_positions_without_a_search(monk
     np.testing.assert_array_equal(sl.mean_topk(queries, cands, 5), brute_mean_topk(x, queries, cands, 5))
     monkeypatch.setattr(neighbors, "MATRIX_BYTES", 0)  # no matrix held: the positions are searched once
     tiled = Shortlist(torch.as_tensor(x), rows, size=30, block_size=128)
-    assert tiled.matrix is None and getattr(tiled, "_positions_np", None) is None
+    assert tiled.matrix is None and tiled._positions_np is None
     np.testing.assert_array_equal(rows[tiled._positions], tiled.members.numpy())  # its own members (ties may
     assert torch.equal(tiled.values, sl.values)  # order equal values otherwise), the same values
     np.testing.assert_array_equal(tiled.mean_topk(queries, cands, 5), brute_mean_topk(x, queries, cands, 5))

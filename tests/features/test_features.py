@@ -186,7 +186,7 @@ def test_load_features_reads_a_folder_side_by_side_in_file_order(tmp_path, monke
         return real(*a, **k)
 
     monkeypatch.setattr(load.pq, "read_table", read_table)
-    monkeypatch.setattr(load.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(load, "usable_cores", lambda: 4)
     ids, emb = load_features(tmp_path)
     assert list(ids) == want_ids
     np.testing.assert_array_equal(emb, np.concatenate(want_emb))

@@ -637,6 +637,13 @@ def _bootstrap(tasks, parts, pooled, combos, clusters, n_boot, seed, auroc_boot,
                                        stack[:, :, 2].mean(axis=0)], axis=1))
 
 
+def _patient_set(*patients: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """The set of patients (sorted distinct cluster codes, int64) of the union of ``patients``, with its
+    key: the one way :class:`_Resampler` and :func:`_group_aurocs` name the sets they resample."""
+    union = np.unique(np.concatenate(patients)).astype(np.int64) if patients else np.zeros(0, np.int64)
+    return union.tobytes(), union
+
+
 def _patient_set_rng(seed: int, patients: np.ndarray) -> np.random.Generator:
     """The bootstrap generator of one set of patients (sorted cluster codes): seeded by ``seed`` and
     the set, so the resamples of a row do not depend on the other rows."""
@@ -665,8 +672,7 @@ class _Resampler:
         self.keys: dict[tuple, tuple] = {}  # row -> its two patient sets
 
     def _set(self, js, kind) -> tuple[bytes, np.ndarray]:
-        patients = np.unique(np.concatenate([self.patients[(j, kind)] for j in js])) if js else np.zeros(0, np.int64)
-        return patients.astype(np.int64).tobytes(), patients
+        return _patient_set(*(self.patients[(j, kind)] for j in js))
 
     def _scored(self, js) -> list[int]:
         """The parts of ``js`` that carry an AUROC (weight > 0 in the pooled AUROC)."""
@@ -779,8 +785,8 @@ def _group_aurocs(group_parts: list[dict], clusters: np.ndarray, n_boot: int, se
     by_set: dict[bytes, tuple[np.ndarray, list[dict]]] = {}
     for part in group_parts:
         if _auroc_weights([part])[0]:
-            patients = np.unique(clusters[part["images"]]).astype(np.int64)
-            by_set.setdefault(patients.tobytes(), (patients, []))[1].append(part)
+            key, patients = _patient_set(clusters[part["images"]])
+            by_set.setdefault(key, (patients, []))[1].append(part)
     threads = torch.get_num_threads()  # 1 in a group scored beside others; all of them for a group alone
     pool = ThreadPoolExecutor(threads) if threads > 1 and by_set else None
     try:
