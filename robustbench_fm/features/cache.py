@@ -182,7 +182,7 @@ def _embedding_matrix(column: pa.ChunkedArray, path, dim: int | None = None) -> 
             raise FeatureCacheError(f"{path}: column 'embedding' has {chunk.null_count} null rows")
         flat = chunk.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
         parts.append(flat.reshape(len(chunk), d))
-    arr = np.concatenate(parts) if parts else np.empty((0, dim or 0), np.float32)
+    arr = (parts[0] if len(parts) == 1 else np.concatenate(parts)) if parts else np.empty((0, dim or 0), np.float32)
     if dim is not None and arr.shape[1] != dim:
         raise FeatureCacheError(f"{path}: embeddings have {arr.shape[1]} dims, expected {dim}")
     return arr

@@ -7,12 +7,17 @@ cache entry skipped as unreadable (``on_bad_image="skip"``), which come back as 
 """
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.devices import usable_cores
@@ -79,6 +84,10 @@ def missing_shards(entry: str | Path) -> list[int]:
 
 #: parquet files :func:`load_features` reads at once (the shards of a cache entry)
 READ_THREADS = 8
+#: embeddings decoded at a time when a file is read into the matrix (issue 44): decoding a large
+#: file whole allocates its full column in pyarrow's pool (slow to fault in on first use) and then
+#: copies it; a batch at a time reuses one small buffer and writes each value once, in place
+READ_BATCH_ROWS = 4096
 
 
 def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
@@ -113,32 +122,87 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
         files = [path]
     else:
         raise FeatureCacheError(f"{path}: features file not found; pass a parquet file or cache folder")
-    def read(f: Path) -> tuple[np.ndarray, np.ndarray]:
-        try:
-            table = pq.read_table(f, memory_map=True)
-        except Exception as exc:  # noqa: BLE001
-            raise FeatureCacheError(f"{f}: unreadable parquet "
-                                    f"({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
-        for col in ("sample_id", "embedding"):
-            if col not in table.column_names:
-                raise FeatureCacheError(f"{f}: no '{col}' column (present: {', '.join(table.column_names[:12])}); "
-                                        "features need 'sample_id' and a list-of-floats 'embedding'")
-        return (table.column("sample_id").to_numpy(zero_copy_only=False).astype(str),
-                _embedding_matrix(table.column("embedding"), f))
-
-    # a cache entry's shards are read side by side (pyarrow decodes one file's row group on one thread)
+    # a cache entry's shards are read side by side (pyarrow decodes one file's row group on one
+    # thread): each file is opened and its first batch decoded (the vector length), then every file
+    # decodes the rest of its rows straight into its place in the one matrix
     with ThreadPoolExecutor(min(READ_THREADS, usable_cores(), len(files))) as pool:
-        ids_parts, emb_parts = zip(*pool.map(read, files))
-    dims = {e.shape[1] for e in emb_parts}
-    if len(dims) > 1:
-        raise FeatureCacheError(f"{path}: files hold embeddings of different sizes {sorted(dims)}")
-    ids = np.concatenate(ids_parts)
-    emb = np.concatenate(emb_parts)
+        parts = list(pool.map(_open_part, files))
+        dims = sorted({p.dim for p in parts if p.dim is not None})
+        if len(dims) > 1:
+            raise FeatureCacheError(f"{path}: files hold embeddings of different sizes {dims}")
+        starts = np.cumsum([0] + [len(p.ids) for p in parts])
+        emb = np.empty((int(starts[-1]), dims[0] if dims else 0), dtype=np.float32)
+        list(pool.map(_fill, parts, [emb] * len(parts), starts[:-1].tolist()))
+    ids = np.concatenate([p.ids for p in parts])
     uniq, counts = np.unique(ids, return_counts=True)
     if (counts > 1).any():
         raise FeatureCacheError(f"{path}: sample_id {str(uniq[counts > 1][0])!r} appears {counts.max()} times; "
                                 "keep one feature row per sample")
     return _in_manifest_order(path, ids, emb, manifest)
+
+
+@dataclass
+class _Part:
+    """One features file being read: its sample_ids, vector length (``None``: no rows to tell),
+    first decoded batch and the batches still to decode."""
+
+    path: Path
+    ids: np.ndarray
+    dim: int | None
+    first: np.ndarray | None
+    rest: Iterator
+
+
+@contextmanager
+def _readable(f: Path):
+    """Any pyarrow failure while reading ``f`` as a one-line FeatureCacheError naming the file."""
+    try:
+        yield
+    except FeatureCacheError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (any pyarrow failure means a bad file)
+        raise FeatureCacheError(f"{f}: unreadable parquet "
+                                f"({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
+
+
+def _open_part(f: Path) -> _Part:
+    """Open features file ``f``: check its columns, read its sample_ids and its first batch of
+    :data:`READ_BATCH_ROWS` embeddings."""
+    with _readable(f):
+        file = pq.ParquetFile(f, memory_map=True)
+        names = file.schema_arrow.names
+        for col in ("sample_id", "embedding"):
+            if col not in names:
+                raise FeatureCacheError(f"{f}: no '{col}' column (present: {', '.join(names[:12])}); "
+                                        "features need 'sample_id' and a list-of-floats 'embedding'")
+        ids = file.read(columns=["sample_id"], use_threads=False).column("sample_id")
+        rest = file.iter_batches(batch_size=READ_BATCH_ROWS, columns=["embedding"], use_threads=False)
+        batch = next(rest, None)
+        kind = file.schema_arrow.field("embedding").type
+    first = None if batch is None else _embedding_matrix(pa.chunked_array([batch.column(0)]), f)
+    dim = (first.shape[1] if first is not None
+           else kind.list_size if pa.types.is_fixed_size_list(kind) else None)
+    return _Part(f, ids.to_numpy(zero_copy_only=False).astype(str), dim, first, rest)
+
+
+def _fill(part: _Part, out: np.ndarray, start: int) -> None:
+    """Decode ``part``'s embeddings batch by batch into ``out[start:start + len(part.ids)]``."""
+    if part.first is None:
+        return
+    row = start
+    with _readable(part.path):
+        blocks = itertools.chain([part.first], (_embedding_matrix(pa.chunked_array([b.column(0)]), part.path)
+                                                for b in part.rest))
+        for block in blocks:
+            if block.shape[1] != part.dim:
+                low, high = sorted((block.shape[1], part.dim))
+                raise FeatureCacheError(f"{part.path}: 'embedding' rows have different lengths ({low}..{high}); "
+                                        "store one vector length")
+            out[row:row + len(block)] = block
+            row += len(block)
+    if row != start + len(part.ids):
+        raise FeatureCacheError(f"{part.path}: {row - start} embeddings for {len(part.ids)} sample_ids; "
+                                "write one embedding per row")
 
 
 def _in_manifest_order(path: Path, ids: np.ndarray, emb: np.ndarray, manifest: pd.DataFrame | None

@@ -174,9 +174,9 @@ def test_load_features_reads_a_folder_side_by_side_in_file_order(tmp_path, monke
         want_emb.append(emb)
     threads, lock = set(), threading.Lock()
     first_two = threading.Barrier(2, timeout=20)  # files read one after another: it would time out
-    real = load.pq.read_table
+    real = load._open_part
 
-    def read_table(*a, **k):
+    def open_part(*a, **k):
         with lock:
             new = threading.get_ident() not in threads
             threads.add(threading.get_ident())
@@ -185,7 +185,7 @@ def test_load_features_reads_a_folder_side_by_side_in_file_order(tmp_path, monke
             first_two.wait()
         return real(*a, **k)
 
-    monkeypatch.setattr(load.pq, "read_table", read_table)
+    monkeypatch.setattr(load, "_open_part", open_part)
     monkeypatch.setattr(load, "usable_cores", lambda: 4)
     ids, emb = load_features(tmp_path)
     assert list(ids) == want_ids
@@ -195,6 +195,37 @@ def test_load_features_reads_a_folder_side_by_side_in_file_order(tmp_path, monke
     (tmp_path / "part-09.parquet").write_bytes(b"not parquet either")
     with pytest.raises(FeatureCacheError, match=r"part-05.parquet: unreadable parquet"):
         load_features(tmp_path)
+
+
+def test_load_features_decodes_a_file_batch_by_batch_into_one_writable_matrix(tmp_path, monkeypatch):
+    """Issue 44: a file's embeddings are decoded a few rows at a time straight into the matrix
+    (READ_BATCH_ROWS), fixed-size and plain lists alike; the rows are those pyarrow reads whole, the
+    matrix is writable (a handed-over matrix is normalised in place) and a vector length that changes
+    from one batch to the next is refused as one within a batch is."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import robustbench_fm.features.load as load
+
+    monkeypatch.setattr(load, "READ_BATCH_ROWS", 3)
+    rng = np.random.default_rng(5)
+    emb = rng.normal(size=(10, 4)).astype(np.float32)
+    ids = [f"s{i}" for i in range(10)]
+    fixed = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), 4)
+    pq.write_table(pa.table({"sample_id": ids, "embedding": fixed}), tmp_path / "fixed.parquet", row_group_size=4)
+    pd.DataFrame({"sample_id": ids, "embedding": list(emb.astype(np.float64))}).to_parquet(tmp_path / "list.parquet")
+    for name in ("fixed", "list"):
+        got_ids, got = load_features(tmp_path / f"{name}.parquet")
+        assert list(got_ids) == ids and got.dtype == np.float32 and got.flags.writeable
+        np.testing.assert_array_equal(got, emb)
+    ragged = [list(v) for v in emb.astype(np.float64)]
+    for row, length in ((4, 3), (1, 5)):  # a later batch, then the first batch, holds a shorter or longer row
+        rows = [(v + [0.0])[:length] if i == row else v for i, v in enumerate(ragged)]
+        pd.DataFrame({"sample_id": ids, "embedding": rows}).to_parquet(tmp_path / "ragged.parquet")
+        low, high = sorted((length, 4))
+        with pytest.raises(FeatureCacheError, match=rf"ragged.parquet: 'embedding' rows have different lengths "
+                                                    rf"\({low}\.\.{high}\)"):
+            load_features(tmp_path / "ragged.parquet")
 
 
 # ---- (e) errors ---------------------------------------------------------------------------------
