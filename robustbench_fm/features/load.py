@@ -144,7 +144,7 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
 @dataclass
 class _Part:
     """One features file being read: its sample_ids, vector length (``None``: no rows to tell),
-    first decoded batch and the batches still to decode."""
+    first decoded batch (when the length had to be read off it) and the batches still to decode."""
 
     path: Path
     ids: np.ndarray
@@ -166,8 +166,9 @@ def _readable(f: Path):
 
 
 def _open_part(f: Path) -> _Part:
-    """Open features file ``f``: check its columns, read its sample_ids and its first batch of
-    :data:`READ_BATCH_ROWS` embeddings."""
+    """Open features file ``f``: check its columns and read its sample_ids; the vector length is
+    the schema's (a fixed-size list, as the cache writes) or else its first batch's of
+    :data:`READ_BATCH_ROWS` embeddings, decoded here."""
     with _readable(f):
         file = pq.ParquetFile(f, memory_map=True)
         names = file.schema_arrow.names
@@ -177,22 +178,19 @@ def _open_part(f: Path) -> _Part:
                                         "features need 'sample_id' and a list-of-floats 'embedding'")
         ids = file.read(columns=["sample_id"], use_threads=False).column("sample_id")
         rest = file.iter_batches(batch_size=READ_BATCH_ROWS, columns=["embedding"], use_threads=False)
-        batch = next(rest, None)
         kind = file.schema_arrow.field("embedding").type
+        batch = None if pa.types.is_fixed_size_list(kind) else next(rest, None)
     first = None if batch is None else _embedding_matrix(pa.chunked_array([batch.column(0)]), f)
-    dim = (first.shape[1] if first is not None
-           else kind.list_size if pa.types.is_fixed_size_list(kind) else None)
+    dim = kind.list_size if pa.types.is_fixed_size_list(kind) else None if first is None else first.shape[1]
     return _Part(f, ids.to_numpy(zero_copy_only=False).astype(str), dim, first, rest)
 
 
 def _fill(part: _Part, out: np.ndarray, start: int) -> None:
     """Decode ``part``'s embeddings batch by batch into ``out[start:start + len(part.ids)]``."""
-    if part.first is None:
-        return
     row = start
     with _readable(part.path):
-        blocks = itertools.chain([part.first], (_embedding_matrix(pa.chunked_array([b.column(0)]), part.path)
-                                                for b in part.rest))
+        decoded = (_embedding_matrix(pa.chunked_array([b.column(0)]), part.path) for b in part.rest)
+        blocks = decoded if part.first is None else itertools.chain([part.first], decoded)
         for block in blocks:
             if block.shape[1] != part.dim:
                 low, high = sorted((block.shape[1], part.dim))
