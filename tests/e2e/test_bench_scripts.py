@@ -32,6 +32,11 @@ def test_bench_candor_writes_its_figures(tmp_path):
     assert json.loads(out.read_text()) == result
     assert result["n_images"] == 800 and result["bank_size"] == 200 and result["n_findings"] == 12
     assert 180 <= result["queries_per_finding"] <= 220  # half of each group's 200-image sample, 2 groups
+    # the ratio depends on the CPU's vector units: the JSON names them (torch's own report)
+    import torch
+
+    assert result["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert result["machine"]["cpu"].strip()
 
 
 def test_bench_candor_measures_each_shape_with_its_floor(tmp_path):
