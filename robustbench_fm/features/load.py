@@ -7,7 +7,6 @@ cache entry skipped as unreadable (``on_bad_image="skip"``), which come back as 
 """
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -123,8 +122,8 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
     else:
         raise FeatureCacheError(f"{path}: features file not found; pass a parquet file or cache folder")
     # a cache entry's shards are read side by side (pyarrow decodes one file's row group on one
-    # thread): each file is opened and its first batch decoded (the vector length), then every file
-    # decodes the rest of its rows straight into its place in the one matrix
+    # thread): each file is checked and its vector length found, then every file decodes its rows
+    # straight into its place in the one matrix
     with ThreadPoolExecutor(min(READ_THREADS, usable_cores(), len(files))) as pool:
         parts = list(pool.map(_open_part, files))
         dims = sorted({p.dim for p in parts if p.dim is not None})
@@ -143,14 +142,11 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
 
 @dataclass
 class _Part:
-    """One features file being read: its sample_ids, vector length (``None``: no rows to tell),
-    first decoded batch (when the length had to be read off it) and the batches still to decode."""
+    """One features file being read: its sample_ids and vector length (``None``: no rows to tell)."""
 
     path: Path
     ids: np.ndarray
     dim: int | None
-    first: np.ndarray | None
-    rest: Iterator
 
 
 @contextmanager
@@ -165,39 +161,48 @@ def _readable(f: Path):
                                 f"({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
 
 
+def _batches(file: pq.ParquetFile, path: Path) -> Iterator[np.ndarray]:
+    """``file``'s embeddings as float32 blocks of :data:`READ_BATCH_ROWS` rows, decoded one at a time."""
+    for batch in file.iter_batches(batch_size=READ_BATCH_ROWS, columns=["embedding"], use_threads=False):
+        yield _embedding_matrix(pa.chunked_array([batch.column(0)]), path)
+
+
 def _open_part(f: Path) -> _Part:
-    """Open features file ``f``: check its columns and read its sample_ids; the vector length is
-    the schema's (a fixed-size list, as the cache writes) or else its first batch's of
-    :data:`READ_BATCH_ROWS` embeddings, decoded here."""
+    """Features file ``f``'s columns checked, its sample_ids and its vector length: the schema's (a
+    fixed-size list, as the cache writes) or else its first batch's. The file is closed again (a
+    folder may hold more files than a process may keep open)."""
     with _readable(f):
         file = pq.ParquetFile(f, memory_map=True)
-        names = file.schema_arrow.names
-        for col in ("sample_id", "embedding"):
-            if col not in names:
-                raise FeatureCacheError(f"{f}: no '{col}' column (present: {', '.join(names[:12])}); "
-                                        "features need 'sample_id' and a list-of-floats 'embedding'")
-        ids = file.read(columns=["sample_id"], use_threads=False).column("sample_id")
-        rest = file.iter_batches(batch_size=READ_BATCH_ROWS, columns=["embedding"], use_threads=False)
-        kind = file.schema_arrow.field("embedding").type
-        batch = None if pa.types.is_fixed_size_list(kind) else next(rest, None)
-    first = None if batch is None else _embedding_matrix(pa.chunked_array([batch.column(0)]), f)
+        try:
+            names = file.schema_arrow.names
+            for col in ("sample_id", "embedding"):
+                if col not in names:
+                    raise FeatureCacheError(f"{f}: no '{col}' column (present: {', '.join(names[:12])}); "
+                                            "features need 'sample_id' and a list-of-floats 'embedding'")
+            ids = file.read(columns=["sample_id"], use_threads=False).column("sample_id")
+            kind = file.schema_arrow.field("embedding").type
+            first = None if pa.types.is_fixed_size_list(kind) else next(_batches(file, f), None)
+        finally:
+            file.close()
     dim = kind.list_size if pa.types.is_fixed_size_list(kind) else None if first is None else first.shape[1]
-    return _Part(f, ids.to_numpy(zero_copy_only=False).astype(str), dim, first, rest)
+    return _Part(f, ids.to_numpy(zero_copy_only=False).astype(str), dim)
 
 
 def _fill(part: _Part, out: np.ndarray, start: int) -> None:
     """Decode ``part``'s embeddings batch by batch into ``out[start:start + len(part.ids)]``."""
     row = start
     with _readable(part.path):
-        decoded = (_embedding_matrix(pa.chunked_array([b.column(0)]), part.path) for b in part.rest)
-        blocks = decoded if part.first is None else itertools.chain([part.first], decoded)
-        for block in blocks:
-            if block.shape[1] != part.dim:
-                low, high = sorted((block.shape[1], part.dim))
-                raise FeatureCacheError(f"{part.path}: 'embedding' rows have different lengths ({low}..{high}); "
-                                        "store one vector length")
-            out[row:row + len(block)] = block
-            row += len(block)
+        file = pq.ParquetFile(part.path, memory_map=True)
+        try:
+            for block in _batches(file, part.path):
+                if block.shape[1] != part.dim:
+                    low, high = sorted((block.shape[1], part.dim))
+                    raise FeatureCacheError(f"{part.path}: 'embedding' rows have different lengths "
+                                            f"({low}..{high}); store one vector length")
+                out[row:row + len(block)] = block
+                row += len(block)
+        finally:
+            file.close()
     if row != start + len(part.ids):
         raise FeatureCacheError(f"{part.path}: {row - start} embeddings for {len(part.ids)} sample_ids; "
                                 "write one embedding per row")

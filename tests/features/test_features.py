@@ -228,6 +228,41 @@ def test_load_features_decodes_a_file_batch_by_batch_into_one_writable_matrix(tm
             load_features(tmp_path / "ragged.parquet")
 
 
+def test_load_features_keeps_no_more_files_open_than_it_reads_at_once(tmp_path, monkeypatch):
+    """A folder may hold more shards than a process may keep open: each file is closed after its
+    check and opened again to be read, so at most one per reading thread is open at a time."""
+    import threading
+
+    import robustbench_fm.features.load as load
+
+    rng = np.random.default_rng(7)
+    want = []
+    for i in range(12):
+        emb = rng.normal(size=(5, 3)).astype(np.float32)
+        pd.DataFrame({"sample_id": [f"f{i:02d}_{j}" for j in range(5)], "embedding": list(emb)}).to_parquet(
+            tmp_path / f"part-{i:02d}.parquet")
+        want.append(emb)
+    real, lock, live, peak = load.pq.ParquetFile, threading.Lock(), [0], [0]
+
+    class Counted(real):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            with lock:
+                live[0] += 1
+                peak[0] = max(peak[0], live[0])
+
+        def close(self, *a, **k):
+            with lock:
+                live[0] -= 1
+            return super().close(*a, **k)
+
+    monkeypatch.setattr(load.pq, "ParquetFile", Counted)
+    monkeypatch.setattr(load, "usable_cores", lambda: 2)
+    ids, emb = load_features(tmp_path)
+    np.testing.assert_array_equal(emb, np.concatenate(want))
+    assert len(ids) == 60 and live[0] == 0 and 1 <= peak[0] <= 2
+
+
 # ---- (e) errors ---------------------------------------------------------------------------------
 
 
