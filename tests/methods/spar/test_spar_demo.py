@@ -281,8 +281,17 @@ def test_encoders_are_compared_paired_on_the_same_questions(run):
     # nothing left out; only the demo's tumour counts (one LiTS volume) come without an interval
     assert all("tumour_count" in line and "no interval or p-value" in line for line in notes), notes
     few = pairs["n_clusters"] < 5
-    assert (pairs.loc[few, "finding"] == "tumour_count").all() and pairs.loc[~few, "p_holm"].notna().all()
+    assert (pairs.loc[few, "finding"] == "tumour_count").all() and pairs.loc[~few, "p_adj"].notna().all()
     ranking = pd.read_csv(run / "ranking.csv", keep_default_na=False, na_values=[""])
+    # issue 58 item 2: MED is a distance, ranked lower-is-better; where the oracle leads on accuracy it leads on MED
+    med = ranking[ranking["metric"] == "med"]
+    assert not med.empty and (med["better_is"] == "lower").all() and (pairs.loc[pairs["metric"] == "med", "better_is"]
+                                                                      == "lower").all()
+    keys = ["dataset", "setting", "finding", "row"]
+    accuracy = ranking[ranking["metric"] == "accuracy"]
+    first_on_accuracy = accuracy[(accuracy["encoder"] == "spar_oracle") & (accuracy["rank"] == 1)][keys]
+    oracle_med = med[med["encoder"] == "spar_oracle"].merge(first_on_accuracy, on=keys)
+    assert not oracle_med.empty and (oracle_med["rank"] == 1).all(), oracle_med
     relpos = ranking[(ranking["metric"] == "accuracy") & (ranking["finding"] == "relative_position")]
     assert not relpos.empty and set(relpos["best"]) <= {"spar_oracle", "spar_canonical"}
     assert "## Which encoder" in (run / "report.md").read_text()
