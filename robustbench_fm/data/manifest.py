@@ -28,6 +28,10 @@ BOX_COLUMNS = ("box_x0", "box_y0", "box_x1", "box_y1")
 #: Columns that locate the image content; the feature cache keys on these alone.
 LOCATOR_COLUMNS = ("sample_id", "path")
 SPLITS = ("train", "val", "test")
+#: where a row came from, for messages only (``"<csv> row <i>"``, set by ``dataset=csv``): the
+#: messages about an unreadable image name it rather than the row's position in whatever subset
+#: of the manifest is being read (extraction reads only the images no cache holds)
+SOURCE_COLUMN = "source_row"
 
 
 class ManifestError(UserError, ValueError):
