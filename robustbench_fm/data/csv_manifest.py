@@ -66,7 +66,11 @@ _SHOWN = 8
 
 
 def _read(path: Path) -> pd.DataFrame:
-    return read_csv(path, dtype={c: str for c in mf.STRING_COLUMNS})
+    try:
+        return read_csv(path, dtype={c: str for c in mf.STRING_COLUMNS})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:  # a file pandas cannot split into columns
+        raise mf.ManifestError(f"{path}: not a readable CSV ({' '.join(str(exc).split())}); save it as a "
+                               "comma-separated file with a header line") from None
 
 
 def _label_values(series: pd.Series) -> bool:
@@ -103,11 +107,15 @@ def classify_columns(table: pd.DataFrame) -> tuple[list[str], dict[str, str]]:
 
 
 def finding_columns(path: str | Path | None) -> list[str]:
-    """The CSV's finding columns (:func:`classify_columns`; [] when ``path`` is unset or not a
-    file: :func:`build_csv` then says what to fix)."""
+    """The CSV's finding columns (:func:`classify_columns`; [] when ``path`` is unset, not a file
+    or not a readable CSV: :func:`build_csv` then says what to fix). Never raises (the config's
+    ``${csv_findings:...}`` resolver calls it)."""
     if path is None or not Path(str(path)).is_file():
         return []
-    return classify_columns(_read(Path(str(path))))[0]
+    try:
+        return classify_columns(_read(Path(str(path))))[0]
+    except mf.ManifestError:  # build_csv says it in one line
+        return []
 
 
 def separator_hint(table: pd.DataFrame) -> str:
@@ -159,17 +167,19 @@ def no_findings_reason(path: str | Path) -> str:
     """Why the CSV at ``path`` has no finding column (:func:`finding_columns` found none): its row
     count when it has none, else each other column with the first value that kept it out."""
     table = _read(Path(str(path)))
+    if hint := separator_hint(table):  # the real cause: one column holding every field
+        return f"{path}: no finding column{hint}"
     if table.empty:
-        return f"{path}: the CSV has 0 rows (only its header); add one row per image{separator_hint(table)}"
+        return f"{path}: the CSV has 0 rows (only its header); add one row per image"
     canonical = {*mf.STRING_COLUMNS, *mf.BOX_COLUMNS}
     _, skipped = classify_columns(table)
     reasons = [f"column '{col}' was skipped ({why}; a finding column holds 1, 0 or empty)" if why.startswith(
         ("value", "no value")) else f"column '{col}' was skipped ({why})" for col, why in skipped.items()]
     if not reasons:
         present = ", ".join(c for c in table.columns if c in canonical)
-        return f"{path}: no column besides {present}; add one 0/1 column per finding{separator_hint(table)}"
+        return f"{path}: no column besides {present}; add one 0/1 column per finding"
     return (f"{path}: no finding column: {'; '.join(reasons[:5])}; recode one as 0/1 (1 positive, 0 negative), "
-            f"or name the finding columns with dataset.findings=[...]{separator_hint(table)}")
+            "or name the finding columns with dataset.findings=[...]")
 
 
 def _policy(value, policies: dict, key: str, default: str | None = None) -> str | None:

@@ -22,9 +22,15 @@ its maximum to 255 (``(v - min) * 255 / (max - min)``, rounded to nearest, ties 
 keeps the full contrast of 10-12-bit data stored in 16-bit containers; a constant image becomes
 all 0. (The widely used VinDr/Kaggle DICOM recipe does the same: VOI LUT, then min-max.)
 
+EXIF orientation (issue 54): an image whose EXIF Orientation tag (TIFF 6.0 / EXIF 2.3 tag 274,
+read from the header: :func:`exif_orientation`) is not 1 is turned upright with Pillow's
+``ImageOps.exif_transpose``, as a viewer shows it: JPEG, TIFF, PNG, WebP files, images embedded in
+parquet rows, and lesion masks (:func:`read_mask`). An image without the tag (or with 1) is
+returned as before, without a copy.
+
 Crop: when the row has ``crop_left``, ``crop_top``, ``crop_right``, ``crop_bottom`` (pixels
-removed from each edge; NaN or absent = 0) they are applied before anything else downstream, e.g.
-the 20-px copyright banner of FGVC-Aircraft (catalog 1.3).
+removed from each edge of the upright image; NaN or absent = 0) they are applied before anything
+else downstream, e.g. the 20-px copyright banner of FGVC-Aircraft (catalog 1.3).
 
 The result is mode ``'L'`` for single-channel data and ``'RGB'`` for colour (alpha dropped,
 palette expanded); the encoder's own transform converts channels to what it expects.

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import UserError
+from .files import read_csv
 
 #: The 12 harmonised chest findings of CANDOR (candor.md, "Scope"), lower_snake_case.
 CHEST_FINDINGS = (
@@ -150,18 +151,18 @@ def header(path: str | Path) -> list[str]:
         import pyarrow.parquet as pq
 
         return list(pq.read_schema(path).names)
-    return [str(c) for c in pd.read_csv(path, nrows=0).columns]
+    return [str(c) for c in read_csv(path, nrows=0).columns]
 
 
 def read(path: str | Path, findings: tuple[str, ...] | list[str] = (),
          labels: tuple[str, ...] | list[str] = ()) -> pd.DataFrame:
-    """Read a manifest from CSV or parquet and validate it (:func:`validate`: ``findings`` 0/1,
-    ``labels`` categorical), naming ``path`` in every error."""
+    """Read a manifest from CSV (any encoding :func:`.files.read_csv` reads) or parquet and validate
+    it (:func:`validate`: ``findings`` 0/1, ``labels`` categorical), naming ``path`` in every error."""
     path = Path(path)
     if not path.exists():
         raise ManifestError(f"{path}: file not found; pass an existing manifest (CSV or parquet)")
     if path.suffix == ".parquet":
         df = pd.read_parquet(path)
     else:
-        df = pd.read_csv(path, dtype={c: str for c in (*STRING_COLUMNS, *labels)})
+        df = read_csv(path, dtype={c: str for c in (*STRING_COLUMNS, *labels)})
     return validate(df, source=str(path), findings=findings, labels=labels)

@@ -41,15 +41,15 @@ only, ``"decode": "scaled"`` (an exact store keeps the key it had before the fie
 for every image (it is part of :func:`recipe`, so a bump also re-embeds every prepared image's
 features); a change confined to images one can find by their header is an upgrade in place
 instead, as for EXIF orientation below.
+One image is stored once however many manifest rows (occluded variants, paired subsets) use it.
 
 EXIF orientation (issue 54): :func:`read_image` turns an image upright as its EXIF Orientation
 says. Entries written before did not; their ``meta.json`` lacks ``"upright": true``. When such an
 entry is complete and used (its own manifest, or found by :func:`held_images`), every source's
-header is read once (about 60 us a JPEG) and only the shards holding an image whose orientation
-is not 1 are decoded again (:func:`make_upright`, one warning line), then the entry is marked;
+header is read once and only the shards holding an image whose orientation is not 1 are decoded
+again (:func:`make_upright`, one warning line), then the entry is marked;
 its key, and so the features of its other images, stay. A read-only entry is checked on every use
 and refused in one line if it holds a turned image.
-One image is stored once however many manifest rows (occluded variants, paired subsets) use it.
 
 Shards are written whole and atomically (temp file, fsync, rename) with byte-deterministic
 parquet settings; ``meta.json`` holds no timestamps. A run killed at any point leaves only

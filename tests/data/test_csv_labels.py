@@ -153,7 +153,9 @@ def test_a_semicolon_separated_csv_gets_a_hint(tmp_path):
         _build(tmp_path, path, finding_columns=[])
     assert str(err.value).endswith("; the file seems to be separated by ';', not commas (its one column is "
                                    "'path;marker'): save it as comma-separated CSV")
-    assert csv_manifest.no_findings_reason(path).endswith("save it as comma-separated CSV")
+    assert csv_manifest.no_findings_reason(path) == (
+        f"{path}: no finding column; the file seems to be separated by ';', not commas (its one column is "
+        "'path;marker'): save it as comma-separated CSV")
 
 
 def test_a_backslash_path_gets_a_hint(tmp_path):
@@ -165,6 +167,32 @@ def test_a_backslash_path_gets_a_hint(tmp_path):
                               "paths with '/': 'imgs/a.png'")
 
 
+def test_a_missing_backslash_path_gets_the_hint_too(tmp_path):
+    path = _write(tmp_path, "path,m\nimgs\\nowhere.png,1\n")
+    with pytest.raises(FileNotFoundError) as err:
+        data.build_manifest("csv", tmp_path, manifest=path, finding_columns=["m"])
+    assert "first 'imgs\\nowhere.png' (row 0) (written with '\\': write paths with '/'); fix dataset.root" in str(
+        err.value)
+
+
 def test_every_row_keeps_its_csv_row(tmp_path):
     path = _write(tmp_path, "path,m\na.png,1\nb.png,0\n")
     assert _build(tmp_path, path, finding_columns=["m"])["source_row"].tolist() == [f"{path} row 0", f"{path} row 1"]
+
+
+def test_an_empty_file_is_one_line_and_no_resolver_crash(tmp_path):
+    path = _write(tmp_path, "")
+    assert csv_findings(str(path)) == []
+    with pytest.raises(ManifestError) as err:
+        _build(tmp_path, path, finding_columns=[])
+    assert str(err.value) == (f"{path}: not a readable CSV (No columns to parse from file); save it as a "
+                              "comma-separated file with a header line")
+
+
+def test_a_manifest_file_in_utf16_is_read(tmp_path):
+    from robustbench_fm.data import manifest
+
+    path = tmp_path / "manifest.csv"
+    path.write_bytes("sample_id,path,m\ns1,a.png,1\ns2,b.png,0\n".encode("utf-16"))
+    assert manifest.header(path) == ["sample_id", "path", "m"]
+    assert manifest.read(path, findings=["m"])["m"].tolist() == [1.0, 0.0]
