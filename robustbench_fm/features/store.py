@@ -20,6 +20,10 @@ A manifest's features are found by looking up its images, not its rows:
   preprocessing, pooling, precision, how JPEGs are decoded (``extract.decode``; ``exact`` adds
   no field, so entries made before scaled decoding keep their recipe), device-side transform,
   :data:`RECIPE_VERSION` and the *major* version of torch and of the encoder's own library.
+  The decode mode is keyed only where it changes pixels (:meth:`FeatureStore.sources`): a vector
+  is filed under the scaled recipe only when scaled decoding drafts that JPEG for that encoder
+  (:func:`scaled_rows`), else under the exact one, and an exact vector serves a scaled request
+  (exact is the reference; issue 54).
   Nothing else: no manifest, no absolute path, no patch version (a patch release of a library
   the encoder does not use cannot change its features; the versions a row was made with are
   recorded, :func:`made_with`, and compared on use, ``cache.on_version_change``).
@@ -42,8 +46,10 @@ Layout under the feature cache ``<cache>``::
         view.parquet                           sample_id, image_id, chunk, row (manifest order)
 
 A chunk is written by the ordinary extraction (sharded, atomic, locked, resumable, SHA-256 per
-shard); only images no chunk of the recipe holds go into a new chunk, each once (duplicates
-inside a manifest too). A view is written when all its chunks are complete and is read by
+shard, checked again whenever a look-up reads the shard: :meth:`FeatureStore._check_shards`);
+only images no chunk of the recipe holds go into a new chunk, each once (duplicates inside a
+manifest too; a run refuses an image under two sample_ids unless told otherwise,
+:func:`apply_duplicates`). A view is written when all its chunks are complete and is read by
 :func:`robustbench_fm.features.load.load_features` like any entry. Views and chunk references
 are relative to the encoder folder, so a moved or copied ``outputs/`` keeps every entry valid.
 """

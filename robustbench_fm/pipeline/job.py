@@ -37,6 +37,7 @@ from ..data import cards
 from ..data import manifest as mf
 from ..data.sample import fixed_sample
 from ..encoders.options import EncoderOptions
+from ..features.store import apply_duplicates
 from ..methods.run import score_and_save
 from ..report.comparisons import build as build_comparisons
 from ..report.comparisons import verdict
@@ -163,8 +164,6 @@ def _duplicates(job: Plan, manifest: pd.DataFrame) -> pd.DataFrame:
     """``extract.duplicates`` applied to the manifest's images (an image listed under two sample_ids:
     refused, dropped or kept, :func:`robustbench_fm.features.store.apply_duplicates`); a slide job
     embeds tiles, not its rows' files, and a plan built by hand without extraction options is left as it is."""
-    from ..features.store import apply_duplicates
-
     if job.extract is None or job.paths is None or any(encoders.get(n).is_slide for n in job.encoders):
         return manifest
     source = job.manifest_file or job.dataset_options.get("manifest") or f"dataset {job.dataset}"
