@@ -71,7 +71,7 @@ class Embedder:
     on_bad_image: str = "error"
     num_shards: int = 1
     shard: int = 0
-    allow_remote_code: bool = True
+    allow_remote_code: bool = encoders.ALLOW_REMOTE_CODE  # hub code off unless asked (security.allow_remote_code)
     options: dict[str, EncoderOptions] = field(default_factory=dict)
     #: side in pixels every image is stored at before the encoders read it; None: native
     resolution: int | None = None

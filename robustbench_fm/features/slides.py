@@ -81,7 +81,8 @@ def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir:
                    tile_encoder=None, tiles: pd.DataFrame | None = None, tiles_dir: str = "tiles",
                    weights=None, tile_weights=None, device="auto", batch_size: int = 32,
                    num_workers: int | str = 0, shard_size: int = 1024, on_bad_image: str = "error",
-                   allow_remote_code: bool = True, progress: bool = True, decode: str = DEFAULT_DECODE) -> Path:
+                   allow_remote_code: bool = encoders.ALLOW_REMOTE_CODE, progress: bool = True,
+                   decode: str = DEFAULT_DECODE) -> Path:
     """Slide embeddings of every slide (``sample_id``) of ``manifest`` with slide encoder
     ``encoder`` (a registry name or a loaded :class:`~robustbench_fm.encoders.SlideEncoder`);
     returns the cache entry folder, whose rows follow the manifest's distinct sample_ids.

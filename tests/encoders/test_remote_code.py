@@ -64,3 +64,17 @@ def test_the_command_line_refuses_a_hub_code_entry_in_one_line_and_exits_2(tmp_p
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("error: encoder 'hibou_b' runs its authors' code from the Hugging Face hub")
     assert "security.allow_remote_code=true" in last and "a bug" not in run.stderr
+
+
+def test_every_python_entry_point_defaults_to_no_hub_code():
+    """The Python API, the Embedder service and the slide extractor take the one default (issue 54 item 8)."""
+    import dataclasses
+    import inspect
+
+    from robustbench_fm import api
+    from robustbench_fm.features import embed, slides
+
+    assert inspect.signature(api.embed).parameters["allow_remote_code"].default is False
+    assert inspect.signature(slides.extract_slides).parameters["allow_remote_code"].default is False
+    field = {f.name: f for f in dataclasses.fields(embed.Embedder)}["allow_remote_code"]
+    assert field.default is False
