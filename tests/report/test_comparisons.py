@@ -123,12 +123,15 @@ def test_an_encoder_scored_on_other_items_keeps_its_own_estimate_and_is_not_comp
     assert "b was not compared (scored on other items" in line
 
 
-def test_heads_are_not_compared_and_croma_compares_its_median(tmp_path):
+def test_heads_are_not_compared_and_croma_compares_its_median(tmp_path, capsys):
     manifest, feats = _cohort()
     heads = _run(tmp_path / "heads", "linear_head", feats, manifest, ["marker"], n_boot=0, epochs=5)
     found = cmp.build(heads, n_boot=100)
     assert found.empty and len(found.notes) == 1
     assert found.notes[0].startswith("linear_head auroc: not compared: each encoder's test scores come from a head")
+    assert rank_command(str(heads)) == 2  # and rank says why in one line
+    assert capsys.readouterr().err.startswith(f"error: rank: nothing in '{heads}' is compared: linear_head auroc: not "
+                                              "compared: each encoder's test scores")
     croma_manifest = manifest.assign(bio_label=np.where(manifest["marker"] == 1, "tumour", "normal"),
                                      site=[("A", "B")[i % 2] for i in range(len(manifest))],
                                      slide_id=[f"slide{i // 6}" for i in range(len(manifest))])

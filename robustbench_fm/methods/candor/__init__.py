@@ -16,8 +16,8 @@ from .params import BoxVerifiedParams, CandorParams, LipschitzParams, RetentionP
 
 #: why the margin AUROC is not compared between encoders (docs/comparisons.md "What is compared")
 MARGIN_NOT_COMPARED = ("every image's margin is scored against banks that hold the other images, which the patient "
-                       "bootstrap holds fixed: under a null of equal encoders p < 0.05 came out in 0.09-0.12 of pairs "
-                       "(issue 58), so no verdict rests on it")
+                       "bootstrap holds fixed: under a null of equal encoders p < 0.05 came out in 0.09-0.12 of pairs, "
+                       "so no verdict rests on it (docs/comparisons.md)")
 
 register(Method(
     "candor", "CANDOR discordance D, D_all and margin AUROC per matched group (chance = 0.5)",

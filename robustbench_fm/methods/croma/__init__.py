@@ -13,15 +13,16 @@ from .params import CromaParams, ShortcutParams
 
 #: why RI and MaRI are not compared between encoders (docs/comparisons.md "What is compared")
 KNN_NOT_COMPARED = ("each anchor's counts come from a kNN graph over the other slides' tiles, which the slide "
-                    "bootstrap holds fixed: under a null of equal encoders p < 0.05 came out in 0.13 of pairs "
-                    "(issue 58), so no verdict rests on it")
+                    "bootstrap holds fixed: under a null of equal encoders p < 0.05 came out in 0.13 of pairs, "
+                    "so no verdict rests on it (docs/comparisons.md)")
 
 register(Method(
     "croma", "CRoMa, RI and MaRI: is local geometry organised by biology or by the centre?",
     f"{__name__}.stage", display_name="CRoMa",
     headline=(("croma", "higher"), ("f0", "lower"), ("ltm", "higher"), ("ri", "higher"), ("mari", "higher")),
-    guide=f"{__name__}.guide:CROMA", param_columns=("k", "tau", "m_sweep", "n_subsets", "n_short", "n_floor"),
-    integer_columns=("support", "k", "selected_k_confounder", "m_sweep"),
+    guide=f"{__name__}.guide:CROMA", param_columns=("k", "tau", "m_sweep", "n_subsets", "n_short", "n_floor",
+                                                   "n_undefined_m1"),
+    integer_columns=("support", "k", "selected_k_confounder", "m_sweep", "n_undefined_m1"),
     console_columns=("encoder", "dataset", "finding", "bio_knn_bacc", "conf_knn_bacc", "ri", "mari", "croma", "f0",
                      "ltm", "support", "k"),
     tables=f"{__name__}.tables", figures=f"{__name__}.plots:report_figures", params=CromaParams,

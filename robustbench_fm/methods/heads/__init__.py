@@ -28,7 +28,7 @@ _AUROC = (("auroc", "higher"),)
 #: why a head's AUROC is not compared between encoders (docs/comparisons.md "What is compared")
 HEAD_NOT_COMPARED = ("each encoder's test scores come from a head trained once on the training rows, which the "
                      "patient bootstrap of the test rows holds fixed: under a null of equal encoders p < 0.05 came "
-                     "out in 0.08 of pairs (issue 58), so no verdict rests on it")
+                     "out in 0.08 of pairs, so no verdict rests on it (docs/comparisons.md)")
 _HEAD_PAIRING = Pairing(metrics=(Paired("auroc", "auroc", "logit", "label", where="split=test", better="higher",
                                         not_compared=HEAD_NOT_COMPARED),), rows=("finding",))
 register(Method("linear_head", "a linear head per finding: AUROC, operating point at 0.8 sensitivity",
