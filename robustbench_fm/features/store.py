@@ -85,6 +85,7 @@ from ..data.images import (
     Need,
     check_decode,
     draft_scale,
+    file_orientation,
     locator_file,
     need_of,
 )
@@ -127,19 +128,23 @@ class FileHashes:
     memo is a speed-up only: a read-only cache is hashed in memory and nothing is written. It also
     keeps, once asked (:meth:`jpeg_size`), whether Pillow reads the file as a JPEG and its size
     (column ``jpeg``: ``"WxH"``, ``""`` for any other file; a memo written before has none: asked
-    again), what decides whether scaled decoding changes its pixels (:func:`scaled_rows`)."""
+    again), what decides whether scaled decoding changes its pixels (:func:`scaled_rows`), and its
+    EXIF orientation (:meth:`orientation`, column ``orientation``), which the readers apply and so
+    is part of an image's identity where it turns the pixels (:func:`image_ids`)."""
 
     COLUMNS = ("path", "size", "mtime_ns", "sha256")
 
     def __init__(self, cache_dir: str | Path):
         self.path = Path(cache_dir) / "_files" / "hashes.parquet"
-        self._memo: dict[str, tuple[int, int, str, str | None]] = {}
+        self._memo: dict[str, tuple[int, int, str, str | None, int | None]] = {}
         self._new = 0
         if self.path.is_file():
             try:
                 t = pq.read_table(self.path).to_pydict()
                 jpeg = t.get("jpeg") or [None] * len(t["path"])
-                self._memo = {p: (s, m, h, j) for p, s, m, h, j in zip(*(t[c] for c in self.COLUMNS), jpeg)}
+                turn = t.get("orientation") or [None] * len(t["path"])  # a memo written before has none
+                self._memo = {p: (s, m, h, j, o)
+                              for p, s, m, h, j, o in zip(*(t[c] for c in self.COLUMNS), jpeg, turn)}
             except (OSError, KeyError, pa.ArrowException):
                 self._memo = {}  # a damaged memo is rebuilt
 
@@ -158,7 +163,7 @@ class FileHashes:
         with open(file, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
-        self._memo[key] = (st.st_size, st.st_mtime_ns, h.hexdigest(), None)
+        self._memo[key] = (st.st_size, st.st_mtime_ns, h.hexdigest(), None, None)
         self._new += 1
         return h.hexdigest()
 
@@ -175,12 +180,28 @@ class FileHashes:
         else:
             info = _jpeg_info(file)
             if got is not None:
-                self._memo[key] = (*got[:3], info)
+                self._memo[key] = (*got[:3], info, got[4])
                 self._new += 1
         if not info:
             return None
         w, h = info.split("x")
         return int(w), int(h)
+
+    def orientation(self, file: Path) -> int:
+        """The EXIF Orientation the readers apply to ``file``
+        (:func:`robustbench_fm.data.images.file_orientation`; 1 for none), its header read once per
+        file version."""
+        try:
+            key, st, got = self._valid(file)
+        except OSError:
+            return 1
+        if got is not None and got[4] is not None:
+            return int(got[4])
+        turn = int(file_orientation(file))
+        if got is not None:
+            self._memo[key] = (*got[:4], turn)
+            self._new += 1
+        return turn
 
     def save(self) -> None:
         if not self._new:
@@ -190,15 +211,17 @@ class FileHashes:
             with FileLock(self.path.with_name(".hashes.lock")):
                 if self.path.is_file():  # keep what another process added meanwhile
                     merged = FileHashes(self.path.parents[1])._memo
-                    for k, v in self._memo.items():  # a JPEG size another process found is kept too
+                    for k, v in self._memo.items():  # a JPEG size / orientation another process found is kept
                         old = merged.get(k)
-                        keep = old is not None and old[:3] == v[:3] and v[3] is None
-                        merged[k] = (*v[:3], old[3]) if keep else v
+                        same = old is not None and old[:3] == v[:3]
+                        merged[k] = (*v[:3], old[3] if same and v[3] is None else v[3],
+                                     old[4] if same and v[4] is None else v[4])
                     self._memo = merged
                 items = sorted(self._memo.items())
                 table = pa.table({"path": [k for k, _ in items], "size": [v[0] for _, v in items],
                                   "mtime_ns": [v[1] for _, v in items], "sha256": [v[2] for _, v in items],
-                                  "jpeg": pa.array([v[3] for _, v in items], pa.string())})
+                                  "jpeg": pa.array([v[3] for _, v in items], pa.string()),
+                                  "orientation": pa.array([v[4] for _, v in items], pa.int16())})
                 _write_parquet(self.path, table)
             self._new = 0
         except OSError as exc:  # a read-only cache: hashes stay in memory
@@ -236,6 +259,16 @@ def _scalar(v):
     return str(v)
 
 
+def _content(hashes: FileHashes, file: Path) -> str:
+    """What an image's identity takes from its file: the content hash, and the EXIF orientation
+    where the readers turn the pixels by it (issue 54 item 5: a vector embedded before the readers
+    applied it is of the unturned image, so a turned file gets a new identity and is embedded again;
+    every other file keeps its identity and its vectors)."""
+    digest = hashes.of(file)
+    turn = hashes.orientation(file)
+    return digest if turn == 1 else f"{digest}\x1fexif-orientation={turn}"
+
+
 def image_ids(manifest: pd.DataFrame, root: str | Path, hashes: FileHashes) -> np.ndarray:
     """One identity per manifest row (module docstring): 32 hex digits of the SHA-256 of the
     file's content hash and the row's pixel-selecting fields. A missing file raises
@@ -247,7 +280,7 @@ def image_ids(manifest: pd.DataFrame, root: str | Path, hashes: FileHashes) -> n
     for i, (f, extra) in enumerate(zip(files, _pixel_part(manifest))):
         if f not in content:
             try:
-                content[f] = hashes.of(root / f)
+                content[f] = _content(hashes, root / f)
             except FileNotFoundError:
                 content[f] = "missing:" + f  # extraction reports it (or skips it) by row
             except OSError as exc:
@@ -298,7 +331,7 @@ def duplicate_images(manifest: pd.DataFrame, root: str | Path, cache_dir: str | 
     content: dict[str, str | None] = {}
     for f in dict.fromkeys(files):
         try:
-            content[f] = hashes.of(root / f) if (root / f).is_file() else None
+            content[f] = _content(hashes, root / f) if (root / f).is_file() else None
         except OSError:
             content[f] = None
     hashes.save()
