@@ -45,7 +45,7 @@ def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None) 
     """Run the job under ``out_dir`` (as :func:`robustbench_fm.pipeline.job.run`: locked, with
     ``status.json``) and return the combined summary."""
     with recorded(out_dir) as record:
-        return _run(plan(cfg, cli_overrides), out_dir, record.claim)
+        return _run(plan(cfg, cli_overrides, multirun=hydra_mode()[0]), out_dir, record.claim)
 
 
 def _run(job: Plan, out_dir: Path, claim=None) -> pd.DataFrame:

@@ -248,11 +248,12 @@ def _shown(value) -> str:
     return text if len(text) <= 60 else text[:59] + "…"
 
 
-def folder_conflict(out_dir: Path, job: Plan) -> str | None:
+def folder_conflict(out_dir: Path, job: Plan, status: str | None = None) -> str | None:
     """What makes the run that ``out_dir`` holds another run than ``job``, as one clause (its config
     hash, then the first settings that differ), or None: an empty folder, or the same run
     (resumed: only :data:`RESUME_FREE` settings may differ). The held run is its ``config.yaml``
-    and the encoders its ``status.json`` (or, written before that, ``entries.json``) names."""
+    and the encoders its ``status.json`` (``status``: its text, where this run has written its own since)
+    or, written before that, its ``entries.json`` names."""
     try:
         held = OmegaConf.to_container(OmegaConf.load(out_dir / "config.yaml"), resolve=False)
     except (OSError, ValueError, OmegaConfBaseException):
@@ -262,7 +263,7 @@ def folder_conflict(out_dir: Path, job: Plan) -> str | None:
     before, now = _settings(held), _settings(job.config)
     # a setting one of the two configs lacks (added or removed by another release) is not compared
     differ = [k for k in before if k in now and before[k] != now[k]]
-    ran = _held_encoders(out_dir)
+    ran = _held_encoders(out_dir, status)
     if ran is not None and ran != list(job.encoders):
         differ = ["encoders", *(k for k in differ if k != "encoder.name")]  # the encoder chosen: in encoders
         before["encoders"], now["encoders"] = ran, list(job.encoders)
@@ -275,11 +276,12 @@ def folder_conflict(out_dir: Path, job: Plan) -> str | None:
     return which + shown + more
 
 
-def _held_encoders(out_dir: Path) -> list[str] | None:
-    """The encoders of the run ``out_dir`` holds: its ``status.json``'s ``encoders``, else (a folder
-    written before status.json named them) its ``entries.json``'s; None when neither says."""
+def _held_encoders(out_dir: Path, status: str | None = None) -> list[str] | None:
+    """The encoders of the run ``out_dir`` holds: its ``status.json``'s ``encoders`` (``status``: that
+    file's text), else (a folder written before status.json named them) its ``entries.json``'s; None
+    when neither says."""
     try:
-        named = json.loads((out_dir / "status.json").read_text()).get("encoders")
+        named = json.loads(status if status is not None else (out_dir / "status.json").read_text()).get("encoders")
         if isinstance(named, list):
             return [str(n) for n in named]
     except (OSError, ValueError, AttributeError):
@@ -302,7 +304,7 @@ class _Record:
         """``job`` may write into the folder: it is empty or holds the same run (resumed); else
         :class:`RunFolderTaken`, one line naming the folder, what differs and ``hydra.run.dir``
         (the folder, its ``status.json`` included, is left as it was). Returns ``job``."""
-        conflict = folder_conflict(self.out_dir, job)
+        conflict = folder_conflict(self.out_dir, job, self.before or "{}")
         if conflict is not None:
             raise RunFolderTaken(
                 f"run folder {self.out_dir} holds another run ({conflict}); run this one into another folder "

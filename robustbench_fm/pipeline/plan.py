@@ -89,7 +89,8 @@ class Plan:
     built); ``fixed_sample`` and ``seed``: the fixed draw of :func:`.job.load_manifest`;
     ``swept_encoders``: the panel a ``-m`` sweep fans out (``encoders``); ``encoder``: the user's
     options of the chosen encoder; ``config``: the resolved config, secrets masked, as
-    ``config.yaml`` holds it (its hash keys the results); ``cli_overrides``: the command line's
+    ``config.yaml`` holds it (its hash keys the results; ``encoders``: the encoders that ran, or the panel a
+    sweep's job belongs to); ``cli_overrides``: the command line's
     overrides (``overrides.yaml``). The fields after ``experiment`` default to empty for a plan
     built by hand (tests); :func:`plan` fills every one."""
 
@@ -505,8 +506,9 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool
     for name in names:
         encoders.get(name)
     card = cfg.dataset.get("card")
-    # config.yaml names the encoders that ran (an encoder= override replaces the experiment's panel)
-    config = {**_config_record(cfg), "encoders": panel_entries(cfg, cli_overrides)}
+    config = _config_record(cfg)
+    if not multirun:  # config.yaml names the encoders that ran (encoder= replaces the experiment's panel); a
+        config["encoders"] = panel_entries(cfg, cli_overrides)  # sweep's job keeps the panel it fans out
     return Plan(cfg.dataset.name, root, names, cfg.stage.name, findings, None, resolution(cfg),
                 dataset_options=_dataset_options(cfg), generate=generate,
                 verify_images=bool(cfg.dataset.get("verify_images", True)),
