@@ -23,6 +23,7 @@ from ..core.tables import SweepResults
 from ..data import cards
 from ..encoders import generic
 from ..pipeline.experiment import JobsRefused, bug_line, check_jobs, expand, is_unit, log_traceback, run_jobs
+from ..pipeline.plan import resolved_prepared_dir
 from ..report.compare import to_markdown, write_compare
 from ..report.comparisons import build as build_comparisons
 from ..report.comparisons import verdict
@@ -508,7 +509,6 @@ def _cli_folders(cfg, out_dir: Path) -> list:
     from omegaconf import OmegaConf
 
     from ..pipeline.job import run_folders  # lazy: imports torch
-    from ..pipeline.plan import resolved_prepared_dir
 
     return run_folders(out_dir, OmegaConf.select(cfg, "paths.output_root", default=None), cfg.paths.cache_dir,
                        resolved_prepared_dir(cfg))

@@ -74,8 +74,8 @@ def test_a_full_disk_under_the_run_folder_is_one_line_naming_paths_output_root(t
     pd.DataFrame({"sample_id": ids, "acq_group": "g", "patient_id": ids,
                   "lesion": [i % 2 for i in range(40)]}).to_csv(tmp_path / "manifest.csv", index=False)
     run = tmp_path / "outputs" / "runs" / "r"
-    args = ["plugins=[full_disk]", "experiment=from_features", "features_file=feats.parquet", "manifest_file=manifest.csv",
-            "stage.findings=[lesion]", "stage.params.n_boot=20", f"hydra.run.dir={run}"]
+    args = ["plugins=[full_disk]", "experiment=from_features", "features_file=feats.parquet",
+            "manifest_file=manifest.csv", "stage.findings=[lesion]", "stage.params.n_boot=20", f"hydra.run.dir={run}"]
     proc = _cli(tmp_path, *args, FULL_DISK_AT="results_long.parquet", FULL_DISK_LOG="1")
     assert proc.returncode == 2, proc.stderr[-3000:]
     (line,) = proc.stderr.strip().splitlines()  # no "--- Logging error ---" traceback before it
@@ -92,8 +92,8 @@ def test_a_full_disk_under_the_run_folder_is_one_line_naming_paths_output_root(t
 
 
 def test_a_full_disk_under_the_feature_cache_names_paths_cache_dir_and_keeps_what_was_embedded(tmp_path):
-    args = ["plugins=[full_disk]", "encoder=planted_sharp", "dataset.options.n=40", "extract.shard_size=16", "stage.params.n_boot=20",
-            "device=cpu", f"hydra.run.dir={tmp_path / 'run'}"]
+    args = ["plugins=[full_disk]", "encoder=planted_sharp", "dataset.options.n=40", "extract.shard_size=16",
+            "stage.params.n_boot=20", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}"]
     proc = _cli(tmp_path, *args, FULL_DISK_AT="shard-00001.parquet")
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = proc.stderr.strip().splitlines()[-1]
