@@ -296,8 +296,8 @@ class _Record:
     """What :func:`recorded` yields: :meth:`claim` checks that the folder holds no other run before
     the job writes anything there."""
 
-    def __init__(self, out_dir: Path, before: str | None, previous: str | None, started: float, fields: dict):
-        self.out_dir, self.before, self.previous, self.started, self.fields = out_dir, before, previous, started, fields
+    def __init__(self, out_dir: Path, before: str | None, started: float, fields: dict):
+        self.out_dir, self.before, self.started, self.fields = out_dir, before, started, fields
         self.claimed, self.job = False, None
 
     def claim(self, job: Plan) -> Plan:
@@ -334,7 +334,7 @@ def recorded(out_dir: Path, **fields):
         if previous == "running":  # we hold the lock, so whoever wrote that is gone
             log.warning("%s: the previous run there was interrupted; running it again", out_dir)
         started = time.time()
-        record = _Record(out_dir, before, previous, started, fields)
+        record = _Record(out_dir, before, started, fields)
         try:
             write_status(out_dir, "running", start=started, **fields)
         except OSError as exc:  # a full disk: the claim writes it again, naming the folder's setting
@@ -453,16 +453,18 @@ def run_folders(out_dir: Path, output_root, cache_dir, prepared_dir, generated=N
     that moves it): the prepared-image store, the feature cache, a generated dataset's folder
     (``generated``), the run folder (``paths.output_root`` when it lies under it, else ``hydra.run.dir``)."""
     inside = output_root is not None and Path(out_dir).resolve().is_relative_to(Path(str(output_root)).resolve())
-    folders = [(Path(str(prepared_dir)), "the prepared-image store", "paths.prepared_dir"),
-               (Path(str(cache_dir)), "the feature cache", "paths.cache_dir")]
+    folders = [(Path(str(f)), what, key) for f, what, key in (
+        (prepared_dir, "the prepared-image store", "paths.prepared_dir"),
+        (cache_dir, "the feature cache", "paths.cache_dir")) if f is not None]
     if generated is not None:
         folders.append((Path(str(generated)), "the generated dataset", "dataset.root"))
     return [*folders, (Path(out_dir), "the run folder", "paths.output_root" if inside else "hydra.run.dir")]
 
 
 def _folders(job: Plan, out_dir: Path) -> list[tuple[Path, str, str]]:
-    return run_folders(out_dir, (job.config.get("paths") or {}).get("output_root"), job.paths.cache_dir,
-                       job.paths.prepared_dir, job.root if job.generate else None)
+    paths = job.paths
+    return run_folders(out_dir, (job.config.get("paths") or {}).get("output_root"), paths and paths.cache_dir,
+                       paths and paths.prepared_dir, job.root if job.generate else None)
 
 
 def _room(folder: Path) -> int | None:
@@ -494,7 +496,7 @@ def full_disk_line(exc: OSError, folders: list[tuple[Path, str, str]], writing: 
         short = [f for f in folders if (_room(f[0]) or FULL_BELOW_BYTES) < FULL_BELOW_BYTES]
         full = next((f for f in short if f[1] == writing), short[0] if short else None)
     if full is None:
-        full = next(f for f in folders if f[1] == writing)
+        full = next((f for f in folders if f[1] == writing), folders[-1])
     folder, what, key = full
     reason = " ".join((exc.strerror or str(exc)).split())
     return (f"no space left on the disk of {folder} ({what}: {reason}); free space there or move it with "
