@@ -30,7 +30,7 @@ from ..report.comparisons import verdict
 from ..report.tables import get
 from . import configstore
 from .configstore import GROUPS, group_options
-from .sweeps import collect_and_report, dry_run_sweep, register_resolvers
+from .sweeps import REFUSED_FOLDERS, collect_and_report, dry_run_sweep, register_resolvers
 
 #: the shipped configs: the source tree's ``configs/`` or the installed package data (data.cards.config_dir)
 CONFIG_DIR = cards.CONFIG_DIR
@@ -586,7 +586,7 @@ def main() -> None:
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _job(cfg: DictConfig) -> None:
-        from ..pipeline.job import FULL_DISK, USER_ERRORS, full_disk_line  # lazy: imports torch
+        from ..pipeline.job import FULL_DISK, USER_ERRORS, RunFolderTaken, full_disk_line  # lazy: imports torch
         from ..pipeline.plan import plan  # lazy: as the job
         from .app import run  # lazy: imports torch
 
@@ -633,6 +633,8 @@ def main() -> None:
                 if not multirun:
                     raise
                 traceback.print_exc()
+            if multirun and isinstance(exc, RunFolderTaken):  # the sweep fails: its folder holds another run
+                REFUSED_FOLDERS.append(message(exc))
             print(f"error: {where}{message(exc)}", file=sys.stderr)
             if not multirun:
                 sys.exit(2)

@@ -20,8 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _cli(tmp_path, *args):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]), "HF_HUB_OFFLINE": "1"}
-    return cli_process.run(["-m", "robustbench_fm", f"paths.root={tmp_path}", *args], cwd=tmp_path, env=env,
-                           timeout=600)
+    flags = [a for a in args if a == "-m"]
+    return cli_process.run(["-m", "robustbench_fm", *flags, f"paths.root={tmp_path}", *[a for a in args if a != "-m"]],
+                           cwd=tmp_path, env=env, timeout=600)
 
 
 def _own_features(tmp_path, name, seed):
@@ -69,3 +70,19 @@ def test_a_run_that_is_not_the_demo_is_not_titled_demo_and_saves_the_encoders_it
     saved = OmegaConf.load(tmp_path / "run" / "config.yaml")
     assert list(saved.encoders) == ["random_vit_s"] and list(saved.report.notes) == []  # the demo's notes: its data
     assert "D = 0.71" not in report and "encoders:\n- random_vit_s\n" in report  # the resolved config shown
+
+
+def test_a_sweep_into_a_folder_holding_another_sweep_fails_and_keeps_its_jobs(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = _cli(tmp_path, "-m", *_own_features(tmp_path, "feats", 0), f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (job,) = [p for p in sweep.iterdir() if (p / "status.json").is_file()]
+    files = _files(job)
+    proc = _cli(tmp_path, "-m", *_own_features(tmp_path, "feats", 0), "stage.params.k=3", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 2, proc.stderr[-3000:]  # was 0, with the first sweep's results collected as its own
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-2].startswith(f"error: job {job.name}: run folder {job} holds another run (config hash ")
+    assert "stage.params.k 5 there, 3 here" in lines[-2]
+    assert lines[-1] == (f"error: 1 job folders of {sweep} hold another run; run this sweep into another folder with "
+                         "hydra.sweep.dir=<folder>")
+    assert _files(job) == files
