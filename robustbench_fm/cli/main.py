@@ -23,13 +23,14 @@ from ..core.tables import SweepResults
 from ..data import cards
 from ..encoders import generic
 from ..pipeline.experiment import JobsRefused, bug_line, check_jobs, expand, is_unit, log_traceback, run_jobs
+from ..pipeline.plan import resolved_prepared_dir
 from ..report.compare import to_markdown, write_compare
 from ..report.comparisons import build as build_comparisons
 from ..report.comparisons import verdict
 from ..report.tables import get
 from . import configstore
 from .configstore import GROUPS, group_options
-from .sweeps import collect_and_report, dry_run_sweep, register_resolvers
+from .sweeps import REFUSED_FOLDERS, collect_and_report, dry_run_sweep, register_resolvers
 
 #: the shipped configs: the source tree's ``configs/`` or the installed package data (data.cards.config_dir)
 CONFIG_DIR = cards.CONFIG_DIR
@@ -421,6 +422,39 @@ def check_overrides(argv: list[str]) -> str | None:
     return None
 
 
+#: the ``launcher=`` options (configs/launcher/) and Hydra's ``hydra/launcher=`` options that need a
+#: Hydra launcher plugin: (the module that registers its configs, what it needs, the extra installing both)
+LAUNCHER_PLUGINS = {
+    "slurm": ("hydra_plugins.hydra_submitit_launcher.config", "submitit", "slurm"),
+    "submitit_local": ("hydra_plugins.hydra_submitit_launcher.config", "submitit", "slurm"),
+    "submitit_slurm": ("hydra_plugins.hydra_submitit_launcher.config", "submitit", "slurm"),
+    "joblib": ("hydra_plugins.hydra_joblib_launcher.config", "joblib", "joblib"),
+}
+
+
+def missing_launcher(argv: list[str]) -> str | None:
+    """A ``launcher=slurm`` (``submitit_local``, ``joblib``; or ``hydra/launcher=...``) whose Hydra
+    plugin is not installed: one line naming the extra that installs it, instead of Hydra's "Could
+    not find 'hydra/launcher/submitit_slurm'"; None when it is installed or no such launcher is named."""
+    import importlib.util
+
+    for text in argv:
+        key, _, value = text.lstrip("+").partition("=")
+        if key not in ("launcher", "hydra/launcher") or value not in LAUNCHER_PLUGINS:
+            continue
+        plugin, needs, extra = LAUNCHER_PLUGINS[value]
+        for module in (plugin, needs):
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ImportError:  # its parent package is missing
+                found = False
+            if not found:
+                package = plugin.split(".")[1].replace("_", "-")
+                return (f"{key}={value} needs the Hydra launcher plugin {package}, which is not installed here: "
+                        f"pip install 'robustbench_fm[{extra}]'")
+    return None
+
+
 def rank(folder: str) -> int:
     """Rebuild the paired comparisons, the ranking and the report's "Which encoder" of a finished run or
     sweep from its saved results, without re-running anything (``comparisons.csv``, ``ranking.csv``,
@@ -475,6 +509,50 @@ def _top_level_hint(key: str, value: str, override, paths: list[str], extra_dirs
         "print the settings with dry_run=true"
 
 
+def _cli_folders(cfg, out_dir: Path) -> list:
+    """The folders a job of ``cfg`` writes (:func:`robustbench_fm.pipeline.job.run_folders`)."""
+    from omegaconf import OmegaConf
+
+    from ..pipeline.job import run_folders  # lazy: imports torch
+
+    return run_folders(out_dir, OmegaConf.select(cfg, "paths.output_root", default=None), cfg.paths.cache_dir,
+                       resolved_prepared_dir(cfg))
+
+
+def quiet_full_log_files() -> None:
+    """A log file on a full disk stops taking records, instead of ``logging`` printing a
+    ``--- Logging error ---`` traceback for each one; the run's own first write on that disk is
+    then the one line naming the folder (:func:`robustbench_fm.pipeline.job.full_disk_line`). Any
+    other failure of a log file is reported as ``logging`` does."""
+    from ..pipeline.job import FULL_DISK  # lazy: imports torch
+
+    for handler in logging.root.handlers:
+        if not isinstance(handler, logging.FileHandler):
+            continue
+
+        def handle_error(record, handler=handler, report=handler.handleError):
+            exc = sys.exc_info()[1]
+            if isinstance(exc, OSError) and exc.errno in FULL_DISK:
+                handler.setLevel(logging.CRITICAL + 1)  # no record reaches it any more
+                return
+            report(record)
+
+        handler.handleError = handle_error
+
+
+def stop_on_ctrl_c() -> None:
+    """Ctrl-C (SIGINT) stops a run wherever it is (extraction, a stage, the report): exit 130, its
+    ``status.json`` saying ``interrupted``, finished cache shards kept. Python raises
+    ``KeyboardInterrupt`` on SIGINT only where the process did not start with SIGINT ignored; a
+    command started in the background of a script (``cmd &``) or by a tool does, and the run would
+    finish as if nothing happened, so a run takes SIGINT back (its decode workers still ignore it:
+    :func:`robustbench_fm.features.engine.panel._init_worker`)."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "list":
         print(listing(sys.argv[2] if len(sys.argv) > 2 else None))
@@ -501,6 +579,7 @@ def main() -> None:
         sys.exit(verify(*sys.argv[2:]))
     import traceback
 
+    stop_on_ctrl_c()
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -512,11 +591,12 @@ def main() -> None:
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _job(cfg: DictConfig) -> None:
-        from ..pipeline.job import USER_ERRORS  # lazy: imports torch
+        from ..pipeline.job import FULL_DISK, USER_ERRORS, RunFolderTaken, full_disk_line  # lazy: imports torch
         from ..pipeline.plan import plan  # lazy: as the job
         from .app import run  # lazy: imports torch
 
         install_log_redaction()
+        quiet_full_log_files()
         hc = HydraConfig.get()
         overrides = list(hc.overrides.task)
         if hc.runtime.choices.get("experiment") == "collect":
@@ -558,10 +638,17 @@ def main() -> None:
                 if not multirun:
                     raise
                 traceback.print_exc()
+            if multirun and isinstance(exc, RunFolderTaken):  # the sweep fails: its folder holds another run
+                REFUSED_FOLDERS.append(message(exc))
             print(f"error: {where}{message(exc)}", file=sys.stderr)
             if not multirun:
                 sys.exit(2)
         except Exception as exc:  # a bug, not the user's input: one line, the traceback in the log
+            if isinstance(exc, OSError) and exc.errno in FULL_DISK:  # the lock, a log: outside the run's own writes
+                print(f"error: {where}{full_disk_line(exc, _cli_folders(cfg, out_dir))}", file=sys.stderr)
+                if not multirun:
+                    sys.exit(2)
+                return
             if cfg.get("debug") and not multirun:
                 raise
             log_file = _log_traceback(out_dir, hc)
@@ -577,7 +664,7 @@ def main() -> None:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    problem = check_overrides(sys.argv[1:])  # before Hydra: its parse errors are tracebacks
+    problem = check_overrides(sys.argv[1:]) or missing_launcher(sys.argv[1:])  # before Hydra: its errors are tracebacks
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)

@@ -78,6 +78,11 @@ from .resolvers import register, sweep_values  # noqa: F401  (sweep_values: kept
 
 log = logging.getLogger("robustbench_fm")
 
+#: the one-line refusals of this sweep's jobs whose folder holds another run (a reused
+#: ``hydra.sweep.dir``; :class:`robustbench_fm.pipeline.job.RunFolderTaken`): each such folder keeps
+#: the other run's results, so the sweep fails (:meth:`CollectCallback.on_multirun_end`)
+REFUSED_FOLDERS: list[str] = []
+
 
 
 def register_resolvers() -> None:
@@ -416,6 +421,10 @@ class CollectCallback(Callback):
                   "(a run_job stage, slide encoders, sharded or from features); nothing to extract first")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if REFUSED_FOLDERS:  # collecting would report the other run's results as this sweep's
+            print(f"error: {len(REFUSED_FOLDERS)} job folders of {config.hydra.sweep.dir} hold another run; "
+                  "run this sweep into another folder with hydra.sweep.dir=<folder>", file=sys.stderr)
+            raise SystemExit(2)
         result = collect_and_report(str(config.hydra.sweep.dir))
         # a sweep of some parts of a sharded extraction (the rest run elsewhere) is fine: the
         # error names the missing shards, and `collect` exits 2 until they are in; a paper table

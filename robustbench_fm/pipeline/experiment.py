@@ -228,18 +228,26 @@ class JobsRefused(UserError):
 
 def check_jobs(jobs: list[dict], run_dir: Path | None = None) -> None:
     """Every job's plan (names, data folders, options: :func:`.plan.plan`) before the first one runs;
-    the jobs ``run_dir`` already holds as done are skipped (a resumed run does not run them again).
+    the jobs ``run_dir`` already holds as done are skipped (a resumed run does not run them again),
+    once their folder is known to hold this job (a job folder of another run,
+    :func:`.job.folder_conflict`, is a problem too: skipped as done or run over, it would mix two runs).
     Raises :class:`JobsRefused` naming each distinct problem once with the jobs it stops (a missing
     dataset folder is one line, not one per job)."""
     problems: dict[str, list[int]] = {}
     for job in jobs:
-        if run_dir is not None and job_state(Path(run_dir) / job["dir"])[0] == "done":
-            continue
+        out = Path(run_dir) / job["dir"] if run_dir is not None else None
+        done = out is not None and job_state(out)[0] == "done"
         cfg, _, _ = task_config(job["config"])
         try:
-            plan(cfg, list(job["overrides"]))
+            planned = plan(cfg, list(job["overrides"]))
         except pipeline_job.USER_ERRORS as exc:
-            problems.setdefault(message(exc), []).append(job["num"])
+            if not done:  # a job done before is not run again: only its folder is checked
+                problems.setdefault(message(exc), []).append(job["num"])
+            continue
+        conflict = pipeline_job.folder_conflict(out, planned) if out is not None else None
+        if conflict is not None:  # another run's job folder: skipped as done or run over, it would mix two runs
+            problems.setdefault(f"run folder {run_dir} holds the jobs of another run ({job['dir']}: {conflict}); "
+                                "run this one into another folder with hydra.run.dir=<folder>", []).append(job["num"])
     if problems:
         raise JobsRefused(problems, len(jobs))
 

@@ -12,14 +12,18 @@ experiment's jobs come here one by one (:mod:`.experiment`). Imports no Hydra.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 if TYPE_CHECKING:  # the feature engine imports torch: a plan, a dry run and its one-line errors do not
     from ..features.embed import Embedder
@@ -42,7 +46,7 @@ from ..methods.run import score_and_save
 from ..report.comparisons import build as build_comparisons
 from ..report.comparisons import verdict
 from ..report.html import run_report, write_report
-from ..report.long_format import to_long
+from ..report.long_format import config_hash, to_long
 from ..report.tables import build_tables
 from .plan import Plan, label_columns, plan
 
@@ -70,8 +74,8 @@ def run(cfg: DictConfig, out_dir: Path, cli_overrides: list[str] | None = None, 
     gone as interrupted.
     """
 
-    with recorded(out_dir):
-        job = plan(cfg, cli_overrides, multirun=multirun, experiment=experiment)
+    with recorded(out_dir) as record:
+        job = record.claim(plan(cfg, cli_overrides, multirun=multirun, experiment=experiment))
         return run_planned(job, out_dir)
 
 
@@ -226,30 +230,166 @@ def extract_panel(job: Plan, manifest: pd.DataFrame,
     return entries, sorted(skipped), cache
 
 
+class RunFolderTaken(InvalidSetting):
+    """The run folder holds the outputs of another run (:func:`folder_conflict`): nothing of it is
+    changed; the message names the folder, what differs and ``hydra.run.dir``."""
+
+
+#: settings a run resumed in its folder may change: where the caches are, how fast it runs and what
+#: it prints; never what it computes (:func:`folder_conflict`)
+RESUME_FREE = ("paths", "hydra", "debug", "dry_run", "extract.batch_size", "extract.num_workers",
+               "encoder.batch_size", "report.notes")
+
+
+def _flat(node, prefix: str = "") -> dict:
+    if isinstance(node, dict) and node:
+        return {k: v for key, value in node.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: node}
+
+
+def _settings(config: dict) -> dict:
+    """``config`` as dotted keys, without :data:`RESUME_FREE` and ``encoders`` (compared as the
+    encoders that ran)."""
+    return {k: v for k, v in _flat(config).items()
+            if k != "encoders" and not any(k == f or k.startswith(f + ".") for f in RESUME_FREE)}
+
+
+def _shown(value) -> str:
+    text = "[" + ",".join(map(str, value)) + "]" if isinstance(value, list) else str(value)
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def folder_conflict(out_dir: Path, job: Plan, status: str | None = None) -> str | None:
+    """What makes the run that ``out_dir`` holds another run than ``job``, as one clause (its config
+    hash, then the first settings that differ), or None: an empty folder, or the same run
+    (resumed: only :data:`RESUME_FREE` settings may differ). The held run is its ``config.yaml``
+    and the encoders its ``status.json`` (``status``: its text, where this run has written its own since)
+    or, written before that, its ``entries.json`` names."""
+    try:
+        held = OmegaConf.to_container(OmegaConf.load(out_dir / "config.yaml"), resolve=False)
+    except (OSError, ValueError, OmegaConfBaseException):
+        return None  # no run wrote its config there (a fresh folder, a plan that failed)
+    if not isinstance(held, dict):
+        return None
+    before, now = _settings(held), _settings(job.config)
+    # a setting one of the two configs lacks (added or removed by another release) is not compared
+    differ = [k for k in before if k in now and before[k] != now[k]]
+    ran = _held_encoders(out_dir, status)
+    if ran is not None and ran != list(job.encoders):
+        differ = ["encoders", *(k for k in differ if k != "encoder.name")]  # the encoder chosen: in encoders
+        before["encoders"], now["encoders"] = ran, list(job.encoders)
+    if not differ:
+        return None
+    shown = "; ".join(f"{k} {_shown(before[k])} there, {_shown(now[k])} here" for k in differ[:3])
+    more = f"; {len(differ) - 3} more settings differ" if len(differ) > 3 else ""
+    hashes = (config_hash(held), config_hash(job.config))
+    which = f"config hash {hashes[0]} there, {hashes[1]} here: " if hashes[0] != hashes[1] else ""
+    return which + shown + more
+
+
+def _held_encoders(out_dir: Path, status: str | None = None) -> list[str] | None:
+    """The encoders of the run ``out_dir`` holds: its ``status.json``'s ``encoders`` (``status``: that
+    file's text), else (a folder written before status.json named them) its ``entries.json``'s; None
+    when neither says."""
+    try:
+        named = json.loads(status if status is not None else (out_dir / "status.json").read_text()).get("encoders")
+        if isinstance(named, list):
+            return [str(n) for n in named]
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        return [str(e["encoder"]) for e in json.loads((out_dir / "entries.json").read_text())["entries"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class _Record:
+    """What :func:`recorded` yields: :meth:`claim` checks that the folder holds no other run before
+    the job writes anything there."""
+
+    def __init__(self, out_dir: Path, before: str | None, started: float, fields: dict):
+        self.out_dir, self.before, self.started, self.fields = out_dir, before, started, fields
+        self.claimed, self.job = False, None
+
+    def claim(self, job: Plan) -> Plan:
+        """``job`` may write into the folder: it is empty or holds the same run (resumed); else
+        :class:`RunFolderTaken`, one line naming the folder, what differs and ``hydra.run.dir``
+        (the folder, its ``status.json`` included, is left as it was). Returns ``job``."""
+        conflict = folder_conflict(self.out_dir, job, self.before or "{}")
+        if conflict is not None:
+            raise RunFolderTaken(
+                f"run folder {self.out_dir} holds another run ({conflict}); run this one into another folder "
+                f"with hydra.run.dir=<folder>, or delete {self.out_dir} to replace that run")
+        self.fields = {**self.fields, "encoders": list(job.encoders)}
+        self.claimed, self.job = True, job
+        with _naming_full_disk(job, self.out_dir):
+            write_status(self.out_dir, "running", start=self.started, **self.fields)
+        return job
+
+
 @contextlib.contextmanager
 def recorded(out_dir: Path, **fields):
     """A job's bookkeeping around the block: ``out_dir/.lock`` held (a second job aimed at the
     folder fails at once), ``status.json`` saying ``running``, then ``done``, ``failed`` with the
     error or ``interrupted`` (Ctrl-C), with the wall-clock ``start`` and ``end`` and ``fields``
     (e.g. a sweep's extraction job adds its pid and host). Used by :func:`run` and by a sweep's
-    panel-extraction jobs (:func:`.sweeps.run_extraction`)."""
+    panel-extraction jobs (:func:`.sweeps.run_extraction`).
+
+    Yields a record whose ``claim(plan)`` refuses a folder that holds another run
+    (:func:`folder_conflict`) and adds the plan's encoders to ``status.json``. A folder that held a
+    finished run keeps its ``status.json`` when the block fails before its claim (a refused folder,
+    a plan with a bad option): nothing of that run was changed."""
     with _folder_lock(out_dir):
-        if _read_status(out_dir) == "running":  # we hold the lock, so whoever wrote that is gone
+        before = _status_text(out_dir)
+        previous = _read_status(out_dir)
+        if previous == "running":  # we hold the lock, so whoever wrote that is gone
             log.warning("%s: the previous run there was interrupted; running it again", out_dir)
         started = time.time()
-        write_status(out_dir, "running", start=started, **fields)
+        record = _Record(out_dir, before, started, fields)
         try:
-            yield
-        except KeyboardInterrupt as exc:
-            write_status(out_dir, "interrupted", " ".join(str(exc).split()), start=started, end=time.time(),
-                         **fields)
-            raise
+            write_status(out_dir, "running", start=started, **fields)
+        except OSError as exc:  # a full disk: the claim writes it again, naming the folder's setting
+            if exc.errno not in FULL_DISK:
+                raise
+        try:
+            yield record
         except BaseException as exc:
+            if not record.claimed and (previous == "done" or isinstance(exc, RunFolderTaken)):
+                _restore_status(out_dir, before)  # the record of the run the folder holds, as it was
+                raise
             text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError's str() quotes
-            write_status(out_dir, "failed", f"{type(exc).__name__}: {' '.join(str(text).split())}",
-                         start=started, end=time.time(), **fields)
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            try:
+                write_status(out_dir, "interrupted" if interrupted else "failed",
+                             " ".join(str(exc).split()) if interrupted else
+                             f"{type(exc).__name__}: {' '.join(str(text).split())}",
+                             start=started, end=time.time(), **record.fields)
+            except OSError as unwritten:  # a full disk: the error the run met is the one to tell
+                log.debug("%s: status.json not updated (%s)", out_dir, unwritten)
             raise
-        write_status(out_dir, "done", start=started, end=time.time(), **fields)
+        try:
+            write_status(out_dir, "done", start=started, end=time.time(), **record.fields)
+        except OSError as exc:
+            if exc.errno not in FULL_DISK or record.job is None:
+                raise
+            raise disk_full(exc, record.job, out_dir) from exc
+
+
+def _restore_status(out_dir: Path, text: str | None) -> None:
+    try:
+        if text is None:
+            (out_dir / "status.json").unlink(missing_ok=True)
+        else:
+            write_text_atomic(out_dir / "status.json", text)
+    except OSError as exc:  # a full disk: the error being raised is the one to tell
+        log.debug("%s: status.json not restored (%s)", out_dir, exc)
+
+
+def _status_text(out_dir: Path) -> str | None:
+    try:
+        return (out_dir / "status.json").read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 @contextlib.contextmanager
@@ -308,8 +448,92 @@ def run_stage_on_entries(job: Plan, manifest: pd.DataFrame, entries, skipped: li
     return summaries
 
 
+class DiskFull(UserError):
+    """A write of the run failed for want of room (``ENOSPC``, ``EDQUOT``): the message names the
+    folder whose disk is full and the setting that moves it (:func:`disk_full`)."""
+
+
+#: the errors of a write on a full disk: no space left on the device, disk quota exceeded
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+#: with no file named by the error, a folder whose disk has less room than this is the full one
+FULL_BELOW_BYTES = 16 << 20
+
+
+def run_folders(out_dir: Path, output_root, cache_dir, prepared_dir, generated=None) -> list[tuple[Path, str, str]]:
+    """The folders a run writes, the most specific first, each as (folder, what it is, the setting
+    that moves it): the prepared-image store, the feature cache, a generated dataset's folder
+    (``generated``), the run folder (``paths.output_root`` when it lies under it, else ``hydra.run.dir``)."""
+    inside = output_root is not None and Path(out_dir).resolve().is_relative_to(Path(str(output_root)).resolve())
+    folders = [(Path(str(f)), what, key) for f, what, key in (
+        (prepared_dir, "the prepared-image store", "paths.prepared_dir"),
+        (cache_dir, "the feature cache", "paths.cache_dir")) if f is not None]
+    if generated is not None:
+        folders.append((Path(str(generated)), "the generated dataset", "dataset.root"))
+    return [*folders, (Path(out_dir), "the run folder", "paths.output_root" if inside else "hydra.run.dir")]
+
+
+def _folders(job: Plan, out_dir: Path) -> list[tuple[Path, str, str]]:
+    paths = job.paths
+    return run_folders(out_dir, (job.config.get("paths") or {}).get("output_root"), paths and paths.cache_dir,
+                       paths and paths.prepared_dir, job.root if job.generate else None)
+
+
+def _room(folder: Path) -> int | None:
+    """Free bytes on the disk of ``folder`` (of its nearest existing parent); None if unknown."""
+    for path in (Path(folder), *Path(folder).parents):
+        if path.exists():
+            try:
+                return shutil.disk_usage(path).free
+            except OSError:
+                return None
+    return None
+
+
+def disk_full(exc: OSError, job: Plan, out_dir: Path, writing: str = "the run folder") -> DiskFull:
+    """:func:`full_disk_line` of the folders job ``job`` writes, as a :class:`DiskFull`."""
+    return DiskFull(full_disk_line(exc, _folders(job, out_dir), writing))
+
+
+def full_disk_line(exc: OSError, folders: list[tuple[Path, str, str]], writing: str = "the run folder") -> str:
+    """The one line of a write refused for want of room (``exc``: ``ENOSPC`` or ``EDQUOT``): which of
+    ``folders`` (:func:`run_folders`) has the full disk (the one holding the file the error names;
+    else one whose disk has under :data:`FULL_BELOW_BYTES` free; else the one being written,
+    ``writing``), the setting that moves it, and that nothing written before is lost (every file is
+    written whole or not at all, :mod:`robustbench_fm.core.atomic`: finished cache shards stay and
+    the same command resumes)."""
+    named = [Path(os.fsdecode(n)) for n in (exc.filename, exc.filename2) if n]
+    full = next((f for n in named for f in folders if n.resolve().is_relative_to(Path(f[0]).resolve())), None)
+    if full is None:
+        short = [f for f in folders if (_room(f[0]) or FULL_BELOW_BYTES) < FULL_BELOW_BYTES]
+        full = next((f for f in short if f[1] == writing), short[0] if short else None)
+    if full is None:
+        full = next((f for f in folders if f[1] == writing), folders[-1])
+    folder, what, key = full
+    reason = " ".join((exc.strerror or str(exc)).split())
+    return (f"no space left on the disk of {folder} ({what}: {reason}); free space there or move it with "
+            f"{key}=<a folder on a disk with room>; nothing written before is lost (finished feature-cache shards "
+            "are kept and the same command resumes)")
+
+
+@contextlib.contextmanager
+def _naming_full_disk(job: Plan, out_dir: Path, writing: str = "the run folder"):
+    """A full disk inside the block is :func:`disk_full`'s one line (``writing``: what the block writes)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in FULL_DISK:
+            raise
+        raise disk_full(exc, job, out_dir, writing) from exc
+
+
 def run_planned(job: Plan, out_dir: Path) -> pd.DataFrame:
-    """The work of planned job ``job`` (:func:`plan`) under ``out_dir`` (held by :func:`recorded`)."""
+    """The work of planned job ``job`` (:func:`plan`) under ``out_dir`` (held by :func:`recorded`); a
+    full disk is one line naming the folder and the setting that moves it (:func:`disk_full`)."""
+    with _naming_full_disk(job, out_dir):
+        return _run_planned(job, out_dir)
+
+
+def _run_planned(job: Plan, out_dir: Path) -> pd.DataFrame:
     write_text_atomic(out_dir / "config.yaml", job.config_yaml)
     if job.cli_overrides:
         write_text_atomic(out_dir / "overrides.yaml", redacted_yaml(OmegaConf.create(list(job.cli_overrides))))
@@ -330,7 +554,8 @@ def run_planned(job: Plan, out_dir: Path) -> pd.DataFrame:
             summaries = module.run_job(job_context(job, manifest, out_dir))
             _tables_after_run(job, out_dir)
         else:
-            entries, skipped, cache = extract_panel(job, manifest)
+            with _naming_full_disk(job, out_dir, "the feature cache"):
+                entries, skipped, cache = extract_panel(job, manifest)
             if job.extract.num_shards > 1:
                 return _record_part(job, entries, out_dir)
             record_entries(out_dir, job, entries, cache)

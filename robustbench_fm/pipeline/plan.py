@@ -10,6 +10,7 @@ which experiment). The functions above :func:`plan` read the config for it; runn
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .. import data, encoders
 from .. import methods as stages
 from ..core.devices import check_device
-from ..core.errors import InvalidSetting, MissingInput, UnknownName
+from ..core.errors import InvalidSetting, MissingInput, UnknownName, message
 from ..core.redact import redact_config
 from ..core.shards import META_NAME
 from ..core.versions import VERSION_POLICIES
@@ -91,7 +92,8 @@ class Plan:
     built); ``fixed_sample`` and ``seed``: the fixed draw of :func:`.job.load_manifest`;
     ``swept_encoders``: the panel a ``-m`` sweep fans out (``encoders``); ``encoder``: the user's
     options of the chosen encoder; ``config``: the resolved config, secrets masked, as
-    ``config.yaml`` holds it (its hash keys the results); ``cli_overrides``: the command line's
+    ``config.yaml`` holds it (its hash keys the results; ``encoders``: the encoders that ran, or the panel a
+    sweep's job belongs to); ``cli_overrides``: the command line's
     overrides (``overrides.yaml``). The fields after ``experiment`` default to empty for a plan
     built by hand (tests); :func:`plan` fills every one."""
 
@@ -140,6 +142,14 @@ class Plan:
         return "\n".join(["plan (dry_run=true: nothing was read, embedded or written):"]
                          + [f"  {k:9s}{v}" for k, v in rows])
 
+    def without_experiment_notes(self) -> Plan:
+        """This plan without its experiment's ``report.notes`` (in the report and in ``config.yaml``):
+        for a run that replaced the default experiment's data or stage, about which they were written."""
+        report = self.config.get("report")
+        if not isinstance(report, dict) or not report.get("notes"):
+            return self
+        return dataclasses.replace(self, config={**self.config, "report": {**report, "notes": []}})
+
     @property
     def config_yaml(self) -> str:
         """``config.yaml``: :attr:`config` as YAML (the text ``redacted_yaml`` of the config gives)."""
@@ -152,11 +162,35 @@ def panel(cfg: DictConfig, cli_overrides: list[str] | None = None) -> list[str]:
     """The encoders of this job: an explicit ``encoder=`` override wins over a panel. A generic
     entry (``encoder=timm|hf|open_clip encoder.model=...``) is named by its resolved spec
     (:func:`generic_entry`)."""
+    return [_resolved_name(cfg, n) for n in panel_entries(cfg, cli_overrides)]
+
+
+def panel_entries(cfg: DictConfig, cli_overrides: list[str] | None = None) -> list[str]:
+    """The encoder entries of this job as the config names them (:func:`panel` before a generic
+    entry is resolved): what ``config.yaml`` records as ``encoders``, so that the saved config
+    names the encoders that ran and plans the same panel again."""
     if cli_overrides and any(o.split("=")[0].lstrip("+~") == "encoder" for o in cli_overrides):
-        names = [str(cfg.encoder.name)]
-    else:
-        names = [str(n) for n in cfg.encoders] if cfg.get("encoders") else [str(cfg.encoder.name)]
-    return [_resolved_name(cfg, n) for n in names]
+        return [str(cfg.encoder.name)]
+    return [str(n) for n in cfg.encoders] if cfg.get("encoders") else [str(cfg.encoder.name)]
+
+
+def _refuse_repeated_encoders(names: list[str], entries: list[str]) -> None:
+    """A panel that names an encoder twice (``encoders=[a,a]``): one line naming ``encoders`` and the
+    panel with each encoder once, before any data is read (the extraction would refuse it only
+    after reading the manifest)."""
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        once = list(dict.fromkeys(entries))
+        raise InvalidSetting(f"encoders=[{','.join(entries)}] names {', '.join(repeated)} more than once; list each "
+                             f"encoder once: encoders=[{','.join(once)}]")
+
+
+def _typed_keys(text: str, param_overrides: dict[str, str]) -> str:
+    """A stage-parameter error as the user typed it: ``stage.params.seed=abc`` becomes ``seed=abc``
+    where ``stage.params.seed`` takes its value from the top-level ``seed`` (:func:`_param_overrides`)."""
+    for param, key in param_overrides.items():
+        text = text.replace(f"stage.params.{param}=", f"{key}=")
+    return text
 
 
 def generic_entry(cfg: DictConfig) -> tuple[encoders.EncoderSpec, str | None] | None:
@@ -442,8 +476,12 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool
     if not findings and not cfg.get("features_file"):
         _refuse_no_findings(cfg)
     params = OmegaConf.to_container(cfg.stage.params, resolve=True)
-    stages.check(cfg.stage.name, params)  # names, types (k=abc: one line naming the type) and values, once
-    common = dict(multirun=multirun, experiment=experiment, params=params, param_overrides=_param_overrides(cfg),
+    param_overrides = _param_overrides(cfg)
+    try:  # names, types (k=abc: one line naming the type) and values, once
+        stages.check(cfg.stage.name, params)
+    except InvalidSetting as exc:  # seed=abc names seed, the key typed, not stage.params.seed
+        raise InvalidSetting(_typed_keys(message(exc), param_overrides)) from None
+    common = dict(multirun=multirun, experiment=experiment, params=params, param_overrides=param_overrides,
                   seed=int(cfg.seed) if cfg.get("seed") is not None else None,
                   manifest_file=Path(str(cfg.manifest_file)) if cfg.get("manifest_file") else None,
                   swept_encoders=tuple(str(e) for e in (cfg.get("encoders") or [])),
@@ -469,12 +507,16 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool
         raise InvalidSetting(f"extract.shard={extract.shard} must be in [0, extract.num_shards={extract.num_shards}); "
                              "sweep one job per part with extract.shard=range(N)")
     names = panel(cfg, cli_overrides)
+    _refuse_repeated_encoders(names, panel_entries(cfg, cli_overrides))
     for name in names:
         encoders.get(name)
     card = cfg.dataset.get("card")
+    config = _config_record(cfg)
+    if not multirun:  # config.yaml names the encoders that ran (encoder= replaces the experiment's panel); a
+        config["encoders"] = panel_entries(cfg, cli_overrides)  # sweep's job keeps the panel it fans out
     return Plan(cfg.dataset.name, root, names, cfg.stage.name, findings, None, resolution(cfg),
                 dataset_options=_dataset_options(cfg), generate=generate,
                 verify_images=bool(cfg.dataset.get("verify_images", True)),
                 card=OmegaConf.to_container(card, resolve=True) if card else None,
-                fixed_sample=fixed_sample_size(cfg), encoder=_encoder_settings(cfg), config=_config_record(cfg),
+                fixed_sample=fixed_sample_size(cfg), encoder=_encoder_settings(cfg), config=config,
                 **common)

@@ -59,8 +59,9 @@ MAX_INLINE_ROWS = 40
 #: ``n_*`` and the count and integer columns the stages declare (:func:`methods.integer_columns`)
 COUNT_COLUMNS = {"n", "images", "embedded", "cached", "tasks"}
 POOLED = "__pooled__"
-CONFIG_NOTE = ("The encoders that ran are listed at the top (a panel's are the config's `encoders`); "
-               "`encoder` is the default entry of the encoder group.")
+CONFIG_NOTE = ("The encoders that ran are listed at the top; the config's `encoders` names them (a sweep's job: the "
+               "panel the sweep fans out), `encoder` holds the options of the entry chosen with `encoder=` (where a "
+               "panel ran, the encoder group's default).")
 
 
 @dataclass

@@ -74,3 +74,43 @@ def test_a_bad_extraction_setting_is_the_users_error_named_by_its_key_before_any
         plan(cfg, [override])
     assert str(err.value).startswith(text)
     assert not (tmp_path / "outputs" / "demo_data").exists()  # planned before the dataset is generated
+
+
+def test_a_panel_naming_an_encoder_twice_is_refused_by_the_plan_naming_encoders(tmp_path):
+    """Issue 54 item 14: ``encoders=[a,a]`` was refused only after the manifest was read, as the
+    extraction's "extract_panel: encoder names repeat"."""
+    overrides = ["experiment=demo", "encoders=[planted_sharp,planted_blur,planted_sharp]"]
+    with pytest.raises(InvalidSetting) as err:
+        plan(compose_job(tmp_path, overrides), overrides)
+    assert str(err.value) == ("encoders=[planted_sharp,planted_blur,planted_sharp] names planted_sharp more than "
+                              "once; list each encoder once: encoders=[planted_sharp,planted_blur]")
+    assert not (tmp_path / "outputs" / "demo_data").exists()  # before the dataset is generated
+
+
+@pytest.mark.parametrize("override, text", [
+    ("seed=abc", "candor: seed=abc must be an integer (default: 42)"),  # the key typed, not stage.params.seed
+    ("stage.params.seed=abc", "candor: stage.params.seed=abc must be an integer (default: 42)"),
+])
+def test_a_bad_stage_parameter_is_named_by_the_key_the_user_typed(tmp_path, override, text):
+    """Issue 54 item 14: ``seed=abc`` was named ``stage.params.seed``, a key the user did not type."""
+    with pytest.raises(InvalidSetting) as err:
+        plan(compose_job(tmp_path, ["experiment=demo", override]), [override])
+    assert str(err.value) == text
+
+
+def test_the_saved_config_of_a_run_names_the_encoders_that_ran(tmp_path):
+    """Issue 54 item 15: a run with ``encoder=planted_sharp`` saved (and its report showed) the
+    demo panel's three encoders as its ``encoders``; a sweep's job keeps the panel it fans out."""
+    overrides = ["experiment=demo", "encoder=planted_sharp"]
+    cfg = compose_job(tmp_path, overrides)
+    one = plan(cfg, overrides)
+    assert one.encoders == one.config["encoders"] == ["planted_sharp"]
+    assert OmegaConf.create(one.config_yaml).encoders == ["planted_sharp"]
+    assert plan(OmegaConf.create(one.config_yaml)).encoders == ["planted_sharp"]  # a collect step's plan of it
+    assert plan(cfg, overrides, multirun=True).config["encoders"] == ["planted_blur", "planted_sharp", "random_vit_s"]
+    demo = plan(compose_job(tmp_path, ["experiment=demo"]), ["experiment=demo"])
+    assert demo.config["encoders"] == demo.encoders == ["planted_blur", "planted_sharp", "random_vit_s"]
+    generic = ["experiment=demo", "encoder=timm", "encoder.model=vit_tiny_patch16_224", "encoder.weights=random"]
+    p = plan(compose_job(tmp_path, generic), generic)
+    assert p.config["encoders"] == ["timm"]  # the entry, which plans again in a fresh process
+    assert plan(OmegaConf.create(p.config_yaml)).encoders == p.encoders
