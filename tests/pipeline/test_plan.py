@@ -87,6 +87,20 @@ def test_a_panel_naming_an_encoder_twice_is_refused_by_the_plan_naming_encoders(
     assert not (tmp_path / "outputs" / "demo_data").exists()  # before the dataset is generated
 
 
+def test_a_hub_code_entry_is_refused_by_the_plan_before_any_data_is_read(tmp_path):
+    """Issue 54 item 8: an entry that runs its authors' hub code is refused by plan() (one line naming
+    security.allow_remote_code), not after the dataset was read and the other encoders extracted."""
+    from robustbench_fm.encoders import RemoteCodeRefused
+
+    overrides = ["experiment=demo", "encoders=[planted_sharp,hibou_b]"]
+    with pytest.raises(RemoteCodeRefused, match=r"^encoder 'hibou_b' runs its authors' code .* add "
+                                                 r"security.allow_remote_code=true"):
+        plan(compose_job(tmp_path, overrides), overrides)
+    assert not (tmp_path / "outputs" / "demo_data").exists()  # before the dataset is generated
+    allowed = [*overrides, "security.allow_remote_code=true"]
+    assert plan(compose_job(tmp_path, allowed), allowed).encoders[-1] == "hibou_b"
+
+
 @pytest.mark.parametrize("override, text", [
     ("seed=abc", "candor: seed=abc must be an integer (default: 42)"),  # the key typed, not stage.params.seed
     ("stage.params.seed=abc", "candor: stage.params.seed=abc must be an integer (default: 42)"),
