@@ -432,6 +432,11 @@ def rank(folder: str) -> int:
               "multirun folder", file=sys.stderr)
         return 2
     found = build_comparisons(folder)
+    if found.empty and found.notes:  # encoders to compare, but no metric that may be compared: say why
+        print(f"error: rank: nothing in '{folder}' is compared: {found.notes[0]}", file=sys.stderr)
+        for line in found.notes[1:]:
+            print(f"note: {line}", file=sys.stderr)
+        return 2
     if found.empty:
         print(f"error: rank: '{folder}' holds no two encoders scored on the same items by a stage that offers "
               "comparisons (CANDOR, heads, CRoMa, SPAR); run two or more encoders, e.g. encoders=[a,b]",

@@ -18,7 +18,10 @@ bootstrap with 1,000 resamples, 95% percentile intervals, BH FDR control at 0.05
 * the floor under every interval: :data:`MIN_CLUSTERS` clusters (:func:`few_clusters`: the row's note);
 * paired comparisons between encoders (issue 46): :func:`paired_bootstrap` (a metric of several
   encoders on the same items and the same cluster resamples: mean, ratio, median, AUROC, weighted
-  strata), :func:`paired_difference`, :func:`holm_adjust` (Holm's step-down family-wise correction).
+  strata), :func:`paired_difference`, :func:`holm_adjust` (Holm's step-down family-wise correction);
+* a family of encoders compared at once (issue 58): :func:`max_t_family` (every pair's studentized
+  difference, the single-step max-T bootstrap: simultaneous intervals and family-wise adjusted p-values
+  that agree with each other) and :func:`rank_intervals` (each encoder's simultaneous rank interval).
 """
 from __future__ import annotations
 
@@ -582,3 +585,104 @@ def paired_difference(estimates: np.ndarray, reps: np.ndarray, a: int, b: int, n
     else:
         (lo, hi), p = percentile_ci(diff, level), bootstrap_p(diff)
     return dict(difference=float(estimates[a] - estimates[b]), ci_low=lo, ci_high=hi, p=p)
+
+
+# --- a family of encoders compared at once: max-T simultaneous intervals and rank intervals (issue 58) ------------
+
+#: the family-wise error rate of a family of pairwise comparisons (docs/comparisons.md)
+FAMILY_ALPHA = 0.05
+
+
+def max_t_critical(t_max: np.ndarray, alpha: float = FAMILY_ALPHA) -> float:
+    """The critical value of the max-T test from the bootstrap maxima ``t_max`` (finite ones): the
+    ⌊α(B + 1)⌋-th largest, so that |t| > c exactly when the adjusted p of :func:`max_t_family`,
+    (1 + #(T* ≥ |t|)) / (B + 1), is at most ``alpha``. NaN without enough replicates (α(B + 1) < 1)."""
+    t = np.sort(np.asarray(t_max, np.float64)[np.isfinite(t_max)])
+    k = int(np.floor(alpha * (len(t) + 1) + 1e-9))  # #(T* >= |t|) may be at most k - 1
+    if k < 1 or k > len(t):
+        return np.nan
+    return float(t[len(t) - k])
+
+
+def max_t_family(estimates, reps, n_clusters: int, alpha: float = FAMILY_ALPHA, level: float = 0.95) -> dict:
+    """Every pair (a, b), a < b, of the E encoders of one family from :func:`paired_bootstrap`'s
+    output (``estimates`` (E,), ``reps`` (B × E) on shared cluster resamples): the single-step
+    studentized max-T procedure of Romano & Wolf (2005, "Exact and approximate stepdown methods for
+    multiple hypothesis testing", JASA 100: the single-step form) on the paired bootstrap, as Mogstad,
+    Romano, Shaikh & Wilhelm (2024, "Inference for ranks", Review of Economic Studies 91) build
+    simultaneous intervals for all pairwise differences.
+
+    With d̂_ab = θ̂_a − θ̂_b, its replicates d*_ab and their SD s_ab, each resample's statistic is
+    T*_b = max_ab |d*_ab − d̂_ab| / s_ab over the pairs with s_ab > 0, and c is the critical value of
+    those maxima (:func:`max_t_critical`). Per pair: ``difference`` d̂_ab, ``se`` s_ab, the simultaneous
+    interval ``sim_low``/``sim_high`` = d̂_ab ∓ c s_ab (all pairs' intervals hold together with
+    probability ``level`` = 1 − α), the adjusted p ``p_adj`` = (1 + #(T* ≥ |d̂_ab| / s_ab)) / (B + 1)
+    (p_adj ≤ α exactly when the simultaneous interval excludes 0, so decisions and intervals never
+    disagree; its resolution 1/(B + 1) does not shrink with the number of pairs, unlike Holm's on
+    bootstrap p-values, whose smallest value is E(E − 1)/2 · 2/(B + 1)), and the unadjusted
+    percentile interval ``ci_low``/``ci_high`` and two-sided bootstrap p ``p`` (:func:`bootstrap_p`)
+    of that pair alone. A pair with s_ab = 0 has p_adj 1 when d̂_ab = 0 and is left out of the
+    maximum. Everything but ``difference`` is NaN from fewer than :data:`MIN_CLUSTERS` clusters.
+    Returns arrays over the pairs in ``itertools.combinations`` order, with ``pairs`` (a, b) and
+    ``critical`` c."""
+    estimates = np.asarray(estimates, np.float64)
+    reps = np.asarray(reps, np.float64).reshape(-1, len(estimates))
+    n_enc = len(estimates)
+    a_idx, b_idx = np.triu_indices(n_enc, 1)
+    n_pairs = len(a_idx)
+    diff = estimates[a_idx] - estimates[b_idx]
+    out = {"pairs": list(zip(a_idx.tolist(), b_idx.tolist())), "difference": diff, "critical": np.nan}
+    nan = np.full(n_pairs, np.nan)
+    for key in ("se", "ci_low", "ci_high", "p", "sim_low", "sim_high", "p_adj"):
+        out[key] = nan.copy()
+    if n_clusters < MIN_CLUSTERS or not len(reps) or not n_pairs:
+        return out
+    d_star = reps[:, a_idx] - reps[:, b_idx]  # B × pairs
+    for j in range(n_pairs):
+        lo, hi = percentile_ci(d_star[:, j], level)
+        out["ci_low"][j], out["ci_high"][j], out["p"][j] = lo, hi, bootstrap_p(d_star[:, j])
+    finite = np.isfinite(d_star)
+    n_fin = finite.sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(n_fin > 0, np.where(finite, d_star, 0).sum(0) / np.maximum(n_fin, 1), np.nan)
+        var = np.where(finite, (d_star - mean) ** 2, 0).sum(0) / np.maximum(n_fin - 1, 1)
+    se = np.where(n_fin >= 2, np.sqrt(var), np.nan)
+    se = np.where(np.isfinite(diff), se, np.nan)
+    out["se"] = se
+    live = np.isfinite(se) & (se > 0)
+    if live.any():
+        t_star = np.abs(d_star[:, live] - diff[live]) / se[live]
+        t_star = np.where(np.isfinite(t_star), t_star, -np.inf)
+        t_max = t_star.max(1)
+        t_max = t_max[np.isfinite(t_max)]
+        crit = max_t_critical(t_max, alpha)
+        out["critical"] = crit
+        t_obs = np.abs(diff[live]) / se[live]
+        # (1 + #(T* >= t)) / (B + 1), by a sorted search of the maxima
+        ordered = np.sort(t_max)
+        exceed = len(ordered) - np.searchsorted(ordered, t_obs, side="left")
+        out["p_adj"][live] = np.minimum(1.0, (1 + exceed) / (len(ordered) + 1))
+        out["sim_low"][live] = diff[live] - crit * se[live]
+        out["sim_high"][live] = diff[live] + crit * se[live]
+    flat = np.isfinite(se) & (se == 0) & (diff == 0)
+    out["p_adj"][flat], out["sim_low"][flat], out["sim_high"][flat] = 1.0, 0.0, 0.0
+    return out
+
+
+def rank_intervals(n_encoders: int, pairs, better) -> tuple[np.ndarray, np.ndarray]:
+    """Each encoder's simultaneous rank interval (1 = best) from the decisions of one family of
+    simultaneous pairwise tests (Mogstad et al. 2024, "Inference for ranks", §3: the rank of encoder i
+    is at least 1 + #(encoders significantly better than i) and at most E − #(encoders significantly
+    worse than i); with the pairwise intervals of :func:`max_t_family`, which hold together with
+    probability 1 − α, all encoders' rank intervals hold together with at least that probability).
+    ``pairs``: (a, b) index pairs; ``better``: per pair, the index of the significantly better encoder
+    or −1. Returns (rank_low, rank_high)."""
+    beaten = np.zeros(n_encoders, np.int64)  # encoders significantly better than i
+    beats = np.zeros(n_encoders, np.int64)   # encoders significantly worse than i
+    for (a, b), w in zip(pairs, better):
+        if w < 0:
+            continue
+        loser = b if w == a else a
+        beats[w] += 1
+        beaten[loser] += 1
+    return 1 + beaten, n_encoders - beats

@@ -63,7 +63,12 @@ class Paired:
     ``where`` a boolean column selecting the metric's items (all when empty); ``pool_weight`` a column
     summed per stratum to weight the strata of a pooled row (the strata's statistics are then averaged
     with those weights, as CANDOR pools the groups' margin AUROCs by their queries; empty: the pooled
-    row's items are one set)."""
+    row's items are one set). ``better``: which way is better (``"higher"`` or ``"lower"``), declared for
+    every compared metric (empty: the method's headline :class:`Metric` of the same name gives it; a
+    metric with neither is not compared, and the notes say so: never a default). ``not_compared``: why
+    the metric is not compared (one line, shown in the notes), for a metric whose per-item values depend
+    on the other items in ways the cluster bootstrap does not redraw (a score against fixed banks, a
+    kNN graph, a trained head: docs/comparisons.md "What is compared"); empty: compared."""
 
     metric: str
     kind: str
@@ -71,8 +76,12 @@ class Paired:
     other: str = ""
     where: str = ""
     pool_weight: str = ""
+    better: str = ""
+    not_compared: str = ""
 
     def __post_init__(self) -> None:
+        if self.better not in ("", *BETTER):
+            raise InvalidSetting(f"paired metric {self.metric}: better='{self.better}'; use 'higher' or 'lower'")
         if self.kind not in PAIRED_KINDS:
             raise InvalidSetting(f"paired metric {self.metric}: kind '{self.kind}' is not one of "
                                  f"{', '.join(PAIRED_KINDS)}")
@@ -91,7 +100,7 @@ class Pairing:
     finding, target, matched group), and ``pool``: a row column over which a pooled row is added too
     (named ``pooled``, e.g. CANDOR's ``__pooled__`` over matched groups); ``mean_over``: a row column
     whose pooled rows are averaged with equal weights into a row named ``mean`` (CANDOR's one-vs-rest
-    ``__mean__`` over classes)."""
+    ``__mean__`` over classes); ``unit``: what a cluster is, in the verdict's words ("too few patients")."""
 
     metrics: tuple[Paired, ...]
     cluster: str = "cluster"
@@ -102,6 +111,7 @@ class Pairing:
     table: str = "per_sample"
     mean_over: str = ""
     mean: str = "__mean__"
+    unit: str = "patients"
 
 
 @dataclass(frozen=True)

@@ -1,32 +1,38 @@
-"""Which encoder: paired comparisons between encoders, a ranking with ties and the verdict a report
-opens with (issue 46; docs/comparisons.md).
+"""Which encoder: paired comparisons between encoders, simultaneous intervals, rank intervals and the
+verdict a report opens with (issues 46 and 58; docs/comparisons.md).
 
 Every stage whose :class:`~robustbench_fm.methods.Method` declares a
 :class:`~robustbench_fm.methods.Pairing` saves a per-item table (CANDOR: its queries and the margin's
-scored images; heads: the test rows; CRoMa: the anchors) in each result folder. The items are the same
-for every encoder (same queries and banks, test images, tiles, questions), so two encoders are compared
-on the same items: :func:`compare` rebuilds each headline metric from the items of every encoder of a
-setting (one dataset, stage and stage parameters) with :func:`robustbench_fm.core.stats.paired_bootstrap`,
-which evaluates all of them on the same cluster resamples (patients, slides, volumes), and the
-difference of two encoders' replicates is their paired bootstrap. Per pair: the difference, its 95%
-percentile interval, the two-sided bootstrap p-value and Holm's adjustment within the family of pairs of
-one (setting, metric, finding, row). Items one encoder of a pair lacks (a skipped image) are dropped from
-that pair and counted (``n_dropped``). An estimate that does not equal the stage's own summary value is
-not compared (``notes``): what is compared is what the tables show.
+scored images; heads: the test rows; CRoMa: the anchors) in each result folder. :func:`compare` rebuilds
+each compared metric from the items of every encoder of a setting (one dataset, stage and stage
+parameters) with :func:`robustbench_fm.core.stats.paired_bootstrap`, which evaluates all of them on the
+same cluster resamples (patients, slides, volumes). A *family* is one (setting, metric, finding, row):
+all pairs of the encoders scored there on the same items. Each family is tested at once with the
+single-step studentized max-T bootstrap (:func:`robustbench_fm.core.stats.max_t_family`): per pair the
+difference, its unadjusted 95% percentile interval and bootstrap p (``ci_low``, ``ci_high``, ``p``), the
+simultaneous 95% interval (``sim_low``, ``sim_high``) and the family-wise adjusted p (``p_adj``); ``better``
+names the better encoder where ``p_adj`` ≤ :data:`ALPHA`, which is exactly where the simultaneous
+interval excludes 0. An estimate that does not equal the stage's own summary value is not compared
+(``notes``): what is compared is what the tables show. A metric is compared only if its direction is
+declared (:class:`~robustbench_fm.methods.Paired` ``better`` or the headline :class:`Metric`) and it is
+not declared ``not_compared``; an encoder scored on other items than the family's (an image its job
+skipped) keeps its own estimate in the ranking and is not compared (its ``note`` says so).
 
-:func:`rank` orders the encoders of each (setting, metric, finding, row) by the estimate and marks the
-*best set*: the best encoder and every encoder not significantly worse than it (Holm-adjusted p ≥ 0.05
-or no p-value). :func:`overall` is the mean rank of each encoder over the findings of a sweep and the
-number of findings whose best set holds it. :func:`verdict` writes one sentence per finding;
-:func:`write` saves ``comparisons.csv``, ``ranking.csv`` and ``ranking_overall.csv`` into a run or sweep
-folder (``python -m robustbench_fm rank <folder>`` rebuilds them from finished results).
+:func:`rank` orders the encoders of each family by their own estimate, gives each its simultaneous 95%
+rank interval (``rank_low``, ``rank_high``: 1 + the encoders significantly better than it, and E − the
+encoders significantly worse; :func:`robustbench_fm.core.stats.rank_intervals`) and marks the *best
+set*: the encoders no other encoder is significantly better than (``rank_low`` = 1). :func:`overall` is
+the mean rank of each encoder over the findings of a sweep and the number of findings whose best set
+holds it. :func:`verdict` writes one sentence per finding; :func:`write` saves ``comparisons.csv``,
+``ranking.csv`` and ``ranking_overall.csv`` into a run or sweep folder (``python -m robustbench_fm rank
+<folder>`` rebuilds them from finished results); :func:`compare_tables` compares in-memory tables
+(e.g. the ``items`` of :func:`robustbench_fm.evaluate` for several encoders).
 """
 from __future__ import annotations
 
 import json
 import zlib
 from dataclasses import dataclass, field
-from itertools import combinations
 from pathlib import Path
 
 import numpy as np
@@ -36,20 +42,21 @@ from omegaconf import OmegaConf
 
 from .. import methods
 from ..core.atomic import write_text_atomic
-from ..core.stats import MIN_CLUSTERS, holm_adjust, paired_bootstrap, paired_difference
+from ..core.stats import FAMILY_ALPHA, MIN_CLUSTERS, max_t_family, paired_bootstrap, rank_intervals
 from ..core.tables import SweepResults
 from .figures import save_figure
 
-#: the family-wise error rate of a comparison family (Holm), and the best set's threshold
-ALPHA = 0.05
+#: the family-wise error rate of a comparison family (max-T), and the best set's threshold
+ALPHA = FAMILY_ALPHA
 #: bootstrap resamples of a comparison (candor.md "Reporting": 1,000)
 N_BOOT = 1000
 SEED = 42
 COLUMNS = ["dataset", "method", "metric", "finding", "row", "encoder_a", "encoder_b", "estimate_a", "estimate_b",
-           "difference", "ci_low", "ci_high", "p", "p_holm", "n_items", "n_clusters", "n_dropped", "better",
+           "difference", "ci_low", "ci_high", "p", "sim_low", "sim_high", "p_adj", "n_items", "n_clusters", "better",
            "better_is", "setting"]
-RANK_COLUMNS = ["dataset", "method", "metric", "finding", "row", "encoder", "estimate", "rank", "in_best_set",
-                "best", "gap", "gap_ci_low", "gap_ci_high", "p_holm", "better_is", "setting"]
+RANK_COLUMNS = ["dataset", "method", "metric", "finding", "row", "encoder", "estimate", "rank", "rank_low",
+                "rank_high", "in_best_set", "best", "gap", "gap_low", "gap_high", "p_adj", "n_items", "n_clusters",
+                "better_is", "note", "setting"]
 OVERALL_COLUMNS = ["method", "metric", "encoder", "mean_rank", "n_findings", "n_best"]
 FILES = ("comparisons.csv", "ranking.csv", "ranking_overall.csv")
 #: what could not be compared, one line each (beside the CSVs, where there is any)
@@ -57,6 +64,7 @@ NOTES = "comparisons_notes.txt"
 POOLED = "__pooled__"
 #: the tolerance of the check that an estimate is the stage's own summary value
 SAME = 1e-9
+FAMILY = ["dataset", "setting", "method", "metric", "finding", "row"]
 
 
 @dataclass
@@ -144,19 +152,30 @@ def _summary_value(summaries: pd.DataFrame, encoder: str, keys: dict, metric: st
     return float(rows[metric].iloc[0]) if len(rows) == 1 else None
 
 
+def _item_sets(by_enc: dict, encoders: list[str]) -> tuple[list[str], pd.Index | None]:
+    """The encoders a family compares: those scored on the same items as most encoders (ties: the larger
+    item set, then the first), and that item set."""
+    groups: dict = {}
+    for e in encoders:
+        groups.setdefault(tuple(sorted(by_enc[e].index.tolist())), []).append(e)
+    if not groups:
+        return [], None
+    items, names = max(groups.items(), key=lambda kv: (len(kv[1]), len(kv[0])))
+    return names, by_enc[names[0]].index
+
+
 def _compare_unit(unit: pd.DataFrame, paired, pairing, strata_cols: tuple[str, ...], outer: str,
-                  encoders: list[str], seed, n_boot: int) -> tuple[dict, list[dict]]:
-    """Estimates of every encoder and one record per pair of encoders for one (metric, row)."""
+                  encoders: list[str], seed, n_boot: int) -> tuple[dict, list[dict], dict, int]:
+    """One family (metric, row): every encoder's own estimate (on all of its own items: what its summary
+    shows), one record per pair of the encoders scored on the family's items (:func:`_item_sets`) with
+    the max-T columns, a note for each encoder that is not compared, and the number of clusters."""
     if paired.value not in unit.columns or unit[paired.value].isna().all():  # not this metric's row
-        return {}, []
+        return {}, [], {}, 0
     key = [*strata_cols, pairing.item]
     by_enc = {e: part.drop_duplicates(key).set_index(key) for e, part in unit.groupby("encoder", sort=True)}
-    encoders = [e for e in encoders if e in by_enc]
-    common = None
-    for e in encoders:
-        common = by_enc[e].index if common is None else common.intersection(by_enc[e].index)
-    if common is None:
-        return {}, []
+    encoders = [e for e in encoders if e in by_enc and len(by_enc[e].index)]
+    if not encoders:
+        return {}, [], {}, 0
 
     def boot(names: list[str], index: pd.Index, n_boot: int = n_boot):
         first = by_enc[names[0]].loc[index]
@@ -180,123 +199,213 @@ def _compare_unit(unit: pd.DataFrame, paired, pairing, strata_cols: tuple[str, .
                                      weights=weights)
         return est, reps, int(len(np.unique(clusters)))
 
-    full = all(len(by_enc[e].index) == len(common) for e in encoders)
-    shared = boot(encoders, common) if full and len(common) else None
-    # each encoder's estimate on all of its own items (what its summary shows, checked by the caller)
-    estimates = dict(zip(encoders, shared[0])) if shared is not None else \
-        {e: boot([e], by_enc[e].index, 0)[0][0] for e in encoders if len(by_enc[e].index)}
+    compared, index = _item_sets(by_enc, encoders)
+    est, reps, n_clusters = boot(compared, index) if len(compared) >= 2 else (None, None, 0)
+    estimates = dict(zip(compared, est)) if est is not None else {}
+    for e in encoders:  # each encoder's own estimate, on all of its own items
+        if e not in estimates:
+            estimates[e] = boot([e], by_enc[e].index, 0)[0][0]
+    notes = {}
+    for e in encoders:
+        if e in compared and len(compared) >= 2:
+            continue
+        own = by_enc[e].index
+        missing, extra = len(index.difference(own)), len(own.difference(index))
+        notes[e] = (f"not compared: scored on other items than {_names(compared)} ({missing} of their {len(index)} "
+                    f"items missing, {extra} others), so the banks and items differ" if compared and e not in compared
+                    else "not compared: no other encoder was scored on the same items")
+    if len(compared) < 2:
+        return estimates, [], notes, 0
+    fam = max_t_family(est, reps, n_clusters, ALPHA)
     records = []
-    for a, b in combinations(encoders, 2):
-        if shared is not None:
-            index = common
-            est, reps, n_clusters = shared
-            ia, ib = encoders.index(a), encoders.index(b)
+    for j, (ia, ib) in enumerate(fam["pairs"]):
+        records.append(dict(encoder_a=compared[ia], encoder_b=compared[ib], estimate_a=float(est[ia]),
+                            estimate_b=float(est[ib]), difference=float(fam["difference"][j]),
+                            ci_low=fam["ci_low"][j], ci_high=fam["ci_high"][j], p=fam["p"][j],
+                            sim_low=fam["sim_low"][j], sim_high=fam["sim_high"][j], p_adj=fam["p_adj"][j],
+                            n_items=int(len(index)), n_clusters=n_clusters))
+    return estimates, records, notes, n_clusters
+
+
+def _direction(method, paired) -> str:
+    """Which way ``paired`` is better: its own declaration, else the method's headline metric of that
+    name ("" where neither declares it)."""
+    if paired.better:
+        return paired.better
+    return next((m.better for m in method.headline if m.name == paired.metric), "")
+
+
+def compare_tables(stage: str, items: pd.DataFrame, summaries: pd.DataFrame | None = None, n_boot: int = N_BOOT,
+                   seed: int = SEED) -> Comparisons:
+    """:func:`compare` on in-memory tables: ``items``, the per-item tables (``Pairing.table``) of every
+    encoder of one stage with a column ``encoder`` (and ``dataset``, ``setting`` where there are
+    several), ``summaries`` their summaries likewise (optional: each estimate is checked against them)."""
+    items = items.copy()
+    for col in ("dataset", "setting"):
+        if col not in items.columns:
+            items[col] = ""
+    if summaries is not None and "dataset" not in summaries.columns:
+        summaries = summaries.assign(dataset="")
+    pairs, own, notes = _compare_stage(stage, items, summaries if summaries is not None else pd.DataFrame(),
+                                       n_boot, seed)
+    return _finish(pairs, own, notes)
+
+
+def _compare_stage(stage: str, items: pd.DataFrame, summaries: pd.DataFrame, n_boot: int, seed: int,
+                   settings_of=None) -> tuple[list[pd.DataFrame], list[dict], list[str]]:
+    """The pair records, each encoder's own estimate per family, and the notes, of one stage's items
+    (with ``dataset`` and ``setting`` columns); ``settings_of(jobs)`` the settings of summary rows."""
+    method = methods.find(stage)
+    pairing = method.pairing if method is not None else None
+    frames, own, notes = [], [], []
+    if pairing is None or items.empty or items["encoder"].nunique() < 2:
+        return frames, own, notes
+    compared = []
+    for paired in pairing.metrics:
+        if paired.not_compared:
+            notes.append(f"{stage} {paired.metric}: not compared: {paired.not_compared}")
+        elif not _direction(method, paired):
+            notes.append(f"{stage} {paired.metric}: not compared: its Paired declaration gives no direction; add "
+                         f"better='higher' or better='lower' (methods.Paired)")
         else:
-            index = by_enc[a].index.intersection(by_enc[b].index)
-            if not len(index):
-                continue
-            est, reps, n_clusters = boot([a, b], index)
-            ia, ib = 0, 1
-        diff = paired_difference(est, reps, ia, ib, n_clusters)
-        dropped = len(by_enc[a].index.union(by_enc[b].index)) - len(index)
-        records.append(dict(encoder_a=a, encoder_b=b, estimate_a=float(est[ia]), estimate_b=float(est[ib]), **diff,
-                            n_items=int(len(index)), n_clusters=n_clusters, n_dropped=int(dropped)))
-    return estimates, records
+            compared.append(paired)
+    for (dataset, setting), part in items.groupby(["dataset", "setting"], sort=True):
+        encoders = sorted(part["encoder"].unique())
+        if len(encoders) < 2:
+            continue
+        summ = summaries[(summaries["dataset"] == dataset)] if len(summaries) else summaries
+        if len(summ) and "job" in summ.columns and settings_of is not None:
+            summ = summ[[s == setting for s in settings_of(summ["job"])]]
+        for paired in compared:
+            better_is = _direction(method, paired)
+            chosen = part[_where(part, paired.where)]
+            for keys, unit, strata_cols, outer in _units(chosen, pairing):
+                finding = keys.get("finding", "")
+                unit_seed = zlib.crc32(json.dumps([dataset, stage, paired.metric, keys], default=str).encode())
+                estimates, records, uncompared, n_clusters = _compare_unit(
+                    unit, paired, pairing, strata_cols, outer, encoders, (seed, unit_seed), n_boot)
+                if not estimates:
+                    continue
+                off = [e for e, v in estimates.items()
+                       if (s := _summary_value(summ, e, keys, paired.metric)) is not None
+                       and not (np.isnan(s) and np.isnan(v)) and not abs(s - v) <= SAME * max(1, abs(s))]
+                label = _row_label(keys, finding)
+                if off:
+                    notes.append(f"{stage} {paired.metric}, {finding} {label}: not compared; the items do not "
+                                 f"give the summary's value for {', '.join(off)}")
+                    continue
+                base = dict(dataset=dataset, setting=setting, method=stage, metric=paired.metric,
+                            finding=str(finding), row=label, better_is=better_is)
+                n_items = records[0]["n_items"] if records else 0
+                for e, v in estimates.items():
+                    own.append(dict(base, encoder=e, estimate=float(v), note=uncompared.get(e, ""),
+                                    n_items=n_items if e not in uncompared else int(len(unit[unit["encoder"] == e])),
+                                    n_clusters=n_clusters, unit=pairing.unit))
+                for e, why in uncompared.items():
+                    notes.append(f"{stage} {paired.metric}, {finding} {label}: {e} {why}")
+                if not records:
+                    continue
+                frame = pd.DataFrame(records)
+                for col, value in base.items():
+                    frame[col] = value
+                sign = -1.0 if better_is == "lower" else 1.0
+                significant = frame["p_adj"] <= ALPHA
+                frame["better"] = np.where(significant & (sign * frame["difference"] > 0), frame["encoder_a"],
+                                           np.where(significant & (sign * frame["difference"] < 0),
+                                                    frame["encoder_b"], ""))
+                frames.append(frame)
+                if n_clusters < MIN_CLUSTERS:
+                    notes.append(f"{stage} {paired.metric}, {finding} {label}: no interval or p-value: the items "
+                                 f"come from {n_clusters} cluster{'s' if n_clusters != 1 else ''} ({pairing.unit}; "
+                                 f"at least {MIN_CLUSTERS} are needed)")
+    return frames, own, notes
 
 
-def compare(results: SweepResults, n_boot: int = N_BOOT, seed: int = SEED) -> Comparisons:
-    """Paired comparisons of every pair of encoders scored on the same items, for every stage that
-    declares a :class:`~robustbench_fm.methods.Pairing` (module doc)."""
-    frames, notes, settings = [], [], {}
-    for stage in sorted({f.parts[-2] for d in results.job_dirs for f in (d / "results").glob("*/*/*/*")}):
-        method = methods.find(stage)
-        pairing = method.pairing if method is not None else None
-        if pairing is None:
-            continue
-        items = results._read(stage, f"{pairing.table}.parquet")
-        if items.empty or items["encoder"].nunique() < 2:
-            continue
-        summaries = results.summaries(stage)
-        items["setting"] = [_setting(results, j, settings) for j in items["job"]]
-        better = {m.name: m.better for m in method.headline}
-        for (dataset, setting), part in items.groupby(["dataset", "setting"], sort=True):
-            encoders = sorted(part["encoder"].unique())
-            if len(encoders) < 2:
-                continue
-            summ = summaries[(summaries["dataset"] == dataset)] if len(summaries) else summaries
-            if len(summ) and "job" in summ.columns:
-                summ = summ[[_setting(results, j, settings) == setting for j in summ["job"]]]
-            for paired in pairing.metrics:
-                chosen = part[_where(part, paired.where)]
-                for keys, unit, strata_cols, outer in _units(chosen, pairing):
-                    finding = keys.get("finding", "")
-                    unit_seed = zlib.crc32(json.dumps([dataset, stage, paired.metric, keys], default=str).encode())
-                    estimates, records = _compare_unit(unit, paired, pairing, strata_cols, outer, encoders,
-                                                       (seed, unit_seed), n_boot)
-                    if not records:
-                        continue
-                    off = [e for e, v in estimates.items()
-                           if (s := _summary_value(summ, e, keys, paired.metric)) is not None
-                           and not (np.isnan(s) and np.isnan(v)) and not abs(s - v) <= SAME * max(1, abs(s))]
-                    label = _row_label(keys, finding)
-                    if off:
-                        notes.append(f"{stage} {paired.metric}, {finding} {label}: not compared; the items do not "
-                                     f"give the summary's value for {', '.join(off)}")
-                        continue
-                    for r in records:
-                        r.update(dataset=dataset, method=stage, metric=paired.metric, finding=str(finding),
-                                 row=label, setting=setting, better_is=better.get(paired.metric, "higher"))
-                    frames.append(pd.DataFrame(records))
-                    if records[0]["n_clusters"] < MIN_CLUSTERS:
-                        n = records[0]["n_clusters"]
-                        notes.append(f"{stage} {paired.metric}, {finding} {label}: no interval or p-value: the items "
-                                     f"come from {n} cluster{'s' if n != 1 else ''} (patients, slides or volumes; at "
-                                     f"least {MIN_CLUSTERS} are needed)")
+def _finish(frames: list[pd.DataFrame], own: list[dict], notes: list[str]) -> Comparisons:
     if not frames:
         return Comparisons(notes=notes)
-    pairs = pd.concat(frames, ignore_index=True)
-    family = ["dataset", "setting", "method", "metric", "finding", "row"]
-    pairs["p_holm"] = pairs.groupby(family, sort=False)["p"].transform(lambda p: holm_adjust(p.to_numpy()))
-    sign = np.where(pairs["better_is"] == "lower", -1.0, 1.0)
-    significant = pairs["p_holm"] <= ALPHA
-    pairs["better"] = np.where(significant & (sign * pairs["difference"] > 0), pairs["encoder_a"],
-                               np.where(significant & (sign * pairs["difference"] < 0), pairs["encoder_b"], ""))
-    ranking = rank(pairs)
-    pairs = pairs[COLUMNS]
+    pairs = pd.concat(frames, ignore_index=True)[COLUMNS]
+    ranking = rank(pairs, pd.DataFrame(own))
     return Comparisons(pairs, ranking, overall(ranking), notes)
 
 
-def rank(pairs: pd.DataFrame) -> pd.DataFrame:
-    """Per (setting, metric, finding, row): the encoders ordered by their estimate (1 the best; equal
-    estimates share the lower rank), the best encoder, each one's gap to it with the paired interval and
-    Holm-adjusted p, and the best set: the best and every encoder not significantly worse than it
-    (p_holm > :data:`ALPHA`, or no p-value)."""
+def compare(results: SweepResults, n_boot: int = N_BOOT, seed: int = SEED) -> Comparisons:
+    """Paired comparisons of the encoders scored on the same items, for every stage that declares a
+    :class:`~robustbench_fm.methods.Pairing` (module doc)."""
+    frames, own, notes, settings = [], [], [], {}
+    for stage in sorted({f.parts[-2] for d in results.job_dirs for f in (d / "results").glob("*/*/*/*")}):
+        method = methods.find(stage)
+        if method is None or method.pairing is None:
+            continue
+        items = results._read(stage, f"{method.pairing.table}.parquet")
+        if items.empty or items["encoder"].nunique() < 2:
+            continue
+        items["setting"] = [_setting(results, j, settings) for j in items["job"]]
+        f, o, n = _compare_stage(stage, items, results.summaries(stage), n_boot, seed,
+                                 lambda jobs: [_setting(results, j, settings) for j in jobs])
+        frames += f
+        own += o
+        notes += n
+    return _finish(frames, own, notes)
+
+
+def rank(pairs: pd.DataFrame, own: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per family (setting, metric, finding, row): the encoders ordered by their own estimate (``own``:
+    one row per family and encoder with ``estimate``, ``note``, ``n_items``, ``n_clusters``; without it,
+    the pairs' estimates), 1 the best and equal estimates sharing the lower rank; each compared encoder's
+    simultaneous rank interval (``rank_low``, ``rank_high``) from the family's decisions (``better``);
+    the best encoder (the first compared one); each one's ``gap``: how far it falls short of the best
+    (positive = worse, whichever way the metric is better) with the simultaneous interval of that
+    shortfall (``gap_low``, ``gap_high``) and the pair's ``p_adj``; and the best set: the encoders no
+    encoder is significantly better than (``rank_low`` = 1). An encoder that was not compared keeps its
+    rank by estimate, no interval and its ``note``."""
     if pairs.empty:
         return pd.DataFrame(columns=RANK_COLUMNS)
-    family = ["dataset", "setting", "method", "metric", "finding", "row"]
+    if own is None or own.empty:
+        est = pd.concat([pairs.rename(columns={"encoder_a": "encoder", "estimate_a": "estimate"}),
+                         pairs.rename(columns={"encoder_b": "encoder", "estimate_b": "estimate"})])
+        own = est.drop_duplicates([*FAMILY, "encoder"])[[*FAMILY, "encoder", "estimate", "better_is", "n_items",
+                                                         "n_clusters"]].assign(note="")
     out = []
-    for keys, part in pairs.groupby(family, sort=False):
+    by_family = {k: g for k, g in own.groupby(FAMILY, sort=False)}
+    for keys, part in pairs.groupby(FAMILY, sort=False):
         lower = part["better_is"].iloc[0] == "lower"
-        est = pd.concat([part.set_index("encoder_a")["estimate_a"], part.set_index("encoder_b")["estimate_b"]])
-        est = est[~est.index.duplicated()]
-        ordered = est.sort_values(ascending=lower, kind="stable")
-        ordered = ordered[ordered.notna()]
+        rows = by_family[keys] if keys in by_family else own.iloc[:0]
+        rows = rows[np.isfinite(rows["estimate"].astype(float))]
+        ordered = rows.sort_values("estimate", ascending=lower, kind="stable")
         if ordered.empty:
             continue
-        best = ordered.index[0]
-        ranks = (ordered if lower else -ordered).rank(method="min").astype(int)
-        for enc, value in ordered.items():
-            row = dict(zip(family, keys), encoder=enc, estimate=float(value), rank=int(ranks[enc]), best=best,
-                       better_is=part["better_is"].iloc[0])
-            if enc == best:
-                row.update(gap=0.0, gap_ci_low=0.0, gap_ci_high=0.0, p_holm=np.nan, in_best_set=True)
+        names = sorted(set(part["encoder_a"]) | set(part["encoder_b"]))
+        at = {e: i for i, e in enumerate(names)}
+        better = [at[w] if w else -1 for w in part["better"]]
+        low, high = rank_intervals(len(names), [(at[a], at[b]) for a, b in zip(part["encoder_a"], part["encoder_b"])],
+                                   better)
+        ranks = (ordered["estimate"] if lower else -ordered["estimate"]).rank(method="min").astype(int)
+        best = next(e for e in ordered["encoder"] if e in at)
+        best_est = float(ordered.set_index("encoder").loc[best, "estimate"])
+        flip = 1.0 if lower else -1.0  # shortfall = flip · (encoder − best)
+        n_clusters = int(part["n_clusters"].iloc[0])
+
+        def interval(enc: str) -> dict:
+            return dict(rank_low=int(low[at[enc]]), rank_high=int(high[at[enc]]), in_best_set=bool(low[at[enc]] == 1))
+
+        for (_, r), rk in zip(ordered.iterrows(), ranks):
+            row = dict(zip(FAMILY, keys), encoder=r["encoder"], estimate=float(r["estimate"]), rank=int(rk),
+                       best=best, better_is=part["better_is"].iloc[0], note=r.get("note", "") or "",
+                       n_items=r.get("n_items", np.nan), n_clusters=n_clusters)
+            enc = r["encoder"]
+            if enc not in at:
+                row.update(rank_low=np.nan, rank_high=np.nan, in_best_set=False,
+                           gap=flip * (row["estimate"] - best_est), gap_low=np.nan, gap_high=np.nan, p_adj=np.nan)
+            elif enc == best:
+                row.update(interval(enc), gap=0.0, gap_low=0.0, gap_high=0.0, p_adj=np.nan)
             else:
                 pair = part[((part["encoder_a"] == enc) & (part["encoder_b"] == best))
                             | ((part["encoder_a"] == best) & (part["encoder_b"] == enc))].iloc[0]
-                flip = 1.0 if pair["encoder_a"] == enc else -1.0  # gap: this encoder minus the best
-                lo, hi = sorted((flip * pair["ci_low"], flip * pair["ci_high"]))
-                row.update(gap=flip * pair["difference"], gap_ci_low=lo, gap_ci_high=hi, p_holm=pair["p_holm"],
-                           in_best_set=not (pair["p_holm"] <= ALPHA))
+                sgn = flip * (1.0 if pair["encoder_a"] == enc else -1.0)  # shortfall = sgn · (a − b)
+                lo, hi = sorted((sgn * pair["sim_low"] + 0.0, sgn * pair["sim_high"] + 0.0))  # no -0.0
+                row.update(interval(enc), gap=sgn * pair["difference"] + 0.0, gap_low=lo, gap_high=hi,
+                           p_adj=pair["p_adj"])
             out.append(row)
     return pd.DataFrame(out, columns=RANK_COLUMNS)
 
@@ -350,44 +459,86 @@ def _names(names: list[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
+def _shortfall(pairs: pd.DataFrame, enc: str, against: str, lower: bool) -> tuple[float, float, float, float]:
+    """How far ``enc`` falls short of ``against`` (positive = worse) with the simultaneous interval of
+    that shortfall and the pair's adjusted p."""
+    pair = pairs[((pairs["encoder_a"] == enc) & (pairs["encoder_b"] == against))
+                 | ((pairs["encoder_a"] == against) & (pairs["encoder_b"] == enc))].iloc[0]
+    sgn = (1.0 if lower else -1.0) * (1.0 if pair["encoder_a"] == enc else -1.0)
+    lo, hi = sorted((sgn * pair["sim_low"] + 0.0, sgn * pair["sim_high"] + 0.0))  # + 0.0: no -0.000
+    return sgn * pair["difference"] + 0.0, lo, hi, pair["p_adj"]
+
+
+def _unit_word(stage: str) -> str:
+    method = methods.find(stage)
+    return method.pairing.unit if method is not None and method.pairing is not None else "clusters"
+
+
 def verdict(comparisons: Comparisons) -> list[str]:
     """One plain sentence per finding (and headline row) on the method's first compared headline
-    metric: the best set, and the gap to the nearest encoder outside it (or to the runner-up) with its
-    paired interval and Holm-adjusted p."""
+    metric: the best set (the encoders no encoder is significantly better than), and by how much the
+    nearest encoder outside it falls short, with the simultaneous 95% interval of that shortfall and the
+    family-wise adjusted p (or the gap to the runner-up); too few clusters, an encoder ranked above one
+    of the best set yet outside it, and encoders scored on other items are said in words."""
     ranking = _first_metric(headline_rows(comparisons.ranking))
     if ranking.empty:
         return []
+    pairs = comparisons.pairs
     lines = []
     n_datasets = ranking["dataset"].nunique()
     n_rows = ranking.groupby(["dataset", "setting", "method", "metric", "finding"])["row"].nunique()
-    for (dataset, setting, stage, metric, finding, row), rows in ranking.groupby(
-            ["dataset", "setting", "method", "metric", "finding", "row"], sort=False):
+    for keys, rows in ranking.groupby(FAMILY, sort=False):
+        dataset, setting, stage, metric, finding, row = keys
         method = methods.find(stage)
         title = method.title if method is not None else stage
-        rows = rows.sort_values("rank", kind="stable")
-        best = rows[rows["in_best_set"]]["encoder"].tolist()
-        rest = rows[~rows["in_best_set"]]
+        rows = rows.sort_values(["rank", "encoder"], kind="stable")
+        lower = rows["better_is"].iloc[0] == "lower"
+        fam = pairs[np.logical_and.reduce([pairs[c].astype(str) == str(v) for c, v in zip(FAMILY, keys)])]
+        compared = rows[rows["rank_low"].notna()]
         parts = str(row).split(" / ")
         parts = ["mean over its classes" if p == "__mean__" else p for p in parts]
         shown = " / ".join(p for p in parts if p != POOLED) if POOLED in parts else \
             str(row) if n_rows[(dataset, setting, stage, metric, finding)] > 1 else ""  # a finding's only row
         where = f"{finding}" + (f" ({shown})" if shown else "") + (f" on {dataset}" if n_datasets > 1 else "")
-        top = rows.iloc[0]
-        text = (f"{where}, {title} {metric} ({top['better_is']} is better): "
-                + (f"{best[0]} is best alone ({_fmt(top['estimate'])})" if len(best) == 1 else
-                   f"{_names(best)} are indistinguishable (best {top['encoder']} {_fmt(top['estimate'])})"))
-        if not rest.empty:
-            nxt = rest.iloc[0]
-            worse = rest["encoder"].tolist()
-            # by how much it falls short of the best, positive whichever way is better
-            flip = 1.0 if top["better_is"] == "lower" else -1.0
-            lo, hi = sorted((flip * nxt["gap_ci_low"], flip * nxt["gap_ci_high"]))
-            text += (f"; {_names(worse)} {'is' if len(worse) == 1 else 'are'} worse: {nxt['encoder']} by "
-                     f"{_fmt(flip * nxt['gap'])} (95% CI {_fmt(lo)} to {_fmt(hi)}, Holm p {_p(nxt['p_holm'])})")
-        elif len(rows) > 1:
-            nxt = rows.iloc[1]
-            text += (f"; the gap to {nxt['encoder']} is {_fmt(nxt['gap'])} (95% CI {_fmt(nxt['gap_ci_low'])} "
-                     f"to {_fmt(nxt['gap_ci_high'])}, Holm p {_p(nxt['p_holm'])})")
+        text = f"{where}, {title} {metric} ({rows['better_is'].iloc[0]} is better): "
+        n_clusters = int(rows["n_clusters"].iloc[0]) if len(rows) else 0
+        if n_clusters < MIN_CLUSTERS:
+            text += (f"too few {_unit_word(stage)} to compare ({n_clusters}; at least {MIN_CLUSTERS} are needed); "
+                     + ", ".join(f"{r['encoder']} {_fmt(r['estimate'])}" for _, r in compared.iterrows()))
+        else:
+            best = compared[compared["in_best_set"].astype(bool)]
+            rest = compared[~compared["in_best_set"].astype(bool)]
+            top = compared.iloc[0]
+            text += (f"{best['encoder'].iloc[0]} is best alone ({_fmt(best['estimate'].iloc[0])})" if len(best) == 1
+                     else f"{_names(best['encoder'].tolist())} are indistinguishable (best {top['encoder']} "
+                          f"{_fmt(top['estimate'])})")
+            if not rest.empty:
+                nxt = rest.iloc[0]["encoder"]
+                winners = fam[(fam["better"] != "") & ((fam["encoder_a"] == nxt) | (fam["encoder_b"] == nxt))
+                              & (fam["better"] != nxt)]
+                against = top["encoder"] if (winners["better"] == top["encoder"]).any() else \
+                    winners.sort_values("p_adj", kind="stable")["better"].iloc[0]
+                gap, lo, hi, p = _shortfall(fam, nxt, against, lower)
+                worse = rest["encoder"].tolist()
+                text += (f"; {_names(worse)} {'is' if len(worse) == 1 else 'are'} worse: {nxt} by {_fmt(gap)}"
+                         + (f" against {against}" if against != top["encoder"] else "")
+                         + f" (simultaneous 95% CI {_fmt(lo)} to {_fmt(hi)}, adjusted p {_p(p)})")
+                above = rest[rest["rank"] < best["rank"].max()]["encoder"].tolist()
+                if above:
+                    below = best[best["rank"] > rest["rank"].min()]["encoder"].tolist()
+                    text += (f"; {_names(below)} {'stays' if len(below) == 1 else 'stay'} in the best set though "
+                             f"ranked below {_names(above)}: no encoder is significantly better than "
+                             f"{'it' if len(below) == 1 else 'them'}, as {'its' if len(below) == 1 else 'their'} "
+                             f"differences are measured less precisely")
+            elif len(compared) > 1:
+                nxt = compared.iloc[1]["encoder"]
+                gap, lo, hi, p = _shortfall(fam, nxt, top["encoder"], lower)
+                text += (f"; the gap to {nxt} is {_fmt(gap)} (simultaneous 95% CI {_fmt(lo)} to {_fmt(hi)}, "
+                         f"adjusted p {_p(p)})")
+        uncompared = rows[rows["rank_low"].isna()]["encoder"].tolist()
+        if uncompared:
+            text += (f"; {_names(uncompared)} {'was' if len(uncompared) == 1 else 'were'} not compared (scored on "
+                     f"other items: {rows[rows['rank_low'].isna()]['estimate'].map(_fmt).str.cat(sep=', ')})")
         lines.append(text + ".")
     return lines
 
@@ -419,7 +570,7 @@ def read(folder: str | Path) -> Comparisons:
         return Comparisons()
     pairs, ranking, overall_ = (pd.read_csv(folder / f, keep_default_na=False, na_values=[""]) for f in FILES)
     for frame in (pairs, ranking, overall_):
-        for col in ("finding", "row", "better"):
+        for col in ("finding", "row", "better", "note"):
             if col in frame.columns:
                 frame[col] = frame[col].fillna("").astype(str)
     if "in_best_set" in ranking.columns:
@@ -442,7 +593,8 @@ MAX_HEATMAPS = 6
 def heatmap_figure(pairs: pd.DataFrame, ranking: pd.DataFrame, title: str):
     """The pairwise differences of one (metric, finding, row): cell (i, j) is encoder i minus encoder j,
     encoders in rank order, the colour signed so that green means the row's encoder is better; a cell
-    whose Holm-adjusted p is at most :data:`ALPHA` is marked ``*`` and outlined."""
+    whose family-wise adjusted p is at most :data:`ALPHA` (its simultaneous interval excludes 0) is
+    marked ``*``."""
     order = ranking.sort_values(["rank", "encoder"], kind="stable")["encoder"].tolist()
     lower = pairs["better_is"].iloc[0] == "lower"
     n = len(order)
@@ -450,7 +602,7 @@ def heatmap_figure(pairs: pd.DataFrame, ranking: pd.DataFrame, title: str):
     for _, p in pairs.iterrows():
         i, j = order.index(p["encoder_a"]), order.index(p["encoder_b"])
         diff[i, j], diff[j, i] = p["difference"], -p["difference"]
-        star[i, j] = star[j, i] = p["p_holm"] <= ALPHA
+        star[i, j] = star[j, i] = p["p_adj"] <= ALPHA
     good = -diff if lower else diff  # > 0: the row's encoder is better
     scale = np.nanmax(np.abs(diff)) if np.isfinite(diff).any() else 1.0
     fig = Figure(figsize=(3.2 + 1.0 * n, 2.4 + 0.75 * n))  # no pyplot: no global figure state
@@ -464,7 +616,7 @@ def heatmap_figure(pairs: pd.DataFrame, ranking: pd.DataFrame, title: str):
     ax.set_xticks(range(n), order, rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(n), order, fontsize=8)
     ax.set_xlabel("minus this encoder")
-    ax.set_title(title + "\n(row − column; green: the row's encoder is better; * Holm p ≤ 0.05)", fontsize=9)
+    ax.set_title(title + "\n(row − column; green: the row's encoder is better; * adjusted p ≤ 0.05)", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -496,16 +648,27 @@ def heatmaps(comparisons: Comparisons, folder: Path) -> list[tuple[str, Path]]:
 
 def first_metric_rows(comparisons: Comparisons) -> pd.DataFrame:
     """The ranking's headline rows (:func:`headline_rows`) on each finding's first compared headline
-    metric, as a report shows them: encoder, estimate, rank, whether it is in the best set and its gap to
-    the best with the paired interval and Holm-adjusted p."""
+    metric, as a report shows them: encoder, estimate, rank, its simultaneous 95% rank interval
+    (``ranks``: "1–3"), whether it is in the best set, its shortfall from the best with the simultaneous
+    interval and adjusted p, and the note of an encoder that was not compared."""
     rows = _first_metric(headline_rows(comparisons.ranking))
     if rows.empty:
         return rows
+
+    def interval(r) -> str:
+        if not np.isfinite(r["rank_low"]):
+            return "n/a"
+        lo, hi = int(r["rank_low"]), int(r["rank_high"])
+        return f"{lo}" if lo == hi else f"{lo}–{hi}"
+
     show = rows.assign(best_set=np.where(rows["in_best_set"].astype(bool), "yes", ""),
+                       ranks=rows.apply(interval, axis=1),
                        row=rows["row"].astype(str).str.replace(POOLED, "pooled", regex=False)
                        .str.replace("__mean__", "mean", regex=False))
-    columns = ["method", "metric", "finding", "row", "encoder", "estimate", "rank", "best_set", "gap", "gap_ci_low",
-               "gap_ci_high", "p_holm"]
+    columns = ["method", "metric", "finding", "row", "encoder", "estimate", "rank", "ranks", "best_set", "gap",
+               "gap_low", "gap_high", "p_adj"]
+    if show["note"].fillna("").astype(str).str.len().gt(0).any():
+        columns.append("note")
     if show["dataset"].nunique() > 1:
         columns.insert(0, "dataset")
     return show[columns].reset_index(drop=True)

@@ -74,8 +74,13 @@ def test_the_demo_says_which_encoder_first(demo):
     assert d[d["in_best_set"].astype(str) == "True"]["encoder"].tolist() == ["planted_sharp"]
     pairs = pd.read_csv(run1 / "comparisons.csv", keep_default_na=False, na_values=[""])
     assert {"method", "metric", "finding", "row", "encoder_a", "encoder_b", "estimate_a", "estimate_b", "difference",
-            "ci_low", "ci_high", "p", "p_holm", "n_items", "n_clusters", "better"} <= set(pairs.columns)
-    assert len(pairs) == 9 and (pairs["n_items"][pairs["metric"] == "d"] == 100).all()
+            "ci_low", "ci_high", "p", "sim_low", "sim_high", "p_adj", "n_items", "n_clusters", "better"} \
+        <= set(pairs.columns)
+    # D and D_all (the margin AUROC is not compared), 3 pairs each, on the demo's one matched group
+    assert len(pairs) == 6 and (pairs["n_items"][pairs["metric"] == "d"] == 100).all()
+    # issue 58: planted_sharp's 95% rank interval is [1, 1] on D (significantly better than both others)
+    sharp = d.set_index("encoder").loc["planted_sharp"]
+    assert sharp["rank_low"] == sharp["rank_high"] == 1
     report = (run1 / "report.md").read_text()
     which = report.split("## Which encoder\n\n", 1)[1]
     assert which.startswith("marker, CANDOR d (lower is better): planted_sharp is best alone (0.000)")

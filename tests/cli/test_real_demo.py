@@ -40,6 +40,7 @@ def test_real_weights_are_more_concordant_than_random_ones(tmp_path):
     sign = 1 if d["encoder_a"] == "efficientnet_lite0_in1k" else -1  # real minus random
     assert sign * d["difference"] == pytest.approx(real["d"] - rand["d"], abs=1e-12)
     assert sign * d["ci_high"] < 0 if sign == 1 else sign * d["ci_low"] < 0
-    assert d["better"] == "efficientnet_lite0_in1k" and d["p_holm"] < 0.05
+    assert d["better"] == "efficientnet_lite0_in1k" and d["p_adj"] < 0.05
+    assert (d["sim_high"] < 0) if sign == 1 else (d["sim_low"] > 0)  # the simultaneous interval excludes 0 too
     assert shown[-1].startswith("- bio_label (mean over its classes), CANDOR d (lower is better): "
                                 "efficientnet_lite0_in1k is best alone")

@@ -112,4 +112,5 @@ def test_bench_compare_counts_every_pair_metric_and_row(tmp_path):
     out = tmp_path / "compare.json"
     result = load("bench_compare").main(["--encoders", "4", "--queries", "400", "--n-boot", "50", "--out", str(out)])
     assert json.loads(out.read_text()) == result
-    assert result["pairs"] == 6 * 3 * 3  # 6 pairs x (D, D_all, margin AUROC) x (2 groups + pooled)
+    assert result["pairs"] == 6 * 2 * 3  # 6 pairs x (D, D_all; the margin AUROC is not compared) x (2 groups + pooled)
+    assert result["verdict_lines"] == 1 and result["cpu"]

@@ -14,6 +14,11 @@ The head-based analyses (Table 4, failure detection) live with the heads: :mod:`
 from .. import Method, Paired, Pairing, register
 from .params import BoxVerifiedParams, CandorParams, LipschitzParams, RetentionParams
 
+#: why the margin AUROC is not compared between encoders (docs/comparisons.md "What is compared")
+MARGIN_NOT_COMPARED = ("every image's margin is scored against banks that hold the other images, which the patient "
+                       "bootstrap holds fixed: under a null of equal encoders p < 0.05 came out in 0.09-0.12 of pairs, "
+                       "so no verdict rests on it (docs/comparisons.md)")
+
 register(Method(
     "candor", "CANDOR discordance D, D_all and margin AUROC per matched group (chance = 0.5)",
     f"{__name__}.stage", display_name="CANDOR",
@@ -25,9 +30,10 @@ register(Method(
     tables=f"{__name__}.tables", figures=f"{__name__}.plots:report_figures", params=CandorParams,
     # queries and banks are the same images for every encoder: D, D_all and the margin AUROC compared paired,
     # resampling patients with the banks fixed, as the stage's own intervals do ("Reporting")
-    pairing=Pairing(metrics=(Paired("d", "mean", "discordant", where="query"),
-                             Paired("d_all", "mean", "discordant_all", where="query"),
-                             Paired("margin_auroc", "auroc", "margin", "label", pool_weight="query")),
+    pairing=Pairing(metrics=(Paired("d", "mean", "discordant", where="query", better="lower"),
+                             Paired("d_all", "mean", "discordant_all", where="query", better="lower"),
+                             Paired("margin_auroc", "auroc", "margin", "label", pool_weight="query",
+                                    better="higher", not_compared=MARGIN_NOT_COMPARED)),
                     rows=("finding", "target", "acq_group"), pool="acq_group", table="items",
                     mean_over="target")))
 register(Method(

@@ -25,7 +25,12 @@ _HEAD_COLUMNS = ("encoder", "finding", "auroc", "auroc_ci_low", "auroc_ci_high",
 _AUROC = (("auroc", "higher"),)
 #: the test rows are the same images for every encoder (a stable hash of sample_id: ``rows``), so heads'
 #: AUROCs are compared paired, resampling patients
-_HEAD_PAIRING = Pairing(metrics=(Paired("auroc", "auroc", "logit", "label", where="split=test"),), rows=("finding",))
+#: why a head's AUROC is not compared between encoders (docs/comparisons.md "What is compared")
+HEAD_NOT_COMPARED = ("each encoder's test scores come from a head trained once on the training rows, which the "
+                     "patient bootstrap of the test rows holds fixed: under a null of equal encoders p < 0.05 came "
+                     "out in 0.08 of pairs, so no verdict rests on it (docs/comparisons.md)")
+_HEAD_PAIRING = Pairing(metrics=(Paired("auroc", "auroc", "logit", "label", where="split=test", better="higher",
+                                        not_compared=HEAD_NOT_COMPARED),), rows=("finding",))
 register(Method("linear_head", "a linear head per finding: AUROC, operating point at 0.8 sensitivity",
                 f"{__name__}.stage", display_name="linear heads", headline=_AUROC, guide=f"{__name__}.guide:HEADS",
                 console_columns=_HEAD_COLUMNS, tables=f"{__name__}.tables", params=HeadParams,
@@ -44,7 +49,8 @@ register(Method("error_detection", "failure detection: MSP, energy, kNN, Mahalan
                                  "n_errors"),
                 tables=f"{__name__}.tables", params=ErrorDetectionParams,
                 # each detector's AUROC for the head's errors, on the same test rows for every encoder
-                pairing=Pairing(metrics=(Paired("auroc", "auroc", "score", "error"),),
+                pairing=Pairing(metrics=(Paired("auroc", "auroc", "score", "error", better="higher",
+                                                not_compared=HEAD_NOT_COMPARED),),
                                 rows=("finding", "stratum", "method"), table="items")))
 register(Method("candor_heads", "head errors joined with CANDOR discordance per sample (Table 4)",
                 f"{__name__}.candor_heads", display_name="CANDOR and head errors",

@@ -18,6 +18,8 @@ register(Method("spar", "SPAR-Bench spatial probes (Levels 1-3) on token sequenc
                 findings=FINDINGS,
                 # the test questions and tile sets are the same for every encoder: each probe's accuracy,
                 # Level 1's MED and Level 2's patch accuracy compared paired, resampling volumes (subjects)
-                pairing=Pairing(metrics=(Paired("accuracy", "mean", "accuracy"), Paired("med", "mean", "med"),
-                                         Paired("patch_acc", "mean", "patch_acc")), item="item",
+                pairing=Pairing(metrics=(Paired("accuracy", "mean", "accuracy", better="higher"),
+                                         Paired("med", "mean", "med", better="lower"),  # a distance in px
+                                         Paired("patch_acc", "mean", "patch_acc", better="higher")), item="item",
+                                unit="volumes",
                                 rows=("finding", "head", "mode", "eval_dataset", "seed", "organ"), table="items")))
