@@ -61,10 +61,15 @@ def stage_tables(stage: str, manifest: pd.DataFrame, feats: dict, finding: str) 
 
 
 def compare(stage: str, items: pd.DataFrame, summaries: pd.DataFrame | None, n_boot: int, seed: int) -> pd.DataFrame:
-    """The pairs table of ``robustbench_fm.report.comparisons.compare_tables``."""
+    """The pairs table of ``robustbench_fm.report.comparisons.compare_tables``; with ``summaries``, a
+    family whose estimates do not reproduce the stage's summary stops the run (its note)."""
     from robustbench_fm.report.comparisons import compare_tables
 
-    return compare_tables(stage, items, summaries, n_boot=n_boot, seed=seed).pairs
+    found = compare_tables(stage, items, summaries, n_boot=n_boot, seed=seed)
+    off = [n for n in found.notes if "do not give the summary's value" in n]
+    if off:
+        raise RuntimeError(f"{stage}: {off[0]}")
+    return found.pairs
 
 
 def old_pairs(stage: str, items: pd.DataFrame, n_boot: int, seed: int) -> pd.DataFrame:
@@ -166,21 +171,36 @@ def summarise(records: pd.DataFrame) -> list[dict]:
     return out
 
 
+def cohort_stats(manifest: pd.DataFrame, croma: bool) -> dict:
+    """What one cohort holds: images, clusters (patients / slides), and per matched group the images
+    and prevalence (CANDOR)."""
+    if croma:
+        return {"tiles": len(manifest), "slides": manifest["slide_id"].nunique()}
+    by = manifest.groupby("acq_group")
+    return {"images": len(manifest), "patients": manifest["patient_id"].nunique(),
+            "positives": float(manifest[nc.FINDING].sum()),
+            "patients_in_several_groups": float((manifest.groupby("patient_id")["acq_group"].nunique() > 1).mean()),
+            **{f"prevalence_{g}": float(v) for g, v in by[nc.FINDING].mean().items()}}
+
+
 def run_design(design, cohorts: int, n_encoders: int = 3, n_boot: int = N_BOOT, seed0: int = 0,
-               old: bool = True) -> tuple[pd.DataFrame, dict]:
-    """(one record per family and cohort, seconds spent in each step) over ``cohorts`` null cohorts of
-    ``design`` (a :class:`null_cohorts.Design` or :class:`null_cohorts.CromaDesign`)."""
+               old: bool = True, check_summaries: bool = True) -> tuple[pd.DataFrame, dict]:
+    """(one record per family and cohort, seconds spent in each step and the cohorts' mean shape) over
+    ``cohorts`` null cohorts of ``design`` (a :class:`null_cohorts.Design` or
+    :class:`null_cohorts.CromaDesign`); ``check_summaries``: pass the summaries to ``compare_tables``
+    (each estimate checked against the stage's own value; the numbers do not change)."""
     croma = isinstance(design, nc.CromaDesign)
     stage, finding = ("croma", "bio_label") if croma else ("candor", nc.FINDING)
-    records, seconds = [], {"cohort": 0.0, "stage": 0.0, "compare": 0.0, "old": 0.0}
+    records, seconds, shapes = [], {"cohort": 0.0, "stage": 0.0, "compare": 0.0, "old": 0.0}, []
     for c in range(cohorts):
         seed = seed0 + c
         t0 = time.perf_counter()
         manifest, feats = nc.croma_cohort(design, seed, n_encoders) if croma else nc.cohort(design, seed, n_encoders)
+        shapes.append(cohort_stats(manifest, croma))
         t1 = time.perf_counter()
         items, summaries = stage_tables(stage, manifest, feats, finding)
         t2 = time.perf_counter()
-        pairs = compare(stage, items, summaries, n_boot, seed)
+        pairs = compare(stage, items, summaries if check_summaries else None, n_boot, seed)
         t3 = time.perf_counter()
         pairs = pairs[pairs["metric"].isin(COMPARED[stage])]
         records += [dict(r, compared=True) for r in tally(pairs, design.name, stage, c)]
@@ -190,7 +210,8 @@ def run_design(design, cohorts: int, n_encoders: int = 3, n_boot: int = N_BOOT, 
         t4 = time.perf_counter()
         for key, dt in zip(seconds, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             seconds[key] += dt
-    return pd.DataFrame(records), seconds
+    shape = {k: round(float(v), 3) for k, v in pd.DataFrame(shapes).mean().items()}
+    return pd.DataFrame(records), {**seconds, "mean_cohort": shape}
 
 
 def _cell(r: dict | None) -> str:
@@ -230,11 +251,12 @@ def main(argv: list[str] | None = None) -> dict:
     chosen = [known[name] for name in args.designs.split(",")]
     load = os.getloadavg()[0]
     start, cpu = time.perf_counter(), time.process_time()
-    frames, seconds = [], {}
+    frames, seconds, shapes = [], {}, {}
     for d in chosen:
         t = time.perf_counter()
         records, parts = run_design(d, args.cohorts, args.encoders, args.n_boot, args.seed, old=not args.no_old)
         frames.append(records)
+        shapes[d.name] = parts.pop("mean_cohort")
         seconds[d.name] = {**{k: round(v, 2) for k, v in parts.items()}, "total": round(time.perf_counter() - t, 2),
                            "per_cohort": round((time.perf_counter() - t) / args.cohorts, 4)}
         print(f"{d.name}: {seconds[d.name]}", file=sys.stderr, flush=True)
@@ -242,7 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
     described = {d.name: d.description for d in chosen}
     table = markdown(summary, described)
     result = {"cohorts": args.cohorts, "encoders": args.encoders, "n_boot": args.n_boot, "alpha": ALPHA,
-              "designs": described, "candor_params": CANDOR_PARAMS, "croma_params": CROMA_PARAMS,
+              "designs": described, "mean_cohort": shapes, "candor_params": CANDOR_PARAMS, "croma_params": CROMA_PARAMS,
               "summary": summary, "seconds": seconds, "wall_seconds": round(time.perf_counter() - start, 1),
               "cpu_seconds": round(time.process_time() - cpu, 1), "load_average_at_start": round(load, 2),
               "cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
