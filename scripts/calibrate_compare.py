@@ -42,6 +42,8 @@ CROMA_PARAMS = {"k": 5, "m": 3, "device": "cpu"}
 COMPARED = {"candor": ("d", "d_all"), "croma": ("croma",)}
 OLD = {"candor": ("margin_auroc",), "croma": ("ri", "mari")}
 POOLED = "__pooled__"
+#: the normal 97.5% quantile: a percentile interval's width / (2 Z95) stands for the bootstrap SD
+Z95 = 1.959964
 
 
 def stage_tables(stage: str, manifest: pd.DataFrame, feats: dict, finding: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -137,7 +139,9 @@ def tally(pairs: pd.DataFrame, design: str, method: str, cohort: int) -> list[di
                             cover=int(cover[ok].sum()), cover_sim=int(cover_sim[ok].sum()) if sim else -1,
                             any_better=bool((fam["better"].fillna("").astype(str) != "").any()),
                             family_covered_sim=bool(cover_sim[ok].all()) if sim else False,
-                            family_ok=bool(ok.all() and len(fam))))
+                            family_ok=bool(ok.all() and len(fam)),
+                            d2=float((fam["difference"][ok] ** 2).sum()),
+                            se2=float((((fam["ci_high"] - fam["ci_low"]) / (2 * Z95))[ok] ** 2).sum())))
     return records
 
 
@@ -151,7 +155,11 @@ def rate(hits: float, n: float) -> dict:
 def summarise(records: pd.DataFrame) -> list[dict]:
     """Per (design, method, metric, row type): the rates over pairs (p < 0.05, p_adj ≤ 0.05, coverage
     of the unadjusted and simultaneous intervals) and over families (family-wise error: any ``better``;
-    every simultaneous interval covering 0). The standard errors are binomial over the counted units
+    every simultaneous interval covering 0), and ``variance_ratio``: the mean squared difference over
+    the null pairs (their true variance: the mean difference is 0) over the mean squared bootstrap SD
+    (the percentile interval's width / 3.92); above 1 the resamples miss part of the difference's
+    variance (for CANDOR: what the fixed banks contribute), and p < 0.05 comes out near
+    2 Φ(−1.96 / √ratio). The standard errors are binomial over the counted units
     (pairs of one family share a cohort, so the pairs' errors are somewhat optimistic; the families'
     are exact for independent cohorts)."""
     out = []
@@ -163,7 +171,8 @@ def summarise(records: pd.DataFrame) -> list[dict]:
         row = dict(design=design, method=method, metric=metric, row_type=rtype, compared=compared,
                    n_cohorts=int(part["cohort"].nunique()), n_families=int(n_fam), n_pairs=int(n_pairs),
                    p_below_005=rate(part["p05"].sum(), n_pairs), p_adj_le_005=rate(part["padj05"].sum(), n_pairs),
-                   fwer=rate(part["any_better"].sum(), n_fam), coverage=rate(part["cover"].sum(), n_pairs))
+                   fwer=rate(part["any_better"].sum(), n_fam), coverage=rate(part["cover"].sum(), n_pairs),
+                   variance_ratio=round(float(part["d2"].sum() / part["se2"].sum()), 3))
         if compared and (part["cover_sim"] >= 0).all():
             row.update(coverage_sim=rate(part["cover_sim"].sum(), n_pairs),
                        family_coverage_sim=rate(part["family_covered_sim"].sum(), n_fam))
@@ -221,13 +230,14 @@ def _cell(r: dict | None) -> str:
 def markdown(summary: list[dict], designs: dict[str, str]) -> str:
     """The calibration table of docs/comparisons.md."""
     lines = ["| design | metric | rows | compared | p < 0.05 | p_adj ≤ 0.05 | family-wise error | "
-             "95% interval covers 0 | simultaneous interval covers 0 (pair / family) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "95% interval covers 0 | simultaneous interval covers 0 (pair / family) | variance ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
         sim = "" if "coverage_sim" not in s else f"{_cell(s['coverage_sim'])} / {_cell(s['family_coverage_sim'])}"
         lines.append(f"| {s['design']} | {s['metric']} | {s['row_type']} ({s['n_families']} families) | "
                      f"{'yes' if s['compared'] else 'no (Holm, percentile)'} | {_cell(s['p_below_005'])} | "
-                     f"{_cell(s['p_adj_le_005'])} | {_cell(s['fwer'])} | {_cell(s['coverage'])} | {sim} |")
+                     f"{_cell(s['p_adj_le_005'])} | {_cell(s['fwer'])} | {_cell(s['coverage'])} | {sim} | "
+                     f"{s['variance_ratio']:.2f} |")
     lines.append("")
     lines += [f"- {name}: {text}" for name, text in designs.items()]
     return "\n".join(lines)
@@ -246,7 +256,15 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     import torch
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    try:
+        return _main(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _main(args) -> dict:
     known = {d.name: d for d in (*nc.DESIGNS, nc.CROMA_DESIGN)}
     chosen = [known[name] for name in args.designs.split(",")]
     load = os.getloadavg()[0]

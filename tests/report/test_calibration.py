@@ -60,3 +60,56 @@ def test_every_compared_metric_is_calibrated_under_the_null(calibration):
         if s["family_coverage_sim"]["rate"] < 0.93:
             bad.append(f"{where}: the simultaneous intervals cover 0 together in {s['family_coverage_sim']}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_null_designs_are_unlike_the_suite_s_old_cohort():
+    """What the calibration rests on (fixtures only, no stage): unequal images per patient, 2-4 matched
+    groups, prevalence 5-30% differing by group, patients in several groups, and encoders that see the
+    same latent rows through isometries (their pairwise cosine geometry equal up to their own noise)."""
+    import numpy as np
+    from null_cohorts import CROMA_DESIGN, DESIGNS, FINDING, _rotations, cohort, croma_cohort
+
+    assert len(DESIGNS) >= 3
+    for design in DESIGNS:
+        manifest, feats = cohort(design, seed=1)
+        per_patient = manifest.groupby("patient_id").size()
+        prevalence = manifest.groupby("acq_group")[FINDING].mean()
+        assert per_patient.min() == 1 and per_patient.max() >= 4, design.name
+        assert 2 <= manifest["acq_group"].nunique() == len(design.groups) <= 4
+        assert prevalence.min() >= 0.03 and prevalence.max() <= 0.40 and prevalence.max() > 1.5 * prevalence.min()
+        assert (manifest.groupby("patient_id")["acq_group"].nunique() > 1).any(), design.name
+        assert sorted(feats) == ["enc0", "enc1", "enc2"] and all(f.shape == (len(manifest), design.dim)
+                                                                for f in feats.values())
+        norms = [np.linalg.norm(f, axis=1).mean() for f in feats.values()]
+        assert max(norms) / min(norms) < 1.05  # the same signal and noise sizes: equally good
+        assert not np.allclose(feats["enc0"], feats["enc1"])
+    assert DESIGNS[2].singletons >= 0.5  # design C: most patients have one image
+    rot = _rotations(np.random.default_rng(0), 1, 8, 16)[0]
+    np.testing.assert_allclose(rot @ rot.T, np.eye(8), atol=1e-12)  # an isometry of the latent space
+    tiles, feats = croma_cohort(CROMA_DESIGN, seed=1)
+    assert tiles.groupby("slide_id")["site"].nunique().max() == 1  # a slide is of one centre
+    assert tiles["slide_id"].nunique() == CROMA_DESIGN.n_labels * CROMA_DESIGN.n_sites * CROMA_DESIGN.slides
+    assert tiles.groupby("slide_id").size().nunique() > 1  # slides of unequal size
+
+
+@pytest.mark.slow  # the stages' first calls (torch) take most of its ~10 s
+def test_the_script_tallies_two_cohorts_and_writes_its_table(tmp_path):
+    """scripts/calibrate_compare.py on 2 cohorts of design C (100 resamples): one summary row per
+    (metric, row type), the compared ones with their simultaneous coverage, the old ones without, and
+    the markdown table naming each; counts that add up (2 cohorts × 2 groups × 3 pairs)."""
+    import json
+
+    out = tmp_path / "calibration.json"
+    result = _script().main(["--cohorts", "2", "--designs", "C", "--n-boot", "100", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    rows = {(s["metric"], s["row_type"]): s for s in result["summary"]}
+    assert set(rows) == {(m, r) for m in ("d", "d_all", "margin_auroc") for r in ("pooled", "group")}
+    assert rows[("d", "group")]["n_pairs"] == 12 and rows[("d", "group")]["n_families"] == 4
+    assert rows[("d", "pooled")]["n_pairs"] == 6 and rows[("d", "pooled")]["n_cohorts"] == 2
+    assert rows[("d", "pooled")]["compared"] and "coverage_sim" in rows[("d", "pooled")]
+    assert not rows[("margin_auroc", "pooled")]["compared"] and "coverage_sim" not in rows[("margin_auroc", "pooled")]
+    for s in result["summary"]:
+        for key in ("p_below_005", "p_adj_le_005", "coverage"):
+            assert 0 <= s[key]["rate"] <= 1 and s[key]["n"] == s["n_pairs"]
+        assert s["fwer"]["n"] == s["n_families"]
+    assert "| C | margin_auroc | pooled (2 families) | no (Holm, percentile) |" in result["markdown"]
