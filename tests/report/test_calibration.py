@@ -9,7 +9,15 @@ tests/core/test_stats_paired.py's cohort, CRoMa's median on its own), on the poo
 per-group rows alike: p < 0.05 in at most 7% of the null pairs, the unadjusted 95% interval covering
 0 in at least 93% of them, and a family-wise error (any ``better`` in a family of one metric and row)
 of at most 7% for the adjusted decisions; the simultaneous intervals cover 0 together in at least 93%
-of the families. The cohorts are fixed (seeds 0..N-1), so the test is deterministic."""
+of the families. The cohorts are fixed (seeds 0..N-1), so the test is deterministic.
+
+Measured on main 43bccfd (benchmarks/cpu2/calibration.json, 300 cohorts each): this test FAILS there. The
+compared metrics are anti-conservative too on these designs: p < 0.05 in 0.055-0.100 of the null pairs
+(D_all per group in design B: 0.040), family-wise error 0.074-0.123, simultaneous family coverage
+0.877-0.944; the mean squared null difference is 1.21-1.45 times the bootstrap's variance (CRoMa's median
+1.23): resampling patients (slides) with the banks (kNN graph) fixed misses the part of a difference's
+variance that comes from the banks, as for the margin AUROC (1.30-1.51), RI and MaRI (1.83-1.92). About
+6 minutes of one core (~340 CPU-s)."""
 import importlib.util
 from pathlib import Path
 
@@ -35,7 +43,8 @@ def calibration():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the stages' neighbour searches are tiny: threads only add overhead
     try:
-        records = [calib.run_design(d, COHORTS, old=False)[0] for d in (*calib.nc.DESIGNS, calib.nc.CROMA_DESIGN)]
+        records = [calib.run_design(d, COHORTS, old=False, check_summaries=False)[0]
+                   for d in (*calib.nc.DESIGNS, calib.nc.CROMA_DESIGN)]
     finally:
         torch.set_num_threads(threads)
     return pd.DataFrame(calib.summarise(pd.concat(records, ignore_index=True)))
