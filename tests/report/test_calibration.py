@@ -11,7 +11,7 @@ per-group rows alike: p < 0.05 in at most 7% of the null pairs, the unadjusted 9
 of at most 7% for the adjusted decisions; the simultaneous intervals cover 0 together in at least 93%
 of the families. The cohorts are fixed (seeds 0..N-1), so the test is deterministic.
 
-Measured on main 43bccfd (benchmarks/cpu2/calibration.json, 300 cohorts each): this test FAILS there. The
+Measured on main a174d3a (benchmarks/cpu2/calibration.json, 300 cohorts each): this test FAILS there. The
 compared metrics are anti-conservative too on these designs: p < 0.05 in 0.055-0.100 of the null pairs
 (D_all per group in design B: 0.040), family-wise error 0.074-0.123, simultaneous family coverage
 0.877-0.944; the mean squared null difference is 1.21-1.45 times the bootstrap's variance (CRoMa's median
