@@ -10,6 +10,8 @@ is bounded by one tile whatever the set sizes. The pieces:
   folded into a row block's best-so-far list);
 * :func:`topk_similarity`: the k nearest of each query among a candidate subset (bank), the query
   itself excluded, in query × candidate tiles; :func:`mean_topk_similarity` averages it (c(x));
+  :func:`topk_means` and :meth:`Shortlist.mean_topk` ``(neighbours=True)`` also return the
+  :class:`Neighbours` each c(x) averaged (CANDOR's ``neighbours.parquet``), by the same ops;
   ``backend="faiss"`` (the ``[gpu]`` extra) sends the search to an exact faiss index instead;
 * :func:`symmetric_tiles`, :class:`RunningTopK` and :class:`SameGroupMask`: the symmetric pass
   over one set of rows (each tile on or above the diagonal computed once, serving its rows and,

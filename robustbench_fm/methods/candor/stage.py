@@ -59,7 +59,11 @@ bank members). Both give the same c±, DM and margins.
 n_neg, bank_size, k, d, d_sd, d_ci_low, d_ci_high, d_all, d_all_sd, d_all_ci_low, d_all_ci_high,
 margin_auroc, margin_auroc_sd, margin_auroc_ci_low, margin_auroc_ci_high, margin_chance_low, reason.
 ``per_sample`` columns: sample_id, finding, target, acq_group, c_pos, c_neg, dm, discordant,
-c_pos_all, c_neg_all, dm_all, discordant_all.
+c_pos_all, c_neg_all, dm_all, discordant_all. ``neighbours`` (:data:`NEIGHBOUR_COLUMNS`, saved as
+``neighbours.parquet``; docs/neighbourhoods.md): every query's k nearest positives and negatives in the
+banks and among all candidates, and those of at most :data:`NEIGHBOUR_NEGATIVES` negatives per group
+and task, as the scoring found them (the searches return the neighbours they averaged:
+:class:`~robustbench_fm.core.neighbors.Neighbours`), never searched again.
 """
 from __future__ import annotations
 
