@@ -69,6 +69,11 @@ class Strip:
     negatives: list[Thumb] = field(default_factory=list)
     missing: str = ""  # why this encoder has no neighbours for the query
 
+    @property
+    def dm_text(self) -> str:
+        """DM to 3 significant digits (a DM of 0.0002 between near-identical features stays readable)."""
+        return f"{self.dm:+.3g}"
+
 
 @dataclass
 class QueryRow:
@@ -86,6 +91,7 @@ class Panel:
     role: str
     d: float
     rows: list[QueryRow]
+    decimals: int = 3  # of the similarities under the thumbnails (:func:`decimals`)
 
 
 @dataclass
@@ -106,6 +112,13 @@ def thumbnail(image: Image.Image, size: int = THUMB_PX) -> Image.Image:
     out = image.convert("RGB") if image.mode not in ("L", "RGB") else image.copy()
     out.thumbnail((size, size), Image.Resampling.LANCZOS)
     return out
+
+
+def decimals(similarities) -> int:
+    """Decimals that tell a finding's similarities apart: enough for two significant digits of the
+    median 1 − s (similarities of 0.9989 and 0.9985, 1 − s ≈ 0.0013: 4), at least 3, at most 6."""
+    gap = float(np.median(1 - np.asarray(similarities, float))) if len(similarities) else 1.0
+    return int(np.clip(np.ceil(-np.log10(max(gap, 1e-12))) + 1, 3, 6))
 
 
 def png_base64(image: Image.Image) -> str:
@@ -175,12 +188,12 @@ class _Images:
         return Thumb(str(sample_id), png, caption, error)
 
 
-def _strip(part: pd.DataFrame, encoder: str, images: _Images) -> Strip:
+def _strip(part: pd.DataFrame, encoder: str, images: _Images, places: int) -> Strip:
     first = part.iloc[0]
     strip = Strip(encoder, float(first["dm"]), bool(first["discordant"]))
     for side, out in (("pos", strip.positives), ("neg", strip.negatives)):
         for _, nb in part[part["side"] == side].sort_values("rank").iterrows():
-            out.append(images(nb["neighbour_id"], f"{nb['similarity']:.3f}"))
+            out.append(images(nb["neighbour_id"], f"{nb['similarity']:.{places}f}"))
     return strip
 
 
@@ -211,6 +224,7 @@ def section(folder: str | Path, manifest: pd.DataFrame | None = None, root: str 
         shown += [e for e in encoders if e not in shown]
         by_query = {key: part for key, part in rows.groupby(["target", "acq_group", "query_id", "encoder"],
                                                             sort=False)}
+        places = decimals(rows.loc[rows["encoder"].isin(encoders), "similarity"])
         for (encoder, d), role in chosen:
             mine = queries[queries["encoder"] == encoder]
             top = mine.sort_values(["dm", "query_id"], ascending=[False, True], kind="stable").head(TOP_QUERIES)
@@ -219,9 +233,9 @@ def section(folder: str | Path, manifest: pd.DataFrame | None = None, root: str 
                 strips = []
                 for other in [encoder] + [e for e in encoders if e != encoder]:
                     part = by_query.get((q["target"], q["acq_group"], q["query_id"], other))
-                    strips.append(_strip(part, other, images) if part is not None else
+                    strips.append(_strip(part, other, images, places) if part is not None else
                                   Strip(other, np.nan, False, missing=f"not a query under {other}"))
-                group = f"query · {q['acq_group']}" + ("" if str(q["target"]) == finding else f" · {q['target']}")
+                group = str(q["acq_group"]) + ("" if str(q["target"]) == finding else f" · {q['target']}")
                 out.append(QueryRow(images(q["query_id"], group), str(q["acq_group"]), strips))
-            panels.append(Panel(finding, encoder, role, d, out))
+            panels.append(Panel(finding, encoder, role, d, out, places))
     return Section(panels, k, note, shown) if panels else None

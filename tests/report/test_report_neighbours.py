@@ -92,7 +92,7 @@ def test_report_shows_the_best_and_worst_encoders_neighbourhoods_as_the_right_im
                 for side, thumbs in (("pos", strip.positives), ("neg", strip.negatives)):
                     want = part[part["side"] == side].sort_values("rank")
                     assert [t.sample_id for t in thumbs] == want["neighbour_id"].tolist()
-                    assert [t.caption for t in thumbs] == [f"{s:.3f}" for s in want["similarity"]]
+                    assert [t.caption for t in thumbs] == [f"{s:.{panel.decimals}f}" for s in want["similarity"]]
 
     page = html.to_html(report)
     md = html.to_markdown(report, out)
@@ -112,6 +112,11 @@ def test_report_shows_the_best_and_worst_encoders_neighbourhoods_as_the_right_im
     first = section.panels[0].rows[0]
     for thumb in first.strips[1].positives:  # the other encoder's neighbours, embedded too
         assert thumb.sample_id in shown
+
+
+def test_similarities_crowded_below_one_get_more_decimals():
+    assert nbrs_mod.decimals([0.9989, 0.9985, 0.9987]) == 4 and nbrs_mod.decimals([0.99989, 0.99987]) == 5
+    assert nbrs_mod.decimals([0.8, 0.6]) == 3 and nbrs_mod.decimals([1.0]) == 6 and nbrs_mod.decimals([]) == 3
 
 
 def test_a_run_from_a_features_file_names_the_images_instead(tmp_path):
