@@ -20,7 +20,7 @@ import pandas as pd
 from . import data
 from .core.errors import InvalidSetting
 from .data.images import DEFAULT_DECODE, check_decode
-from .encoders import generic
+from .encoders import ALLOW_REMOTE_CODE, generic
 from .methods.run import evaluate
 from .pipeline.experiment import Outcome, run_experiment
 
@@ -51,7 +51,7 @@ def embed(manifest: pd.DataFrame | str | Path, encoder: str, root: str | Path | 
           model: str | None = None, pretrained: str | None = None, weights: str | Path | None = None,
           embedding: str | None = None, cache_dir: str | Path = DEFAULT_CACHE, device: str = "auto",
           batch_size: int = 32, num_workers: int | str = 0, on_bad_image: str = "error",
-          allow_remote_code: bool = True, decode: str = DEFAULT_DECODE) -> FeatureSet:
+          allow_remote_code: bool = ALLOW_REMOTE_CODE, decode: str = DEFAULT_DECODE) -> FeatureSet:
     """Embed every image of ``manifest`` with ``encoder`` through the feature cache.
 
     ``manifest``: a canonical manifest (``data.build_manifest``) or a CSV/parquet path read as

@@ -12,8 +12,10 @@ entry are byte-identical.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Iterable
@@ -51,6 +53,32 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
                 break
             h.update(block)
     return h.hexdigest()
+
+
+#: SHA-256 of the shard files this process hashed or wrote, by (device, inode, size, mtime_ns): a
+#: shard checked when a run looks its chunk up is not hashed again when the run reads it
+_CHECKED: dict[tuple, str] = {}
+
+
+def _signature(path: Path) -> tuple:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def checked_sha256(path: str | Path) -> str:
+    """:func:`file_sha256` of ``path``, hashed once per process while the file's inode, size and
+    mtime stay the same (a rewrite or an in-place change of the file hashes it again)."""
+    key = _signature(Path(path))
+    sha = _CHECKED.get(key)
+    if sha is None:
+        sha = _CHECKED[key] = file_sha256(path)
+    return sha
+
+
+def remember_sha256(path: str | Path, sha: str) -> None:
+    """Record that ``path`` (just written from bytes of SHA-256 ``sha``) hashes to ``sha``."""
+    with contextlib.suppress(OSError):
+        _CHECKED[_signature(Path(path))] = sha
 
 
 def parquet_bytes(table: pa.Table, row_group_size: int, options: dict) -> bytes:
@@ -104,7 +132,9 @@ class ShardedEntry:
         self.path.mkdir(parents=True, exist_ok=True)
         path = self.shard_path(i)
         write_atomic(path, lambda f: f.write(data))
-        return path, hashlib.sha256(data).hexdigest()
+        sha = hashlib.sha256(data).hexdigest()
+        remember_sha256(path, sha)
+        return path, sha
 
     def _write_meta_bytes(self, data: bytes) -> None:
         """``meta.json`` written atomically, unless it already holds exactly ``data``."""

@@ -5,12 +5,23 @@ CheXpert's ``train.csv``) would leave that finding without labels, which a stage
 "0 positives". The adapters report such gaps (:func:`report_label_gap`); :func:`check_label_gaps`
 refuses a run whose ``stage.findings`` include an affected finding (one line naming the file, the
 missing column(s) and the fix) and logs one warning line per file for the other findings.
+
+A label file the user writes (``dataset=csv``, a manifest file) is decoded by :func:`read_csv`
+whatever its encoding: a byte-order mark says it (UTF-8, UTF-16, UTF-32); else UTF-16
+without a mark where its zero bytes say so, else UTF-8, else Windows-1252 (cp1252, what Excel writes on
+Western Windows), else Latin-1 (which decodes any bytes); a fallback from UTF-8 is one warning line
+naming the encoding used and how to convert the file (:data:`TEXT_ENCODINGS`).
 """
 from __future__ import annotations
 
+import bz2
+import codecs
 import contextlib
 import contextvars
+import gzip
+import io
 import logging
+import lzma
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -33,6 +44,65 @@ class DatasetFileMissing(DatasetError, FileNotFoundError):
 class UnknownOption(DatasetError, TypeError):
     """``dataset.options`` names an option the adapter does not take (a ``TypeError``, as an
     unexpected keyword argument would be)."""
+
+
+#: byte-order marks and the encoding each says (UTF-32 first: its little-endian mark begins with UTF-16's)
+BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+        (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+#: the encodings tried, in order, for a file without a byte-order mark (module docstring; UTF-16 only
+#: where its zero bytes say so, and then first)
+TEXT_ENCODINGS = ("utf-8", "cp1252", "latin-1")
+_OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+_WARNED: set[tuple] = set()
+
+
+def _zero_bytes_say(data: bytes) -> str | None:
+    """UTF-16 without a byte-order mark: ASCII text has a zero byte beside every character (the odd
+    bytes: little-endian; the even ones: big-endian). None when the sample is not like that."""
+    sample = data[:4096]
+    if len(sample) < 4 or b"\x00" not in sample:
+        return None
+    odd, even = sample[1::2].count(0), sample[0::2].count(0)
+    half = len(sample) // 4
+    return "utf-16-le" if odd >= half and even * 8 < odd else "utf-16-be" if even >= half and odd * 8 < even else None
+
+
+def decode_text(data: bytes) -> tuple[str, str, bool]:
+    """(text, encoding, whether it was said by a byte-order mark) of a text file's ``data``
+    (module docstring); Latin-1 decodes anything, so this never fails."""
+    for bom, encoding in BOMS:
+        if data.startswith(bom):
+            return data.decode(encoding), encoding, True
+    utf16 = _zero_bytes_say(data)  # before UTF-8: ASCII in UTF-16 is valid UTF-8 (with zero bytes)
+    for encoding in ((utf16,) if utf16 else ()) + TEXT_ENCODINGS:
+        if encoding.startswith("utf-16") and encoding != utf16:
+            continue
+        try:
+            return data.decode(encoding), encoding, False
+        except UnicodeDecodeError:
+            continue
+    raise AssertionError("latin-1 decodes every byte")  # pragma: no cover
+
+
+def read_csv(path: str | Path, **read_csv) -> pd.DataFrame:
+    """:func:`pandas.read_csv` of a label file in any of the encodings of the module docstring
+    (``.gz``/``.bz2``/``.xz`` decompressed first); a file that is not UTF-8 is read, and one warning
+    line per file and process names the encoding used and how to convert it to UTF-8."""
+    path = Path(path)
+    if path.suffix.lower() in (".zip", ".zst", ".tar"):  # archives: pandas opens them (as UTF-8)
+        return pd.read_csv(path, **read_csv)
+    opener = _OPENERS.get(path.suffix.lower())
+    with (opener(path, "rb") if opener else open(path, "rb")) as f:
+        data = f.read()
+    text, encoding, marked = decode_text(data)
+    if encoding != "utf-8" and not marked:
+        stamp = (str(path), encoding)
+        if stamp not in _WARNED:
+            _WARNED.add(stamp)
+            guess = "" if encoding.startswith("utf-16") else " (a guess: 8-bit text in another code page reads wrong)"
+            log.warning("%s: not UTF-8; read as %s%s; save it as UTF-8 to silence this (iconv -f %s -t UTF-8 %s > "
+                        "utf8.csv)", path, encoding, guess, encoding.upper(), path.name)
+    return pd.read_csv(io.StringIO(text), **read_csv)
 
 
 def require(path: Path, dataset: str, fix: str) -> Path:

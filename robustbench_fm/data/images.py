@@ -22,9 +22,15 @@ its maximum to 255 (``(v - min) * 255 / (max - min)``, rounded to nearest, ties 
 keeps the full contrast of 10-12-bit data stored in 16-bit containers; a constant image becomes
 all 0. (The widely used VinDr/Kaggle DICOM recipe does the same: VOI LUT, then min-max.)
 
+EXIF orientation (issue 54): an image whose EXIF Orientation tag (TIFF 6.0 / EXIF 2.3 tag 274,
+read from the header: :func:`exif_orientation`) is not 1 is turned upright with Pillow's
+``ImageOps.exif_transpose``, as a viewer shows it: JPEG, TIFF, PNG, WebP files, images embedded in
+parquet rows, and lesion masks (:func:`read_mask`). An image without the tag (or with 1) is
+returned as before, without a copy.
+
 Crop: when the row has ``crop_left``, ``crop_top``, ``crop_right``, ``crop_bottom`` (pixels
-removed from each edge; NaN or absent = 0) they are applied before anything else downstream, e.g.
-the 20-px copyright banner of FGVC-Aircraft (catalog 1.3).
+removed from each edge of the upright image; NaN or absent = 0) they are applied before anything
+else downstream, e.g. the 20-px copyright banner of FGVC-Aircraft (catalog 1.3).
 
 The result is mode ``'L'`` for single-channel data and ``'RGB'`` for colour (alpha dropped,
 palette expanded); the encoder's own transform converts channels to what it expects.
@@ -58,7 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from ..core.errors import InvalidSetting
 from .parquet_images import read_parquet_image
@@ -87,6 +93,12 @@ DEFAULT_DECODE = "scaled"
 DRAFT_SCALES = (8, 4, 2)
 #: a scaled decode keeps at least this many times the resize's target (Pillow's thumbnail default)
 REDUCING_GAP = 2
+
+#: for each EXIF Orientation (TIFF 6.0 / EXIF 2.3 tag 274) that moves pixels, which stored edge
+#: (0 left, 1 top, 2 right, 3 bottom) each edge of the upright image is: upright edge k is stored
+#: edge ``ORIENTED_EDGES[o][k]`` (checked against Pillow's ``exif_transpose`` in the tests)
+ORIENTED_EDGES = {2: (2, 1, 0, 3), 3: (2, 3, 0, 1), 4: (0, 3, 2, 1), 5: (1, 0, 3, 2), 6: (3, 0, 1, 2),
+                  7: (3, 2, 1, 0), 8: (1, 2, 3, 0)}
 
 _h5_files: dict[str, object] = {}
 _h5_pid: int | None = None
@@ -261,28 +273,104 @@ def scale_groups(image_root: str | Path, row: dict, needs: list[Need | None]) ->
         with Image.open(file) as im:
             if im.format != "JPEG":
                 return [(needs[0], everyone)]
-            size = im.size
+            size, margins = im.size, stored_margins(_margins(row), exif_orientation(im))
     except Exception:  # noqa: BLE001  (the reader raises it, with the row named)
         return [(needs[0], everyone)]
     groups: dict[int, list[int]] = {}
     for k, need in enumerate(needs):
-        groups.setdefault(draft_scale(size, need, _margins(row)), []).append(k)
+        groups.setdefault(draft_scale(size, need, margins), []).append(k)
     return [(needs[ks[0]], ks) for ks in groups.values()]
 
 
-def _read_pillow(file: Path, need: Need | None = None, margins=(0, 0, 0, 0)) -> tuple[Image.Image, int, tuple]:
-    """(the image, the DCT scale it was decoded at, the full size the crop refers to). The file
-    is closed on return; a loaded image needs no copy (its pixels live in memory, not in the file)."""
+def exif_orientation(im: Image.Image) -> int:
+    """The EXIF Orientation (1-8; 1 = as stored) of an opened image, read from its header only
+    (the EXIF block, TIFF tags or XMP): what :func:`read_image` applies. A PNG is asked for the
+    eXIf chunk before its pixel data only (Pillow's own ``PngImageFile.getexif`` decodes the whole
+    image to look after it too). Absent, unreadable or out of range: 1."""
+    try:
+        exif = Image.Image.getexif(im) if im.format == "PNG" else im.getexif()
+        value = exif.get(ExifTags.Base.Orientation, 1)
+    except Exception:  # noqa: BLE001  (a damaged EXIF block: the pixels as stored)
+        return 1
+    return value if isinstance(value, int) and value in ORIENTED_EDGES else 1
+
+
+def file_orientation(file: str | Path) -> int:
+    """:func:`exif_orientation` of an image file (its header only); 1 for the HDF5, NPZ and parquet
+    containers and for a file Pillow cannot open (DICOM, a missing file: no EXIF to apply)."""
+    if Path(file).suffix.lower() in (*HDF5_SUFFIXES, ".npz", ".parquet"):
+        return 1
+    try:
+        with Image.open(file) as im:
+            return exif_orientation(im)
+    except Exception:  # noqa: BLE001  (the reader reports an unreadable file)
+        return 1
+
+
+def stored_margins(margins, orientation: int) -> tuple[int, int, int, int]:
+    """Margins (left, top, right, bottom) of the upright image as margins of the stored one."""
+    edges = ORIENTED_EDGES.get(orientation)
+    if edges is None:
+        return tuple(margins)
+    out = [0, 0, 0, 0]
+    for k, e in enumerate(edges):
+        out[e] = margins[k]
+    return tuple(out)
+
+
+def upright(im: Image.Image, orientation: int | None = None) -> Image.Image:
+    """``im`` turned as its EXIF Orientation says (Pillow's ``ImageOps.exif_transpose``), else
+    ``im`` itself (no copy). ``orientation``: :func:`exif_orientation` when already read."""
+    if (exif_orientation(im) if orientation is None else orientation) == 1:
+        return im
+    return ImageOps.exif_transpose(im)
+
+
+def _read_pillow(file: Path, need: Need | None = None, margins=(0, 0, 0, 0)) -> tuple[Image.Image, int]:
+    """(the image upright and cropped, the DCT scale it was decoded at). ``margins``: the crop
+    columns, pixels of the upright full-resolution image (the image as a viewer shows it). The
+    scale's block-grid check and the crop itself are done in the stored orientation, where the
+    decode's partial last block lies (right and bottom), then the image is turned (:func:`upright`)
+    and cropped by the same margins seen upright. The file is closed on return; a loaded image
+    needs no copy (its pixels live in memory, not in the file)."""
     with Image.open(file) as im:
+        orientation = exif_orientation(im)
+        kept = stored_margins(margins, orientation)
         full = im.size
-        d = draft_scale(im.size, need, margins) if need is not None and im.format == "JPEG" else 1
+        d = draft_scale(im.size, need, kept) if need is not None and im.format == "JPEG" else 1
         if d > 1:
             w, h = im.size
             im.draft(im.mode, (w // d, h // d))  # Pillow picks d: w // (w // d) lies in [d, 2d)
             if im.size != (-(-w // d), -(-h // d)):
                 raise RuntimeError(f"{file}: Pillow decoded {im.size} at scale 1/{d} of {w}x{h}")
         im.load()
-        return _l_or_rgb(im, file, copy=False), d, full
+        _check_crop(margins, full if orientation in (1, 2, 3, 4) else full[::-1])
+        (w, h), (left, top, right, bottom) = full, kept
+        decoded = (left // d, top // d, im.size[0] - (w - right) // d, im.size[1] - (h - bottom) // d)
+        im = upright(im, orientation)
+        return _cut(_l_or_rgb(im, file, copy=False), _upright_margins(decoded, orientation)), d
+
+
+def _upright_margins(margins, orientation: int) -> tuple[int, int, int, int]:
+    edges = ORIENTED_EDGES.get(orientation)
+    return tuple(margins) if edges is None else tuple(margins[e] for e in edges)
+
+
+def _check_crop(margins, size) -> None:
+    left, top, right, bottom = margins
+    w, h = size
+    if left + right >= w or top + bottom >= h:
+        raise InvalidSetting(f"crop {left, top, right, bottom} leaves nothing of a {w}x{h} image; "
+                             f"fix the {', '.join(CROP_COLUMNS)} columns")
+
+
+def _cut(im: Image.Image, margins) -> Image.Image:
+    """``im`` without ``margins`` (left, top, right, bottom) pixels."""
+    left, top, right, bottom = margins
+    if not (left or top or right or bottom):
+        return im
+    w, h = im.size
+    return im.crop((left, top, w - right, h - bottom))
 
 
 def _l_or_rgb(im: Image.Image, file: Path, copy: bool = True) -> Image.Image:
@@ -295,17 +383,13 @@ def _l_or_rgb(im: Image.Image, file: Path, copy: bool = True) -> Image.Image:
     return im.convert("RGB")
 
 
-def _crop(im: Image.Image, row: dict, scale: int = 1, full: tuple[int, int] | None = None) -> Image.Image:
-    """The row's crop; ``scale`` > 1: ``im`` was decoded at 1/scale of ``full`` = (w, h), and the
-    box (on that block grid, :func:`draft_scale`) is divided by it."""
-    left, top, right, bottom = _margins(row)
-    if not (left or top or right or bottom):
+def _crop(im: Image.Image, row: dict) -> Image.Image:
+    """The row's crop columns applied to ``im`` (full resolution, upright)."""
+    margins = _margins(row)
+    if not any(margins):
         return im
-    w, h = full if full is not None else im.size
-    if left + right >= w or top + bottom >= h:
-        raise InvalidSetting(f"crop {left, top, right, bottom} leaves nothing of a {w}x{h} image; "
-                             f"fix the {', '.join(CROP_COLUMNS)} columns")
-    return im.crop((left // scale, top // scale, (w - right) // scale, (h - bottom) // scale))
+    _check_crop(margins, im.size)
+    return _cut(im, margins)
 
 
 def read_image(image_root: str | Path, row: dict, need: Need | None = None) -> Image.Image:
@@ -320,13 +404,12 @@ def read_image(image_root: str | Path, row: dict, need: Need | None = None) -> I
         im = _read_npz(file, locator)
     elif suffix == ".parquet":  # PathoROB's HF snapshot: image bytes embedded in parquet rows
 
-        im = _l_or_rgb(read_parquet_image(image_root, row), file)
+        im = _l_or_rgb(upright(read_parquet_image(image_root, row)), file)
     elif _is_part10_dicom(file):
         im = _read_dicom(file)
     else:
         try:
-            im, scale, full = _read_pillow(file, need, _margins(row))
-            return _crop(im, row, scale, full)
+            return _read_pillow(file, need, _margins(row))[0]
         except UnidentifiedImageError:
             if suffix not in DICOM_SUFFIXES:
                 raise
@@ -352,5 +435,5 @@ def read_mask(file: str | Path) -> np.ndarray:
     """A lesion mask as a boolean (H, W) array: any non-zero channel is lesion (IDRiD draws its
     lesions in red, which reads as {0, 76} in grayscale; catalog 1.4)."""
     with Image.open(file) as im:
-        arr = np.asarray(im)
+        arr = np.asarray(upright(im))
     return arr.any(axis=-1) if arr.ndim == 3 else arr != 0

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import UserError
+from .files import read_csv
 
 #: The 12 harmonised chest findings of CANDOR (candor.md, "Scope"), lower_snake_case.
 CHEST_FINDINGS = (
@@ -28,6 +29,10 @@ BOX_COLUMNS = ("box_x0", "box_y0", "box_x1", "box_y1")
 #: Columns that locate the image content; the feature cache keys on these alone.
 LOCATOR_COLUMNS = ("sample_id", "path")
 SPLITS = ("train", "val", "test")
+#: where a row came from, for messages only (``"<csv> row <i>"``, set by ``dataset=csv``): the
+#: messages about an unreadable image name it rather than the row's position in whatever subset
+#: of the manifest is being read (extraction reads only the images no cache holds)
+SOURCE_COLUMN = "source_row"
 
 
 class ManifestError(UserError, ValueError):
@@ -146,18 +151,18 @@ def header(path: str | Path) -> list[str]:
         import pyarrow.parquet as pq
 
         return list(pq.read_schema(path).names)
-    return [str(c) for c in pd.read_csv(path, nrows=0).columns]
+    return [str(c) for c in read_csv(path, nrows=0).columns]
 
 
 def read(path: str | Path, findings: tuple[str, ...] | list[str] = (),
          labels: tuple[str, ...] | list[str] = ()) -> pd.DataFrame:
-    """Read a manifest from CSV or parquet and validate it (:func:`validate`: ``findings`` 0/1,
-    ``labels`` categorical), naming ``path`` in every error."""
+    """Read a manifest from CSV (any encoding :func:`.files.read_csv` reads) or parquet and validate
+    it (:func:`validate`: ``findings`` 0/1, ``labels`` categorical), naming ``path`` in every error."""
     path = Path(path)
     if not path.exists():
         raise ManifestError(f"{path}: file not found; pass an existing manifest (CSV or parquet)")
     if path.suffix == ".parquet":
         df = pd.read_parquet(path)
     else:
-        df = pd.read_csv(path, dtype={c: str for c in (*STRING_COLUMNS, *labels)})
+        df = read_csv(path, dtype={c: str for c in (*STRING_COLUMNS, *labels)})
     return validate(df, source=str(path), findings=findings, labels=labels)

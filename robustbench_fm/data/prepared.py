@@ -37,8 +37,19 @@ format version :data:`PREPARE_VERSION`, the size, the resize rule, the resolved 
 hash of the unique source locators in manifest order (``path`` and the crop columns; labels and
 sample_ids do not change pixels), their number, Pillow's version and, for ``decode="scaled"``
 only, ``"decode": "scaled"`` (an exact store keeps the key it had before the field existed). Bump
-:data:`PREPARE_VERSION` when :func:`read_image` or :func:`prepare_image` changes what it returns.
+:data:`PREPARE_VERSION` when :func:`read_image` or :func:`prepare_image` changes what it returns
+for every image (it is part of :func:`recipe`, so a bump also re-embeds every prepared image's
+features); a change confined to images one can find by their header is an upgrade in place
+instead, as for EXIF orientation below.
 One image is stored once however many manifest rows (occluded variants, paired subsets) use it.
+
+EXIF orientation (issue 54): :func:`read_image` turns an image upright as its EXIF Orientation
+says. Entries written before did not; their ``meta.json`` lacks ``"upright": true``. When such an
+entry is complete and used (its own manifest, or found by :func:`held_images`), every source's
+header is read once and only the shards holding an image whose orientation is not 1 are decoded
+again (:func:`make_upright`, one warning line), then the entry is marked;
+its key, and so the features of its other images, stay. A read-only entry is checked on every use
+and refused in one line if it holds a turned image.
 
 Shards are written whole and atomically (temp file, fsync, rename) with byte-deterministic
 parquet settings; ``meta.json`` holds no timestamps. A run killed at any point leaves only
@@ -93,9 +104,12 @@ from .images import (
     DEFAULT_DECODE,
     check_size,
     decode_fields,
+    file_orientation,
+    locator_file,
     need_of,
     read_image,
 )
+from .manifest import SOURCE_COLUMN
 
 log = logging.getLogger("robustbench_fm.data")
 
@@ -221,6 +235,7 @@ class PreparedStore(ShardedEntry):
         self.path = Path(root) / f"{int(self.fields['size'])}px" / self.key
         self.meta_path = self.path / META_NAME
         self._records: dict[int, dict] = {}
+        self.upright = True  # a new entry's images are read upright (EXIF orientation applied)
         if self.meta_path.exists():
             try:
                 meta = json.loads(self.meta_path.read_text())
@@ -228,6 +243,7 @@ class PreparedStore(ShardedEntry):
                     raise ValueError("records other key fields")
                 shard_size = int(meta["shard_size"])
                 self._records = {int(r["index"]): r for r in meta["shards"]}
+                self.upright = bool(meta.get("upright", False))  # written before EXIF orientation was applied
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise PreparedImageError(f"{self.meta_path}: unreadable or foreign ({one_line(exc)}); delete the "
                                          f"folder {self.path} to prepare the images again") from None
@@ -260,7 +276,7 @@ class PreparedStore(ShardedEntry):
         return {"format": PREPARE_VERSION, "key": self.key, "fields": self.fields, "shard_size": self.shard_size,
                 "n_images": self.n_images, "n_shards": self.n_shards,
                 "status": "complete" if len(complete) == self.n_shards else "partial",
-                "shards": [self._record(i) for i in complete]}
+                "shards": [self._record(i) for i in complete], **({"upright": True} if self.upright else {})}
 
     def write_meta(self) -> None:
         self._write_meta_bytes(json_bytes(self.meta()))
@@ -289,6 +305,13 @@ class PreparedStore(ShardedEntry):
                             "failed": sum(bool(e) for e in errors)}
         self.write_meta()
         return path
+
+    def sources(self) -> list[str]:
+        """The source locator of every image of the complete entry, in order (column ``source``)."""
+        out = []
+        for i in range(self.n_shards):
+            out.extend(pq.read_table(self.shard_path(i), columns=["source"]).column("source").to_pylist())
+        return out
 
     def drop_shards(self, shards) -> None:
         shards = list(shards)
@@ -377,13 +400,20 @@ def prepare(manifest: pd.DataFrame, image_root: str | Path, store_root: str | Pa
                 return _from_held(manifest, sources, index, src_ids, held, image_root, store_root, size,
                                   shard_size, workers, on_bad_image, progress, decode)
     n_decoded, written = 0, []
-    # a complete store is only read (no lock, no write access); "error" mode re-reads failed rows
-    if store.missing_shards() or (on_bad_image == "error" and store.failed()):
+    # a complete store is only read (no lock, no write access); "error" mode re-reads failed rows;
+    # an entry of a release that did not apply EXIF orientation is checked once (make_upright)
+    if not store.missing_shards() and not store.upright and not os.access(store.path, os.W_OK):
+        if turned := _turned(store):
+            raise PreparedImageError(f"{store.path}: {len(turned)} images with an EXIF orientation were "
+                                     "stored unturned by an earlier release and the store is read-only; make it "
+                                     "writable or set paths.prepared_dir to another folder to store them upright")
+    elif store.missing_shards() or (on_bad_image == "error" and store.failed()) or not store.upright:
         lock = acquire_waiting(store.path.parent / f"{store.key}.lock", f"preparing {store.path}", log)
         try:
             store = PreparedStore(store_root, store.fields, shard_size=shard_size)  # what the holder wrote
             n_decoded, written = _fill(store, manifest, sources, image_root, size, workers, on_bad_image, progress,
                                        lock.refresh, decode)
+            n_decoded += make_upright(store)
         finally:
             lock.release()
     failed = store.failed()
@@ -397,6 +427,64 @@ def prepare(manifest: pd.DataFrame, image_root: str | Path, store_root: str | Pa
     out["path"] = [store.locator(int(j)) for j in index]
     return Prepared(manifest=out, root=store.path, key=store.key, size=size, n_images=len(sources),
                     n_decoded=n_decoded, shards_written=written, failed=failed)
+
+
+def _source_record(source: str) -> dict:
+    """A stored ``source`` (``path`` plus ``|crop=l,t,r,b`` when cropped) as the record
+    :func:`read_image` reads."""
+    path, sep, crop = source.rpartition("|crop=")
+    if not sep:
+        return {"path": source}
+    return {"path": path, **dict(zip(CROP_COLUMNS, (int(v) for v in crop.split(","))))}
+
+
+def _turned(store: PreparedStore) -> list[int]:
+    """The sources of a complete entry whose file has an EXIF orientation other than 1 (header reads)."""
+    root = Path(store.fields["image_root"])
+    return [j for j, src in enumerate(store.sources())
+            if file_orientation(root / locator_file(_source_record(src)["path"])) != 1]
+
+
+def make_upright(store: PreparedStore) -> int:
+    """A complete entry written before :func:`read_image` applied EXIF orientation (``meta.json``
+    without ``"upright": true``) made right once: its sources whose file has an orientation other
+    than 1 (:func:`_turned`: one header read per source) are read again, their shards rewritten,
+    and the entry marked upright; the other images, whose pixels did not change, are kept. Under
+    the entry's lock. Returns the images decoded (0 for an upright or incomplete entry)."""
+    if store.upright or store.missing_shards():
+        return 0
+    turned = _turned(store)
+    sources, root = store.sources(), Path(store.fields["image_root"])
+    decode = "scaled" if store.fields.get("decode") == "scaled" else "exact"
+    n = 0
+    for i in sorted({j // store.shard_size for j in turned}):
+        lo, hi = store.shard_bounds(i)
+        results = [_decode((root, _source_record(sources[j]), int(store.fields["size"]), decode))
+                   for j in range(lo, hi)]
+        store.write_shard(i, sources[lo:hi], [b for b, _ in results], [e for _, e in results])
+        n += hi - lo
+    store.upright = True
+    store.write_meta()
+    if turned:
+        log.warning("%s: %d of %d images have an EXIF orientation and were stored unturned by an earlier release; "
+                    "stored them upright (%d images of %d shards read again)", store.path, len(turned),
+                    store.n_images, n, len({j // store.shard_size for j in turned}))
+    return n
+
+
+def _upright_entry(store: PreparedStore) -> bool:
+    """Whether the complete entry ``store`` holds every image upright, making it so when it is an
+    earlier release's and writable (:func:`make_upright`); a read-only one only if none is turned."""
+    if store.upright:
+        return True
+    if not os.access(store.path, os.W_OK):
+        return not _turned(store)
+    lock = acquire_waiting(store.path.parent / f"{store.key}.lock", f"checking {store.path}", log)
+    try:
+        make_upright(PreparedStore(store.path.parent.parent, store.fields, shard_size=store.shard_size))
+    finally:
+        lock.release()
+    return True
 
 
 def held_images(store_root: str | Path, size: int, decode: str = DEFAULT_DECODE) -> dict[str, str]:
@@ -413,7 +501,7 @@ def held_images(store_root: str | Path, size: int, decode: str = DEFAULT_DECODE)
             if _recipe_of(fields) != want:
                 continue
             entry = PreparedStore(store_root, fields)
-            if entry.key != folder.name or entry.missing_shards():
+            if entry.key != folder.name or entry.missing_shards() or not _upright_entry(entry):
                 continue
             failed = entry.failed()
             table = pq.read_table(ids_file, columns=["identity", "locator"]).to_pydict()
@@ -472,7 +560,13 @@ def _from_held(manifest, sources, index, src_ids, held, image_root, store_root, 
 
 
 def _describe(image_root: Path, manifest: pd.DataFrame, src: dict) -> str:
+    """The file and where its first row came from: the label file's row when the manifest says
+    (:data:`~.manifest.SOURCE_COLUMN`), else that row's position in ``manifest`` (which may be
+    the part of the job's manifest no cache holds) and its sample_id."""
     row = src["first_row"]
+    source = manifest[SOURCE_COLUMN].iloc[row] if SOURCE_COLUMN in manifest.columns else None
+    if isinstance(source, str) and source:
+        return f"{image_root / str(src['path'])} ({source})"
     return (f"{image_root / str(src['path'])} (manifest row {row}, sample_id "
             f"{str(manifest['sample_id'].iloc[row]) if 'sample_id' in manifest.columns else row!r})")
 

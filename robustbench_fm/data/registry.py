@@ -147,9 +147,11 @@ def build_manifest(name: str, root: str | Path, verify_images: bool = True,
                                f"'{root}'")
         if not exists.all():
             row = int((~exists).to_numpy().nonzero()[0][0])
+            given = str(df["path"].iloc[row])
+            slashes = " (written with '\\': write paths with '/')" if "\\" in given else ""
             raise DatasetFileMissing(
                 f"dataset '{name}': {int((~exists).sum())} of {len(df)} images missing under '{root}', first "
-                f"'{df['path'].iloc[row]}' (row {row}); fix dataset.root, or set dataset.verify_images=false (Python: "
+                f"'{given}' (row {row}){slashes}; fix dataset.root, or set dataset.verify_images=false (Python: "
                 "verify_images=False) to run without them: the run then stops at the first missing image unless "
                 "extract.on_bad_image=skip, which leaves them out and lists them in skipped.csv")
     return df

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ..core.errors import InvalidSetting, MissingInput
 from . import catalog  # noqa: F401  (register the entries: specs only, no torch)
 from .registry import get, loader, names
-from .spec import EncoderSpec
+from .spec import ALLOW_REMOTE_CODE, EncoderSpec, RemoteCodeRefused, check_remote_code
 
 if TYPE_CHECKING:
     from .base import Encoder, build_transform, resolve_device
@@ -29,25 +29,24 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = ["Encoder", "EncoderSpec", "SlideEncoder", "build_transform", "get", "load", "load_slide", "names",
-           "resolve_device"]
+__all__ = ["ALLOW_REMOTE_CODE", "Encoder", "EncoderSpec", "RemoteCodeRefused", "SlideEncoder", "build_transform", "get",
+           "load", "load_slide", "names", "resolve_device"]
 
 
 def _check(spec: EncoderSpec, weights, allow_remote_code: bool) -> None:
-    if spec.trust_remote_code and not allow_remote_code:
-        raise PermissionError(f"encoder '{spec.name}' needs trust_remote_code and "
-                              "security.allow_remote_code is false; enable it or pick another encoder")
+    check_remote_code(spec, allow_remote_code)  # first: before any weights are looked up or downloaded
     if weights is not None and not Path(weights).exists():
         raise MissingInput(f"encoder '{spec.name}': weights '{weights}' not found; "
                            "point encoder.weights at a local checkpoint file or folder")
 
 
 def load(name: str | EncoderSpec, weights: str | Path | None = None, device="auto",
-         allow_remote_code: bool = True) -> Encoder:
+         allow_remote_code: bool = ALLOW_REMOTE_CODE) -> Encoder:
     """Build the encoder ``name`` (or a spec) on ``device``.
 
     ``weights`` is a local checkpoint file or folder used instead of the hub download;
-    ``allow_remote_code=False`` refuses entries whose spec sets ``trust_remote_code``.
+    Entries whose spec sets ``trust_remote_code`` (code from the hub) are refused unless
+    ``allow_remote_code=True`` (default :data:`ALLOW_REMOTE_CODE`, off; ``security.allow_remote_code``).
     """
     spec = name if isinstance(name, EncoderSpec) else get(name)
     if spec.is_slide:
@@ -61,7 +60,7 @@ def load(name: str | EncoderSpec, weights: str | Path | None = None, device="aut
 
 
 def load_slide(name: str | EncoderSpec, weights: str | Path | None = None, device="auto",
-               allow_remote_code: bool = True) -> SlideEncoder:
+               allow_remote_code: bool = ALLOW_REMOTE_CODE) -> SlideEncoder:
     """Build the slide-level aggregator ``name``: ``.embed_slide(tiles [N, D_tile], coords [N, 2])``."""
     spec = name if isinstance(name, EncoderSpec) else get(name)
     if not spec.is_slide:

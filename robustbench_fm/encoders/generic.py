@@ -36,7 +36,7 @@ from pathlib import Path
 
 from ..core.errors import InvalidSetting, MissingInput, UnknownName
 from .registry import RESOLVED
-from .spec import EncoderSpec
+from .spec import ALLOW_REMOTE_CODE, EncoderSpec
 
 #: ``encoder=<kind>`` -> the library whose loader builds it
 GENERIC = {"timm": "timm", "hf": "transformers", "open_clip": "open_clip"}
@@ -386,7 +386,7 @@ def resolve(kind: str, model: str | None, pretrained: str | None = None, weights
 
 
 def load(kind: str, model: str, pretrained: str | None = None, weights=None, embedding: str | None = None,
-         device="auto", allow_remote_code: bool = True):
+         device="auto", allow_remote_code: bool = ALLOW_REMOTE_CODE):
     """The generic entry loaded (``robustbench_fm.encoders.load`` of its resolved spec)."""
     from . import load as load_spec  # the package's load: checks, device, the library's loader
 

@@ -5,7 +5,7 @@ import importlib
 from typing import Callable
 
 from ..core.registry import Registry
-from .spec import EncoderSpec
+from .spec import ALLOW_REMOTE_CODE, EncoderSpec
 
 SPECS: Registry[EncoderSpec] = Registry("encoder")
 _LOADERS: dict[str, Callable] = {}
@@ -62,7 +62,7 @@ def loader(library: str) -> Callable:
         importlib.import_module(module)
     by_library = _LOADERS[library]
 
-    def load(spec: EncoderSpec, weights, device, allow_remote_code: bool = True):
+    def load(spec: EncoderSpec, weights, device, allow_remote_code: bool = ALLOW_REMOTE_CODE):
         scheme, sep, _ = spec.hub_id.partition(":")
         fn = _SOURCES.get(scheme, by_library) if sep else by_library
         return fn(spec, weights, device, allow_remote_code)

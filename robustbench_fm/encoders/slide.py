@@ -22,7 +22,7 @@ from .loaders.extras import require
 from .loaders.hub import hub_call, offline, trust_remote_code
 from .loaders.package_loaders import hub_or_local
 from .registry import get, register_loader
-from .spec import EncoderSpec
+from .spec import ALLOW_REMOTE_CODE, EncoderSpec
 
 
 @dataclass
@@ -130,7 +130,7 @@ _AGGREGATORS = {"prism": _prism, "titan": _titan, "gigapath": _gigapath, "moozy"
 
 
 @register_loader("slide")
-def load_slide_encoder(spec: EncoderSpec, weights, device, allow_remote_code: bool = True) -> SlideEncoder:
+def load_slide_encoder(spec: EncoderSpec, weights, device, allow_remote_code: bool = ALLOW_REMOTE_CODE) -> SlideEncoder:
     """Build the slide aggregator ``spec.architecture`` with its authors' code."""
     require(spec)
     trust = trust_remote_code(spec, allow_remote_code)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ..core.errors import InvalidSetting
+from ..core.errors import InvalidSetting, UserError
 
 IMNET_MEAN, IMNET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 OPENAI_MEAN, OPENAI_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
@@ -36,6 +36,26 @@ PREPROCESSING_FIELDS = ("input_size", "resize", "resize_size", "interpolation", 
 #: ``synthetic``: a fixed hand-built calibration encoder (the planted references), not trained;
 #: ``unknown``: a generic entry's pretrained weights (``encoder=timm|hf|open_clip``, encoders/generic.py).
 OBJECTIVES = ("ssl", "image-text", "supervised", "none", "synthetic", "unknown")
+#: Whether an entry that needs its authors' code from the hub (``trust_remote_code``) may run it:
+#: off unless the user opts in (``security.allow_remote_code=true``; configs/config.yaml reads the
+#: same value, tests/encoders/test_remote_code.py checks that the two agree).
+ALLOW_REMOTE_CODE = False
+
+
+class RemoteCodeRefused(UserError, PermissionError):
+    """An entry needs hub code (``trust_remote_code``) and ``security.allow_remote_code`` is false."""
+
+
+def check_remote_code(spec: "EncoderSpec", allow_remote_code: bool) -> bool:
+    """Whether to run ``spec``'s hub code: True only when it needs that code and the user allowed it;
+    raises :class:`RemoteCodeRefused` (one line naming the flag) when it needs it and it is not allowed.
+    Called before any weights are looked up or downloaded (``encoders.load``/``load_slide``)."""
+    if spec.trust_remote_code and not allow_remote_code:
+        raise RemoteCodeRefused(
+            f"encoder '{spec.name}' runs its authors' code from the Hugging Face hub ('{spec.hub_id}', "
+            "trust_remote_code) and security.allow_remote_code is false (the default); add "
+            "security.allow_remote_code=true to run it (Python: allow_remote_code=True), or pick another encoder")
+    return bool(spec.trust_remote_code)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from .base import Encoder
 from .catalog.synthetic import PLANTED_BLUR, PLANTED_SHARP  # noqa: F401  (re-exported)
 from .loaders.weights import file_weights_id, load_strict, pick_checkpoint
 from .registry import register_loader
-from .spec import EncoderSpec
+from .spec import ALLOW_REMOTE_CODE, EncoderSpec
 
 KINDS = ("blur", "sharp")
 
@@ -103,7 +103,8 @@ class PlantedEncoder(torch.nn.Module):
 
 
 @register_loader("synthetic")
-def load_synthetic(spec: EncoderSpec, weights=None, device="cpu", allow_remote_code: bool = True) -> Encoder:
+def load_synthetic(spec: EncoderSpec, weights=None, device="cpu",
+                   allow_remote_code: bool = ALLOW_REMOTE_CODE) -> Encoder:
     """Build the fixed module; ``weights`` (optional) is a saved ``state_dict`` (file, or a folder
     holding exactly one checkpoint) loaded strictly over the seeded buffers."""
     model = PlantedEncoder(embed_dim=spec.embed_dim, seed=spec.seed, **spec.model_kwargs)

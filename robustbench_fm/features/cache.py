@@ -72,7 +72,15 @@ import pyarrow.parquet as pq
 from ..core.atomic import write_atomic
 from ..core.errors import InvalidSetting, UserError
 from ..core.locking import FileLock
-from ..core.shards import META_NAME, ShardedEntry, file_sha256, json_bytes, parquet_bytes, shard_index
+from ..core.shards import (
+    META_NAME,
+    ShardedEntry,
+    checked_sha256,
+    file_sha256,
+    json_bytes,
+    parquet_bytes,
+    shard_index,
+)
 from ..core.text import one_line
 from ..data import manifest as mf
 from .occlusion import OCCLUSION_COLUMNS
@@ -162,6 +170,28 @@ def parse_skipped_csv(path: str | Path, n_rows: int | None = None) -> dict[int, 
                                     f"corrupted, delete the cache entry folder {path.parent} to rebuild it") from None
         out[row] = {"sample_id": sample_id, "row": row, "path": rel, "error": error}
     return out
+
+
+def shard_mismatch(path: str | Path, sha256: str | None) -> str | None:
+    """Why the shard file ``path`` is not the file ``meta.json`` recorded with SHA-256 ``sha256``
+    (flipped bytes, a truncated copy), else None; nothing recorded (None) is nothing to check. Hashed
+    once per process and file version (:func:`robustbench_fm.core.shards.checked_sha256`): 0.9-1.4
+    GB/s per core with SHA-NI (docs/outputs.md)."""
+    if not sha256:
+        return None
+    try:
+        got = checked_sha256(path)
+    except OSError as exc:
+        return f"unreadable ({one_line(exc)})"
+    if got != sha256:
+        return f"SHA-256 {got[:16]} is not {sha256[:16]} recorded in meta.json: corrupted or truncated"
+    return None
+
+
+def corrupted_shard(path: str | Path, why: str) -> FeatureCacheError:
+    """The one-line error of a shard that is not the file its entry recorded (:func:`shard_mismatch`)."""
+    return FeatureCacheError(f"{path}: corrupted cache shard ({why}); run the extraction again, which "
+                             "recomputes it, or delete the file")
 
 
 def _embedding_matrix(column: pa.ChunkedArray, path, dim: int | None = None) -> np.ndarray:
@@ -551,6 +581,17 @@ class FeatureCache(ShardedEntry):
                     f"has {str(want[j])!r}; the file is corrupted or foreign, delete it and re-run extraction")
 
 
+    def bad_shards(self, shards: Iterable[int]) -> dict[int, str]:
+        """``{i: why}`` for the present shards among ``shards`` that are not the file ``meta.json``
+        recorded (:func:`shard_mismatch`); a shard the meta does not record is not checked."""
+        out = {}
+        for i in shards:
+            rec = self._records.get(int(i))
+            why = shard_mismatch(self.shard_path(i), rec and rec["sha256"]) if self.shard_path(i).exists() else None
+            if why is not None:
+                out[int(i)] = why
+        return out
+
     def done_ids(self, manifest: pd.DataFrame | None = None, shards: Iterable[int] | None = None) -> set[str]:
         """The sample_ids held by the complete shards (checked against ``manifest`` when given);
         ``shards``: only those (a listing taken once by a caller while other parts may add shards)."""
@@ -586,6 +627,8 @@ class FeatureCache(ShardedEntry):
                                     f"{len(missing)} of {self.n_shards} shards missing ({names}); "
                                     "run extraction again to resume")
         skipped = self.read_skipped()
+        for i, why in self.bad_shards(range(self.n_shards)).items():
+            raise corrupted_shard(self.shard_path(i), why)
         out = np.empty((self.n_rows, self.embed_dim), dtype=np.float32)
         for i in range(self.n_shards):
             lo, hi = self.shard_bounds(i)

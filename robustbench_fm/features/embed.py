@@ -30,12 +30,12 @@ import torch
 from .. import encoders
 from ..core.errors import InvalidSetting
 from ..data import prepared
-from ..data.images import CROP_COLUMNS, DEFAULT_DECODE
+from ..data.images import CROP_COLUMNS, DECODE_MODES, DEFAULT_DECODE, Need, need_of
 from ..encoders.options import EncoderOptions
 from . import engine
 from .cache import FeatureSet
 from .slides import extract_slides
-from .store import FeatureStore
+from .store import FeatureStore, Identities
 
 log = logging.getLogger("robustbench_fm.features")
 
@@ -71,7 +71,7 @@ class Embedder:
     on_bad_image: str = "error"
     num_shards: int = 1
     shard: int = 0
-    allow_remote_code: bool = True
+    allow_remote_code: bool = encoders.ALLOW_REMOTE_CODE  # hub code off unless asked (security.allow_remote_code)
     options: dict[str, EncoderOptions] = field(default_factory=dict)
     #: side in pixels every image is stored at before the encoders read it; None: native
     resolution: int | None = None
@@ -167,15 +167,14 @@ class Embedder:
         features = self.store()
         # an image's identity is its source file's, also when the encoders read a prepared copy
         # (that copy's bytes depend on which manifest's store holds it; the prepared recipe does not)
-        ids, sources = features.identities(manifest, root, None if self.resolution is None
-                                           else prepared.recipe(self.resolution, self.decode))
+        ids = features.identities(manifest, root, *self._prepared_recipes())
         source, source_root = manifest, root
         todo = [n if isinstance(n, str) else n.spec.name for n in names]
         given = {n.spec.name: n for n in names if not isinstance(n, str)}
         out: dict[str, FeatureSet] = {}
         for group in self.panel_groups(todo, {n: e.spec for n, e in given.items()}):
             loaded = [given.get(n) or self.load(n) for n in group]
-            manifest, root = self._readable(features, source, source_root, ids, loaded, sources)
+            manifest, root = self._readable(features, source, source_root, ids, loaded)
             for enc, f in zip(loaded, features.serve(manifest, root, loaded, ids, self.backend(sharded), t0)):
                 out[enc.spec.name] = f
             del loaded
@@ -193,8 +192,15 @@ class Embedder:
         return engine.backend(self.cache_dir, self.batch_size_of, self.num_workers, self.shard_size,
                               self.on_bad_image, self.num_shards if sharded else 1, self.shard if sharded else 0)
 
-    def _readable(self, features: FeatureStore, manifest: pd.DataFrame, root, ids, loaded: list,
-                  sources=None) -> tuple[pd.DataFrame, Path]:
+    def _prepared_recipes(self) -> tuple[dict | None, Need | None]:
+        """The prepared-image store's recipe by decode mode and what its resize needs (None, None
+        at native resolution): what the feature store identifies a prepared copy by."""
+        if self.resolution is None:
+            return None, None
+        return {m: prepared.recipe(self.resolution, m) for m in DECODE_MODES}, need_of("squash", int(self.resolution))
+
+    def _readable(self, features: FeatureStore, manifest: pd.DataFrame, root, ids: Identities,
+                  loaded: list) -> tuple[pd.DataFrame, Path]:
         """``(manifest, root)`` the encoders of a pass read: at native resolution the manifest itself;
         else the images no complete chunk of some encoder holds are first stored at the run's
         resolution (:meth:`prepare`, which finds each by its source identity ``sources`` in the
@@ -205,8 +211,8 @@ class Embedder:
         of the earlier layout is still found)."""
         if self.resolution is None:
             return manifest, Path(root)
-        have = [features.held(enc) for enc in loaded]
-        need = np.array([any(i not in h for h in have) for i in ids], bool)
+        sources = ids.sources
+        need = ~np.logical_and.reduce([features.held(enc, ids) for enc in loaded])
         if need.all():
             read, read_root = self.prepare(manifest, root, sources)
             return read.reset_index(drop=True), Path(read_root)

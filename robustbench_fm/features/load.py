@@ -29,7 +29,9 @@ from .cache import (
     FeatureCacheError,
     _embedding_matrix,
     _manifest_ids,
+    corrupted_shard,
     parse_skipped_csv,
+    shard_mismatch,
 )
 
 
@@ -102,10 +104,12 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
     path = Path(path_or_dir)
     if views.is_view(path):
         return _load_view(path, manifest)
+    recorded: dict[str, str] = {}  # a cache entry's shard -> the SHA-256 its meta.json recorded
     if path.is_dir():
         files = sorted(p for p in path.glob("*.parquet") if not p.name.startswith("."))
         if (path / META_NAME).exists():
             meta = json.loads((path / META_NAME).read_text())
+            recorded = views.recorded_sha256(meta)
             missing = missing_shards(path)
             if missing:
                 n, size, rows = int(meta["n_shards"]), int(meta["shard_size"]), int(meta["n_rows"])
@@ -125,7 +129,7 @@ def load_features(path_or_dir: str | Path, manifest: pd.DataFrame | None = None
     # thread): each file is checked and its vector length found, then every file decodes its rows
     # straight into its place in the one matrix
     with ThreadPoolExecutor(min(READ_THREADS, usable_cores(), len(files))) as pool:
-        parts = list(pool.map(_open_part, files))
+        parts = list(pool.map(_open_part, files, [recorded.get(f.name) for f in files]))
         dims = sorted({p.dim for p in parts if p.dim is not None})
         if len(dims) > 1:
             raise FeatureCacheError(f"{path}: files hold embeddings of different sizes {dims}")
@@ -167,10 +171,14 @@ def _batches(file: pq.ParquetFile, path: Path) -> Iterator[np.ndarray]:
         yield _embedding_matrix(pa.chunked_array([batch.column(0)]), path)
 
 
-def _open_part(f: Path) -> _Part:
+def _open_part(f: Path, sha256: str | None = None) -> _Part:
     """Features file ``f``'s columns checked, its sample_ids and its vector length: the schema's (a
     fixed-size list, as the cache writes) or else its first batch's. The file is closed again (a
-    folder may hold more files than a process may keep open)."""
+    folder may hold more files than a process may keep open). ``sha256``: what the entry's
+    ``meta.json`` recorded for it, checked first (:func:`.cache.shard_mismatch`)."""
+    why = shard_mismatch(f, sha256)
+    if why is not None:
+        raise corrupted_shard(f, why)
     with _readable(f):
         file = pq.ParquetFile(f, memory_map=True)
         try:

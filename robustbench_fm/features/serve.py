@@ -67,7 +67,7 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
     if not encoders:
         return []
     store = FeatureStore(cache_root, on_version_change, on_bad_image, check_decode(decode))
-    ids, _ = store.identities(manifest, image_root)
+    ids = store.identities(manifest, image_root)
     size = dict(zip((e.spec.name for e in encoders), sizes))
     backend = engine.backend(cache_root, size.__getitem__, num_workers, shard_size, on_bad_image, num_shards, shard,
                              progress, reader=reader, flush_seconds=flush_seconds)

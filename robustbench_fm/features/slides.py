@@ -81,7 +81,8 @@ def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir:
                    tile_encoder=None, tiles: pd.DataFrame | None = None, tiles_dir: str = "tiles",
                    weights=None, tile_weights=None, device="auto", batch_size: int = 32,
                    num_workers: int | str = 0, shard_size: int = 1024, on_bad_image: str = "error",
-                   allow_remote_code: bool = True, progress: bool = True, decode: str = DEFAULT_DECODE) -> Path:
+                   allow_remote_code: bool = encoders.ALLOW_REMOTE_CODE, progress: bool = True,
+                   decode: str = DEFAULT_DECODE) -> Path:
     """Slide embeddings of every slide (``sample_id``) of ``manifest`` with slide encoder
     ``encoder`` (a registry name or a loaded :class:`~robustbench_fm.encoders.SlideEncoder`);
     returns the cache entry folder, whose rows follow the manifest's distinct sample_ids.
@@ -114,14 +115,17 @@ def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir:
                          f"not '{tile_enc.spec.name}'")
     store = FeatureStore(cache_dir, on_bad_image=on_bad_image, decode=decode)
     tiles = tiles.reset_index(drop=True)
-    ids, _ = store.identities(tiles, root)
-    tile_view = view_path(store.recipe(tile_enc), tiles, ids)[0].name
+    ids = store.identities(tiles, root)
+    # the tiles' view (where the store has them) names the slide entry; its shards are checked when read
+    tile_view = view_path(store.look_up(tile_enc, tiles, ids, root, check=False), tiles)[0].name
     fields = slide_key_fields(slide_enc, tile_view, slides)
     if not store.settled(fields):
-        old = find_slide_entry(Path(cache_dir), fields, tile_enc, tiles[["sample_id", "path"]], root, decode)
-        if old is not None:
-            log.info("%s: %d slides read from %s (written by an earlier layout)", spec.name, len(slides), old)
-            return old
+        # an exact tile entry serves a scaled request too (exact is the reference)
+        for mode in dict.fromkeys([decode, "exact"]):
+            old = find_slide_entry(Path(cache_dir), fields, tile_enc, tiles[["sample_id", "path"]], root, mode)
+            if old is not None:
+                log.info("%s: %d slides read from %s (written by an earlier layout)", spec.name, len(slides), old)
+                return old
     bounds = np.searchsorted(order, np.arange(len(slides) + 1))
     xy = tiles[["x", "y"]].to_numpy(np.int64)
     view: list = []

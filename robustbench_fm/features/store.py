@@ -20,6 +20,10 @@ A manifest's features are found by looking up its images, not its rows:
   preprocessing, pooling, precision, how JPEGs are decoded (``extract.decode``; ``exact`` adds
   no field, so entries made before scaled decoding keep their recipe), device-side transform,
   :data:`RECIPE_VERSION` and the *major* version of torch and of the encoder's own library.
+  The decode mode is keyed only where it changes pixels (:meth:`FeatureStore.sources`): a vector
+  is filed under the scaled recipe only when scaled decoding drafts that JPEG for that encoder
+  (:func:`scaled_rows`), else under the exact one, and an exact vector serves a scaled request
+  (exact is the reference; issue 54).
   Nothing else: no manifest, no absolute path, no patch version (a patch release of a library
   the encoder does not use cannot change its features; the versions a row was made with are
   recorded, :func:`made_with`, and compared on use, ``cache.on_version_change``).
@@ -42,8 +46,10 @@ Layout under the feature cache ``<cache>``::
         view.parquet                           sample_id, image_id, chunk, row (manifest order)
 
 A chunk is written by the ordinary extraction (sharded, atomic, locked, resumable, SHA-256 per
-shard); only images no chunk of the recipe holds go into a new chunk, each once (duplicates
-inside a manifest too). A view is written when all its chunks are complete and is read by
+shard, checked again whenever a look-up reads the shard: :meth:`FeatureStore._check_shards`);
+only images no chunk of the recipe holds go into a new chunk, each once (duplicates inside a
+manifest too; a run refuses an image under two sample_ids unless told otherwise,
+:func:`apply_duplicates`). A view is written when all its chunks are complete and is read by
 :func:`robustbench_fm.features.load.load_features` like any entry. Views and chunk references
 are relative to the encoder folder, so a moved or copied ``outputs/`` keeps every entry valid.
 """
@@ -55,6 +61,7 @@ import logging
 import os
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -63,13 +70,25 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from PIL import Image
 
 from ..core.atomic import replace_atomic, write_atomic, write_text_atomic
+from ..core.devices import usable_cores
 from ..core.errors import InvalidSetting
 from ..core.locking import FileLock
 from ..core.text import one_line
 from ..core.versions import VERSION_POLICIES
-from ..data.images import CROP_COLUMNS, DEFAULT_DECODE, check_decode, locator_file
+from ..data.images import (
+    CROP_COLUMNS,
+    DEFAULT_DECODE,
+    HDF5_SUFFIXES,
+    Need,
+    check_decode,
+    draft_scale,
+    file_orientation,
+    locator_file,
+    need_of,
+)
 from .cache import (
     SKIPPED_NAME,
     FeatureCache,
@@ -80,7 +99,7 @@ from .cache import (
     unwritable,
 )
 from .key import cache_key_fields, find_entry
-from .load import missing_shards, read_skipped
+from .load import READ_THREADS, missing_shards, read_skipped
 from .occlusion import OCCLUSION_COLUMNS
 from .recipe import RECIPE_VERSION, library_major, made_with, recipe_fields  # noqa: F401 (the store's names)
 from .recipe import canonical as _canonical
@@ -92,6 +111,8 @@ log = logging.getLogger("robustbench_fm.features")
 IDS_SUFFIX = ".ids.parquet"
 #: columns besides ``path`` that select pixels of a file (part of an image's identity)
 PIXEL_COLUMNS = (*CROP_COLUMNS, *OCCLUSION_COLUMNS)
+#: files the reader opens without Pillow (never decoded by DCT scaling)
+NON_PILLOW_SUFFIXES = (*HDF5_SUFFIXES, ".npz", ".parquet")
 
 # ------------------------------------------------------------------ hashes
 
@@ -104,34 +125,83 @@ def _hash(*parts) -> str:
 class FileHashes:
     """SHA-256 of image files, memoised by (resolved path, size, mtime_ns) in
     ``<cache>/_files/hashes.parquet``; a file whose size or mtime changed is hashed again. The
-    memo is a speed-up only: a read-only cache is hashed in memory and nothing is written."""
+    memo is a speed-up only: a read-only cache is hashed in memory and nothing is written. It also
+    keeps, once asked (:meth:`jpeg_size`), whether Pillow reads the file as a JPEG and its size
+    (column ``jpeg``: ``"WxH"``, ``""`` for any other file; a memo written before has none: asked
+    again), what decides whether scaled decoding changes its pixels (:func:`scaled_rows`), and its
+    EXIF orientation (:meth:`orientation`, column ``orientation``), which the readers apply and so
+    is part of an image's identity where it turns the pixels (:func:`image_ids`)."""
 
     COLUMNS = ("path", "size", "mtime_ns", "sha256")
 
     def __init__(self, cache_dir: str | Path):
         self.path = Path(cache_dir) / "_files" / "hashes.parquet"
-        self._memo: dict[str, tuple[int, int, str]] = {}
+        self._memo: dict[str, tuple[int, int, str, str | None, int | None]] = {}
         self._new = 0
         if self.path.is_file():
             try:
                 t = pq.read_table(self.path).to_pydict()
-                self._memo = {p: (s, m, h) for p, s, m, h in zip(*(t[c] for c in self.COLUMNS))}
+                jpeg = t.get("jpeg") or [None] * len(t["path"])
+                turn = t.get("orientation") or [None] * len(t["path"])  # a memo written before has none
+                self._memo = {p: (s, m, h, j, o)
+                              for p, s, m, h, j, o in zip(*(t[c] for c in self.COLUMNS), jpeg, turn)}
             except (OSError, KeyError, pa.ArrowException):
                 self._memo = {}  # a damaged memo is rebuilt
 
-    def of(self, file: Path) -> str:
+    def _valid(self, file: Path) -> tuple[str, os.stat_result, tuple | None]:
         st = file.stat()
         key = str(file.resolve())
         got = self._memo.get(key)
-        if got is not None and got[0] == st.st_size and got[1] == st.st_mtime_ns:
+        ok = got is not None and got[0] == st.st_size and got[1] == st.st_mtime_ns
+        return key, st, got if ok else None
+
+    def of(self, file: Path) -> str:
+        key, st, got = self._valid(file)
+        if got is not None:
             return got[2]
         h = hashlib.sha256()
         with open(file, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
-        self._memo[key] = (st.st_size, st.st_mtime_ns, h.hexdigest())
+        self._memo[key] = (st.st_size, st.st_mtime_ns, h.hexdigest(), None, None)
         self._new += 1
         return h.hexdigest()
+
+    def jpeg_size(self, file: Path) -> tuple[int, int] | None:
+        """``(w, h)`` when the reader decodes ``file`` as a JPEG (Pillow's format, as
+        :func:`robustbench_fm.data.images.read_image` dispatches; an HDF5, NPZ or parquet file
+        never), else None; its header only is read, once per file version."""
+        try:
+            key, st, got = self._valid(file)
+        except OSError:
+            return None
+        if got is not None and got[3] is not None:
+            info = got[3]
+        else:
+            info = _jpeg_info(file)
+            if got is not None:
+                self._memo[key] = (*got[:3], info, got[4])
+                self._new += 1
+        if not info:
+            return None
+        w, h = info.split("x")
+        return int(w), int(h)
+
+    def orientation(self, file: Path) -> int:
+        """The EXIF Orientation the readers apply to ``file``
+        (:func:`robustbench_fm.data.images.file_orientation`; 1 for none), its header read once per
+        file version."""
+        try:
+            key, st, got = self._valid(file)
+        except OSError:
+            return 1
+        if got is not None and got[4] is not None:
+            return int(got[4])
+        turn = int(file_orientation(file))
+        if got is not None:
+            self._memo[key] = (*got[:4], turn)
+            self._new += 1
+        return turn
 
     def save(self) -> None:
         if not self._new:
@@ -141,15 +211,32 @@ class FileHashes:
             with FileLock(self.path.with_name(".hashes.lock")):
                 if self.path.is_file():  # keep what another process added meanwhile
                     merged = FileHashes(self.path.parents[1])._memo
-                    merged.update(self._memo)
+                    for k, v in self._memo.items():  # a JPEG size / orientation another process found is kept
+                        old = merged.get(k)
+                        same = old is not None and old[:3] == v[:3]
+                        merged[k] = (*v[:3], old[3] if same and v[3] is None else v[3],
+                                     old[4] if same and v[4] is None else v[4])
                     self._memo = merged
                 items = sorted(self._memo.items())
                 table = pa.table({"path": [k for k, _ in items], "size": [v[0] for _, v in items],
-                                  "mtime_ns": [v[1] for _, v in items], "sha256": [v[2] for _, v in items]})
+                                  "mtime_ns": [v[1] for _, v in items], "sha256": [v[2] for _, v in items],
+                                  "jpeg": pa.array([v[3] for _, v in items], pa.string()),
+                                  "orientation": pa.array([v[4] for _, v in items], pa.int16())})
                 _write_parquet(self.path, table)
             self._new = 0
         except OSError as exc:  # a read-only cache: hashes stay in memory
             log.debug("content-hash memo not written (%s)", exc)
+
+
+def _jpeg_info(file: Path) -> str:
+    """``"WxH"`` of a file the reader decodes as a JPEG, else ``""`` (:meth:`FileHashes.jpeg_size`)."""
+    if file.suffix.lower() in NON_PILLOW_SUFFIXES:
+        return ""
+    try:
+        with Image.open(file) as im:
+            return f"{im.size[0]}x{im.size[1]}" if im.format == "JPEG" else ""
+    except Exception:  # noqa: BLE001  (not an image Pillow reads: never decoded by DCT scaling)
+        return ""
 
 
 def _pixel_part(manifest: pd.DataFrame) -> list[str]:
@@ -172,6 +259,16 @@ def _scalar(v):
     return str(v)
 
 
+def _content(hashes: FileHashes, file: Path) -> str:
+    """What an image's identity takes from its file: the content hash, and the EXIF orientation
+    where the readers turn the pixels by it (issue 54 item 5: a vector embedded before the readers
+    applied it is of the unturned image, so a turned file gets a new identity and is embedded again;
+    every other file keeps its identity and its vectors)."""
+    digest = hashes.of(file)
+    turn = hashes.orientation(file)
+    return digest if turn == 1 else f"{digest}\x1fexif-orientation={turn}"
+
+
 def image_ids(manifest: pd.DataFrame, root: str | Path, hashes: FileHashes) -> np.ndarray:
     """One identity per manifest row (module docstring): 32 hex digits of the SHA-256 of the
     file's content hash and the row's pixel-selecting fields. A missing file raises
@@ -183,7 +280,7 @@ def image_ids(manifest: pd.DataFrame, root: str | Path, hashes: FileHashes) -> n
     for i, (f, extra) in enumerate(zip(files, _pixel_part(manifest))):
         if f not in content:
             try:
-                content[f] = hashes.of(root / f)
+                content[f] = _content(hashes, root / f)
             except FileNotFoundError:
                 content[f] = "missing:" + f  # extraction reports it (or skips it) by row
             except OSError as exc:
@@ -208,6 +305,153 @@ def derived_ids(ids: np.ndarray, recipe: dict) -> np.ndarray:
     return np.asarray([hashlib.sha256(f"{i}\x1f{tag}".encode()).hexdigest()[:32] for i in ids], dtype=object)
 
 
+#: what a run does with rows whose image is another row's under a different sample_id
+#: (``extract.duplicates``; :func:`duplicate_images`): refuse the run naming them, drop all but the
+#: first sample_id of each image, or keep them (a duplicate is its copy's nearest neighbour)
+DUPLICATE_POLICIES = ("refuse", "drop", "keep")
+DEFAULT_DUPLICATES = "refuse"
+
+
+def check_duplicates(policy: str, key: str = "extract.duplicates") -> str:
+    """``policy`` when it is one of :data:`DUPLICATE_POLICIES`, else a one-line error naming ``key``."""
+    if policy not in DUPLICATE_POLICIES:
+        raise InvalidSetting(f"{key}={policy!r}: use refuse (stop at an image listed under two sample_ids), drop "
+                             "(keep its first sample_id) or keep")
+    return policy
+
+
+def duplicate_images(manifest: pd.DataFrame, root: str | Path, cache_dir: str | Path) -> list[np.ndarray]:
+    """The rows (positions, in order) of each image that ``manifest`` lists under two or more
+    sample_ids: the same identity (:func:`image_ids`: file content and pixel-selecting columns; a
+    file renamed or copied is the same image), hashed through the store's memo under
+    ``cache_dir``. Rows of one sample_id (a paired design lists an image once per subset) count
+    once; a row whose file cannot be read here (missing, a folder) is left to extraction to report."""
+    root, hashes = Path(root), FileHashes(cache_dir)
+    files = manifest["path"].astype(str).map(locator_file).to_numpy()
+    content: dict[str, str | None] = {}
+    for f in dict.fromkeys(files):
+        try:
+            content[f] = _content(hashes, root / f) if (root / f).is_file() else None
+        except OSError:
+            content[f] = None
+    hashes.save()
+    ids = [None if content[f] is None else hashlib.sha256(f"{content[f]}\x1f{x}".encode()).hexdigest()
+           for f, x in zip(files, _pixel_part(manifest))]
+    table = pd.DataFrame({"image": ids, "sample_id": manifest["sample_id"].astype(str).to_numpy(),
+                          "pos": np.arange(len(manifest))}).dropna(subset=["image"])
+    shared = table.groupby("image", sort=False)["sample_id"].transform("nunique") > 1
+    return [g["pos"].to_numpy() for _, g in table[shared].groupby("image", sort=False)]
+
+
+def apply_duplicates(manifest: pd.DataFrame, root: str | Path, cache_dir: str | Path, policy: str,
+                     source: str) -> pd.DataFrame:
+    """``manifest`` under ``extract.duplicates=policy`` (:data:`DUPLICATE_POLICIES`) given the images
+    :func:`duplicate_images` finds: none, it is returned as it is; ``refuse`` is one line naming the
+    first image's rows (row, path, sample_id; ``source`` names the manifest) and the two options;
+    ``drop`` keeps each image's first sample_id (its rows) and drops the rows of the others, in one
+    log line; ``keep`` keeps every row, in one warning line."""
+    check_duplicates(policy)
+    groups = duplicate_images(manifest, root, cache_dir)
+    if not groups:
+        return manifest
+    sids = manifest["sample_id"].astype(str).to_numpy()
+    paths = manifest["path"].astype(str).to_numpy()
+    first = groups[0]
+    shown = [int(r) for r in pd.Series(first).groupby(sids[first]).first().sort_values()]
+    rows = " = ".join(f"row {r} '{paths[r]}' (sample_id '{sids[r]}')" for r in shown[:3])
+    extra = [r for g in groups for r in g if sids[r] != sids[g[0]]]
+    what = (f"{len(groups)} image{'s' if len(groups) > 1 else ''} listed under more than one sample_id "
+            f"({len(set(sids[extra]))} extra sample_ids, {len(extra)} rows); first: {rows}")
+    if policy == "refuse":
+        raise InvalidSetting(f"{source}: {what}; a copy is its own image's nearest neighbour and inflates every "
+                             "score: remove the copies, or set extract.duplicates=drop (keep each image's first "
+                             "sample_id) or extract.duplicates=keep")
+    if policy == "keep":
+        log.warning("%s: %s; kept (extract.duplicates=keep)", source, what)
+        return manifest
+    drop = np.zeros(len(manifest), bool)
+    drop[extra] = True
+    log.warning("%s: %s; dropped the %d rows of the extra sample_ids (extract.duplicates=drop)", source, what,
+                int(drop.sum()))
+    return manifest[~drop].reset_index(drop=True)
+
+
+def _margins(manifest: pd.DataFrame) -> np.ndarray:
+    """Each row's crop margins (left, top, right, bottom; absent or NaN: 0) as an int array [n, 4]."""
+    cols = [manifest[c] if c in manifest.columns else pd.Series(0, index=manifest.index) for c in CROP_COLUMNS]
+    return np.stack([pd.to_numeric(c, errors="coerce").fillna(0).to_numpy(np.int64) for c in cols], axis=1) \
+        if len(manifest) else np.zeros((0, 4), np.int64)
+
+
+def scaled_rows(manifest: pd.DataFrame, root: str | Path, hashes: FileHashes, need: Need | None,
+                rows: np.ndarray) -> np.ndarray:
+    """Among the rows ``rows`` (a boolean mask), those whose pixels scaled decoding changes for a
+    resize that needs ``need``: a JPEG (:meth:`FileHashes.jpeg_size`) decoded at a DCT scale above 1
+    (:func:`robustbench_fm.data.images.draft_scale`, the crop margins included), exactly when
+    :func:`~robustbench_fm.data.images.read_image` drafts it. Every other row (a PNG, DICOM, NIfTI
+    slice, HDF5 row, a JPEG too small to scale) reads the same pixels either way."""
+    out = np.zeros(len(manifest), bool)
+    if need is None or not rows.any():
+        return out
+    root = Path(root)
+    paths = manifest["path"].astype(str).to_numpy()
+    margins = _margins(manifest)
+    for i in np.flatnonzero(rows):
+        size = hashes.jpeg_size(root / locator_file(paths[i]))
+        out[i] = size is not None and draft_scale(size, need, tuple(margins[i])) > 1
+    return out
+
+
+@dataclass
+class Identities:
+    """A manifest's image identities as the store looks them up (:meth:`FeatureStore.identities`):
+    ``content`` (:func:`image_ids`) and, at a prepared resolution, ``prepared`` (``{decode mode:
+    the prepared recipe}``, :func:`robustbench_fm.data.prepared.recipe`), by which each row's image
+    is its prepared copy (:func:`derived_ids`: one identity per decode mode) and ``sources``
+    (:func:`source_ids`, what the prepared-image store finds a source by). ``manifest`` / ``root``:
+    the rows as given, read (JPEG headers only) to tell which rows scaled decoding changes."""
+
+    manifest: pd.DataFrame
+    root: Path
+    content: np.ndarray
+    hashes: FileHashes
+    sources: np.ndarray | None = None
+    prepared: dict | None = None
+    #: what the prepared store's resize needs (its S x S square): the need of every prepared row
+    prepared_need: Need | None = None
+    _by_mode: dict = field(default_factory=dict, repr=False)
+    _scaled: dict = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.content)
+
+    def of(self, decode: str) -> np.ndarray:
+        """Each row's image identity when it is decoded as ``decode`` (native: the content's)."""
+        if self.prepared is None:
+            return self.content
+        if decode not in self._by_mode:
+            self._by_mode[decode] = derived_ids(self.content, self.prepared[decode])
+        return self._by_mode[decode]
+
+    def scaled(self, need: Need | None, rows: np.ndarray) -> np.ndarray:
+        """:func:`scaled_rows` of ``rows`` for an encoder whose resize needs ``need`` (at a prepared
+        resolution the prepared store's need: the encoders read its copies, never a JPEG),
+        memoised per need; the JPEG sizes it reads are kept in the content-hash memo."""
+        need = self.prepared_need if self.prepared is not None else need
+        known, values = self._scaled.setdefault(need, (np.zeros(len(self), bool), np.zeros(len(self), bool)))
+        todo = rows & ~known
+        if todo.any():
+            values[todo] = scaled_rows(self.manifest, self.root, self.hashes, need, todo)[todo]
+            known[todo] = True
+            self.hashes.save()
+        return values & rows
+
+
+def _encoder_need(encoder) -> Need:
+    p = encoder.spec.preprocessing()
+    return need_of(p["resize"], p["input_size"], p["resize_size"])
+
+
 # ------------------------------------------------------------------ chunks
 
 @dataclass
@@ -219,6 +463,10 @@ class Chunk:
     ids: np.ndarray
     adopted: bool = False
     _cache: FeatureCache | None = field(default=None, repr=False)
+    #: the recipe folder holding it
+    home: Recipe | None = field(default=None, repr=False, compare=False)
+    #: shards found corrupted in an adopted entry (that layout is never written): not read
+    bad: set = field(default_factory=set, repr=False, compare=False)
 
 
 class Recipe:
@@ -244,7 +492,7 @@ class Recipe:
                     adopted = stem.startswith("adopted-")
                     name = f"../{stem[len('adopted-'):]}" if adopted else stem
                     ids = pq.read_table(f, columns=["image_id"]).column(0).to_numpy(zero_copy_only=False)
-                    found.append(Chunk(name, ids.astype(object), adopted))
+                    found.append(Chunk(name, ids.astype(object), adopted, home=self))
             self._chunks = found
         return self._chunks
 
@@ -305,7 +553,7 @@ class Recipe:
         path = self.folder / f"{name}{IDS_SUFFIX}"
         if not path.exists():
             _write_parquet(path, _ids_table(rows, ids))
-        chunk = Chunk(name, np.asarray(ids, dtype=object))
+        chunk = Chunk(name, np.asarray(ids, dtype=object), home=self)
         self.chunks().append(chunk)
         return chunk
 
@@ -337,7 +585,7 @@ class Recipe:
         for c in self.chunks():
             if c.name == name:
                 return c
-        chunk = Chunk(name, np.asarray(ids, dtype=object), adopted=True)
+        chunk = Chunk(name, np.asarray(ids, dtype=object), adopted=True, home=self)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             _write_parquet(self.folder / f"adopted-{key}{IDS_SUFFIX}", _ids_table(manifest, ids))
@@ -373,79 +621,134 @@ def _read_json(path: Path) -> dict | None:
 # ------------------------------------------------------------------ planning a manifest
 
 @dataclass
+class Source:
+    """A recipe folder a plan looks rows up in: ``ids``, each row's image id there; ``serves``
+    (None: any row) is called once with the rows still open and returns those it may serve;
+    ``fills``: this manifest may fill its unfinished chunks (a folder new vectors are filed in)."""
+
+    recipe: Recipe
+    ids: np.ndarray
+    serves: Callable[[np.ndarray], np.ndarray] | None = None
+    fills: bool = True
+
+
+@dataclass
 class Plan:
-    """How a manifest is served from a recipe: ``where[i]`` = (chunk index, row) of manifest row
-    i's image, and the chunks that still need embedding, each with the rows of this manifest it
-    is read from."""
+    """How a manifest is served: ``where[i]`` = (chunk index, row) of manifest row i's image, the
+    chunks that still need embedding (each with the rows of this manifest it is read from), and
+    ``ids``, each row's image id as its chunk holds it. ``recipe``: the request's recipe (its
+    decode mode); the chunks may lie in another (:meth:`FeatureStore.sources`)."""
 
     recipe: Recipe
     ids: np.ndarray
     chunks: list[Chunk]
     where: np.ndarray  # [n, 2] int64: (index into chunks, row in chunk)
     fill: list[tuple[Chunk, pd.DataFrame]]
-    old_versions: dict = field(default_factory=dict)  # chunk name -> its made_with, where it differs
+    old_versions: dict = field(default_factory=dict)  # chunk folder -> its made_with, where it differs
+    sources: list = field(default_factory=list, repr=False)  # the Sources it was planned from
+
+    @property
+    def view_recipe(self) -> Recipe:
+        """The recipe a view of this plan is keyed by: a scaled recipe when one of its chunks lies
+        in one (its rows may hold scaled vectors), else the folder of its chunks (exact), else the
+        request's."""
+        homes = [c.home for c in self.chunks if c.home is not None]
+        return next((r for r in homes if r.decode != "exact"), homes[0] if homes else self.recipe)
 
 
-def plan(recipe: Recipe, manifest: pd.DataFrame, ids: np.ndarray, policy: str = "reuse") -> Plan:
-    """Assign every image of ``manifest`` to a chunk: a complete chunk holding it (current
-    versions first; ``policy="recompute"`` uses only chunks made with the current versions), else an
-    incomplete chunk this manifest can fill whole (a resumed or sharded run), else one new chunk of
-    the remaining images, each once, in first-appearance order."""
+def _chunk_key(c: Chunk) -> str:
+    return str(c.home.chunk_folder(c)) if c.home is not None else c.name
+
+
+def plan(sources: list[Source], manifest: pd.DataFrame, policy: str = "reuse",
+         target: Callable[[np.ndarray], np.ndarray] | None = None, complete_only: bool = False) -> Plan:
+    """Assign every row of ``manifest`` to a chunk of the ``sources`` (in order): a complete chunk
+    holding its image (current versions first; ``policy="recompute"`` uses only chunks made with the
+    current versions), else an incomplete chunk of a source that ``fills`` and that this manifest can
+    fill whole (a resumed or sharded run), else a new chunk of the remaining images, each once, in
+    first-appearance order, in the source ``target(open rows)`` names per row (default: the first).
+    ``complete_only``: complete chunks only and no new chunk (rows left open have chunk -1)."""
     if policy not in VERSION_POLICIES:
         raise InvalidSetting(f"cache.on_version_change={policy!r}: use one of {', '.join(VERSION_POLICIES)}")
     now = made_with()
-    usable: list[tuple[int, Chunk]] = []
+    usable: list[tuple[int, int, bool, Chunk, Source]] = []
     old: dict = {}
-    for c in recipe.chunks():
-        try:
-            v = recipe.versions(c)
-        except FeatureCacheError as exc:
-            log.warning("%s", exc)
-            continue
-        if v != now:
-            if policy == "recompute":
+    for s, src in enumerate(sources):
+        for c in src.recipe.chunks():
+            try:
+                v = src.recipe.versions(c)
+            except FeatureCacheError as exc:
+                log.warning("%s", exc)
                 continue
-            old[c.name] = v
-        usable.append((0 if recipe.complete(c) else 1, c))
-    # complete before incomplete, then current versions before old
-    usable.sort(key=lambda t: (t[0], t[1].name in old))
+            if v != now:
+                if policy == "recompute":
+                    continue
+                old[_chunk_key(c)] = v
+            complete = src.recipe.complete(c)
+            if not complete and (complete_only or c.adopted or not src.fills):
+                continue  # an adopted entry is never written, so never filled
+            usable.append((0 if complete else 1, s, _chunk_key(c) in old, c, src))
+    # complete before incomplete, then the sources in order, then current versions before old
+    usable.sort(key=lambda t: t[:3])
+    n = len(manifest)
     chosen: list[Chunk] = []
     fill: list[tuple[Chunk, pd.DataFrame]] = []
-    where = np.full((len(ids), 2), -1, np.int64)
-    index = pd.Index(ids)
-    for rank, c in usable:
+    where = np.full((n, 2), -1, np.int64)
+    found = np.empty(n, dtype=object)
+    served: dict[int, np.ndarray] = {}
+    indexes: dict[int, pd.Index] = {}
+    for rank, s, _, c, src in usable:
         open_rows = where[:, 0] < 0
         if not open_rows.any():
             break
-        pos = pd.Index(c.ids)
-        hit = open_rows & index.isin(pos)
+        if src.serves is not None and s not in served:
+            served[s] = src.serves(open_rows)
+        index = indexes.setdefault(s, pd.Index(src.ids))
+        hit = open_rows & index.isin(c.ids)
+        if s in served:
+            hit &= served[s]
         if not hit.any():
             continue
+        pos = _first_positions(c.ids).reindex(index[hit]).to_numpy(int)
+        if c.bad:  # rows of a corrupted shard of an adopted entry are embedded again
+            size = src.recipe.chunk_cache(c).shard_size
+            keep = ~np.isin(pos // size, list(c.bad))
+            hit[np.flatnonzero(hit)[~keep]] = False
+            pos = pos[keep]
+            if not hit.any():
+                continue
         if rank == 1:
-            rows = recipe.chunk_manifest(c, manifest, ids)
+            rows = src.recipe.chunk_manifest(c, manifest, src.ids)
             if rows is None:
                 continue  # another manifest's unfinished chunk: its images go into a new one
             fill.append((c, rows))
         k = len(chosen)
         chosen.append(c)
         where[hit, 0] = k
-        where[hit, 1] = _first_positions(c.ids).reindex(index[hit]).to_numpy(int)
-    todo = np.flatnonzero(where[:, 0] < 0)
-    if len(todo):
-        uniq, first_row = np.unique(ids[todo].astype(str), return_index=True)
-        order = np.argsort(first_row)
-        new_ids = uniq[order]
-        rows = manifest.iloc[todo[first_row[order]]].reset_index(drop=True)
-        c = recipe.new_chunk(rows, new_ids)
-        rows = rows.copy()
-        rows["sample_id"] = list(new_ids)
-        k = len(chosen)
-        chosen.append(c)
-        fill.append((c, rows))
-        lookup = pd.Series(np.arange(len(new_ids)), index=pd.Index(new_ids))
-        where[todo, 0] = k
-        where[todo, 1] = lookup.reindex(pd.Index(ids[todo].astype(str))).to_numpy(int)
-    return Plan(recipe, ids, chosen, where, fill, {c.name: old[c.name] for c in chosen if c.name in old})
+        where[hit, 1] = pos
+        found[hit] = src.ids[hit]
+    todo = where[:, 0] < 0
+    if todo.any() and not complete_only:
+        homes = np.zeros(n, np.int64) if target is None else np.asarray(target(todo), np.int64)
+        for s in sorted(set(homes[todo].tolist())):
+            src, rows_at = sources[s], np.flatnonzero(todo & (homes == s))
+            uniq, first_row = np.unique(src.ids[rows_at].astype(str), return_index=True)
+            order = np.argsort(first_row)
+            new_ids = uniq[order]
+            rows = manifest.iloc[rows_at[first_row[order]]].reset_index(drop=True)
+            c = src.recipe.new_chunk(rows, new_ids)
+            rows = rows.copy()
+            rows["sample_id"] = list(new_ids)
+            k = len(chosen)
+            chosen.append(c)
+            fill.append((c, rows))
+            lookup = pd.Series(np.arange(len(new_ids)), index=pd.Index(new_ids))
+            where[rows_at, 0] = k
+            where[rows_at, 1] = lookup.reindex(pd.Index(src.ids[rows_at].astype(str))).to_numpy(int)
+            found[rows_at] = src.ids[rows_at]
+    request = sources[0].recipe
+    return Plan(request, found, chosen, where, fill,
+                {_chunk_key(c): old[_chunk_key(c)] for c in chosen if _chunk_key(c) in old})
 
 
 def version_notice(p: Plan, policy: str) -> str | None:
@@ -453,7 +756,7 @@ def version_notice(p: Plan, policy: str) -> str | None:
     if not p.old_versions:
         return None
     now = made_with()
-    n = int(sum((p.where[:, 0] == k).sum() for k, c in enumerate(p.chunks) if c.name in p.old_versions))
+    n = int(sum((p.where[:, 0] == k).sum() for k, c in enumerate(p.chunks) if _chunk_key(c) in p.old_versions))
     diffs = set()
     for v in p.old_versions.values():
         if v.get("package") != now["package"]:
@@ -477,15 +780,19 @@ def view_fields(recipe: Recipe, manifest: pd.DataFrame, ids: np.ndarray) -> dict
                        "rows": rows, "n_rows": int(len(ids))})
 
 
-def view_path(recipe: Recipe, manifest: pd.DataFrame, ids: np.ndarray) -> tuple[Path, dict]:
-    fields = view_fields(recipe, manifest, ids)
+def view_path(p: Plan, manifest: pd.DataFrame) -> tuple[Path, dict]:
+    """The view folder of plan ``p`` and its key fields: its :attr:`Plan.view_recipe` and the rows'
+    image ids as their chunks hold them (so a scaled request served by exact chunks, a PNG, names
+    the view an exact request names)."""
+    recipe = p.view_recipe
+    fields = view_fields(recipe, manifest, p.ids)
     return recipe.encoder_dir / f"v-{cache_key(fields)}", fields
 
 
 def write_view(p: Plan, manifest: pd.DataFrame) -> Path:
     """The manifest's view folder (written once; a read-only cache gets a temporary one)."""
-    folder, fields = view_path(p.recipe, manifest, p.ids)
-    names = [os.path.relpath(p.recipe.chunk_folder(c), p.recipe.encoder_dir) for c in p.chunks]
+    folder, fields = view_path(p, manifest)
+    names = [os.path.relpath(c.home.chunk_folder(c), p.recipe.encoder_dir) for c in p.chunks]
     table = pa.table({"sample_id": pa.array(manifest["sample_id"].astype(str).tolist(), pa.string()),
                       "image_id": pa.array([str(i) for i in p.ids], pa.string()),
                       "chunk": pa.array([names[k] for k in p.where[:, 0]], pa.string()),
@@ -497,7 +804,7 @@ def write_view(p: Plan, manifest: pd.DataFrame) -> Path:
         except (OSError, pa.ArrowException):
             pass  # unreadable: written again below
     meta = {"format": VIEW_FORMAT, "key": folder.name, "fields": fields, "n_rows": int(len(p.ids)),
-            "recipe": p.recipe.folder.name, "chunks": sorted(set(names)), "status": "complete"}
+            "recipe": p.view_recipe.folder.name, "chunks": sorted(set(names)), "status": "complete"}
     try:
         folder.mkdir(parents=True, exist_ok=True)
         _write_parquet(folder / VIEW_NAME, table)
@@ -554,75 +861,149 @@ class FeatureStore:
         self.on_bad_image = on_bad_image
         self.decode = check_decode(decode)
 
-    def recipe(self, encoder, extra: dict | None = None) -> Recipe:
-        """``encoder``'s recipe store under this store's decode mode."""
-        return Recipe(self.cache_dir, encoder, extra, self.decode)
+    def recipe(self, encoder, extra: dict | None = None, decode: str | None = None) -> Recipe:
+        """``encoder``'s recipe store under ``decode`` (default: this store's decode mode)."""
+        return Recipe(self.cache_dir, encoder, extra, self.decode if decode is None else decode)
 
     # --- look up
-    def identities(self, manifest: pd.DataFrame, root, prepared_recipe: dict | None = None
-                   ) -> tuple[np.ndarray, np.ndarray | None]:
-        """``(ids, sources)``: each row's image identity (:func:`image_ids`; with a prepared-image
-        recipe, the identity of its prepared copy, :func:`derived_ids`) and, with one, each row's
-        source identity (what the prepared-image store finds it by, :func:`source_ids`)."""
+    def identities(self, manifest: pd.DataFrame, root, prepared: dict | None = None,
+                   prepared_need: Need | None = None) -> Identities:
+        """Each row's image identities (:class:`Identities`: :func:`image_ids`; with the prepared
+        recipes ``prepared`` = ``{decode mode: recipe}``, :func:`robustbench_fm.data.prepared.recipe`,
+        the identities of its prepared copy by each mode, :func:`derived_ids`, and each row's source
+        identity, :func:`source_ids`; ``prepared_need``: what the prepared store's resize needs)."""
         hashes = FileHashes(self.cache_dir)
         ids = image_ids(manifest, root, hashes)
-        sources = None
-        if prepared_recipe is not None:
-            sources = source_ids(manifest, root, hashes)
-            ids = derived_ids(ids, prepared_recipe)
+        sources = source_ids(manifest, root, hashes) if prepared is not None else None
         hashes.save()
-        return ids, sources
+        return Identities(manifest.reset_index(drop=True), Path(root), ids, hashes, sources, prepared, prepared_need)
 
-    def held(self, encoder) -> set:
-        """The image ids complete chunks of ``encoder``'s recipe hold."""
-        return self.recipe(encoder).held(complete=True)
+    def sources(self, encoder, idents: Identities, extra: dict | None = None
+                ) -> tuple[list[Source], Callable[[np.ndarray], np.ndarray]]:
+        """Where ``encoder``'s vectors of these rows are looked up, in order, and where a missing
+        one is filed (``target(open rows)``: an index into the sources per row). The decode mode is
+        keyed only where it changes pixels (:meth:`Identities.scaled`: a JPEG drafted at a DCT scale
+        above 1), and an exact vector serves a scaled request (exact is the reference):
 
-    def look_up(self, encoder, manifest: pd.DataFrame, ids: np.ndarray, root) -> Plan:
-        """Where each row's image is (a complete chunk, an entry of the earlier layout) and the
-        chunks still to fill (:func:`plan`)."""
-        recipe = self.recipe(encoder)
-        if not recipe.covers(ids):  # an entry of the earlier per-manifest layout may hold them
-            recipe.adopt(encoder, manifest, root, ids)
+        - ``scaled``: the scaled recipe (``"decode": "scaled"``, as every release since scaled
+          decoding keyed it, for every image), then the exact one (every entry made before, or with
+          ``extract.decode=exact``); a missing row is filed in the scaled recipe when scaling changes
+          its pixels, else in the exact one (so a later exact request finds it);
+        - ``exact``: the exact recipe, then the scaled one for the rows scaling does not change (a
+          PNG an earlier scaled run embedded); a missing row is filed in the exact recipe."""
+        need = _encoder_need(encoder)
+        exact = Source(self.recipe(encoder, extra, "exact"), idents.of("exact"))
+        if self.decode == "exact":
+            scaled = Source(self.recipe(encoder, extra, "scaled"), idents.of("scaled"), fills=False,
+                            serves=lambda open_rows: open_rows & ~idents.scaled(need, open_rows))
+            return [exact, scaled], lambda todo: np.zeros(len(todo), np.int64)
+        scaled = Source(self.recipe(encoder, extra, "scaled"), idents.of("scaled"))
+        return [scaled, exact], lambda todo: np.where(idents.scaled(need, todo), 0, 1)
+
+    def held(self, encoder, idents: Identities) -> np.ndarray:
+        """Which rows complete chunks of ``encoder``'s recipes hold (as :meth:`look_up` finds them)."""
+        sources, _ = self.sources(encoder, idents)
+        return plan(sources, idents.manifest, self.on_version_change, complete_only=True).where[:, 0] >= 0
+
+    def look_up(self, encoder, manifest: pd.DataFrame, idents: Identities | np.ndarray, root,
+                check: bool = True) -> Plan:
+        """Where each row's image is (a complete chunk, an entry of the earlier layout; in the
+        recipes :meth:`sources` names) and the chunks still to fill (:func:`plan`). With ``check``
+        each shard the manifest reads is first checked against the SHA-256 its ``meta.json``
+        recorded: a corrupted or truncated one is named in one warning line and recomputed
+        (:meth:`_check_shards`)."""
+        if not isinstance(idents, Identities):  # content identities of a native manifest
+            idents = Identities(manifest.reset_index(drop=True), Path(root), np.asarray(idents, dtype=object),
+                                FileHashes(self.cache_dir))
+        sources, target = self.sources(encoder, idents)
+        for src in sources:  # an entry of the earlier per-manifest layout may hold them
+            if src.serves is None and not src.recipe.covers(src.ids):
+                src.recipe.adopt(encoder, manifest, root, src.ids)
         try:
-            p = plan(recipe, manifest, ids, self.on_version_change)
+            p = plan(sources, manifest, self.on_version_change, target)
+            if check and self._check_shards(p):  # its chunks now miss the bad shards: planned again
+                p = plan(sources, manifest, self.on_version_change, target)
         except OSError as exc:
             if not unwritable(exc, self.cache_dir):
                 raise
+            n_missing = sources[0].recipe.n_missing(sources[0].ids)
             raise FeatureCacheError(
                 f"feature cache '{self.cache_dir}' is not writable ({one_line(exc)}) and '{encoder.spec.name}' "
-                f"has {recipe.n_missing(ids)} of {len(set(map(str, ids)))} images of this manifest to embed; set "
+                f"has {n_missing} of {len(set(map(str, sources[0].ids)))} images of this manifest to embed; set "
                 "paths.cache_dir=<a writable folder>") from None
+        idents.hashes.save()
+        p.sources = sources
         if self.on_bad_image == "error":  # images an earlier run skipped are read again (and stop the run if bad)
-            filling = {c.name for c, _ in p.fill}
+            filling = {_chunk_key(c) for c, _ in p.fill}
             for c in p.chunks:
-                if c.name not in filling and len(read_skipped(recipe.chunk_folder(c))):
-                    rows = recipe.chunk_manifest(c, manifest, ids)
+                if _chunk_key(c) not in filling and len(read_skipped(c.home.chunk_folder(c))):
+                    src = next(x for x in sources if x.recipe is c.home)
+                    rows = c.home.chunk_manifest(c, manifest, src.ids)
                     if rows is not None:
                         p.fill.append((c, rows))
         if not p.fill:
-            log.info("cache hit: %d rows, 0 forward passes (%s)", len(ids), view_path(recipe, manifest, ids)[0])
+            log.info("cache hit: %d rows, 0 forward passes (%s)", len(p.ids), view_path(p, manifest)[0])
         notice = version_notice(p, self.on_version_change)
         if notice:
             (log.warning if self.on_version_change == "warn" else log.info)("%s", notice)
         return p
 
+    def _check_shards(self, p: Plan) -> bool:
+        """Check every shard of a complete chunk that ``p`` reads rows from against the SHA-256
+        recorded when it was written (:meth:`.cache.FeatureCache.bad_shards`, hashed side by side);
+        each bad one gets one warning line naming it and is deleted, so the chunk's next fill
+        recomputes it (a chunk of an adopted entry, a layout never written, is left as it is and the
+        rows of that shard are embedded again). True when a shard was bad (``p`` is stale)."""
+        filling = {_chunk_key(c) for c, _ in p.fill}
+        jobs = []
+        for k, c in enumerate(p.chunks):
+            if _chunk_key(c) in filling:
+                continue
+            cache = c.home.chunk_cache(c)
+            rows = p.where[p.where[:, 0] == k, 1]
+            jobs.append((c, cache, sorted(set((rows // cache.shard_size).tolist()))))
+        if not jobs:
+            return False
+        with ThreadPoolExecutor(min(READ_THREADS, usable_cores(), sum(len(s) for _, _, s in jobs) or 1)) as pool:
+            found = list(pool.map(lambda job: job[1].bad_shards(job[2]), jobs))
+        bad = False
+        for (c, cache, _), shards in zip(jobs, found):
+            for i, why in shards.items():
+                lo, hi = cache.shard_bounds(i)
+                log.warning("%s: corrupted cache shard (%s); recomputing its %d rows", cache.shard_path(i), why,
+                            hi - lo)
+                bad = True
+                if c.adopted:
+                    c.bad.add(i)
+                    continue
+                try:
+                    cache.drop_shards([i])
+                except OSError as exc:
+                    raise FeatureCacheError(f"{cache.shard_path(i)}: corrupted cache shard ({why}) in a cache this "
+                                            f"run cannot write ({one_line(exc)}); delete the file, or set "
+                                            "paths.cache_dir=<a writable folder>") from None
+                c.home.refresh(c)
+        return bad
+
     # --- embed what is missing
     def fill(self, loaded: list, plans: list[Plan], root, backend: Backend) -> list[tuple[int, int]]:
-        """Embed what each plan still needs with ``backend``; encoders missing the same images share
-        one call (one decode pass). Returns (forward batches, images embedded) per encoder."""
+        """Embed what each plan still needs with ``backend``; encoders missing the same images, read
+        the same way, share one call (one decode pass; each chunk is filled under its own recipe's
+        decode mode). Returns (forward batches, images embedded) per encoder."""
         counts = [[0, 0] for _ in loaded]
         groups: dict[str, list] = {}
         for j, p in enumerate(plans):
             for chunk, rows in p.fill:
-                groups.setdefault(_hash(list(rows["sample_id"]), list(rows["path"].astype(str))), []).append(
-                    (j, chunk, rows))
+                key = _hash(chunk.home.decode, list(rows["sample_id"]), list(rows["path"].astype(str)))
+                groups.setdefault(key, []).append((j, chunk, rows))
         for items in groups.values():
-            entries = [(plans[j].recipe.chunk_folder(c), plans[j].recipe.chunk_cache(c).fields) for j, c, _ in items]
-            feats = backend([loaded[j] for j, _, _ in items], items[0][2], Path(root), entries, self.decode)
+            entries = [(c.home.chunk_folder(c), c.home.chunk_cache(c).fields) for _, c, _ in items]
+            feats = backend([loaded[j] for j, _, _ in items], items[0][2], Path(root), entries,
+                            items[0][1].home.decode)
             for (j, c, _), f in zip(items, feats):
                 counts[j][0] += f.n_forward
                 counts[j][1] += f.n_images_embedded
-                plans[j].recipe.refresh(c)  # re-read its meta (now complete, or this part's shards)
+                c.home.refresh(c)  # re-read its meta (now complete, or this part's shards)
         return [tuple(c) for c in counts]
 
     # --- write the view
@@ -636,14 +1017,14 @@ class FeatureStore:
         skipped = [] if table is None else [str(s) for s in table["sample_id"]]
         if table is not None:
             write_view_skipped(folder, table)
-        fields = {**view_fields(p.recipe, manifest, p.ids), "image_root": str(Path(root).resolve())}
+        fields = {**view_path(p, manifest)[1], "image_root": str(Path(root).resolve())}
         return FeatureSet(sample_ids=manifest["sample_id"].astype(str).to_numpy(), embeddings=None,
                           key=folder.name, path=folder, n_forward=n_forward, n_images_embedded=n_images,
                           seconds=seconds, images_per_s=n_images / seconds if n_images and seconds else 0.0,
-                          fields={**fields, "recipe": p.recipe.fields}, skipped=skipped,
+                          fields={**fields, "recipe": p.view_recipe.fields}, skipped=skipped,
                           missing_shards=missing)
 
-    def serve(self, manifest: pd.DataFrame, root, encoders: list, ids: np.ndarray, backend: Backend,
+    def serve(self, manifest: pd.DataFrame, root, encoders: list, ids: Identities, backend: Backend,
               t0: float | None = None) -> list[FeatureSet]:
         """Every row of ``manifest`` (image identities ``ids``) by each loaded encoder: look up,
         embed only what no chunk holds (one ``backend`` call per set of missing images), write

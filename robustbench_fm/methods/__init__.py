@@ -146,7 +146,10 @@ class Method:
     module's ``PARAMS``; importable without the stage). ``findings``: the command line's default
     ``stage.findings`` (an interpolation or a list). ``pairing``: the metrics the stage offers for
     paired comparisons between encoders and where its per-item table holds them (:class:`Pairing`;
-    None: its rows are not compared).
+    None: its rows are not compared). ``report_section``: ``"module:function"`` giving the stage's own
+    part of a report, ``function(results)`` -> ``(title, sentences, table)`` or None, from the run's or
+    sweep's :class:`~robustbench_fm.core.tables.SweepResults` (:func:`robustbench_fm.report.html.sections`;
+    e.g. the confounder scan's "What the neighbourhoods follow").
     """
 
     name: str
@@ -168,6 +171,7 @@ class Method:
     params: type[StageParams] | None = None
     findings: str | tuple[str, ...] = "${dataset.findings}"
     pairing: Pairing | None = None
+    report_section: str | None = None
 
     def __post_init__(self) -> None:
         headline = []

@@ -37,6 +37,7 @@ from ..data import cards
 from ..data import manifest as mf
 from ..data.sample import fixed_sample
 from ..encoders.options import EncoderOptions
+from ..features.store import apply_duplicates
 from ..methods.run import score_and_save
 from ..report.comparisons import build as build_comparisons
 from ..report.comparisons import verdict
@@ -148,7 +149,7 @@ def load_manifest(job: Plan) -> pd.DataFrame:
     card's expected ones are logged as warnings. With ``fixed_sample: N`` only the fixed sample of
     at most N positives and N negatives per matched group and finding
     (:func:`robustbench_fm.data.sample.fixed_sample`)."""
-    manifest = _full_manifest(job)
+    manifest = _duplicates(job, _full_manifest(job))
     per_class = job.fixed_sample
     if per_class is None:
         return manifest
@@ -158,6 +159,16 @@ def load_manifest(job: Plan) -> pd.DataFrame:
     log.info("fixed_sample=%d: %d of %d images (at most %d positives and %d negatives per %s and finding)",
              int(per_class), len(sampled), len(manifest), int(per_class), int(per_class), group_col)
     return sampled
+
+
+def _duplicates(job: Plan, manifest: pd.DataFrame) -> pd.DataFrame:
+    """``extract.duplicates`` applied to the manifest's images (an image listed under two sample_ids:
+    refused, dropped or kept, :func:`robustbench_fm.features.store.apply_duplicates`); a slide job
+    embeds tiles, not its rows' files, and a plan built by hand without extraction options is left as it is."""
+    if job.extract is None or job.paths is None or any(encoders.get(n).is_slide for n in job.encoders):
+        return manifest
+    source = job.manifest_file or job.dataset_options.get("manifest") or f"dataset {job.dataset}"
+    return apply_duplicates(manifest, job.root, job.paths.cache_dir, job.extract.duplicates, str(source))
 
 
 def _full_manifest(job: Plan) -> pd.DataFrame:

@@ -31,6 +31,7 @@ from ..data.csv_manifest import no_findings_reason
 from ..data.images import BAD_IMAGE_POLICIES, DEFAULT_DECODE, check_decode
 from ..encoders import generic
 from ..encoders.options import EncoderOptions
+from ..features.store import DEFAULT_DUPLICATES, check_duplicates
 
 # ----------------------------------------------------------------------------- the typed plan
 
@@ -60,6 +61,8 @@ class ExtractOptions:
     allow_remote_code: bool
     on_version_change: str = "reuse"
     decode: str = DEFAULT_DECODE  # ``extract.decode``: scaled or exact JPEG decoding (data.images)
+    #: ``extract.duplicates``: an image listed under two sample_ids: refuse, drop or keep (features.store)
+    duplicates: str = DEFAULT_DUPLICATES
 
 
 #: the options the user gave the job's ``encoder`` (one type with the Embedder's, torch-free)
@@ -318,7 +321,9 @@ def _extract_options(cfg: DictConfig, here: bool = True) -> ExtractOptions:
                           shard=count("shard", x.get("shard", 0), 0),
                           device=check_device(str(cfg.device)) if here else str(cfg.device),
                           allow_remote_code=bool(cfg.security.allow_remote_code), on_version_change=versions,
-                          decode=check_decode(str(OmegaConf.select(cfg, "extract.decode", default=DEFAULT_DECODE))))
+                          decode=check_decode(str(OmegaConf.select(cfg, "extract.decode", default=DEFAULT_DECODE))),
+                          duplicates=check_duplicates(str(OmegaConf.select(cfg, "extract.duplicates",
+                                                                           default=DEFAULT_DUPLICATES))))
 
 
 #: the keys of the ``stage`` node (:func:`robustbench_fm.cli.configstore.stage_node`); its ``params``

@@ -19,12 +19,14 @@ import base64
 import dataclasses
 import importlib
 import json
+import re
 import string
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 import jinja2
+import markupsafe
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
@@ -88,6 +90,7 @@ class Report:
     which_overall: pd.DataFrame = field(default_factory=pd.DataFrame)  # mean ranks over findings (2 or more)
     which_figures: list[tuple[str, Path]] = field(default_factory=list)  # heat maps of pairwise differences
     which_notes: list[str] = field(default_factory=list)  # what was not compared, and why
+    sections: list[tuple[str, list[str], pd.DataFrame]] = field(default_factory=list)  # :func:`sections`
     neighbours: neighbours_mod.Section | None = None  # CANDOR's neighbourhoods in thumbnails (.neighbours)
 
     @property
@@ -357,6 +360,22 @@ def _metrics(long: pd.DataFrame, stage: str) -> pd.DataFrame:
     return wide
 
 
+def sections(results: SweepResults, stages) -> list[tuple[str, list[str], pd.DataFrame]]:
+    """The parts of a report the stages present write themselves: each one's ``Method(report_section=
+    "module:function")``, ``function(results)`` -> ``(title, sentences, table)`` or None (e.g. the
+    confounder scan's "What the neighbourhoods follow"), in the order of ``stages``."""
+    out = []
+    for stage in stages:
+        method = methods.find(stage)
+        if method is None or not method.report_section:
+            continue
+        module, function = method.report_section.split(":")
+        part = getattr(importlib.import_module(module), function)(results)
+        if part is not None:
+            out.append(part)
+    return out
+
+
 def figures(results: SweepResults, long: pd.DataFrame, fig_dir: Path) -> tuple[list[tuple[str, Path]], list[str]]:
     """The papers' figures this run's results allow, written as ``fig_dir/figure_<name>.png`` and
     ``.pdf`` (files, not a folder: a sweep folder's subfolders are its jobs), returned as
@@ -446,8 +465,8 @@ def sweep_report(sweep_dir: Path, long: pd.DataFrame, tables: list[PaperTable], 
                   missing=missing, notes=notes, overview=overview, runtime_note=runtime_note,
                   guide=how_to_read(stages, results.config), by_encoder=encoder_summary(long),
                   not_scored=not_scored(results, stages), no_interval=no_interval(results, stages),
-                  experiment_notes=_experiment_notes(results.config, encoders), **which_encoder(sweep_dir),
-                  neighbours=neighbours_mod.section(sweep_dir))
+                  experiment_notes=_experiment_notes(results.config, encoders), sections=sections(results, stages),
+                  **which_encoder(sweep_dir), neighbours=neighbours_mod.section(sweep_dir))
 
 
 def which_encoder(folder: Path) -> dict:
@@ -480,8 +499,8 @@ def run_report(out_dir: Path, config_yaml: str, long: pd.DataFrame, seconds: flo
                   runtime_note="this run, from its start to this report",
                   guide=how_to_read(stages, cfg), by_encoder=encoder_summary(long),
                   not_scored=not_scored(results, stages), no_interval=no_interval(results, stages),
-                  experiment_notes=_experiment_notes(cfg, encoders), **which_encoder(out_dir),
-                  neighbours=neighbours_mod.section(out_dir, manifest, image_root, no_images))
+                  experiment_notes=_experiment_notes(cfg, encoders), sections=sections(results, stages),
+                  **which_encoder(out_dir), neighbours=neighbours_mod.section(out_dir, manifest, image_root, no_images))
 
 
 def console_summary(report: Report) -> str:
@@ -514,6 +533,11 @@ def _grid(df: pd.DataFrame, decimals: int = 3, na_rep: str = "", marks: pd.DataF
                      for row, rank_row in zip(df.itertuples(index=False), marked)]}
 
 
+def _code(text: str) -> markupsafe.Markup:
+    """``text`` escaped for HTML with each ```span``` as ``<code>span</code>`` (a section's sentences)."""
+    return markupsafe.Markup(re.sub(r"`([^`]*)`", r"<code>\1</code>", str(markupsafe.escape(text))))
+
+
 @lru_cache(maxsize=1)
 def templates() -> jinja2.Environment:
     """The report templates (``report/templates/``, package data): ``report.md.j2`` and
@@ -527,7 +551,7 @@ def templates() -> jinja2.Environment:
         counts_as_int=counts_as_int, grid=_grid,
         paper_grid=lambda t: _grid(t.frame.reset_index(drop=True), t.decimals, t.na_rep,
                                    ranks(t).reset_index(drop=True)),
-        base64=lambda png: base64.b64encode(Path(png).read_bytes()).decode("ascii"))
+        base64=lambda png: base64.b64encode(Path(png).read_bytes()).decode("ascii"), code=_code)
     return env
 
 

@@ -19,6 +19,7 @@ from feature_fixtures import tiny_encoder, write_images
 
 import robustbench_fm.features.cache as cache_mod
 import robustbench_fm.features.key as key_mod
+from robustbench_fm.core.shards import file_sha256
 from robustbench_fm.features import (
     CACHE_FORMAT,
     FeatureCache,
@@ -132,8 +133,14 @@ def test_unlisted_nan_row_and_missing_skipped_csv_are_named(data, entry):
     rep = verify_entry(entry)
     hits = problems_naming(rep, "shard-00002.parquet")
     assert any("row 19 (sample_id 's019') holds non-finite features but is not listed" in p for p in hits), hits
+    fields = json.loads((entry / "meta.json").read_text())["fields"]
+    with pytest.raises(FeatureCacheError, match=r"shard-00002.parquet: corrupted cache shard \(SHA-256"):
+        FeatureCache(entry.parents[1], fields).read(manifest)  # not the file meta.json recorded
+    meta = json.loads((entry / "meta.json").read_text())  # recorded as it is now: the NaN row is still refused
+    meta["shards"] = [{**r, "sha256": file_sha256(path)} if r["file"] == path.name else r for r in meta["shards"]]
+    (entry / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(FeatureCacheError, match=r"shard-00002.parquet: row 19 .* not listed in skipped.csv"):
-        FeatureCache(entry.parents[1], json.loads((entry / "meta.json").read_text())["fields"]).read(manifest)
+        FeatureCache(entry.parents[1], fields).read(manifest)
 
     (entry / "skipped.csv").unlink()
     hits = problems_naming(verify_entry(entry), "shard-00001.parquet")  # row 10's NaN is now unlisted

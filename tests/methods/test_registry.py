@@ -15,8 +15,9 @@ from robustbench_fm.core.errors import InvalidSetting
 
 
 def test_the_shipped_stages_are_discovered_from_their_packages():
-    assert methods.names() == ["candor", "candor_box_verified", "candor_heads", "candor_lipschitz", "croma",
-                               "error_detection", "linear_head", "logme", "mlp_head", "retention", "shortcut", "spar"]
+    assert methods.names() == ["candor", "candor_box_verified", "candor_heads", "candor_lipschitz", "confounders",
+                               "croma", "error_detection", "linear_head", "logme", "mlp_head", "retention", "shortcut",
+                               "spar"]
     assert methods.method("candor").module == "robustbench_fm.methods.candor.stage"
     assert methods.method("retention").tables == "robustbench_fm.methods.candor.tables"
     assert [".".join(m.split(".")[2:]) for m in methods.table_modules()] == [

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ...core.errors import UserError
 from ...core.text import one_line
-from ..spec import EncoderSpec
+from ..spec import EncoderSpec, check_remote_code
 
 _TRUE = {"1", "on", "yes", "true"}
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -131,8 +131,6 @@ def require_cached(spec: EncoderSpec, repo_id: str | None) -> None:
 
 
 def trust_remote_code(spec: EncoderSpec, allow_remote_code: bool) -> bool:
-    """Whether to run the entry's hub code; raises when it needs that code and it is not allowed."""
-    if spec.trust_remote_code and not allow_remote_code:
-        raise PermissionError(f"encoder '{spec.name}' needs trust_remote_code and "
-                              "security.allow_remote_code is false; enable it or pick another encoder")
-    return bool(spec.trust_remote_code and allow_remote_code)
+    """Whether to run the entry's hub code; raises when it needs that code and it is not allowed
+    (:func:`~robustbench_fm.encoders.spec.check_remote_code`)."""
+    return check_remote_code(spec, allow_remote_code)

@@ -17,7 +17,7 @@ from pathlib import Path
 from ...core.errors import InvalidSetting, MissingInput
 from ..base import Encoder
 from ..registry import register_loader
-from ..spec import EncoderSpec
+from ..spec import ALLOW_REMOTE_CODE, EncoderSpec
 from .hub import (
     hub_call,
     hub_errors,
@@ -169,7 +169,7 @@ def _open_clip_tagged(spec: EncoderSpec):
 
 
 @register_loader("open_clip")
-def load_open_clip(spec: EncoderSpec, weights, device, allow_remote_code: bool = True) -> Encoder:
+def load_open_clip(spec: EncoderSpec, weights, device, allow_remote_code: bool = ALLOW_REMOTE_CODE) -> Encoder:
     import open_clip
     from open_clip.transform import PreprocessCfg, image_transform_v2
     trust_remote_code(spec, allow_remote_code)

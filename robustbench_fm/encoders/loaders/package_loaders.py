@@ -15,7 +15,7 @@ import torch
 
 from ..base import Encoder
 from ..registry import register_loader
-from ..spec import EncoderSpec
+from ..spec import ALLOW_REMOTE_CODE, EncoderSpec
 from .extras import require
 from .hub import (
     WeightsUnavailableError,
@@ -51,7 +51,7 @@ def local_only(spec: EncoderSpec, weights) -> Path:
 
 
 @register_loader("conch")
-def load_conch(spec: EncoderSpec, weights, device, allow_remote_code: bool = True) -> Encoder:
+def load_conch(spec: EncoderSpec, weights, device, allow_remote_code: bool = ALLOW_REMOTE_CODE) -> Encoder:
     """CONCH ViT-B/16: ``encode_image(x, proj_contrast=False, normalize=False)`` (512-d, the
     attentional-pooler output CRoMa, TRIDENT and slide2vec use)."""
     require(spec)
@@ -65,7 +65,7 @@ def load_conch(spec: EncoderSpec, weights, device, allow_remote_code: bool = Tru
 
 
 @register_loader("musk")
-def load_musk(spec: EncoderSpec, weights, device, allow_remote_code: bool = True) -> Encoder:
+def load_musk(spec: EncoderSpec, weights, device, allow_remote_code: bool = ALLOW_REMOTE_CODE) -> Encoder:
     """MUSK (BEiT-3 ViT-L/16 at 384 px): the ``ms_aug`` multiscale image feature, 2,048-d
     (CRoMa's extraction mode; ``model(image=x, with_head=False, out_norm=False, ms_aug=True,
     return_global=True)[0]``)."""
@@ -83,7 +83,7 @@ def load_musk(spec: EncoderSpec, weights, device, allow_remote_code: bool = True
 
 
 @register_loader("flair")
-def load_flair(spec: EncoderSpec, weights, device, allow_remote_code: bool = True) -> Encoder:
+def load_flair(spec: EncoderSpec, weights, device, allow_remote_code: bool = ALLOW_REMOTE_CODE) -> Encoder:
     """FLAIR ResNet-50: the projected image embedding of ``vision_model`` (512-d); FLAIR's
     ClinicalBERT text tower is built by the package too (its HF config must be cached offline)."""
     require(spec)
@@ -96,7 +96,7 @@ def load_flair(spec: EncoderSpec, weights, device, allow_remote_code: bool = Tru
 
 
 @register_loader("panderm")
-def load_panderm(spec: EncoderSpec, weights, device, allow_remote_code: bool = True) -> Encoder:
+def load_panderm(spec: EncoderSpec, weights, device, allow_remote_code: bool = ALLOW_REMOTE_CODE) -> Encoder:
     """PanDerm-Large (CAE ViT-L/16) from the repo's ``classification/models/modeling_finetune.py``:
     ``forward_features(x, is_train=False)`` (1,024-d) over the checkpoint's encoder weights."""
     require(spec)
@@ -113,7 +113,7 @@ def load_panderm(spec: EncoderSpec, weights, device, allow_remote_code: bool = T
 
 
 @register_loader("sam_med2d")
-def load_sam_med2d(spec: EncoderSpec, weights, device, allow_remote_code: bool = True) -> Encoder:
+def load_sam_med2d(spec: EncoderSpec, weights, device, allow_remote_code: bool = ALLOW_REMOTE_CODE) -> Encoder:
     """SAM-Med2D ViT-B image encoder (256 px, adapters on): the neck output [B, 256, 16, 16]
     averaged over space, 256-d (SPAR's pooled MLP-head reading, spar.md Section 3)."""
     require(spec)
@@ -126,7 +126,7 @@ def load_sam_med2d(spec: EncoderSpec, weights, device, allow_remote_code: bool =
 
 
 @register_loader("titan_conch")
-def load_titan_conch(spec: EncoderSpec, weights, device, allow_remote_code: bool = True) -> Encoder:
+def load_titan_conch(spec: EncoderSpec, weights, device, allow_remote_code: bool = ALLOW_REMOTE_CODE) -> Encoder:
     """CONCH v1.5 as TITAN ships it: ``AutoModel.from_pretrained("MahmoodLab/TITAN",
     trust_remote_code=True).return_conch()``, whose forward gives the 768-d tile embedding."""
     require(spec)

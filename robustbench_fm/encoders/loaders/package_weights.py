@@ -28,7 +28,7 @@ import torch
 from ...core.errors import InvalidSetting, MissingInput
 from ..base import Encoder
 from ..registry import register_source
-from ..spec import EncoderSpec
+from ..spec import ALLOW_REMOTE_CODE, EncoderSpec
 from .extras import require
 from .weights import CheckpointMismatch, file_weights_id, load_strict, pick_checkpoint, seeded
 
@@ -99,7 +99,7 @@ def _load_checkpoint(spec: EncoderSpec, model: torch.nn.Module, path: Path) -> N
 
 
 @register_source(SCHEME)
-def load_package(spec: EncoderSpec, weights, device, allow_remote_code: bool = True) -> Encoder:
+def load_package(spec: EncoderSpec, weights, device, allow_remote_code: bool = ALLOW_REMOTE_CODE) -> Encoder:
     """A timm architecture with the checkpoint the entry's package ships (or ``weights``)."""
     import timm
 

@@ -25,7 +25,7 @@ import torch
 from ...core.errors import InvalidSetting
 from ..base import Encoder
 from ..registry import register_loader
-from ..spec import EncoderSpec
+from ..spec import ALLOW_REMOTE_CODE, EncoderSpec
 from .hub import (
     hub_call,
     hub_weights_id,
@@ -119,7 +119,7 @@ def _hub_file(spec: EncoderSpec) -> Path:
 
 
 @register_loader("timm")
-def load_timm(spec: EncoderSpec, weights, device, allow_remote_code: bool = True) -> Encoder:
+def load_timm(spec: EncoderSpec, weights, device, allow_remote_code: bool = ALLOW_REMOTE_CODE) -> Encoder:
     import timm
     trust_remote_code(spec, allow_remote_code)
     if weights is not None:

@@ -23,7 +23,7 @@ import torch
 from ...core.errors import InvalidSetting, MissingInput
 from ..base import Encoder
 from ..registry import register_loader
-from ..spec import EncoderSpec
+from ..spec import ALLOW_REMOTE_CODE, EncoderSpec
 from .hub import (
     hub_call,
     hub_errors,
@@ -185,7 +185,7 @@ def _transformers_pretrained(spec: EncoderSpec, source: str, trust: bool, label=
 
 
 @register_loader("transformers")
-def load_transformers(spec: EncoderSpec, weights, device, allow_remote_code: bool = True) -> Encoder:
+def load_transformers(spec: EncoderSpec, weights, device, allow_remote_code: bool = ALLOW_REMOTE_CODE) -> Encoder:
     from transformers import AutoModel
     trust = trust_remote_code(spec, allow_remote_code)
     kwargs = {k: v for k, v in spec.model_kwargs.items() if k != "config"}

@@ -20,7 +20,7 @@ import torch
 from ...core.errors import InvalidSetting, MissingInput
 from ..base import Encoder
 from ..registry import register_loader
-from ..spec import EncoderSpec
+from ..spec import ALLOW_REMOTE_CODE, EncoderSpec
 from .extras import require
 from .hub import WeightsUnavailableError, offline
 from .weights import file_weights_id, load_strict, seeded
@@ -66,7 +66,7 @@ def _from_local(spec: EncoderSpec, path: Path):
 
 
 @register_loader("torchxrayvision")
-def load_xrv(spec: EncoderSpec, weights, device, allow_remote_code: bool = True) -> Encoder:
+def load_xrv(spec: EncoderSpec, weights, device, allow_remote_code: bool = ALLOW_REMOTE_CODE) -> Encoder:
     require(spec)  # torchxrayvision is the extra 'xrv': one line naming it instead of an ImportError
     import torchxrayvision as xrv
     if weights is not None:

@@ -36,6 +36,7 @@ from ...core.devices import torch_threads, usable_cores
 from ...core.errors import InvalidSetting, UserError
 from ...core.text import one_line
 from ...data.images import BAD_IMAGE_POLICIES, check_size, read_image
+from ...data.manifest import SOURCE_COLUMN
 from ..cache import FeatureCache, FeatureCacheError, FeatureSet, unwritable
 from ..occlusion import occlude_row
 
@@ -86,8 +87,14 @@ def default_num_workers(device: torch.device | str) -> int:
 
 
 def _describe(image_root, row: dict, i: int) -> str:
+    """The file and where the row came from: its label file's row (``source_row``, set by
+    ``dataset=csv``), else its position ``i`` in the rows read and its sample_id (the rows read are
+    those no cache holds, whose sample_ids are image ids in the per-image store)."""
     where = str(Path(image_root) / row["path"]) if "path" in row and image_root is not None else \
         f"sample_id {str(row.get('sample_id'))!r}"
+    source = row.get(SOURCE_COLUMN)
+    if isinstance(source, str) and source:
+        return f"{where} ({source})"
     return f"{where} (manifest row {i}, sample_id {str(row.get('sample_id'))!r})"
 
 

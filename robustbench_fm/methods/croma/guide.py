@@ -11,7 +11,8 @@ and MaRI are the share of biological matches among the nearest cross-confounder 
 better); support is the share of samples that have such a neighbour, and the *_undefined_frac columns say why the
 others have none (ss: mostly same label and confounder, oo: mostly other label and confounder, mixed).
 croma_auc, croma_min and croma_delta summarise croma over m = 1 to m_sweep nearest samples (its mean, lowest value
-and change).
+and change; m_range is the range swept, n_undefined_m1 the samples left out at m = 1 because their nearest
+matches are copies of them).
 """
 
 SHORTCUT = """

@@ -26,6 +26,10 @@ K_POLICIES = ("median", "published")
 PUBLISHED_K = {"pathorob_camelyon": 11, "pathorob_tcga4x4": 71, "pathorob_tolkach": 61, "pathorob_tcga2x2": 61}
 #: the slide benchmarks' published per-encoder k* (Table 14, column k⋆) live in its section
 PUBLISHED_KSTAR_SECTION = {"pcabiop-binary": "(a) Cancer detection", "pcabiop-isup": "(b) ISUP grading"}
+#: The tail level of the RI / MaRI distributions (``ri_q_alpha``, ``ri_ltm``, ``mari_q_alpha``, ``mari_ltm``):
+#: croma 1.0.1 fixes it at 0.10 in its RI and MaRI results (``compute_tail_metrics(..., alpha=0.10)``;
+#: conventions A.4) whatever the CRoMa ``alpha``, and its benchmark reports those fields so.
+RI_TAIL_ALPHA = 0.10
 ON_SHORT = ("error", "skip")
 ON_INCOMPLETE = ("error", "skip")
 
@@ -48,12 +52,13 @@ class CromaParams(StageParams):
     m: int = 5
     """Nearest cross-group SO and OS candidates averaged per unit in CRoMa_i (§2.5; paper: m = 5)."""
     alpha: float = 0.10
-    """Tail level of Q_alpha and LTM_alpha (§2.6; paper: alpha = 0.10), of CRoMa and of the defined
-    per-sample RI and MaRI (croma 1.0.1 takes the RI / MaRI tails at 0.10 whatever its CRoMa alpha)."""
+    """Tail level of CRoMa's Q_alpha and LTM_alpha (q_alpha, ltm; §2.6; paper: alpha = 0.10; croma's
+    benchmark --croma-alpha). The RI / MaRI tails (ri_q_alpha, ri_ltm, mari_q_alpha, mari_ltm) stay at
+    croma 1.0.1's fixed 0.10 (RI_TAIL_ALPHA) whatever this alpha."""
     m_sweep: int = 20
     """CRoMa is also scored at m = 1..m_sweep (fewer where some unit has fewer SO or OS candidates,
-    never below m) for croma_auc, croma_min and croma_delta (croma.md A.3; croma's benchmark:
-    --croma-m-max 20)."""
+    never below m: the summary's m_range then says so, and a warning) for croma_auc, croma_min and
+    croma_delta (croma.md A.3; croma's benchmark: --croma-m-max 20)."""
     k_grid: tuple[int, ...] = DEFAULT_K_GRID
     """The k searched for k*: PathoROB's sparse grid [1,3,5,7,9] + range(11, 100, 10) (conventions A.5)."""
     k: int | None = None

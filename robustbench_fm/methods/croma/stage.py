@@ -48,15 +48,21 @@ NaN CRoMa and the summary records ``n_short`` and ``short_cells``.
 ``summary`` (one row): ``ri, mari, tau, k, support, croma, f0, q_alpha, ltm, bio_knn_bacc,
 conf_knn_bacc, n, selected_k_confounder, ri_median, ri_q_alpha, ri_ltm, mari_median, mari_q_alpha,
 mari_ltm, ss_undefined_frac, oo_undefined_frac, mixed_undefined_frac, croma_auc, croma_min,
-croma_delta, m_sweep, reason`` (+ ``ri_std, mari_std, croma_std, n_subsets`` paired; + ``n_floor``
-when units are at the rounding floor; + ``n_short, short_cells`` with ``on_short="skip"``;
-``finding`` first when the app loop passes one). The further fields are those croma's benchmark
-reports (its ``scripts/bench/benchmark.py``): ``selected_k_confounder`` = the k the confounder's kNN
-balanced accuracy peaks at over the grid; the RI / MaRI median, Q_α and LTM_α of the defined
-per-unit values (A.4); the undefined units by cause as fractions of all units (A.4: more SS than OO
-neighbours, more OO than SS, or mixed / none); CRoMa over m = 1..``m_sweep``: ``croma_auc`` (trapezoid
-area / width), ``croma_min``, ``croma_delta`` = value(m_sweep) − value(1) (croma.md A.3); the
-spreads over subsets (paired; croma writes 0 under ``all``). ``reason`` is "" or why CRoMa was not
+croma_delta, m_sweep, m_range, n_undefined_m1, ri_std, mari_std, croma_std, reason`` (+ ``n_subsets``
+paired; + ``n_floor`` when units are at the rounding floor; + ``n_short, short_cells`` with
+``on_short="skip"``; ``finding`` first when the app loop passes one). The further fields are those
+croma's benchmark reports (its ``scripts/bench/benchmark.py``): ``selected_k_confounder`` = the k the
+confounder's kNN balanced accuracy peaks at over the grid; the RI / MaRI median, Q and LTM of the
+defined per-unit values at croma's fixed α = 0.10 (:data:`RI_TAIL_ALPHA`, whatever ``alpha``, which
+sets CRoMa's ``q_alpha`` / ``ltm`` only; A.4); the undefined units by cause as fractions of all units
+(A.4: more SS than OO neighbours, more OO than SS, or mixed / none); CRoMa over m = 1..``m_sweep``:
+``croma_auc`` (trapezoid area / width), ``croma_min``, ``croma_delta`` = value(m_sweep) − value(1)
+(croma.md A.3), ``m_range`` the range swept ("1..20", or "1..12 of 1..20 asked (...)" where a unit
+has fewer SO or OS candidates than ``m_sweep``: :func:`sweep_range`, with a warning), and
+``n_undefined_m1`` the units whose CRoMa_i is undefined at m = 1 (zero margin denominator: duplicate
+rows; the sweep's value there is the median of the others, where croma 1.0.1 refuses;
+:func:`check_sweep`); the spreads over subsets (``np.std``; 0.0 under ``all``, one scope, as croma
+writes them). ``reason`` is "" or why CRoMa was not
 computed (a collapsed embedding: every margin denominator 0; RI and MaRI are still reported, as
 croma 1.0.1 still scores them). ``per_sample`` (manifest order): ``sample_id, croma, d_so, d_os, ri,
 mari, undefined``, the counts ``n_so, n_typed`` and MaRI's weights ``so_weight, typed_weight`` whose
@@ -83,7 +89,7 @@ from ...core.neighbors import l2_normalize
 from ...core.results import Results
 from .. import missing_column
 from .knn import ScopeNeighbours, scope_neighbours, tie_keys
-from .params import DEFAULT_K_GRID, DESIGNS, ON_INCOMPLETE, ON_SHORT, CromaParams  # noqa: F401  (importable here)
+from .params import DEFAULT_K_GRID, DESIGNS, ON_INCOMPLETE, ON_SHORT, RI_TAIL_ALPHA, CromaParams  # noqa: F401
 from .params import grid as _grid
 from .scores import (
     UNDEFINED,
@@ -129,7 +135,7 @@ class Prepared:
 
     ``k_grid``: the grid values below the largest scope size (k* and the confounder's k* are
     chosen over them); ``k_max``: the longest list prepared (the grid's largest, or a fixed k
-    beyond it); ``m_max``: the end of the m sweep (:func:`sweep_end`)."""
+    beyond it); ``m_max``: the end of the m sweep (:func:`sweep_end`), ``m_sweep`` the end asked."""
 
     scopes: list[Scope]
     sample_ids: np.ndarray
@@ -141,6 +147,8 @@ class Prepared:
     dim: int = 1
     k_max: int = 0
     clusters: np.ndarray | None = None  # each manifest row's exclude_col group (slide): the bootstrap cluster
+    m_sweep: int = 0  # the m sweep's end asked (``m_sweep``); 0: m_max
+    fewest: int | None = None  # the fewest cross-group SO or OS candidates of any unit (:func:`fewest_candidates`)
 
     def __post_init__(self):
         self.k_max = self.k_max or max(self.k_grid)
@@ -256,11 +264,28 @@ def _operating_grid(scopes: list[Scope], k_grid: tuple[int, ...], k: int | None)
     return usable or wanted, max(usable + wanted)
 
 
+def fewest_candidates(scopes: list[Scope]) -> int:
+    """The fewest cross-group SO or OS candidates any unit of ``scopes`` has."""
+    return min(int(min(so.min(), os_.min())) for so, os_ in map(typed_pool_sizes, scopes))
+
+
 def sweep_end(scopes: list[Scope], m: int, m_sweep: int) -> int:
     """The last m of the CRoMa m sweep: ``m_sweep`` (croma's benchmark: 20), lowered to the
     fewest SO or OS candidates any unit has, never below the headline ``m``."""
-    smallest = min(int(min(so.min(), os_.min())) for so, os_ in map(typed_pool_sizes, scopes))
-    return max(int(m), min(int(m_sweep), smallest))
+    return max(int(m), min(int(m_sweep), fewest_candidates(scopes)))
+
+
+def sweep_range(prep: Prepared) -> str:
+    """The m sweep's range as the summary's ``m_range`` says it: ``"1..20"``, or, where it ends
+    elsewhere than ``m_sweep`` asked (croma's benchmark sweeps 1..20 and refuses a cohort with a
+    unit short of 20 SO or OS candidates), ``"1..12 of 1..20 asked (a unit has only 12 cross-group
+    SO or OS candidates)"``."""
+    asked = prep.m_sweep or prep.m_max
+    if prep.m_max == asked:
+        return f"1..{prep.m_max}"
+    why = (f"a unit has only {prep.fewest} cross-group SO or OS candidates" if prep.m_max < asked
+           else f"raised to the headline m={prep.m_max}")
+    return f"1..{prep.m_max} of 1..{asked} asked ({why})"
 
 
 def prepare(features, manifest: pd.DataFrame, label_col: str = "bio_label", confounder_col: str = "site",
@@ -294,7 +319,7 @@ def prepare(features, manifest: pd.DataFrame, label_col: str = "bio_label", conf
     columns = dict(label_col=label_col, confounder_col=confounder_col, exclude_col=exclude_col)
     return Prepared(scopes, manifest["sample_id"].astype(str).to_numpy(), design, grid, m_max, columns,
                     x.dtype.type, int(x.shape[1]), k_max,
-                    _strings(manifest, exclude_col, "exclude_col"))
+                    _strings(manifest, exclude_col, "exclude_col"), int(m_sweep), fewest_candidates(scopes))
 
 
 def zero_margin_tolerance(dtype, dim: int) -> float:
@@ -326,17 +351,24 @@ def _margins(prep: Prepared, s: Scope, m: int) -> tuple[np.ndarray, np.ndarray, 
     return d_so, d_os, c, floor
 
 
+def zero_margins(prep: Prepared, m: int) -> tuple[int, int]:
+    """(units whose margin denominator at ``m`` is exactly 0, units at the rounding floor; the
+    first among the second) over all scopes (:func:`margin_floor`)."""
+    zero = floor = 0
+    for s in prep.scopes:
+        d_so, d_os, _ = croma_values(s.nb.so_dist, s.nb.os_dist, m)
+        z, f = margin_floor(d_so, d_os, prep.dtype, prep.dim)
+        zero, floor = zero + int(z.sum()), floor + int(f.sum())
+    return zero, floor
+
+
 def check_margins(prep: Prepared, m: int) -> tuple[int, str]:
     """(units at the rounding floor (:func:`margin_floor`) over all scopes, why CRoMa is not
     computed or ""). When no unit can be scored (every margin denominator is 0: a collapsed
     embedding) CRoMa is refused with that reason, as croma 1.0.1 refuses its CRoMa call while its
     RI and MaRI calls still score; units at the floor are warned about (naming float64)."""
     n = sum(s.size for s in prep.scopes)
-    zero = floor = 0
-    for s in prep.scopes:
-        d_so, d_os, _ = croma_values(s.nb.so_dist, s.nb.os_dist, m)
-        z, f = margin_floor(d_so, d_os, prep.dtype, prep.dim)
-        zero, floor = zero + int(z.sum()), floor + int(f.sum())
+    zero, floor = zero_margins(prep, m)
     name, tol = np.dtype(prep.dtype).name, zero_margin_tolerance(prep.dtype, prep.dim)
     if zero and zero == n:
         reason = (f"CRoMa not computed (RI and MaRI are): {zero}/{n} units have a zero margin denominator "
@@ -350,6 +382,32 @@ def check_margins(prep: Prepared, m: int) -> tuple[int, str]:
                       "CRoMa_i carry rounding error; pass float64 features to compute them exactly",
                       RuntimeWarning, stacklevel=3)
     return floor, ""
+
+
+def check_sweep(prep: Prepared, refused: str = "") -> int:
+    """Units whose CRoMa_i is undefined at m = 1 (``n_undefined_m1``: a zero margin denominator,
+    their nearest SO and nearest OS candidates are copies of them), warned about with the last m
+    where such units remain, as the m sweep's ``croma_auc`` / ``croma_min`` / ``croma_delta`` take
+    the median of the other units there, where croma 1.0.1 refuses the whole sweep ("zero margin
+    denominator"); and a warning where the sweep ends elsewhere than ``m_sweep`` asked
+    (:func:`sweep_range`). A zero denominator at some m implies one at every smaller m (the m
+    nearest distances are a prefix), so m = 1 holds the most."""
+    n = sum(s.size for s in prep.scopes)
+    zero = zero_margins(prep, 1)[0]
+    if zero and not refused:
+        last = max(m for m in range(1, prep.m_max + 1) if zero_margins(prep, m)[0])
+        upto = f" (and some up to m = {last})" if last > 1 else ""
+        warnings.warn(f"croma: {zero}/{n} units have a zero margin denominator at m = 1{upto}: "
+                      "d_OS + d_SO = 0, their nearest SO and OS candidates are copies of them (duplicate rows); "
+                      "the m sweep's croma_auc / croma_min / croma_delta take the median of the other units there, "
+                      "where croma 1.0.1 refuses (n_undefined_m1 in the summary); drop the duplicates to score every "
+                      "unit", RuntimeWarning, stacklevel=3)
+    if prep.m_sweep and prep.m_max < prep.m_sweep:
+        warnings.warn(f"croma: the m sweep ends at m = {prep.m_max}, not m_sweep = {prep.m_sweep}: a unit has only "
+                      f"{prep.fewest} cross-group SO or OS candidates; "
+                      f"croma_auc / croma_min / croma_delta are over m = 1..{prep.m_max} (m_range in the summary), "
+                      "not comparable with a full sweep", RuntimeWarning, stacklevel=3)
+    return zero
 
 
 def _mean_over_scopes(prep: Prepared, codes_of, ks) -> dict[int, float]:
@@ -438,6 +496,7 @@ def score(prep: Prepared, k: int, m: int = 5, alpha: float = 0.10, tau: float | 
         raise ValueError(f"croma: k={k} is not below any scope size or no unit has a cross-group neighbour")
 
     n_floor, refused = check_margins(prep, m)
+    n_undefined_m1 = check_sweep(prep, refused)
     ms = list(range(1, prep.m_max + 1))
     by_m = croma_by_m(prep, ms, alpha).set_index("m")
     curves = by_m.loc[m]
@@ -457,7 +516,8 @@ def score(prep: Prepared, k: int, m: int = 5, alpha: float = 0.10, tau: float | 
     per_sample = pd.concat(parts, ignore_index=True).sort_values("_row", kind="stable")
     per_sample = per_sample.drop(columns="_row").reset_index(drop=True)
     causes = per_sample["undefined"].value_counts()
-    ri_dist, mari_dist = (distribution(per_sample[c].to_numpy(), alpha) for c in ("ri", "mari"))
+    # croma 1.0.1 takes the RI / MaRI tails at its fixed 0.10 whatever the CRoMa alpha (conventions A.4)
+    ri_dist, mari_dist = (distribution(per_sample[c].to_numpy(), RI_TAIL_ALPHA) for c in ("ri", "mari"))
     auc, low, delta = sweep_summary(ms, by_m["croma"].to_numpy())
 
     row = dict(ri=ri_pooled, mari=mari_pooled, tau=tau_used, k=int(k),
@@ -470,11 +530,14 @@ def score(prep: Prepared, k: int, m: int = 5, alpha: float = 0.10, tau: float | 
                mari_median=mari_dist[0], mari_q_alpha=mari_dist[1], mari_ltm=mari_dist[2],
                **{f"{cause.split('_')[0]}_undefined_frac": causes.get(cause, 0) / len(per_sample)
                   for cause in UNDEFINED[1:]},
-               croma_auc=auc, croma_min=low, croma_delta=delta, m_sweep=int(prep.m_max))
+               croma_auc=auc, croma_min=low, croma_delta=delta, m_sweep=int(prep.m_max), m_range=sweep_range(prep),
+               n_undefined_m1=n_undefined_m1)
+    # the spreads over subsets; one scope under design="all": 0.0, as croma 1.0.1 writes them
+    ri_pairs = [count_share(so, os_)[1] for so, os_, _, _, _ in slots]
+    row.update(ri_std=spread(ri_pairs), mari_std=spread([pooled_share([ev]) for ev in mari_ev]),
+               croma_std=curves["croma_std"])
     if prep.design == "paired_2x2":
-        ri_pairs = [count_share(so, os_)[1] for so, os_, _, _, _ in slots]
-        row.update(ri_std=spread(ri_pairs), mari_std=spread([pooled_share([ev]) for ev in mari_ev]),
-                   croma_std=curves["croma_std"], n_subsets=len(prep.scopes))
+        row.update(n_subsets=len(prep.scopes))
     if n_floor:
         row.update(n_floor=n_floor)
     if on_short == "skip":

@@ -417,8 +417,10 @@ def canonical_tile_tokens(samples, mean_xy: np.ndarray) -> np.ndarray:
     position, ``mean_xy`` [16, 2] (the training tile sets' mean centroid,
     :func:`~robustbench_fm.methods.spar.metrics.mean_position`) as Gaussian bumps; zeros for an
     absent tile. No per-slice geometry: the tokens of an organ are the same on every slice, so heads
-    on them reach the Canonical recall row (MED of the mean position, Perm of the usual cell) and
-    no further."""
+    on them score near the Canonical recall row's MED (the mean position). They still see which
+    organs the slice shows, so a head that places them jointly can beat the row's Perm (each organ in
+    its usual cell): on the demo Canonical-Trans 0.475 against 0.374 (docs/methods/spar.md, "Where the
+    demo's figures come from")."""
     present = np.asarray(samples.present, bool)
     n, t = present.shape
     per_organ = np.concatenate([_one_hot(np.arange(t), t), _bumps(mean_xy[:, 0]), _bumps(mean_xy[:, 1])], axis=-1)

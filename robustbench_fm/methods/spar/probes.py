@@ -241,8 +241,9 @@ def make_questions(slice_table: pd.DataFrame, present: np.ndarray, centroids: np
       read literally (spar.md Section 3.1: "Distance compares organ pairs that change across
       slices, so no single ordering applies"): only pairs of pairs whose order changes across a
       split's slices, balanced per pair of pairs and split, at most ``distance_questions`` per
-      slice (:func:`pick_distance_questions`), so the question-only prior sits near 0.5 (0.470 in
-      domain, 0.493 zero-shot on the demo's phantoms at 8 per slice: 168 and 298 test questions).
+      slice (:func:`pick_distance_questions`), so the question-only prior sits near 0.5 (0.502 in
+      domain, 0.497 zero-shot on the demo's phantoms at 8 per slice: 1,352 and 1,240 test questions;
+      docs/methods/spar.md, "Where the demo's figures come from", names the command that prints them).
       spar.md gives no count per slice; one is our default (a real cohort has thousands of
       slices), more suit a small cohort, where a head must see each organ pair often enough to
       read its distance.
@@ -251,7 +252,7 @@ def make_questions(slice_table: pd.DataFrame, present: np.ndarray, centroids: np
       repeat of a drawn pair of pairs are skipped. In canonical anatomy most pairs of pairs drawn
       so never change order: the question-only prior scores 0.893 in domain and 0.916 zero-shot
       on the demo's phantoms; the tables' prior row shows it. It asks more questions (the demo's
-      training split, 8 per slice: 1,226 against 592 under ``varying``), which the demo's heads
+      training split, 8 per slice: 1,240 against 586 under ``varying``), which the demo's heads
       need.
     Distances are Euclidean in mm where the slice's pixel spacing is known (``frame_mm``): the
     anatomy's own geometry. Where it is unknown they are in the ``size`` x ``size`` resized frame,

@@ -26,6 +26,10 @@ pytestmark = pytest.mark.slow  # command-line subprocesses: the full suite runs 
 ENCODERS = "encoders=[planted_blur,planted_sharp]"
 
 
+#: the override the sweeps on a repeated image need (tests/fixtures/chest_fixtures.py, ``same_image``)
+KEEP = "extract.duplicates=keep"
+
+
 def sweep(tmp_path: Path, experiment: str, *overrides: str) -> Path:
     out = tmp_path / f"sweep_{experiment}"
     cmd = ["-m", "robustbench_fm", "-m", f"experiment={experiment}", f"paths.root={tmp_path}",
@@ -100,7 +104,9 @@ def test_unmatched_pools_the_five_chest_sites_in_one_job(tmp_path):
 
 @pytest.fixture(scope="module")
 def main_sites(tmp_path_factory):
-    """MIMIC-CXR and CheXpert; MIMIC-CXR's AP images are one image repeated (every query there ties)."""
+    """MIMIC-CXR and CheXpert; MIMIC-CXR's AP images are one image repeated (every query there ties):
+    the sweeps on it keep them (``extract.duplicates=keep``; the default refuses an image listed
+    under two sample_ids)."""
     root = tmp_path_factory.mktemp("controls")
     rng = np.random.default_rng(2)
     write_mimic_cxr_planted(root / "data" / "mimic-cxr-jpg" / "2.1.0", rng, same_image=("AP",))
@@ -122,7 +128,7 @@ def _chest_d(rows: pd.DataFrame) -> pd.Series:
 
 
 def test_label_shuffle_and_equal_size_controls(main_sites):
-    out = sweep(main_sites, "candor_control_shuffle")
+    out = sweep(main_sites, "candor_control_shuffle", KEEP)
     rows = job_rows(out)
     rows = rows[(rows["acq_group"] == "__pooled__") & rows["finding"].isin(list(SEVERITY_WEIGHTS))]
     rows = rows.assign(shuffled=rows["config"].str.contains("shuffle_labels: true"))
@@ -138,7 +144,7 @@ def test_label_shuffle_and_equal_size_controls(main_sites):
     assert pub.loc["median D, labels shuffled (equal sets)", "Published"] == 0.498
     assert pub.loc["median D_all, labels shuffled (unequal sets)", "Published"] == 0.996
 
-    out = sweep(main_sites, "candor_control_equal_size")
+    out = sweep(main_sites, "candor_control_equal_size", KEEP)
     rows = job_rows(out)
     rows = rows[(rows["acq_group"] == "__pooled__") & rows["finding"].isin(list(SEVERITY_WEIGHTS))]
     equal = rows["config"].str.contains("equal_size: true")
@@ -152,7 +158,7 @@ def test_label_shuffle_and_equal_size_controls(main_sites):
 
 
 def test_tie_share_counts_the_queries_of_the_repeated_image(main_sites):
-    out = sweep(main_sites, "candor_control_ties")
+    out = sweep(main_sites, "candor_control_ties", KEEP)
     table = pd.read_csv(out / "tables" / "candor_ties.csv").set_index("Encoder")
     # every group holds 9 positives of each of the 12 findings, all sampled as queries; the 9 x 12
     # queries of MIMIC-CXR's AP group (one image repeated) tie, no other query does

@@ -183,7 +183,8 @@ def test_app_run_on_idrid_lesion_masks(tmp_path):
         cfg = compose("config", overrides=[
             f"paths.root={tmp_path}", "dataset=idrid", f"dataset.root={root}", "dataset.options.part=segmentation",
             "stage=retention", "stage.findings=[microaneurysms,haemorrhages,soft_exudates]", "encoder=planted_blur",
-            "encoders=null", "stage.params.n_boot=20", "stage.params.fill=box_mean"])
+            "encoders=null", "stage.params.n_boot=20", "stage.params.fill=box_mean",
+            "extract.duplicates=keep"])  # the fixture's images are one constant image
     s = app.run(cfg, tmp_path / "run").set_index("finding")
     # fixture: MA on IDRiD_01 (rows 2-3, cols 3-4), HE on IDRiD_02 (row 0, col 0), no soft exudates
     assert s["n"].to_dict() == {"microaneurysms": 1, "haemorrhages": 1, "soft_exudates": 0, "pooled": 2}

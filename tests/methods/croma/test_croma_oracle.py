@@ -1,8 +1,9 @@
 """Agreement with the reference package croma 1.0.1 (the oracle) on synthetic cohorts, designs
 ``all`` and ``paired_2x2``, float32 and float64: RI, support, k, F(0), both kNN balanced
 accuracies, the confounder's k*, the undefined-unit causes (per unit and their fractions) and the
-RI median / Q / LTM identical; MaRI, τ, CRoMa, Q, LTM, the MaRI distribution, the spreads, the m
-sweep's croma_auc / croma_min / croma_delta and every per-sample value within 1e-6."""
+RI median / Q / LTM identical; MaRI, τ, CRoMa, Q, LTM, the MaRI distribution, the spreads (both
+designs), the m sweep's croma_auc / croma_min / croma_delta and every per-sample value within 1e-6
+(the sweep's range and the tails at another alpha: test_croma_sweep_fields.py)."""
 import warnings
 
 import numpy as np
@@ -122,17 +123,21 @@ def test_agrees_with_reference(name):
     codes = ps["undefined"].map({"": 0, "ss_dominated": 1, "oo_dominated": 2, "mixed": 3}).to_numpy()
     np.testing.assert_array_equal(codes[ri.occurrence_source_indices], ri.sample_undefined_types)
     np.testing.assert_array_equal(mari.sample_undefined_types, ri.sample_undefined_types)
-    assert row["reason"] == ""
+    assert row["reason"] == "" and row["n_undefined_m1"] == 0
+    end = int(row["m_sweep"])  # below 20 only where a unit has fewer candidates (croma's 1..20 sweep refuses)
+    assert row["m_range"] == (f"1..{end}" if end == 20 else
+                              f"1..{end} of 1..20 asked (a unit has only {end} cross-group SO or OS candidates)")
+    # issue 54: the spreads under both designs (croma writes 0.0 under "all": one scope, one pooled value)
+    assert row["croma_std"] == pytest.approx(cr.std, abs=1e-6)
+    assert row["ri_std"] == pytest.approx(ri.std, abs=1e-15)
+    assert row["mari_std"] == pytest.approx(mari.std, abs=1e-6)
     if design == "paired_2x2":
-        assert row["croma_std"] == pytest.approx(cr.std, abs=1e-6) and row["n_subsets"] == cr.n_pairs
-        assert row["ri_std"] == pytest.approx(ri.std, abs=1e-15)
-        assert row["mari_std"] == pytest.approx(mari.std, abs=1e-6)
+        assert row["n_subsets"] == cr.n_pairs
         assert row["ri_std"] > 0 and row["mari_std"] > 0 and row["croma_std"] > 0
         assert list(ps.columns) == ["sample_id", "subset", "croma", "d_so", "d_os", "ri", "mari", "undefined",
                                     *PAIRING_COLUMNS]
     else:
-        # croma writes std 0 under "all" (one scope, one pooled value): the summary leaves the spreads out
-        assert ri.std == mari.std == cr.std == 0.0 and not {"ri_std", "mari_std", "croma_std"} & set(row.index)
+        assert ri.std == mari.std == cr.std == 0.0 == row["ri_std"] == row["mari_std"] == row["croma_std"]
         assert list(ps.columns) == ["sample_id", "croma", "d_so", "d_os", "ri", "mari", "undefined", *PAIRING_COLUMNS]
 
 

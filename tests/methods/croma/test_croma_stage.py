@@ -175,7 +175,8 @@ def test_finding_names_the_label_and_leads_the_summary():
                                          "ltm", "bio_knn_bacc", "conf_knn_bacc", "n", "selected_k_confounder",
                                          "ri_median", "ri_q_alpha", "ri_ltm", "mari_median", "mari_q_alpha", "mari_ltm",
                                          "ss_undefined_frac", "oo_undefined_frac", "mixed_undefined_frac",
-                                         "croma_auc", "croma_min", "croma_delta", "m_sweep", "reason"]
+                                         "croma_auc", "croma_min", "croma_delta", "m_sweep", "m_range",
+                                         "n_undefined_m1", "ri_std", "mari_std", "croma_std", "reason"]
     assert res.summary["finding"][0] == "tissue" and res.params["label_col"] == "tissue"
 
 
