@@ -84,7 +84,8 @@ class QueryRow:
 
 @dataclass
 class Panel:
-    """The most discordant queries of one finding under one encoder (``role``: best / worst by D)."""
+    """The most discordant queries of one finding under one encoder (``role``: best / worst by D, or
+    the only encoder)."""
 
     finding: str
     encoder: str
@@ -220,6 +221,8 @@ def section(folder: str | Path, manifest: pd.DataFrame | None = None, root: str 
         if not ranked:
             continue
         chosen = [(ranked[0], "best")] + ([(ranked[-1], "worst")] if len(ranked) > 1 else [])
+        if len(ranked) == 1:
+            chosen = [(ranked[0], "only")]
         encoders = [e for (e, _), _ in chosen]
         shown += [e for e in encoders if e not in shown]
         by_query = {key: part for key, part in rows.groupby(["target", "acq_group", "query_id", "encoder"],

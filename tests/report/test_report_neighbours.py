@@ -97,7 +97,7 @@ def test_report_shows_the_best_and_worst_encoders_neighbourhoods_as_the_right_im
     page = html.to_html(report)
     md = html.to_markdown(report, out)
     assert "<h2>Neighbourhoods</h2>" in page and "## Neighbourhoods" in md
-    assert "the 4 most discordant queries under enc_good (best by D" in page
+    assert "the 4 most discordant queries under enc_good (best by D, D = " in page
     start = page.index("<h2>Neighbourhoods</h2>")
     shown = dict(IMG.findall(page[start:page.index("<h2>", start + 1)]))
     rows = man.set_index("sample_id")
@@ -128,6 +128,10 @@ def test_a_run_from_a_features_file_names_the_images_instead(tmp_path):
     assert "data:image/png" not in section[:section.index("</div>\n", section.index("class='nbrs'"))]
     first = report.neighbours.panels[0].rows[0]
     assert f"<span class='box'>{first.query.sample_id}</span>" in section
+    (out / "results" / "enc_bad").rename(tmp_path / "elsewhere")  # one encoder left: its panel alone
+    (out / "comparisons.csv").unlink()  # no ranking: D of the saved queries
+    [alone] = html.run_report(out, CONFIG, long, 1.0, no_images=nbrs_mod.FROM_FEATURES).neighbours.panels
+    assert (alone.encoder, alone.role) == ("enc_good", "only") and [len(r.strips) for r in alone.rows] == [1] * 4
     assert not report.neighbours.images
 
 
