@@ -135,13 +135,13 @@ def read_neighbours(folder: str | Path) -> pd.DataFrame:
         dirs = SweepResults(folder).job_dirs
     except OSError:
         return pd.DataFrame()
-    files = [f for d in dirs for f in sorted((d / "results").glob(f"*/*/{STAGE}/*/{FILE}"))]
     parts = []
-    for f in files:
-        frame = pd.read_parquet(f)
-        if "encoder" not in frame.columns:
-            frame.insert(0, "encoder", f.parent.parent.parent.parent.name)
-        parts.append(frame)
+    for d in dirs:
+        for f in sorted((d / "results").glob(f"*/*/{STAGE}/*/{FILE}")):
+            frame = pd.read_parquet(f)
+            if "encoder" not in frame.columns:
+                frame.insert(0, "encoder", f.parent.parent.parent.parent.name)
+            parts.append(frame.assign(job=d.name))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
@@ -208,6 +208,8 @@ def section(folder: str | Path, manifest: pd.DataFrame | None = None, root: str 
     nbrs = read_neighbours(folder)
     if nbrs.empty:
         return None
+    # an encoder in several jobs of a sweep (an ablation's settings): the neighbourhoods of its first job
+    nbrs = nbrs[nbrs["job"] == nbrs.groupby("encoder")["job"].transform("first")]
     note = "" if manifest is not None else note or NO_MANIFEST
     images = _Images(None if note else manifest, root)
     bank = nbrs[(nbrs["candidates"] == "bank") & (nbrs["query_label"] == 1)]
