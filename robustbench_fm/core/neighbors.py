@@ -10,6 +10,8 @@ is bounded by one tile whatever the set sizes. The pieces:
   folded into a row block's best-so-far list);
 * :func:`topk_similarity`: the k nearest of each query among a candidate subset (bank), the query
   itself excluded, in query × candidate tiles; :func:`mean_topk_similarity` averages it (c(x));
+  :func:`topk_means` and :meth:`Shortlist.mean_topk` ``(neighbours=True)`` also return the
+  :class:`Neighbours` each c(x) averaged (CANDOR's ``neighbours.parquet``), by the same ops;
   ``backend="faiss"`` (the ``[gpu]`` extra) sends the search to an exact faiss index instead;
 * :func:`symmetric_tiles`, :class:`RunningTopK` and :class:`SameGroupMask`: the symmetric pass
   over one set of rows (each tile on or above the diagonal computed once, serving its rows and,
@@ -48,6 +50,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -638,6 +641,41 @@ def mean_topk_similarity(feats: torch.Tensor, query_rows, cand_rows, k: int,
     return values.double().mean(dim=1).cpu().numpy()
 
 
+class Neighbours(NamedTuple):
+    """The k nearest candidates a c(x) averaged, per query: ``rows`` (Q × k feature rows, −1 where
+    a query found fewer than k) and their ``sims`` (Q × k, descending, in the features' dtype: the
+    very values summed)."""
+
+    rows: np.ndarray
+    sims: np.ndarray
+
+    @classmethod
+    def empty(cls, n: int, k: int, dtype=np.float32) -> Neighbours:
+        return cls(np.full((n, k), -1, np.int64), np.full((n, k), np.nan, dtype))
+
+    def take(self, at) -> Neighbours:
+        """The rows ``at`` of both arrays (a copy)."""
+        return Neighbours(self.rows[at], self.sims[at])
+
+    def put(self, at, other: Neighbours) -> None:
+        """``other``'s queries into the rows ``at`` of both arrays, in place."""
+        self.rows[at], self.sims[at] = other.rows, other.sims
+
+
+def _numpy_dtype(dtype: torch.dtype):
+    return np.float64 if dtype == torch.float64 else np.float32
+
+
+def topk_means(feats: torch.Tensor, query_rows, cand_rows, k: int, block_size: int = 4096, backend: str = "torch",
+               vectors: np.ndarray | None = None) -> tuple[np.ndarray, Neighbours]:
+    """:func:`mean_topk_similarity` (the same c(x), by the same ops) with the :class:`Neighbours` it
+    averaged: one :func:`topk_similarity`, its candidate positions read back as feature rows."""
+    cand_rows = np.asarray(cand_rows, dtype=np.int64)
+    values, at = topk_similarity(feats, query_rows, cand_rows, k, block_size, backend=backend, vectors=vectors)
+    means = values.double().mean(dim=1).cpu().numpy()
+    return means, Neighbours(cand_rows[at.cpu().numpy()], values.cpu().numpy())
+
+
 def _position_dtype(n_rows: int):
     """The narrowest integer dtype of a position among ``n_rows`` rows (int16 or int32): a quarter or
     half of the int64 rows to read per scan."""
@@ -744,7 +782,8 @@ class Shortlist:
             raise ValueError("Shortlist.mean_topk: every query must be one of the shortlist's rows")
         return at
 
-    def mean_topk(self, query_rows, cand_rows, k: int, scan_factor: float = 4.0) -> np.ndarray:
+    def mean_topk(self, query_rows, cand_rows, k: int, scan_factor: float = 4.0, neighbours: bool = False
+                  ) -> np.ndarray | tuple[np.ndarray, Neighbours]:
         """c(x) = (1/k) Σ_{z ∈ N_k(x; R)} <g(x), g(z)> with R = ``cand_rows`` ⊆ ``rows``,
         the query itself never its own neighbour (candor.md, Eq. 1).
 
@@ -752,10 +791,14 @@ class Shortlist:
         members of R when neighbours are spread like R), then the whole shortlist for rows still
         short of k, then the held matrix or an exact search for the rest; with the matrix held, an
         R whose first scan is wider than the shortlist is read off the matrix for every row.
+
+        ``neighbours``: also return the :class:`Neighbours` each c(x) averaged, read out of the
+        branch that answered the row (the same entries its sum took; the c(x) are unchanged).
         """
         query_rows = np.asarray(query_rows, dtype=np.int64)
         cand_rows = np.asarray(cand_rows, dtype=np.int64)
         out = np.full(len(query_rows), np.nan)
+        found = Neighbours.empty(len(query_rows), k, _numpy_dtype(self.feats.dtype)) if neighbours else None
         device = self.feats.device
         if device.type == "cpu":
             in_r = np.zeros(self.feats.shape[0], bool)
@@ -773,17 +816,33 @@ class Shortlist:
             if len(todo) == 0 or width < k:
                 continue
             local = positions[todo] if device.type == "cpu" else torch.as_tensor(positions[todo], device=device)
-            parts = row_parallel(lambda r0, r1: self._first_hits(local[r0:r1], in_r, k, width), len(local), device)
-            sums, found = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-            done = found == k
+            if neighbours:
+                parts = row_parallel(lambda r0, r1: self._first_hits(local[r0:r1], in_r, k, width, True), len(local),
+                                     device)
+            else:
+                parts = row_parallel(lambda r0, r1: self._first_hits(local[r0:r1], in_r, k, width), len(local), device)
+            sums, hits = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+            done = hits == k
             out[todo[done]] = sums[done] / k
+            if neighbours:
+                taken = Neighbours(np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]))
+                found.put(todo[done], taken.take(done))
             todo = todo[~done]
         if len(todo) and self.matrix is not None:
-            out[todo] = self._matrix_means(positions[todo], self._local(cand_rows), k)
+            if neighbours:
+                out[todo], rest = self._matrix_means(positions[todo], self._local(cand_rows), k, True)
+                found.put(todo, rest)
+            else:
+                out[todo] = self._matrix_means(positions[todo], self._local(cand_rows), k)
         elif len(todo):
-            out[todo] = mean_topk_similarity(self.feats, query_rows[todo], cand_rows, k,
-                                             self.block_size, self.backend, self.vectors)
-        return out
+            if neighbours:
+                out[todo], rest = topk_means(self.feats, query_rows[todo], cand_rows, k, self.block_size, self.backend,
+                                             self.vectors)
+                found.put(todo, rest)
+            else:
+                out[todo] = mean_topk_similarity(self.feats, query_rows[todo], cand_rows, k,
+                                                 self.block_size, self.backend, self.vectors)
+        return (out, found) if neighbours else out
 
     @staticmethod
     def scan_width(k: int, n_rows: int, n_cands: int, scan_factor: float = 4.0) -> int:
@@ -791,10 +850,11 @@ class Shortlist:
         ``n_cands`` among ``n_rows``: ``scan_factor · k · n_rows / n_cands``."""
         return int(np.ceil(scan_factor * k * n_rows / max(n_cands, 1)))
 
-    def _matrix_means(self, local: np.ndarray, cand_local: np.ndarray, k: int) -> np.ndarray:
+    def _matrix_means(self, local: np.ndarray, cand_local: np.ndarray, k: int, neighbours: bool = False):
         """c(x) of the rows ``local`` on the rows ``cand_local`` read off the held matrix (its
         diagonal −inf: a row is never its own neighbour), ``block_size`` rows at a time; the mean
-        of the k largest in float64, as :func:`mean_topk_similarity` takes it."""
+        of the k largest in float64, as :func:`mean_topk_similarity` takes it. ``neighbours``:
+        (c(x), the :class:`Neighbours` each mean took)."""
         device = self.matrix.device
         if len(cand_local) - int(np.isin(local, cand_local).any()) < k:
             raise ValueError(f"k={k} exceeds the candidates available")
@@ -807,14 +867,31 @@ class Shortlist:
             parts = row_parallel(lambda c0, c1: topk_columns_keyed(cand_np[:, c0:c1], k), n, device)
             if all(part is not None for part in parts):
                 every = torch.cat([torch.from_numpy(values).double().mean(dim=0) for values, _ in parts])
-                return every[torch.as_tensor(local)].numpy()
+                means = every[torch.as_tensor(local)].numpy()
+                if not neighbours:
+                    return means
+                values = np.concatenate([v for v, _ in parts], axis=1)[:, local].T
+                at = np.concatenate([i for _, i in parts], axis=1)[:, local].T
+                return means, Neighbours(self.rows[cand_local[at]], np.ascontiguousarray(values))
         if len(local) * 4 >= n and r >= k * b:  # most rows: every column's top k down the candidates' rows
             blocks = -(-r // b)
             cand_rows = self.matrix.new_full((blocks * b, n), float("-inf"))
             torch.index_select(self.matrix, 0, torch.as_tensor(cand_local, device=device), out=cand_rows[:r])
-            every = torch.cat(row_parallel(lambda c0, c1: topk_columns(cand_rows[:, c0:c1], k, b)[0].double().mean(
-                dim=0), n, device))
-            return every[torch.as_tensor(local, device=device)].cpu().numpy()
+            if not neighbours:
+                every = torch.cat(row_parallel(lambda c0, c1: topk_columns(cand_rows[:, c0:c1], k, b)[0].double().mean(
+                    dim=0), n, device))
+                return every[torch.as_tensor(local, device=device)].cpu().numpy()
+
+            def columns(c0: int, c1: int):
+                values, at = topk_columns(cand_rows[:, c0:c1], k, b)
+                return values.double().mean(dim=0), values, at
+
+            parts = row_parallel(columns, n, device)
+            pick = torch.as_tensor(local, device=device)
+            means = torch.cat([m for m, _, _ in parts])[pick].cpu().numpy()
+            values = torch.cat([v for _, v, _ in parts], dim=1)[:, pick].T.cpu().numpy()
+            at = torch.cat([i for _, _, i in parts], dim=1)[:, pick].T.cpu().numpy()
+            return means, Neighbours(self.rows[cand_local[at]], np.ascontiguousarray(values))
         cand_rows = self.matrix.index_select(0, torch.as_tensor(cand_local, device=device))
         local = torch.as_tensor(local, device=device)
 
@@ -822,11 +899,23 @@ class Shortlist:
             sims = cand_rows.index_select(1, local[r0:r1])
             return topk_rows(sims.T.contiguous(), k)[0].double().mean(dim=1)
 
-        return torch.cat(row_parallel(means, len(local), device)).cpu().numpy()
+        if not neighbours:
+            return torch.cat(row_parallel(means, len(local), device)).cpu().numpy()
 
-    def _first_hits(self, local, in_r, k: int, width: int):
+        def means_and_rows(r0: int, r1: int):
+            sims = cand_rows.index_select(1, local[r0:r1])
+            values, at = topk_rows(sims.T.contiguous(), k)
+            return values.double().mean(dim=1), values, at
+
+        parts = row_parallel(means_and_rows, len(local), device)
+        at = torch.cat([i for _, _, i in parts]).cpu().numpy()
+        return (torch.cat([m for m, _, _ in parts]).cpu().numpy(),
+                Neighbours(self.rows[cand_local[at]], torch.cat([v for _, v, _ in parts]).cpu().numpy()))
+
+    def _first_hits(self, local, in_r, k: int, width: int, neighbours: bool = False):
         """Sum (float64) of the first k shortlist similarities within ``width`` that belong to R,
-        and how many were found (≤ k). On a GPU (tensors) the k earliest members are the k largest
+        and how many were found (≤ k); ``neighbours``: then also those k entries' rows and values
+        (rows −1 where fewer than k were found). On a GPU (tensors) the k earliest members are the k largest
         scores ``member × (width − position)``; on the CPU (numpy arrays, no per-op thread barrier)
         the members' flat positions (one ``flatnonzero`` over the entries' membership in R, read through
         the members' positions in ``rows``, :attr:`_positions`) give each row's first k. Either way the k
@@ -838,21 +927,30 @@ class Shortlist:
             found = np.minimum(counts, k)
             sums = np.zeros(len(local))
             done = np.flatnonzero(found == k)
+            if neighbours:
+                taken = Neighbours.empty(len(local), k, self._values_np.dtype)
             if len(done):
                 first = at[(np.cumsum(counts) - counts)[done][:, None] + np.arange(k)]  # each row's first k
-                values = self._values_np[local[done][:, None], first % width].astype(np.float64)
+                raw = self._values_np[local[done][:, None], first % width]
+                values = raw.astype(np.float64)
                 total = values[:, 0].copy()
                 for j in range(1, k):
                     total += values[:, j]
                 sums[done] = total
-            return sums, found
+                if neighbours:
+                    taken.put(done, Neighbours(self._members_np[local[done][:, None], first % width], raw))
+            return (sums, found, *taken) if neighbours else (sums, found)
         hit = in_r[self.members[local, :width]]
         rank = torch.arange(width, 0, -1, dtype=torch.int32 if width > 32767 else torch.int16,
                             device=hit.device)
         score, at = torch.topk(hit.to(rank.dtype) * rank, k, dim=1)
         taken = score > 0
-        values = torch.gather(self.values[local, :width], 1, at).double()
+        raw = torch.gather(self.values[local, :width], 1, at)
+        values = raw.double()
         sums = torch.where(taken, values, 0.0).sum(dim=1)
+        if neighbours:  # a row short of k is not taken (its rows here are of no use)
+            rows = torch.gather(self.members[local, :width], 1, at)
+            return sums.cpu().numpy(), taken.sum(dim=1).cpu().numpy(), rows.cpu().numpy(), raw.cpu().numpy()
         return sums.cpu().numpy(), taken.sum(dim=1).cpu().numpy()
 
     @property

@@ -1,5 +1,6 @@
 """Results of one stage: ``summary`` (one row per encoder × task × statistic set) and, for
-per-sample methods, ``per_sample`` (one row per query/anchor)."""
+per-sample methods, ``per_sample`` (one row per query/anchor), ``items`` (what paired comparisons
+read) and ``neighbours`` (the neighbourhoods the stage scored)."""
 from __future__ import annotations
 
 import json
@@ -122,12 +123,15 @@ class Results:
     """What a stage returns; ``save(dir)`` writes summary/per-sample parquet and a markdown table.
     ``items``: a stage's per-item table for paired comparisons between encoders when ``per_sample``
     does not hold every item (CANDOR: the margin's scored images besides the queries), saved as
-    ``items.parquet`` (``methods.Pairing.table``)."""
+    ``items.parquet`` (``methods.Pairing.table``). ``neighbours``: the neighbours each query's scores
+    averaged, as the stage found them (CANDOR: ``methods.candor.stage.NEIGHBOUR_COLUMNS``), saved as
+    ``neighbours.parquet`` (docs/neighbourhoods.md)."""
 
     summary: pd.DataFrame
     per_sample: pd.DataFrame | None = None
     params: dict = field(default_factory=dict)
     items: pd.DataFrame | None = None
+    neighbours: pd.DataFrame | None = None
 
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)
@@ -138,6 +142,8 @@ class Results:
                          lambda f: self.per_sample.to_parquet(f, index=False))
         if self.items is not None:
             write_atomic(directory / "items.parquet", lambda f: self.items.to_parquet(f, index=False))
+        if self.neighbours is not None:
+            write_atomic(directory / "neighbours.parquet", lambda f: self.neighbours.to_parquet(f, index=False))
         write_text_atomic(directory / "summary.md", to_markdown(self.summary))
         write_text_atomic(directory / "params.json", json.dumps(self.params, indent=2, default=str))
         return directory

@@ -73,7 +73,9 @@ def score_and_save(stage: str, features, manifest: pd.DataFrame, findings, param
                              res.per_sample[res.per_sample["finding"] == f].reset_index(drop=True),
                              params={**res.params, "finding": f},
                              items=None if res.items is None else
-                             res.items[res.items["finding"] == f].reset_index(drop=True))) for f in findings]
+                             res.items[res.items["finding"] == f].reset_index(drop=True),
+                             neighbours=None if res.neighbours is None else
+                             res.neighbours[res.neighbours["finding"] == f].reset_index(drop=True))) for f in findings]
     else:
         parts = [(f, evaluate(stage, last if i == len(findings) - 1 else features, manifest, finding=f, **params))
                  for i, f in enumerate(findings)]
@@ -81,6 +83,8 @@ def score_and_save(stage: str, features, manifest: pd.DataFrame, findings, param
     for finding, res in parts:
         res.summary.insert(0, "encoder", encoder)
         res.summary.insert(1, "dataset", dataset)
+        if res.neighbours is not None and "encoder" not in res.neighbours.columns:
+            res.neighbours.insert(0, "encoder", encoder)
         res.save(Path(out) / "results" / encoder / dataset / stage / finding)
         summaries.append(res.summary)
     return summaries

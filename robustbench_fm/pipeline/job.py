@@ -47,6 +47,7 @@ from ..report.comparisons import build as build_comparisons
 from ..report.comparisons import verdict
 from ..report.html import run_report, write_report
 from ..report.long_format import config_hash, to_long
+from ..report.neighbours import FROM_FEATURES
 from ..report.tables import build_tables
 from .plan import Plan, label_columns, plan
 
@@ -566,7 +567,7 @@ def _run_planned(job: Plan, out_dir: Path) -> pd.DataFrame:
     write_text_atomic(out_dir / "summary.md", table)
     comparisons = build_comparisons(out_dir)  # two or more encoders: which one, and is the difference real
     seconds = time.perf_counter() - started
-    report = _write_report(job, summary, out_dir, seconds)
+    report = _write_report(job, summary, out_dir, seconds, manifest)
     which = "".join(f"- {line}\n" for line in verdict(comparisons))
     print(f"\n{job.stage} on {job.dataset or job.features_file} ({seconds:.1f} s) -> {out_dir}\n\n{table}"
           + (f"\nWhich encoder (paired, {out_dir / 'comparisons.csv'}):\n{which}" if which else "")
@@ -639,15 +640,19 @@ def _refuse_all_blank(stage: str, summary: pd.DataFrame) -> None:
                          f"{reasons.iloc[0]}; check stage.params and stage.findings")
 
 
-def _write_report(job: Plan, summary: pd.DataFrame, out_dir: Path, seconds: float) -> Path:
+def _write_report(job: Plan, summary: pd.DataFrame, out_dir: Path, seconds: float,
+                  manifest: pd.DataFrame | None = None) -> Path:
     """``results_long.parquet``/``.csv`` (:mod:`.report.long_format`) and ``report.md`` /
-    ``report.html`` (:mod:`.report.html`) of this run; returns the HTML path."""
+    ``report.html`` (:mod:`.report.html`) of this run, its images (``manifest`` under the dataset root)
+    in the neighbourhood section; returns the HTML path."""
 
     long = to_long(summary, job.stage, OmegaConf.create(job.config), out_dir.name)
     write_atomic(out_dir / "results_long.parquet", lambda f: long.to_parquet(f, index=False))
     write_text_atomic(out_dir / "results_long.csv", long.to_csv(index=False))
-    return write_report(run_report(out_dir, job.config_yaml, long, seconds, experiment=job.experiment),
-                        out_dir)[1]
+    from_file = job.features_file is not None  # a features file: no images to show
+    return write_report(run_report(out_dir, job.config_yaml, long, seconds, experiment=job.experiment,
+                                   manifest=None if from_file else manifest, image_root=job.root,
+                                   no_images=FROM_FEATURES if from_file else ""), out_dir)[1]
 
 
 def record_entries(out_dir: Path, job: Plan, entries, cache: dict) -> None:

@@ -41,6 +41,7 @@ from ..core.tables import PaperTable, SweepResults
 from ..methods.params import default
 from . import compare as cmp_mod
 from . import comparisons as which_mod
+from . import neighbours as neighbours_mod
 from .long_format import stage_conventions
 from .render import ranks
 from .render import to_markdown as table_markdown
@@ -91,6 +92,7 @@ class Report:
     which_figures: list[tuple[str, Path]] = field(default_factory=list)  # heat maps of pairwise differences
     which_notes: list[str] = field(default_factory=list)  # what was not compared, and why
     sections: list[tuple[str, list[str], pd.DataFrame]] = field(default_factory=list)  # :func:`sections`
+    neighbours: neighbours_mod.Section | None = None  # CANDOR's neighbourhoods in thumbnails (.neighbours)
 
     @property
     def inline(self) -> bool:
@@ -465,7 +467,7 @@ def sweep_report(sweep_dir: Path, long: pd.DataFrame, tables: list[PaperTable], 
                   guide=how_to_read(stages, results.config), by_encoder=encoder_summary(long),
                   not_scored=not_scored(results, stages), no_interval=no_interval(results, stages),
                   experiment_notes=_experiment_notes(results.config, encoders), sections=sections(results, stages),
-                  **which_encoder(sweep_dir))
+                  **which_encoder(sweep_dir), neighbours=neighbours_mod.section(sweep_dir))
 
 
 def which_encoder(folder: Path) -> dict:
@@ -483,9 +485,11 @@ def which_encoder(folder: Path) -> dict:
 
 
 def run_report(out_dir: Path, config_yaml: str, long: pd.DataFrame, seconds: float,
-               experiment: str | None = None) -> Report:
+               experiment: str | None = None, manifest: pd.DataFrame | None = None, image_root: Path | None = None,
+               no_images: str = "") -> Report:
     """The report of one run folder (written by :func:`robustbench_fm.pipeline.job.run`); ``experiment``
-    names the experiment in the title."""
+    names the experiment in the title; ``manifest`` and ``image_root``: the run's images, shown in the
+    neighbourhood section (:mod:`.neighbours`; ``no_images`` says why there are none)."""
     results = SweepResults(out_dir)
     cfg = OmegaConf.create(config_yaml) if config_yaml.strip() else None
     figs, notes = figures(results, long, out_dir) if len(long) else ([], [])
@@ -497,7 +501,7 @@ def run_report(out_dir: Path, config_yaml: str, long: pd.DataFrame, seconds: flo
                   guide=how_to_read(stages, cfg), by_encoder=encoder_summary(long),
                   not_scored=not_scored(results, stages), no_interval=no_interval(results, stages),
                   experiment_notes=_experiment_notes(cfg, encoders), sections=sections(results, stages),
-                  **which_encoder(out_dir))
+                  **which_encoder(out_dir), neighbours=neighbours_mod.section(out_dir, manifest, image_root, no_images))
 
 
 def console_summary(report: Report) -> str:

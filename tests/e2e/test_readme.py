@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 PAGES = ("README.md", "docs/encoders.md", "docs/python-api.md", "docs/datasets.md",
          "docs/sweeps-and-clusters.md", "docs/methods/candor.md", "docs/methods/croma.md",
          "docs/methods/confounders.md", "docs/methods/spar.md", "docs/outputs.md", "docs/development.md",
-         "docs/architecture.md", "docs/comparisons.md")
+         "docs/architecture.md", "docs/comparisons.md", "docs/neighbourhoods.md")
 README_MAX_LINES = 200
 BLOCK = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
 SETUP = re.compile(r"^python3 -m venv \.venv && \. \.venv/bin/activate && pip install (?P<what>.+?) && (?P<cmd>.+)$")

@@ -59,7 +59,11 @@ bank members). Both give the same c±, DM and margins.
 n_neg, bank_size, k, d, d_sd, d_ci_low, d_ci_high, d_all, d_all_sd, d_all_ci_low, d_all_ci_high,
 margin_auroc, margin_auroc_sd, margin_auroc_ci_low, margin_auroc_ci_high, margin_chance_low, reason.
 ``per_sample`` columns: sample_id, finding, target, acq_group, c_pos, c_neg, dm, discordant,
-c_pos_all, c_neg_all, dm_all, discordant_all.
+c_pos_all, c_neg_all, dm_all, discordant_all. ``neighbours`` (:data:`NEIGHBOUR_COLUMNS`, saved as
+``neighbours.parquet``; docs/neighbourhoods.md): every query's k nearest positives and negatives in the
+banks and among all candidates, and those of at most :data:`NEIGHBOUR_NEGATIVES` negatives per group
+and task, as the scoring found them (the searches return the neighbours they averaged:
+:class:`~robustbench_fm.core.neighbors.Neighbours`), never searched again.
 """
 from __future__ import annotations
 
@@ -75,7 +79,7 @@ from sklearn.metrics import roc_auc_score
 
 from ...core.devices import resolve_device, torch_threads
 from ...core.errors import InvalidSetting
-from ...core.neighbors import MATRIX_BYTES, Shortlist, distinct_rows, l2_normalize, topk_similarity
+from ...core.neighbors import MATRIX_BYTES, Neighbours, Shortlist, distinct_rows, l2_normalize, topk_similarity
 from ...core.results import Results
 from ...core.stats import (
     MIN_CLUSTERS,
@@ -110,6 +114,14 @@ PER_SAMPLE_COLUMNS = ["sample_id", "finding", "target", "acq_group", "c_pos", "c
 #: ``Results.items``: one row per image a group row scores (queries and the margin's images; see :func:`_items`)
 ITEM_COLUMNS = ["sample_id", "finding", "target", "acq_group", "cluster", "query", "discordant", "discordant_all",
                 "margin", "label"]
+#: ``Results.neighbours`` (saved as ``neighbours.parquet``; :func:`_neighbour_rows`): one row per (query,
+#: candidate set, side, rank), the neighbours every c± of the stage averaged
+NEIGHBOUR_COLUMNS = ["finding", "target", "acq_group", "query_id", "query_label", "candidates", "side", "rank",
+                     "neighbour_id", "similarity", "dm", "discordant"]
+NEIGHBOUR_DTYPES = ["str", "str", "str", "str", np.int8, "str", "str", np.int16, "str", np.float64, np.float64, bool]
+#: negatives of each matched group (and task) whose neighbours ``neighbours.parquet`` keeps besides every
+#: query's: a seeded random draw of at most this many of the negatives the margin scores
+NEIGHBOUR_NEGATIVES = 200
 #: margin-AUROC intervals: the bootstrap of its placement-value expansion, or re-ranked resamples
 AUROC_ESTIMATORS = {"linear": LinearizedAUROC, "exact": ResampledAUROC}
 if tuple(AUROC_ESTIMATORS) != AUROC_BOOTSTRAPS:  # one list of names: CandorParams checks against it
@@ -165,13 +177,15 @@ def equal_size_drops(queries: np.ndarray, bank_pos: np.ndarray, bank_neg: np.nda
 
 def masked_mean_topk(feats: torch.Tensor, queries, cands, k: int, clusters: np.ndarray | None = None,
                      drops: np.ndarray | None = None, block_size: int = 4096, backend: str = "torch",
-                     vectors: np.ndarray | None = None) -> np.ndarray:
+                     vectors: np.ndarray | None = None, neighbours: bool = False):
     """c(x) over the candidates minus the query itself, minus the query's cluster (``clusters``
     given: its patient's images) and minus ``drops[i]`` (≥ 0) for query i; NaN when fewer than
     k candidates remain.
 
     Exact: the k + e nearest candidates are searched, e the most candidates one query can lose,
     and the k nearest survivors are kept (every candidate outside that list is no nearer).
+    ``neighbours``: (c(x), the :class:`~robustbench_fm.core.neighbors.Neighbours` kept; rows −1
+    where fewer than k remain).
     """
     queries, cands = np.asarray(queries, np.int64), np.asarray(cands, np.int64)
     extra = 0 if drops is None else 1
@@ -179,16 +193,26 @@ def masked_mean_topk(feats: torch.Tensor, queries, cands, k: int, clusters: np.n
         extra += int(np.bincount(clusters[cands], minlength=int(clusters.max()) + 1)[clusters[queries]].max())
     reach = min(k + extra, len(cands) - int(np.isin(queries, cands).any()))
     if reach < k or not len(queries):
-        return np.full(len(queries), np.nan)
+        means = np.full(len(queries), np.nan)
+        return (means, Neighbours.empty(len(queries), k, np.float32)) if neighbours else means
     values, at = topk_similarity(feats, queries, cands, reach, block_size, backend=backend, vectors=vectors)
-    values, rows = values.double().cpu().numpy(), cands[at.cpu().numpy()]
+    raw = values.cpu().numpy()
+    values, rows = raw.astype(np.float64), cands[at.cpu().numpy()]
     gone = np.zeros(values.shape, bool)
     if clusters is not None:
         gone |= clusters[rows] == clusters[queries][:, None]
     if drops is not None:
         gone |= rows == drops[:, None]
     kept = -np.sort(-np.where(gone, -np.inf, values), axis=1)[:, :k]
-    return np.where(np.isfinite(kept).all(axis=1), kept.mean(axis=1), np.nan)
+    means = np.where(np.isfinite(kept).all(axis=1), kept.mean(axis=1), np.nan)
+    if not neighbours:
+        return means
+    # the survivors in list order (the search's order, descending): the same k values kept holds
+    order = np.argsort(gone, axis=1, kind="stable")[:, :k]
+    taken = Neighbours(np.take_along_axis(rows, order, 1), np.take_along_axis(raw, order, 1))
+    short = ~np.isfinite(means)
+    taken.rows[short], taken.sims[short] = -1, np.nan
+    return means, taken
 
 
 @dataclass
@@ -243,31 +267,43 @@ def shortlist_size(size: int, k: int, n_labelled: int, jobs) -> int:
     return max([k] + [w for w in widths if w <= size]) if size >= k else size
 
 
-def _neighbour_means(s: _Setting, shortlist, queries, cands, drops=None) -> np.ndarray:
-    """c(x) of ``queries`` on ``cands``: the shared shortlist, or an exact search when the group
-    takes the exact path (``shortlist`` None) or a control changes the candidate set per query."""
+def _neighbour_means(s: _Setting, shortlist, queries, cands, drops=None) -> tuple[np.ndarray, Neighbours]:
+    """c(x) of ``queries`` on ``cands`` and the neighbours each averaged: the shared shortlist, or an
+    exact search when the group takes the exact path (``shortlist`` None) or a control changes the
+    candidate set per query."""
     if s.exact or shortlist is None or drops is not None:
         return masked_mean_topk(s.feats, queries, cands, s.k, s.clusters if s.exclude_patient else None,
-                                drops, s.block_size, s.backend, s.vectors)
-    return shortlist.mean_topk(queries, cands, s.k)
+                                drops, s.block_size, s.backend, s.vectors, neighbours=True)
+    return shortlist.mean_topk(queries, cands, s.k, neighbours=True)
 
 
 def _score_group(s: _Setting, shortlist, pos, neg, queries, bank_pos, bank_neg, cand_pos, cand_neg, drops):
     """c± of the queries on the banks and on all candidates, and the margin scores c+ − c− of the
-    group's labelled images (the queries' c± on the banks are read off the margin's terms)."""
+    group's labelled images (the queries' c± on the banks are read off the margin's terms), with the
+    neighbours every c± averaged (``found``: ``"bank"``, the banks' neighbours of every labelled image
+    in ``everyone`` order; ``"all"``, D_all's of the queries; each a (positive, negative) pair)."""
     everyone = np.concatenate([pos, neg])
-    m_pos = _neighbour_means(s, shortlist, everyone, bank_pos)
-    m_neg = _neighbour_means(s, shortlist, everyone, bank_neg)
+    m_pos, n_pos = _neighbour_means(s, shortlist, everyone, bank_pos)
+    m_neg, n_neg = _neighbour_means(s, shortlist, everyone, bank_neg)
     at = np.searchsorted(pos, queries)  # queries are positives, pos is sorted
     c_pos, c_neg = m_pos[at], m_neg[at]
+    q_pos, q_neg = n_pos.take(at), n_neg.take(at)
     if drops is not None and (drops >= 0).any():
         inside = drops >= 0
-        c_neg[inside] = _neighbour_means(s, shortlist, queries[inside], bank_neg, drops[inside])
+        c_neg[inside], dropped = _neighbour_means(s, shortlist, queries[inside], bank_neg, drops[inside])
+        q_neg.put(inside, dropped)
     # a full bank is the set of all candidates: then D_all's scores are D's
-    c_pos_all = m_pos[at] if np.array_equal(bank_pos, cand_pos) else _neighbour_means(s, shortlist, queries, cand_pos)
-    c_neg_all = m_neg[at] if np.array_equal(bank_neg, cand_neg) else _neighbour_means(s, shortlist, queries, cand_neg)
+    if np.array_equal(bank_pos, cand_pos):
+        c_pos_all, a_pos = m_pos[at], n_pos.take(at)
+    else:
+        c_pos_all, a_pos = _neighbour_means(s, shortlist, queries, cand_pos)
+    if np.array_equal(bank_neg, cand_neg):
+        c_neg_all, a_neg = m_neg[at], n_neg.take(at)
+    else:
+        c_neg_all, a_neg = _neighbour_means(s, shortlist, queries, cand_neg)
     labels = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
-    return c_pos, c_neg, c_pos_all, c_neg_all, everyone, m_pos - m_neg, labels
+    found = {"bank": (n_pos, n_neg), "queries": (q_pos, q_neg), "all": (a_pos, a_neg)}
+    return c_pos, c_neg, c_pos_all, c_neg_all, everyone, m_pos - m_neg, labels, found
 
 
 def check_params(**params) -> CandorParams:
@@ -352,6 +388,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     pools = {i: _pooled_sets(t.labels, bank_size, seed) for i, t in enumerate(tasks)} \
         if unmatched else {}
     sample_ids = manifest["sample_id"].to_numpy()
+    id_array = pd.array(sample_ids)  # the neighbours' ids taken from it (pandas' own string array: no conversion)
     cluster_ids = manifest[cluster_col].astype(str).to_numpy()
     rows, parts, per_sample, items = {i: [] for i in range(len(tasks))}, [], [], []
     auroc_boot = AUROC_ESTIMATORS[p.auroc_bootstrap]
@@ -363,7 +400,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
         in_group = groups == group
         images = np.flatnonzero(in_group)  # the query sample is drawn from all of them (draw_group)
         labelled = np.flatnonzero(in_group & labelled_any)
-        group_rows, group_parts, group_per_sample, group_items = [], [], [], []
+        group_rows, group_parts, group_per_sample, group_items, group_neighbours = [], [], [], [], []
         jobs = []  # (task, pos, neg, cand_pos, cand_neg, row, queries, bank_pos, bank_neg) of the scored tasks
         for i, t in enumerate(tasks):
             pos = np.flatnonzero(in_group & (t.labels == 1))
@@ -393,7 +430,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
             t = tasks[i]
             drops = equal_size_drops(q, bank_pos, bank_neg, ct.task_rng(seed, group, t.target, "equal_size")) \
                 if p.equal_size else None
-            c_pos, c_neg, c_pos_all, c_neg_all, everyone, margin, y = _score_group(
+            c_pos, c_neg, c_pos_all, c_neg_all, everyone, margin, y, found = _score_group(
                 setting, group_shortlist, pos, neg, q, bank_pos, bank_neg, cand_pos, cand_neg, drops)
             ok = np.isfinite(c_pos) & np.isfinite(c_neg) & np.isfinite(c_pos_all) & np.isfinite(c_neg_all)
             q, c_pos, c_neg, c_pos_all, c_neg_all = q[ok], c_pos[ok], c_neg[ok], c_pos_all[ok], c_neg_all[ok]
@@ -415,6 +452,9 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
                 "discordant_all": disc_all}))
             group_items.append(_items(t, group, sample_ids, cluster_ids, q, disc, disc_all, everyone[scored],
                                       margin[scored], y[scored]))
+            group_neighbours.append((i, _neighbour_rows(t, group, id_array, q, ok, c_neg - c_pos,
+                                                        c_neg_all - c_pos_all, everyone, y, scored, margin, found,
+                                                        ct.task_rng(seed, group, t.target, "neighbours"))))
             group_parts.append(dict(task=i, row=row, queries=q, disc=np.c_[disc, disc_all],
                                     images=everyone[scored], margin=margin[scored], labels=y[scored]))
         if group_shortlist is not None:
@@ -422,17 +462,19 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
             del group_shortlist
         if n_boot:  # the group rows' AUROC resamples, here beside the other groups' scoring (_Resampler)
             _group_aurocs(group_parts, clusters, n_boot, seed, auroc_boot)
-        return group_rows, group_parts, group_per_sample, group_items
+        return group_rows, group_parts, group_per_sample, group_items, group_neighbours
 
     largest = max((int((labelled_any & (groups == g)).sum()) for g in pd.unique(groups)), default=0)
     matrix_bytes = min(largest ** 2 * setting.feats.element_size(), MATRIX_BYTES)  # a group's held matrix at most
-    for group_rows, group_parts, group_per_sample, group_items in _map_groups(
+    neighbours = []
+    for group_rows, group_parts, group_per_sample, group_items, group_neighbours in _map_groups(
             score, sorted(pd.unique(groups)), setting.feats.device, matrix_bytes):
         for i, row in group_rows:
             rows[i].append(row)
         parts += group_parts
         per_sample += group_per_sample
         items += group_items
+        neighbours += group_neighbours
     spare.clear()  # the matrices' memory freed before the bootstrap
     summary = _summary(tasks, rows, parts, clusters, k, n_boot, seed, auroc_boot, cluster_col)
     per = pd.concat(per_sample, ignore_index=True) if per_sample else pd.DataFrame(columns=PER_SAMPLE_COLUMNS)
@@ -440,8 +482,11 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
         order = {(t.finding, t.target): i for i, t in enumerate(tasks)}
         rank = np.array([order[ft] for ft in zip(per["finding"], per["target"])])
         per = per.iloc[np.argsort(rank, kind="stable")].reset_index(drop=True)
+    # in per_sample's order: by task, then group (each frame is one task's in one group)
+    neighbours = [frame for _, frame in sorted(neighbours, key=lambda part: part[0])]
+    nbrs = pd.concat(neighbours, ignore_index=True) if neighbours else _neighbour_frame()
     items = pd.concat(items, ignore_index=True) if items else pd.DataFrame(columns=ITEM_COLUMNS)
-    return Results(summary=summary, per_sample=per, items=items,
+    return Results(summary=summary, per_sample=per, items=items, neighbours=nbrs,
                    params={"finding": finding, **{n: getattr(p, n) for n in RECORDED_PARAMS}})
 
 
@@ -461,6 +506,59 @@ def _items(t: ct.Task, group: str, sample_ids, cluster_ids, queries, disc, disc_
     return pd.DataFrame({"sample_id": sample_ids[ids], "finding": t.finding, "target": t.target,
                          "acq_group": group, "cluster": cluster_ids[ids], "query": query, "discordant": d,
                          "discordant_all": d_all, "margin": score, "label": label})
+
+
+def _neighbour_frame(columns: dict | None = None) -> pd.DataFrame:
+    """``Results.neighbours`` with :data:`NEIGHBOUR_COLUMNS` (empty without ``columns``)."""
+    if columns is None:
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in zip(NEIGHBOUR_COLUMNS, NEIGHBOUR_DTYPES)})
+    return pd.DataFrame(columns, columns=NEIGHBOUR_COLUMNS)
+
+
+def _neighbour_rows(t: ct.Task, group: str, sample_ids, queries, ok, dm, dm_all, everyone, labels, scored, margin,
+                    found: dict, rng: np.random.Generator) -> pd.DataFrame:
+    """One group's neighbours of one task (``Results.neighbours``): the k nearest of each side that
+    the stage averaged, as :func:`_score_group` found them (``found``), never searched again.
+
+    * every query (the positives scored, ``ok``): its neighbours in the banks (c+, c− of DM;
+      ``candidates="bank"``) and among all positives / negatives (D_all; ``"all"``), with ``dm`` and
+      ``discordant`` of that set as per_sample holds them (``dm``, ``discordant`` / ``dm_all``,
+      ``discordant_all``);
+    * at most :data:`NEIGHBOUR_NEGATIVES` negatives of the group whose margin is scored, drawn with
+      the (group, task) generator ``rng``: their neighbours in the banks (the terms of their margin),
+      ``dm`` = c− − c+ (minus the margin), ``discordant`` where their nearest positives are the nearer
+      (dm < 0)."""
+    q_pos, q_neg = (side.take(ok) for side in found["queries"])
+    a_pos, a_neg = (side.take(ok) for side in found["all"])
+    negatives = np.flatnonzero(scored & (labels == 0))  # positions in everyone
+    if len(negatives) > NEIGHBOUR_NEGATIVES:
+        negatives = np.sort(rng.choice(negatives, NEIGHBOUR_NEGATIVES, replace=False))
+    n_pos, n_neg = (side.take(negatives) for side in found["bank"])
+    blocks = [(queries, 1, "bank", q_pos, q_neg, dm), (queries, 1, "all", a_pos, a_neg, dm_all),
+              (everyone[negatives], 0, "bank", n_pos, n_neg, -margin[negatives])]
+    names = pd.array([t.finding, t.target, group, "bank", "all", "pos", "neg"])  # the text columns' values
+    columns = {c: [] for c in ("query", "query_label", "candidates", "side", "rank", "neighbour", "similarity",
+                               "dm", "discordant")}
+    for rows, label, candidates, pos_side, neg_side, dm in blocks:
+        n, k = pos_side.rows.shape
+        for side, found_side in ((5, pos_side), (6, neg_side)):
+            columns["query"].append(np.repeat(rows, k))
+            columns["query_label"].append(np.full(n * k, label, np.int8))
+            columns["candidates"].append(np.full(n * k, 3 if candidates == "bank" else 4))
+            columns["side"].append(np.full(n * k, side))
+            columns["rank"].append(np.tile(np.arange(1, k + 1, dtype=np.int16), n))
+            columns["neighbour"].append(found_side.rows.ravel())  # every row found k
+            columns["similarity"].append(found_side.sims.ravel().astype(np.float64))
+            columns["dm"].append(np.repeat(dm, k))
+            columns["discordant"].append(np.repeat(dm > 0 if label == 1 else dm < 0, k))
+    out = {c: np.concatenate(v) for c, v in columns.items()}
+    n = len(out["rank"])
+    return _neighbour_frame({
+        "finding": names.take(np.zeros(n, np.int64)), "target": names.take(np.ones(n, np.int64)),
+        "acq_group": names.take(np.full(n, 2)), "query_id": sample_ids.take(out["query"]),
+        "query_label": out["query_label"], "candidates": names.take(out["candidates"]),
+        "side": names.take(out["side"]), "rank": out["rank"], "neighbour_id": sample_ids.take(out["neighbour"]),
+        "similarity": out["similarity"], "dm": out["dm"], "discordant": out["discordant"]})
 
 
 def _prepared_tasks(manifest, findings, task, group_col, groups, seed, queries, shuffle_labels, isolated,

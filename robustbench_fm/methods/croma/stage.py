@@ -70,6 +70,11 @@ pooled ratios are RI and MaRI, and ``cluster`` (the ``exclude_col`` group: the s
 between encoders resample) (+ ``subset`` paired); ``ri``/``mari`` are NaN where the unit has no typed neighbour
 in its top-k, and ``undefined`` then names the cause (``ss_dominated``, ``oo_dominated``, ``mixed``).
 
+``neighbours`` (:data:`NEIGHBOUR_COLUMNS`, saved as ``neighbours.parquet``; docs/neighbourhoods.md): every
+anchor's k nearest cross-group neighbours at the operating k, read off the scope pass's lists that RI and
+MaRI count (:func:`neighbour_table`), with each one's label, centre (``confounder_col``), pair type and
+cosine distance.
+
 **MaRI arithmetic** (croma 1.0.1's, A.6): weights exp(−d/τ) in float64 summed per unit in slot
 order; where a unit's (or the pooled) total falls below float64's smallest normal number the ratio
 is taken from extended-precision log weights −d/τ, so a tiny or subnormal τ gives the
@@ -109,6 +114,11 @@ from .scores import (
 )
 
 PARAMS = CromaParams
+#: ``Results.neighbours`` (:func:`neighbour_table`): one row per (anchor, rank) of the operating k's lists
+NEIGHBOUR_COLUMNS = ["finding", "subset", "anchor_id", "label", "centre", "rank", "neighbour_id", "neighbour_label",
+                     "neighbour_centre", "type", "distance"]
+#: the pair types of :func:`~robustbench_fm.methods.croma.scores.slot_types` (A.2), as ``type`` writes them
+PAIR_TYPES = ("SO", "OS", "SS", "OO")
 
 
 @dataclass
@@ -551,6 +561,35 @@ def score(prep: Prepared, k: int, m: int = 5, alpha: float = 0.10, tau: float | 
     return row, per_sample, tau_source
 
 
+def neighbour_table(prep: Prepared, k: int, finding: str | None = None) -> pd.DataFrame:
+    """Each anchor's k nearest cross-group neighbours as RI and MaRI counted them (the scope pass's
+    lists, :func:`~robustbench_fm.methods.croma.scores.slot_types`; the slots a unit has, at most k):
+    rank 1..k by ascending cosine distance (ties in sample-id order, :mod:`.knn`), the neighbour's id,
+    label, centre (``confounder_col``) and pair type (SO, OS, SS, OO; A.2), the anchor's label and centre;
+    ``subset`` names the 2×2 subset under ``paired_2x2`` (empty under ``all``); anchors in manifest order."""
+    ids, types = pd.array(prep.sample_ids.astype(str)), pd.array(list(PAIR_TYPES))  # texts taken, not converted
+    parts = []
+    for s in prep.scopes:
+        so, os_, ss, oo, dist = slot_types(s.labels, s.confs, s.nb, k)
+        anchor, slot = np.nonzero(so | os_ | ss | oo)  # the live slots, anchor by anchor in rank order
+        at = s.nb.idx[:, :k][anchor, slot]
+        kind = np.select([so[anchor, slot], os_[anchor, slot], ss[anchor, slot]], [0, 1, 2], 3)
+        label_names, conf_names = pd.array(s.label_names.astype(str)), pd.array(s.conf_names.astype(str))
+        parts.append((s.rows[anchor], pd.DataFrame({
+            "finding": pd.array(["" if finding is None else str(finding)]).take(np.zeros(len(anchor), np.int64)),
+            "subset": pd.array([s.name if prep.design == "paired_2x2" else ""]).take(np.zeros(len(anchor), np.int64)),
+            "anchor_id": ids.take(s.rows[anchor]), "label": label_names.take(s.labels[anchor]),
+            "centre": conf_names.take(s.confs[anchor]), "rank": (slot + 1).astype(np.int16),
+            "neighbour_id": ids.take(s.rows[at]), "neighbour_label": label_names.take(s.labels[at]),
+            "neighbour_centre": conf_names.take(s.confs[at]), "type": types.take(kind),
+            "distance": dist[anchor, slot].astype(np.float64)}, columns=NEIGHBOUR_COLUMNS)))
+    rows = np.concatenate([r for r, _ in parts])
+    out = pd.concat([frame for _, frame in parts], ignore_index=True)
+    if len(parts) > 1 or (np.diff(rows) < 0).any():  # anchors in manifest order (their slots stay in rank order)
+        out = out.take(np.argsort(rows, kind="stable"))
+    return out.reset_index(drop=True)
+
+
 def run(features, manifest: pd.DataFrame, finding: str | None = None, **params) -> Results:
     """RI, MaRI and CRoMa of ``features`` (N, D; float32 or float64) aligned with ``manifest``;
     ``params``: :class:`~robustbench_fm.methods.croma.params.CromaParams`.
@@ -581,4 +620,5 @@ def run(features, manifest: pd.DataFrame, finding: str | None = None, **params) 
                   design=design, subset_col=subset_col, on_short=on_short, on_incomplete=on_incomplete,
                   m_sweep=m_sweep, finding=finding,
                   device=str(device), block_size=block_size, tau_source=tau_source)
-    return Results(summary=pd.DataFrame([row]), per_sample=per_sample, params=params)
+    return Results(summary=pd.DataFrame([row]), per_sample=per_sample, params=params,
+                   neighbours=neighbour_table(prep, int(k), finding))
