@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> dict:
         lines = verdict(found)
         seconds, cpu_s = time.perf_counter() - start, time.process_time() - cpu
     record = {"encoders": args.encoders, "queries": args.queries, "groups": args.groups, "n_boot": args.n_boot,
-              "pairs": len(found.pairs), "verdict_lines": len(lines), "seconds": round(seconds, 2), "cpu_seconds": round(cpu_s, 2),
+              "pairs": len(found.pairs), "verdict_lines": len(lines), "seconds": round(seconds, 2),
+              "cpu_seconds": round(cpu_s, 2),
               "goal_seconds": 120, "cpu": _cpu(), "load_average_at_start": round(load, 2), "cpus": os.cpu_count(),
               "machine": platform.machine(), "python": platform.python_version()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
