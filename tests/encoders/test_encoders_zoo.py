@@ -148,10 +148,15 @@ def test_panels_list_the_papers_encoders(tmp_path):
     from hydra import compose, initialize_config_dir
 
     from robustbench_fm.cli.main import CONFIG_DIR
+    from robustbench_fm.encoders import RemoteCodeRefused
     from robustbench_fm.pipeline.plan import plan
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"paths.root={tmp_path}", "panel=croma_tiles"])
-    assert plan(cfg).encoders == _panel("croma_tiles")
+        allowed = compose("config", overrides=[f"paths.root={tmp_path}", "panel=croma_tiles",
+                                               "security.allow_remote_code=true"])
+    with pytest.raises(RemoteCodeRefused, match="encoder 'conch_v1_5' runs its authors' code"):
+        plan(cfg)  # the panel holds hub-code entries: refused before any data is read unless allowed
+    assert plan(allowed).encoders == _panel("croma_tiles")
 
 
 # ------------------------------------------------------------------ architectures
