@@ -48,6 +48,7 @@ import pyarrow.parquet as pq
 import torch
 
 from robustbench_fm import evaluate
+from robustbench_fm.core.devices import cpu_model
 from robustbench_fm.data.manifest import CHEST_FINDINGS
 from robustbench_fm.methods.candor import stage
 from robustbench_fm.methods.candor.params import AUROC_BOOTSTRAPS, CandorParams
@@ -121,17 +122,6 @@ def similarity_floor(feats: np.ndarray, man: pd.DataFrame, sample: int, bank: in
     return time.perf_counter() - t0
 
 
-def _cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``; the platform's processor elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 #: each shape's floor (module docstring)
 FLOORS = {"half": "queries_x_banks", "prevalence": "group_pass", "single": "images_x_banks"}
 
@@ -183,7 +173,7 @@ def run_shape(shape: str, args) -> dict:
         "device": str(args.device), "torch_threads": torch.get_num_threads(),
         # the floor is matrix products: its speed, and so every ratio, depends on the CPU's vector units
         "machine": {"python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
-                    "cpu": _cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                    "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                     "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
     }
 

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
+from robustbench_fm.core.devices import cpu_model
 from robustbench_fm.core.tables import SweepResults
 from robustbench_fm.report.comparisons import compare, verdict
 
@@ -51,17 +52,6 @@ def write_run(root: Path, n_encoders: int, n_queries: int, groups: int, seed: in
         items.to_parquet(folder / "items.parquet", index=False)
 
 
-def _cpu() -> str:
-    """The CPU's model name (every figure depends on it)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--encoders", type=int, default=22)
@@ -81,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
     record = {"encoders": args.encoders, "queries": args.queries, "groups": args.groups, "n_boot": args.n_boot,
               "pairs": len(found.pairs), "verdict_lines": len(lines), "seconds": round(seconds, 2),
               "cpu_seconds": round(cpu_s, 2),
-              "goal_seconds": 120, "cpu": _cpu(), "load_average_at_start": round(load, 2), "cpus": os.cpu_count(),
+              "goal_seconds": 120, "cpu": cpu_model(), "load_average_at_start": round(load, 2), "cpus": os.cpu_count(),
               "machine": platform.machine(), "python": platform.python_version()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")

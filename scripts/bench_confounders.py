@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from robustbench_fm.core.devices import cpu_model
 from robustbench_fm.core.neighbors import l2_normalize, symmetric_tiles
 from robustbench_fm.methods.confounders import stage
 
@@ -67,16 +68,6 @@ def features(manifest: pd.DataFrame, strengths, dim: int, seed: int) -> np.ndarr
             d = rng.standard_normal((codes.max() + 1, dim)).astype(np.float32) / np.sqrt(dim)
             x += s * d[codes]
     return x
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _timed(fn):
@@ -144,7 +135,7 @@ def main(argv=None) -> dict:
         "columns_and_intervals_first_encoder_cpu_s": round(per_encoder[names[0]]["cpu_s"] - graph["cpu_s"], 2),
         "scores": scores, "load_average_1min": round(os.getloadavg()[0], 2), "torch_threads": torch.get_num_threads(),
         "machine": {"python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
-                    "cpu": _cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                    "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                     "cores": os.cpu_count()},
     }
     out = Path(args.out)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from .errors import InvalidSetting
@@ -72,3 +74,15 @@ def torch_threads(n: int) -> Iterator[int]:
     finally:
         if change:
             torch.set_num_threads(before)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; the platform's processor elsewhere): what every
+    benchmark's JSON records, since its ratios depend on it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
