@@ -508,8 +508,10 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool
                              "sweep one job per part with extract.shard=range(N)")
     names = panel(cfg, cli_overrides)
     _refuse_repeated_encoders(names, panel_entries(cfg, cli_overrides))
-    for name in names:  # a hub-code entry is refused here, before any data is read (security.allow_remote_code)
-        encoders.check_remote_code(encoders.get(name), extract.allow_remote_code)
+    for name in names:
+        spec = encoders.get(name)
+        if here:  # a job that will run in this process: a hub-code entry is refused before any data is read
+            encoders.check_remote_code(spec, extract.allow_remote_code)  # (a collect step's re-plan extracts none)
     card = cfg.dataset.get("card")
     config = _config_record(cfg)
     if not multirun:  # config.yaml names the encoders that ran (encoder= replaces the experiment's panel); a

@@ -27,13 +27,15 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
+from .. import methods
 from ..core.tables import SweepResults
 from ..data.images import read_image
 from . import comparisons as which_mod
 
-STAGE = "candor"
-#: the file each CANDOR result folder holds (core.results.Results.neighbours)
+#: the file a result folder holds (core.results.Results.neighbours); shown here: the tables of a
+#: discordance stage's queries (these columns; CANDOR's), whatever the stage is named
 FILE = "neighbours.parquet"
+QUERY_COLUMNS = {"query_id", "side", "rank", "neighbour_id", "similarity", "dm", "discordant"}
 #: the longest side of a thumbnail, in pixels
 THUMB_PX = 96
 #: the most discordant positive queries shown per encoder and finding
@@ -129,7 +131,8 @@ def png_base64(image: Image.Image) -> str:
 
 
 def read_neighbours(folder: str | Path) -> pd.DataFrame:
-    """Every ``neighbours.parquet`` of the CANDOR results under ``folder`` (a run, or a sweep's jobs)."""
+    """Every ``neighbours.parquet`` of query neighbourhoods (:data:`QUERY_COLUMNS`: CANDOR's) under
+    ``folder`` (a run, or a sweep's jobs), with the ``stage`` that wrote it."""
     folder = Path(folder)
     try:
         dirs = SweepResults(folder).job_dirs
@@ -137,8 +140,11 @@ def read_neighbours(folder: str | Path) -> pd.DataFrame:
         return pd.DataFrame()
     parts = []
     for d in dirs:
-        for f in sorted((d / "results").glob(f"*/*/{STAGE}/*/{FILE}")):
+        for f in sorted((d / "results").glob(f"*/*/*/*/{FILE}")):
             frame = pd.read_parquet(f)
+            if not QUERY_COLUMNS <= set(frame.columns):
+                continue  # another stage's neighbours (e.g. CRoMa's anchors): not this section's
+            frame["stage"] = f.parent.parent.name
             if "encoder" not in frame.columns:
                 frame.insert(0, "encoder", f.parent.parent.parent.parent.name)
             parts.append(frame.assign(job=d.name))
@@ -146,11 +152,15 @@ def read_neighbours(folder: str | Path) -> pd.DataFrame:
 
 
 def _ranked(ranking: pd.DataFrame, finding: str, queries: pd.DataFrame) -> list[tuple[str, float]]:
-    """(encoder, D) of ``finding`` from best to worst: the ranking's headline row of metric ``d``
-    where the run has one, else the D of the saved queries (the share discordant)."""
+    """(encoder, D) of ``finding`` from best to worst: the ranking's headline row of the stage's first
+    headline metric (CANDOR's ``d``) where the run has one, else the D of the saved queries (the share
+    discordant)."""
+    stage = str(queries["stage"].iloc[0]) if "stage" in queries.columns and len(queries) else ""
+    method = methods.find(stage) if stage else None
+    metric = method.headline[0].name if method is not None and method.headline else "d"
     if len(ranking):
         rows = which_mod.headline_rows(ranking)
-        rows = rows[(rows["method"] == STAGE) & (rows["metric"] == "d") & (rows["finding"] == finding)]
+        rows = rows[(rows["method"] == stage) & (rows["metric"] == metric) & (rows["finding"] == finding)]
         rows = rows[rows["encoder"].isin(set(queries["encoder"]))]
         if len(rows):
             rows = rows.sort_values(["rank", "estimate", "encoder"], kind="stable").drop_duplicates("encoder")
@@ -162,7 +172,8 @@ def _ranked(ranking: pd.DataFrame, finding: str, queries: pd.DataFrame) -> list[
 def _findings(ranking: pd.DataFrame, nbrs: pd.DataFrame) -> list[str]:
     found = list(dict.fromkeys(nbrs["finding"].astype(str)))
     if len(ranking):
-        ranked = [f for f in dict.fromkeys(ranking.loc[ranking["method"] == STAGE, "finding"].astype(str))
+        stages = set(nbrs["stage"].astype(str)) if "stage" in nbrs.columns else set()
+        ranked = [f for f in dict.fromkeys(ranking.loc[ranking["method"].isin(stages), "finding"].astype(str))
                   if f in found]
         found = ranked + [f for f in found if f not in ranked]
     return found[:MAX_FINDINGS]

@@ -30,6 +30,12 @@ def test_every_experiment_composes_and_plans(experiment, tmp_path):
     cfg = compose_cfg([f"experiment={experiment}", f"dataset.root={tmp_path}", *REQUIRED.get(experiment, [])],
                       tmp_path)
     OmegaConf.to_yaml(cfg, resolve=True)
+    hub_code = [n for n in cfg.get("encoders") or [cfg.encoder.name] if encoders.get(str(n)).trust_remote_code]
+    if hub_code:  # a panel holding hub-code entries (the CRoMa panels) plans only with the user's consent
+        with pytest.raises(encoders.RemoteCodeRefused, match="security.allow_remote_code=true"):
+            plan(cfg)
+        cfg = compose_cfg([f"experiment={experiment}", f"dataset.root={tmp_path}", *REQUIRED.get(experiment, []),
+                           "security.allow_remote_code=true"], tmp_path)
     job = plan(cfg)
     assert job.stage in stages.names()
     assert job.findings

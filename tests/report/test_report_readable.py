@@ -242,10 +242,10 @@ def test_sweep_runtime_is_the_wall_clock_of_the_jobs(tmp_path):
 
 
 def test_each_job_records_its_start_and_end_even_when_it_fails(tmp_path, monkeypatch):
-    def fails(job, out_dir):
+    def fails(*args):
         raise ValueError("boom")
 
-    monkeypatch.setattr(app, "plan", lambda cfg, overrides: None)
+    monkeypatch.setattr(app, "plan", lambda cfg, overrides, **kw: None)
     monkeypatch.setattr(app, "_run", fails)
     with pytest.raises(ValueError, match="boom"):
         app.run(None, tmp_path, None)

@@ -19,7 +19,7 @@ def test_bench_confounders_writes_its_figures(tmp_path):
     assert result["n_images"] == 600 and result["n_columns"] == 10 and result["encoders"] == ["enc_site", "enc_scanner"]
     assert set(result["scores"]["enc_site"]) == set(bench.COLUMNS)
     assert result["total_wall_s"] == round(sum(e["wall_s"] for e in result["per_encoder"].values()), 3)
-    assert result["graph_first_encoder"]["wall_s"] > 0 and result["similarity_floor"]["wall_s"] > 0
+    assert result["graph_first_encoder"]["wall_s"] >= 0 and result["similarity_floor"]["wall_s"] >= 0  # ms-rounded
     assert abs(result["idle_2_core_wall_s_at_least"] - result["total_cpu_s"] / 2) <= 0.06  # both rounded
     site, scanner = result["scores"]["enc_site"], result["scores"]["enc_scanner"]
     assert site["site"] > scanner["site"] and scanner["scanner"] > site["scanner"]
