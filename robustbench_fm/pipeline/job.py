@@ -168,8 +168,10 @@ def load_manifest(job: Plan) -> pd.DataFrame:
 def _duplicates(job: Plan, manifest: pd.DataFrame) -> pd.DataFrame:
     """``extract.duplicates`` applied to the manifest's images (an image listed under two sample_ids:
     refused, dropped or kept, :func:`robustbench_fm.features.store.apply_duplicates`); a slide job
-    embeds tiles, not its rows' files, and a plan built by hand without extraction options is left as it is."""
-    if job.extract is None or job.paths is None or any(encoders.get(n).is_slide for n in job.encoders):
+    embeds tiles, not its rows' files, a run from a features file embeds nothing (its encoders are the
+    features' names), and a plan built by hand without extraction options is left as it is."""
+    if job.extract is None or job.paths is None or job.features_file is not None \
+            or any(encoders.get(n).is_slide for n in job.encoders):
         return manifest
     source = job.manifest_file or job.dataset_options.get("manifest") or f"dataset {job.dataset}"
     return apply_duplicates(manifest, job.root, job.paths.cache_dir, job.extract.duplicates, str(source))

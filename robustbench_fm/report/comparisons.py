@@ -174,7 +174,7 @@ def _compare_unit(unit: pd.DataFrame, paired, pairing, strata_cols: tuple[str, .
     key = [*strata_cols, pairing.item]
     by_enc = {e: part.drop_duplicates(key).set_index(key) for e, part in unit.groupby("encoder", sort=True)}
     encoders = [e for e in encoders if e in by_enc and len(by_enc[e].index)]
-    if not encoders:
+    if len(encoders) < 2:  # a row only one encoder has (e.g. SPAR's finetuned rows of one backbone)
         return {}, [], {}, 0
 
     def boot(names: list[str], index: pd.Index, n_boot: int = n_boot):

@@ -63,14 +63,15 @@ from ...core.errors import InvalidSetting
 from ...core.neighbors import RunningTopK, SameGroupMask, l2_normalize, symmetric_tiles
 from ...core.results import Results
 from ...core.stats import cluster_count_chunks, cluster_totals, few_clusters, summarize_bootstrap
-from ...data.manifest import BOX_COLUMNS
+from ...data.manifest import BOX_COLUMNS, SOURCE_COLUMN
 from .. import missing_column
 from .params import ConfounderParams
 
 PARAMS = ConfounderParams
 
 #: columns that name an image, a file or a patient, never scanned by default (nor any ``*_id`` column)
-ID_COLUMNS = ("sample_id", "patient_id", "slide_id", "path", "study_id", "image_id", "series_id", "id")
+ID_COLUMNS = ("sample_id", "patient_id", "slide_id", "path", "study_id", "image_id", "series_id", "id",
+              SOURCE_COLUMN)  # the CSV row a manifest row came from (dataset=csv)
 #: the summary's columns, in order
 SUMMARY_COLUMNS = ["finding", "column", "kind", "binning", "n_values", "k", "n", "n_clusters", "observed", "chance",
                    "score", "score_sd", "score_ci_low", "score_ci_high", "note", "reason"]

@@ -82,7 +82,7 @@ def test_unmatched_pools_the_five_chest_sites_in_one_job(tmp_path):
     write_padchest(data / "padchest")
     write_vindr_cxr(data / "vindr-cxr" / "1.0.0")
     write_vindr_pcxr(data / "vindr-pcxr" / "1.0.0")
-    out = sweep(tmp_path, "candor_ablation_unmatched")
+    out = sweep(tmp_path, "candor_ablation_unmatched", KEEP)  # the fixtures' sites share one constant image
     rows = job_rows(out)
     assert set(rows["dataset"]) == {"pool"} and len(set(rows["job"])) == 4  # 2 encoders x matched/pooled
     groups = set(rows.loc[rows["n_queries"] > 0, "acq_group"])
