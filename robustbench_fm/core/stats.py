@@ -638,9 +638,9 @@ def max_t_family(estimates, reps, n_clusters: int, alpha: float = FAMILY_ALPHA, 
     if n_clusters < MIN_CLUSTERS or not len(reps) or not n_pairs:
         return out
     d_star = reps[:, a_idx] - reps[:, b_idx]  # B × pairs
-    for j in range(n_pairs):
-        lo, hi = percentile_ci(d_star[:, j], level)
-        out["ci_low"][j], out["ci_high"][j], out["p"][j] = lo, hi, bootstrap_p(d_star[:, j])
+    for j, (a, b) in enumerate(zip(a_idx, b_idx)):  # each pair alone: its percentile interval and p
+        alone = paired_difference(estimates, reps, a, b, n_clusters, level)
+        out["ci_low"][j], out["ci_high"][j], out["p"][j] = alone["ci_low"], alone["ci_high"], alone["p"]
     finite = np.isfinite(d_star)
     n_fin = finite.sum(0)
     with np.errstate(invalid="ignore", divide="ignore"):
