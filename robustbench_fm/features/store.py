@@ -327,20 +327,25 @@ def duplicate_images(manifest: pd.DataFrame, root: str | Path, cache_dir: str | 
     ``cache_dir``. Rows of one sample_id (a paired design lists an image once per subset) count
     once; a row whose file cannot be read here (missing, a folder) is left to extraction to report."""
     root, hashes = Path(root), FileHashes(cache_dir)
-    files = manifest["path"].astype(str).map(locator_file).to_numpy()
-    content: dict[str, str | None] = {}
-    for f in dict.fromkeys(files):
-        try:
-            content[f] = _content(hashes, root / f) if (root / f).is_file() else None
-        except OSError:
-            content[f] = None
+    files = manifest["path"].astype(str).map(locator_file)
+    readable = {f: _readable(root / f) for f in dict.fromkeys(files)}
+    pos = np.flatnonzero(files.map(readable).to_numpy(bool))
+    ids = image_ids(manifest.iloc[pos], root, hashes) if len(pos) else np.array([], dtype=object)
     hashes.save()
-    ids = [None if content[f] is None else hashlib.sha256(f"{content[f]}\x1f{x}".encode()).hexdigest()
-           for f, x in zip(files, _pixel_part(manifest))]
-    table = pd.DataFrame({"image": ids, "sample_id": manifest["sample_id"].astype(str).to_numpy(),
-                          "pos": np.arange(len(manifest))}).dropna(subset=["image"])
+    table = pd.DataFrame({"image": ids, "sample_id": manifest["sample_id"].astype(str).to_numpy()[pos],
+                          "pos": pos})
     shared = table.groupby("image", sort=False)["sample_id"].transform("nunique") > 1
     return [g["pos"].to_numpy() for _, g in table[shared].groupby("image", sort=False)]
+
+
+def _readable(file: Path) -> bool:
+    """Whether ``file`` is a file this process can open (a missing file, a folder or an unreadable one
+    is left to extraction to report, by row)."""
+    try:
+        with open(file, "rb"):
+            return file.is_file()
+    except OSError:
+        return False
 
 
 def apply_duplicates(manifest: pd.DataFrame, root: str | Path, cache_dir: str | Path, policy: str,
