@@ -13,7 +13,7 @@ from .params import CromaParams, ShortcutParams
 
 #: why RI and MaRI are not compared between encoders (docs/comparisons.md "What is compared")
 KNN_NOT_COMPARED = ("each anchor's counts come from a kNN graph over the other slides' tiles, which the slide "
-                    "bootstrap holds fixed: under a null of equal encoders p < 0.05 came out in 0.13 of pairs, "
+                    "bootstrap holds fixed: under a null of equal encoders p < 0.05 came out in 0.16-0.17 of pairs, "
                     "so no verdict rests on it (docs/comparisons.md)")
 
 register(Method(
