@@ -968,3 +968,51 @@ class Shortlist:
     @property
     def _values_np(self) -> np.ndarray:
         return self.values.numpy()
+
+
+# --- a cluster's influence as a neighbour: means of the k nearest with each cluster left out (issue 58) -----------
+
+def means_without_each(sims: np.ndarray, who: np.ndarray, alive: np.ndarray, k: int, own: np.ndarray | None = None):
+    """The mean of each row's k nearest (``sims`` (Q × L) in descending order, ``alive`` the entries that
+    may count, ``who`` their cluster codes) and, for every cluster among those k other than the row's
+    ``own``, the mean of the k nearest once that cluster's entries are left out: the neighbour role
+    of a cluster in a kNN mean (:mod:`robustbench_fm.methods.candor.influence`, CRoMa's d_SO / d_OS).
+    Exact when L ≥ k + the most entries one cluster has in a row.
+
+    Returns (means (Q,), NaN where fewer than k are alive; pairs: rows (P,), clusters (P,), means
+    without the cluster (P,), NaN where fewer than k would remain)."""
+    order = np.argsort(~alive, axis=1, kind="stable")  # the live entries first, in their order
+    sims, who, alive = (np.take_along_axis(a, order, 1) for a in (sims, who, alive))
+    width = sims.shape[1]
+    full = alive[:, :k].all(axis=1) if width >= k else np.zeros(len(sims), bool)
+    means = np.where(full, np.where(alive, sims, 0.0)[:, :k].sum(axis=1) / k, np.nan)
+    rows, clusters, without = [], [], []
+    for j in range(min(k, width)):
+        p = who[:, j]
+        new = full & ~(who[:, :j] == p[:, None]).any(axis=1)  # the first time p is met in the k nearest
+        if own is not None:
+            new &= p != own
+        if not new.any():
+            continue
+        keep = alive[new] & (who[new] != p[new, None])
+        take = keep & (np.cumsum(keep, axis=1) <= k)
+        rows.append(np.flatnonzero(new))
+        clusters.append(p[new])
+        without.append(np.where(take.sum(axis=1) == k, np.where(take, sims[new], 0.0).sum(axis=1) / k, np.nan))
+    if not rows:
+        return means, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    return means, np.concatenate(rows), np.concatenate(clusters), np.concatenate(without)
+
+
+def pair_without(a: tuple, b: tuple, n_clusters: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Two :func:`means_without_each` results of the same rows (e.g. a query's positive and negative
+    candidates) joined: every (row, cluster) that changes either mean, with both means once the
+    cluster is left out (the other mean unchanged where the cluster is not among its k nearest).
+    Returns (rows, clusters, mean a without, mean b without)."""
+    (ma, ra, pa, wa), (mb, rb, pb, wb) = a, b
+    keys = np.unique(np.r_[ra * n_clusters + pa, rb * n_clusters + pb])
+    rows, clusters = keys // n_clusters, keys % n_clusters
+    new_a, new_b = ma[rows].copy(), mb[rows].copy()
+    new_a[np.searchsorted(keys, ra * n_clusters + pa)] = wa
+    new_b[np.searchsorted(keys, rb * n_clusters + pb)] = wb
+    return rows, clusters, new_a, new_b

@@ -25,6 +25,8 @@ bootstrap with 1,000 resamples, 95% percentile intervals, BH FDR control at 0.05
 """
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pandas as pd
 
@@ -483,9 +485,10 @@ class _Strata:
     fixed weights); a resample's statistic is Σ_s w_s x_s / Σ_s w_s over the strata whose x_s is finite
     (one stratum: x itself)."""
 
-    def __init__(self, kind: str, codes, values, other, strata, weights):
+    def __init__(self, kind: str, codes, values, other, strata, weights, bank=None, halves=None,
+                 n_clusters: int = 0):
         self.kind, self.weights = kind, weights
-        self.parts = []
+        self.parts, self.bank = [], []
         for s in range(len(weights)):
             at = strata == s
             v = values[at]
@@ -493,6 +496,8 @@ class _Strata:
             keep = np.isfinite(v) if kind != "ratio" else np.isfinite(v) & np.isfinite(o)
             if kind == "auroc":
                 keep &= np.isin(o, (0, 1))
+            self.bank.append(None if bank is None else
+                             _bank_part(kind, codes[at], v, o, keep, bank[0][at], bank[1][at], halves[at], n_clusters))
             c, v = codes[at][keep], v[keep]
             o = None if o is None else o[keep]
             if kind in ("mean", "ratio"):
@@ -529,8 +534,77 @@ class _Strata:
         return np.where(n[:, 0] > 0, out, np.nan)
 
 
+def smoothed_density(values):
+    """The Gaussian kernel density of the finite ``values`` as a function (Silverman's rule-of-thumb
+    bandwidth, 0.9 min(SD, IQR / 1.349) n^(−1/5)); one that returns 0 where they have no spread. It
+    smooths a step (an indicator, a median) so that a small shift of a value has an expected effect
+    (:mod:`robustbench_fm.methods.candor.influence`)."""
+    values = np.asarray(values, np.float64)
+    values = values[np.isfinite(values)]
+    if len(values) < 2:
+        return lambda x: np.zeros(np.shape(x))
+    iqr = np.subtract(*np.percentile(values, [75, 25]))
+    sd = values.std(ddof=1)
+    h = 0.9 * (min(sd, iqr / 1.349) if iqr > 0 else sd) * len(values) ** -0.2
+    if not h > 0:
+        return lambda x: np.zeros(np.shape(x))
+    return lambda x: np.exp(-0.5 * (np.asarray(x, np.float64) / h) ** 2) / (h * np.sqrt(2 * np.pi))
+
+
+def cluster_halves(ids) -> np.ndarray:
+    """A fixed split of clusters into two halves (0 / 1 per entry of ``ids``, from the CRC-32 of the
+    id's text): the same for every encoder and run, so that a cluster's influence on the items of
+    one half times its influence on the other estimates its squared influence without its noise
+    (:func:`paired_bootstrap` ``bank``)."""
+    return np.array([zlib.crc32(str(i).encode()) & 1 for i in np.asarray(ids, object)], np.int8)
+
+
+def _bank_part(kind, codes, values, other, keep, share0, share1, halves, n_clusters):
+    """One stratum's cluster vectors for the bank term of :func:`paired_bootstrap`: the influences on
+    each half's items (n_clusters,) in the statistic's units divided by √(f(1 − f)) (f: the half-0
+    share of the items' weight), the whole influence, and each cluster's influence through its own
+    items (the query role: (S_p − θ N_p) / N for ``mean`` / ``ratio``; 0 for a ``median``)."""
+    if kind not in ("mean", "ratio", "median"):
+        return None
+    weight = (np.ones(len(values)) if kind != "ratio" else np.nan_to_num(other)) * keep
+    total = weight.sum()
+    if total <= 0:
+        return None
+    f = weight[halves == 0].sum() / total
+    split = np.sqrt(f * (1 - f))
+    if not split > 0:
+        return None
+    scale = total if kind in ("mean", "ratio") else 1.0
+    l0 = np.bincount(codes, weights=np.nan_to_num(share0), minlength=n_clusters) / scale
+    l1 = np.bincount(codes, weights=np.nan_to_num(share1), minlength=n_clusters) / scale
+    query = np.zeros(n_clusters)
+    if kind in ("mean", "ratio"):
+        numer = np.where(keep, np.nan_to_num(values), 0.0)
+        query = np.bincount(codes, weights=numer - numer.sum() / total * weight, minlength=n_clusters) / total
+    return l0 / split, l1 / split, l0 + l1, query
+
+
+def _bank_covariance(stats: list, n_encoders: int) -> np.ndarray:
+    """The covariance (E × E) the banks' roles add to the encoders' statistics (:func:`paired_bootstrap`
+    ``bank``): Σ_p h_p^a h_p^b estimated without the noise of a cluster's own squared influence, as the
+    product of its influences on the two halves, plus both cross terms with the query role; projected
+    onto the positive semi-definite matrices (negative eigenvalues set to 0)."""
+    rows = []
+    for st in stats:
+        w = np.asarray(st.weights, float)
+        live = [i for i, b in enumerate(st.bank) if b is not None and w[i] > 0]
+        if not live:
+            return np.zeros((n_encoders, n_encoders))
+        norm = w[live].sum()
+        rows.append([sum(w[i] / norm * st.bank[i][j] for i in live) for j in range(4)])
+    a0, a1, full, query = (np.stack([r[j] for r in rows]) for j in range(4))
+    cov = 0.5 * (a0 @ a1.T + a1 @ a0.T) + query @ full.T + full @ query.T
+    vals, vecs = np.linalg.eigh((cov + cov.T) / 2)
+    return (vecs * np.clip(vals, 0, None)) @ vecs.T
+
+
 def paired_bootstrap(kind: str, values, clusters, n_boot: int = 1000, seed: int = 42, other=None, strata=None,
-                     weights=None) -> tuple[np.ndarray, np.ndarray]:
+                     weights=None, bank=None) -> tuple[np.ndarray, np.ndarray]:
     """Estimates and paired bootstrap replicates of one metric for several encoders scored on the
     same items (issue 46: "a paired bootstrap that resamples the same clusters for both encoders in
     every resample").
@@ -542,6 +616,18 @@ def paired_bootstrap(kind: str, values, clusters, n_boot: int = 1000, seed: int 
     as the stage's own summary does. ``strata`` (one code per item) with ``weights`` (one per
     stratum, fixed) makes the statistic the weighted mean of the strata's (a pooled margin AUROC: the
     groups' AUROCs weighted by their queries); without them all items are one stratum.
+
+    ``bank``: (share₀, share₁), each encoders × items: every item's share of its cluster's influence
+    on the statistic through the *other* items' values, on the items of clusters of half 0 / half 1
+    (:func:`cluster_halves`; a patient's images as bank members of the other queries:
+    :mod:`robustbench_fm.methods.candor.influence`; ``mean`` / ``ratio``: in the numerator's units,
+    ``median``: the statistic's). Resampling the items leaves that role out; each resample then adds
+    a Gaussian draw (seeded) whose covariance over the encoders is that role's
+    (:func:`_bank_covariance`): the delta method's two-role variance of a two-sample U-statistic, with
+    the product of a cluster's influences on the two halves (an unbiased estimate of its squared
+    influence, where the square of the whole would add the noise of its own flips) and the cross
+    term with the query role. Items with a NaN value but a share (a bank member that is no query)
+    still put their cluster into the resampling.
 
     A resample draws as many clusters as there are, uniformly with replacement
     (:func:`cluster_count_chunks` from ``np.random.default_rng(seed)``; clusters in
@@ -558,9 +644,14 @@ def paired_bootstrap(kind: str, values, clusters, n_boot: int = 1000, seed: int 
         other = np.broadcast_to(other, values.shape) if other.ndim == 1 else other
     strata = np.zeros(n_items, np.int64) if strata is None else pd.factorize(np.asarray(strata), sort=True)[0]
     weights = np.ones(int(strata.max()) + 1 if n_items else 1) if weights is None else np.asarray(weights, float)
-    stats = [_Strata(kind, codes, v, None if other is None else other[e], strata, weights)
-             for e, v in enumerate(values)]
     n_clusters = int(codes.max()) + 1 if n_items else 0
+    halves = None
+    if bank is not None:
+        bank = [np.broadcast_to(np.asarray(b, np.float64), values.shape) for b in bank]
+        halves = cluster_halves(np.asarray(clusters, object))
+    stats = [_Strata(kind, codes, v, None if other is None else other[e], strata, weights,
+                     None if bank is None else (bank[0][e], bank[1][e]), halves, n_clusters)
+             for e, v in enumerate(values)]
     ones = np.ones((1, n_clusters), np.int32)
     estimates = np.array([s(ones)[0] for s in stats]) if n_clusters else np.full(len(stats), np.nan)
     reps = np.full((n_boot, len(stats)), np.nan)
@@ -571,6 +662,10 @@ def paired_bootstrap(kind: str, values, clusters, n_boot: int = 1000, seed: int 
             for e, s in enumerate(stats):
                 reps[start:start + len(counts), e] = s(counts)
             start += len(counts)
+        if bank is not None and n_boot:
+            vals, vecs = np.linalg.eigh(_bank_covariance(stats, len(stats)))
+            rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0])
+            reps += (rng.standard_normal((n_boot, len(stats))) * np.sqrt(np.clip(vals, 0, None))) @ vecs.T
     return estimates, reps
 
 

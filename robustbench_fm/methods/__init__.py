@@ -65,7 +65,13 @@ class Paired:
     with those weights, as CANDOR pools the groups' margin AUROCs by their queries; empty: the pooled
     row's items are one set). ``better``: which way is better (``"higher"`` or ``"lower"``), declared for
     every compared metric (empty: the method's headline :class:`Metric` of the same name gives it; a
-    metric with neither is not compared, and the notes say so: never a default). ``not_compared``: why
+    metric with neither is not compared, and the notes say so: never a default). ``bank``: a column of
+    the table holding each item's share of its cluster's influence on the metric through the other
+    items' values (CANDOR: a patient's images as bank members of other queries,
+    :mod:`robustbench_fm.methods.candor.influence`); every item of the row then enters the resampling
+    (those outside ``where`` with their share only) and each resample adds the clusters' shares times
+    their multiplicity − 1 (:func:`robustbench_fm.core.stats.paired_bootstrap` ``linear``), so the
+    comparison redraws both roles of a cluster. ``not_compared``: why
     the metric is not compared (one line, shown in the notes), for a metric whose per-item values depend
     on the other items in ways the cluster bootstrap does not redraw (a score against fixed banks, a
     kNN graph, a trained head: docs/comparisons.md "What is compared"); empty: compared."""
@@ -78,6 +84,7 @@ class Paired:
     pool_weight: str = ""
     better: str = ""
     not_compared: str = ""
+    bank: str = ""
 
     def __post_init__(self) -> None:
         if self.better not in ("", *BETTER):

@@ -195,8 +195,10 @@ def _compare_unit(unit: pd.DataFrame, paired, pairing, strata_cols: tuple[str, .
         elif outer:  # the mean row: each value of ``outer`` one stratum of equal weight, its items one set
             strata = pd.factorize(first.index.get_level_values(outer), sort=True)[0]
         clusters = first[pairing.cluster].astype(str).to_numpy()
+        bank = [np.stack([by_enc[e].loc[index, f"{paired.bank}_{h}"].to_numpy(float) for e in names])
+                for h in (0, 1)] if paired.bank else None
         est, reps = paired_bootstrap(paired.kind, values, clusters, n_boot, seed, other=other, strata=strata,
-                                     weights=weights)
+                                     weights=weights, bank=bank)
         return est, reps, int(len(np.unique(clusters)))
 
     compared, index = _item_sets(by_enc, encoders)
@@ -217,13 +219,14 @@ def _compare_unit(unit: pd.DataFrame, paired, pairing, strata_cols: tuple[str, .
     if len(compared) < 2:
         return estimates, [], notes, 0
     fam = max_t_family(est, reps, n_clusters, ALPHA)
+    n_items = int(by_enc[compared[0]].loc[index, paired.value].notna().sum())  # the metric's items (queries)
     records = []
     for j, (ia, ib) in enumerate(fam["pairs"]):
         records.append(dict(encoder_a=compared[ia], encoder_b=compared[ib], estimate_a=float(est[ia]),
                             estimate_b=float(est[ib]), difference=float(fam["difference"][j]),
                             ci_low=fam["ci_low"][j], ci_high=fam["ci_high"][j], p=fam["p"][j],
                             sim_low=fam["sim_low"][j], sim_high=fam["sim_high"][j], p_adj=fam["p_adj"][j],
-                            n_items=int(len(index)), n_clusters=n_clusters))
+                            n_items=n_items, n_clusters=n_clusters))
     return estimates, records, notes, n_clusters
 
 
@@ -269,6 +272,10 @@ def _compare_stage(stage: str, items: pd.DataFrame, summaries: pd.DataFrame, n_b
                          f"better='higher' or better='lower' (methods.Paired)")
         else:
             compared.append(paired)
+    for paired in [m for m in compared if m.bank and not {f"{m.bank}_0", f"{m.bank}_1"} <= set(items.columns)]:
+        compared.remove(paired)  # items saved before the banks' influence was (a results folder of an older version)
+        notes.append(f"{stage} {paired.metric}: not compared: the items have no {paired.bank}_0 / {paired.bank}_1 "
+                     f"columns (the banks' role, docs/comparisons.md); run the stage again to compare it")
     for (dataset, setting), part in items.groupby(["dataset", "setting"], sort=True):
         encoders = sorted(part["encoder"].unique())
         if len(encoders) < 2:
@@ -278,7 +285,11 @@ def _compare_stage(stage: str, items: pd.DataFrame, summaries: pd.DataFrame, n_b
             summ = summ[[s == setting for s in settings_of(summ["job"])]]
         for paired in compared:
             better_is = _direction(method, paired)
-            chosen = part[_where(part, paired.where)]
+            where = _where(part, paired.where)
+            if paired.bank:  # every item of a row: a bank member that is no query still carries its cluster's share
+                chosen = part.assign(**{paired.value: part[paired.value].where(where)})
+            else:
+                chosen = part[where]
             for keys, unit, strata_cols, outer in _units(chosen, pairing):
                 finding = keys.get("finding", "")
                 unit_seed = zlib.crc32(json.dumps([dataset, stage, paired.metric, keys], default=str).encode())
@@ -299,7 +310,8 @@ def _compare_stage(stage: str, items: pd.DataFrame, summaries: pd.DataFrame, n_b
                 n_items = records[0]["n_items"] if records else 0
                 for e, v in estimates.items():
                     own.append(dict(base, encoder=e, estimate=float(v), note=uncompared.get(e, ""),
-                                    n_items=n_items if e not in uncompared else int(len(unit[unit["encoder"] == e])),
+                                    n_items=n_items if e not in uncompared else
+                                    int(unit.loc[unit["encoder"] == e, paired.value].notna().sum()),
                                     n_clusters=n_clusters, unit=pairing.unit))
                 for e, why in uncompared.items():
                     notes.append(f"{stage} {paired.metric}, {finding} {label}: {e} {why}")

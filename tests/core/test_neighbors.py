@@ -534,3 +534,41 @@ def test_topk_columns_keyed_gives_the_values_of_torch_topk_down_the_rows(rows, w
     assert all(len(set(col.tolist())) == k for col in at.T)
     assert values.flags.c_contiguous
     assert neighbors.topk_columns_keyed(sims[:60], 5) is None  # chunks of fewer than 4 rows: declined
+
+
+def test_means_without_each_equals_leaving_each_cluster_out_by_brute_force():
+    """Issue 58: a cluster's neighbour role. For every row and every other cluster among its k nearest,
+    the mean of the k nearest once that cluster's entries are gone equals a fresh top-k without them."""
+    from robustbench_fm.core.neighbors import means_without_each, pair_without
+
+    rng = np.random.default_rng(0)
+    q, n, k = 40, 60, 4
+    sims_all = rng.normal(size=(q, n))
+    who_all = rng.integers(0, 12, n)
+    own = rng.integers(0, 12, q)
+    width = k + np.bincount(who_all).max()
+    order = np.argsort(-sims_all, axis=1)[:, :width]
+    sims, who = np.take_along_axis(sims_all, order, 1), who_all[order]
+    alive = rng.random((q, width)) > 0.1
+    means, rows, clusters, without = means_without_each(sims, who, alive, k, own)
+    seen = set()
+    for i in range(q):
+        live = sims[i][alive[i]]
+        assert means[i] == pytest.approx(np.sort(live)[::-1][:k].mean(), abs=1e-12) if len(live) >= k else \
+            np.isnan(means[i])
+        top = [c for c, a in zip(who[i], alive[i]) if a][:k]
+        for c in set(top) - {own[i]}:
+            kept = sims[i][alive[i] & (who[i] != c)]
+            at = np.flatnonzero((rows == i) & (clusters == c))
+            assert len(at) == 1
+            assert without[at[0]] == pytest.approx(np.sort(kept)[::-1][:k].mean(), abs=1e-12)
+            seen.add((i, c))
+    assert seen == set(zip(rows.tolist(), clusters.tolist()))  # and no other pairs
+    # two lists of the same rows joined: the other mean unchanged where the cluster is not among its k
+    other = means_without_each(sims, (who + 1) % 12, alive, k, own)
+    r, c, a, b = pair_without((means, rows, clusters, without), other, 12)
+    for ri, ci, ai, bi in zip(r, c, a, b):
+        in_a = np.flatnonzero((rows == ri) & (clusters == ci))
+        in_b = np.flatnonzero((other[1] == ri) & (other[2] == ci))
+        assert ai == pytest.approx(without[in_a[0]] if len(in_a) else means[ri])
+        assert bi == pytest.approx(other[3][in_b[0]] if len(in_b) else other[0][ri])

@@ -292,3 +292,32 @@ def test_max_t_gives_nothing_from_fewer_than_five_clusters_and_handles_flat_pair
     est, reps = stats.paired_bootstrap("mean", np.tile(values, 2), np.arange(8), 100, 0)
     fam = stats.max_t_family(est, reps, 8)
     assert fam["p_adj"][0] == 1.0 and fam["sim_low"][0] == fam["sim_high"][0] == 0.0  # identical encoders
+
+
+def test_the_bank_term_adds_the_two_role_covariance_and_moves_no_estimate():
+    """Issue 58 item 3 (core.stats.paired_bootstrap ``bank``): on the same cluster draws, the replicates with
+    the bank term minus those without are a Gaussian whose covariance over encoders is the closed form
+    Σ_p ½(a0_p b1_p + a1_p b0_p) / (f(1−f)) + Σ_p (q^a_p B^b_p + B^a_p q^b_p), each share over N, q the query
+    role (v_p − θ)/N, B the whole share, f the half-0 share of the items; the estimates are unchanged."""
+    from robustbench_fm.core.stats import cluster_halves, paired_bootstrap
+
+    rng = np.random.default_rng(4)
+    n = 120
+    clusters = np.array([f"p{i}" for i in range(n)])
+    values = (rng.random((2, n)) < [[0.3], [0.4]]).astype(float)
+    share0 = rng.normal(0.5, 1, (2, n))
+    share1 = 0.8 * share0 + 0.3 * rng.normal(size=(2, n))  # a cluster's influence on both halves alike
+    est_off, off = paired_bootstrap("mean", values, clusters, 20000, 7)
+    est_on, on = paired_bootstrap("mean", values, clusters, 20000, 7, bank=(share0, share1))
+    np.testing.assert_array_equal(est_on, est_off)
+    half = cluster_halves(clusters)
+    f = (half == 0).mean()
+    a0, a1 = share0 / n / np.sqrt(f * (1 - f)), share1 / n / np.sqrt(f * (1 - f))
+    q = (values - values.mean(axis=1, keepdims=True)) / n
+    whole = (share0 + share1) / n
+    want = 0.5 * (a0 @ a1.T + a1 @ a0.T) + q @ whole.T + whole @ q.T
+    assert np.linalg.eigvalsh(want).min() > 0  # positive definite here: nothing clipped
+    got = np.cov((on - off).T)
+    np.testing.assert_allclose(got, want, rtol=0.05)
+    assert abs((on - off).mean(axis=0)).max() < 4 * np.sqrt(want.diagonal().max() / 20000)
+    assert 0.3 < f < 0.7 and set(np.unique(half)) == {0, 1}

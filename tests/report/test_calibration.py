@@ -1,19 +1,19 @@
-"""The null designs the paired comparisons are calibrated on (issue 58, "Tests that could fail"), and the
-script that measures them: equally good encoders (tests/fixtures/null_cohorts.py) -> ``evaluate(stage)``
--> ``compare_tables``, 300 null cohorts of each design (``python scripts/calibrate_compare.py --cohorts 300
---out benchmarks/cpu2/calibration.json``; its table is docs/comparisons.md "Calibration").
-
-The issue's calibration test (every compared metric at p < 0.05 in at most 7% of null pairs, its interval
-covering 0 in at least 93%) is not here: on these designs no metric of CANDOR or CRoMa passes it yet (D
-0.057-0.081, D_all 0.040-0.100, CRoMa's median 0.076; the bootstrap misses 21-45% of a difference's null
-variance, benchmarks/cpu2/calibration.json), and a test that asserts it would fail until the comparison
-redraws the banks (docs/comparisons.md "Calibration", issue 58 stays open)."""
+"""The null designs the paired comparisons are calibrated on (issue 58, "Tests that could fail"), the script
+that measures them (``python scripts/calibrate_compare.py --cohorts 300 --out benchmarks/cpu2/calibration.json``;
+its table is docs/comparisons.md "Calibration"), and the calibration itself: equally good encoders
+(tests/fixtures/null_cohorts.py) -> ``evaluate(stage)`` -> ``compare_tables``, 300 null cohorts of each
+design, every compared metric (CANDOR's D and D_all, CRoMa's median; the margin AUROC, RI, MaRI and the heads'
+AUROC are not compared) at p < 0.05 in at most 7% of null pairs, its 95% interval covering 0 in at least 93%,
+pooled rows and per-group rows apart. One class per design, so that pytest-xdist's ``loadscope`` runs them
+on both workers."""
 import importlib.util
 from pathlib import Path
 
 import pytest
 
 COHORTS = 300
+#: resamples per comparison in the calibration tests (the script's default is 1,000; p's resolution 1/301)
+CALIBRATION_BOOT = 300
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -75,3 +75,47 @@ def test_the_script_tallies_two_cohorts_and_writes_its_table(tmp_path):
             assert 0 <= s[key]["rate"] <= 1 and s[key]["n"] == s["n_pairs"]
         assert s["fwer"]["n"] == s["n_families"]
     assert "| C | margin_auroc | pooled (2 families) | no (Holm, percentile) |" in result["markdown"]
+
+
+def _calibrated(design_name: str) -> list[dict]:
+    """The summary rows of ``COHORTS`` null cohorts of one design through the public path, 3 encoders."""
+    import null_cohorts as nc
+
+    script = _script()
+    design = {d.name: d for d in (*nc.DESIGNS, nc.CROMA_DESIGN)}[design_name]
+    records, _ = script.run_design(design, COHORTS, 3, CALIBRATION_BOOT, 0, old=False, check_summaries=False)
+    return script.summarise(records)
+
+
+def _assert_calibrated(summary: list[dict], metrics: set[str]) -> None:
+    assert {s["metric"] for s in summary} == metrics
+    for s in summary:
+        assert s["compared"] and s["n_cohorts"] == COHORTS
+        where = f"{s['design']} {s['metric']} {s['row_type']}"
+        assert s["p_below_005"]["rate"] <= 0.07, where
+        assert s["coverage"]["rate"] >= 0.93, where
+        assert s["fwer"]["rate"] <= 0.08, where  # every pair of a family at once (max-T), 3 encoders
+
+
+@pytest.mark.slow
+class TestCalibrationDesignA:
+    def test_d_and_d_all_are_calibrated(self):
+        _assert_calibrated(_calibrated("A"), {"d", "d_all"})
+
+
+@pytest.mark.slow
+class TestCalibrationDesignB:
+    def test_d_and_d_all_are_calibrated(self):
+        _assert_calibrated(_calibrated("B"), {"d", "d_all"})
+
+
+@pytest.mark.slow
+class TestCalibrationDesignC:
+    def test_d_and_d_all_are_calibrated(self):
+        _assert_calibrated(_calibrated("C"), {"d", "d_all"})
+
+
+@pytest.mark.slow
+class TestCalibrationCroma:
+    def test_the_median_croma_is_calibrated(self):
+        _assert_calibrated(_calibrated("croma"), {"croma"})

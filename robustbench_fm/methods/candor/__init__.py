@@ -30,8 +30,10 @@ register(Method(
     tables=f"{__name__}.tables", figures=f"{__name__}.plots:report_figures", params=CandorParams,
     # queries and banks are the same images for every encoder: D, D_all and the margin AUROC compared paired,
     # resampling patients with the banks fixed, as the stage's own intervals do ("Reporting")
-    pairing=Pairing(metrics=(Paired("d", "mean", "discordant", where="query", better="lower"),
-                             Paired("d_all", "mean", "discordant_all", where="query", better="lower"),
+    pairing=Pairing(metrics=(Paired("d", "mean", "discordant", where="query", better="lower",
+                                    bank="discordant_bank"),
+                             Paired("d_all", "mean", "discordant_all", where="query", better="lower",
+                                    bank="discordant_all_bank"),
                              Paired("margin_auroc", "auroc", "margin", "label", pool_weight="query",
                                     better="higher", not_compared=MARGIN_NOT_COMPARED)),
                     rows=("finding", "target", "acq_group"), pool="acq_group", table="items",

@@ -87,6 +87,7 @@ from ...core.stats import (
     ResampledAUROC,
     ResampledRatio,
     cluster_draw_chunks,
+    cluster_halves,
     count_draws,
     few_clusters,
     resampled_sums,
@@ -94,6 +95,7 @@ from ...core.stats import (
 )
 from .. import missing_column
 from . import tasks as ct
+from .influence import bank_influence, item_shares
 from .params import AUROC_BOOTSTRAPS, QUERY_ROLES, CandorParams  # noqa: F401  (QUERY_ROLES: importable here)
 
 PARAMS = CandorParams
@@ -113,7 +115,8 @@ PER_SAMPLE_COLUMNS = ["sample_id", "finding", "target", "acq_group", "c_pos", "c
                       "c_pos_all", "c_neg_all", "dm_all", "discordant_all"]
 #: ``Results.items``: one row per image a group row scores (queries and the margin's images; see :func:`_items`)
 ITEM_COLUMNS = ["sample_id", "finding", "target", "acq_group", "cluster", "query", "discordant", "discordant_all",
-                "margin", "label"]
+                "margin", "label", "discordant_bank_0", "discordant_bank_1", "discordant_all_bank_0",
+                "discordant_all_bank_1"]
 #: ``Results.neighbours`` (saved as ``neighbours.parquet``; :func:`_neighbour_rows`): one row per (query,
 #: candidate set, side, rank), the neighbours every c± of the stage averaged
 NEIGHBOUR_COLUMNS = ["finding", "target", "acq_group", "query_id", "query_label", "candidates", "side", "rank",
@@ -390,6 +393,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     sample_ids = manifest["sample_id"].to_numpy()
     id_array = pd.array(sample_ids)  # the neighbours' ids taken from it (pandas' own string array: no conversion)
     cluster_ids = manifest[cluster_col].astype(str).to_numpy()
+    halves = cluster_halves(cluster_ids)  # the two halves of the queries' patients (influence.py)
     rows, parts, per_sample, items = {i: [] for i in range(len(tasks))}, [], [], []
     auroc_boot = AUROC_ESTIMATORS[p.auroc_bootstrap]
     labelled_any = np.any([~np.isnan(t.labels) for t in tasks], axis=0)
@@ -450,8 +454,13 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
                 "c_pos": c_pos, "c_neg": c_neg, "dm": c_neg - c_pos, "discordant": disc,
                 "c_pos_all": c_pos_all, "c_neg_all": c_neg_all, "dm_all": c_neg_all - c_pos_all,
                 "discordant_all": disc_all}))
+            infl = bank_influence(setting.feats, q, bank_pos, bank_neg, k, clusters, halves, p.exclude_patient,
+                                  None if drops is None else drops[ok], p.block_size, p.backend, setting.vectors)
+            infl_all = infl if np.array_equal(bank_pos, cand_pos) and np.array_equal(bank_neg, cand_neg) and \
+                drops is None else bank_influence(setting.feats, q, cand_pos, cand_neg, k, clusters, halves,
+                                                  p.exclude_patient, None, p.block_size, p.backend, setting.vectors)
             group_items.append(_items(t, group, sample_ids, cluster_ids, q, disc, disc_all, everyone[scored],
-                                      margin[scored], y[scored]))
+                                      margin[scored], y[scored], clusters, infl, infl_all))
             group_neighbours.append((i, _neighbour_rows(t, group, id_array, q, ok, c_neg - c_pos,
                                                         c_neg_all - c_pos_all, everyone, y, scored, margin, found,
                                                         ct.task_rng(seed, group, t.target, "neighbours"))))
@@ -491,12 +500,16 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
 
 
 def _items(t: ct.Task, group: str, sample_ids, cluster_ids, queries, disc, disc_all, scored, margin,
-           labels) -> pd.DataFrame:
+           labels, codes, influence, influence_all) -> pd.DataFrame:
     """One group's items for paired comparisons between encoders (``Results.items``, the
     ``Pairing`` of ``methods/candor/__init__.py``): every image the margin AUROC scores (its score
     c+ − c− and label) and every query (its D and D_all indicators), with its patient. Queries and
     banks are the same images for every encoder (candor.md "Implementation": "the same for every
-    encoder, so that every comparison across encoders is paired")."""
+    encoder, so that every comparison across encoders is paired"). ``discordant_bank`` /
+    ``discordant_all_bank`` ``_0`` / ``_1``: the item's share of its patient's influence as a bank member
+    on the D / D_all of the queries of each half of the patients
+    (:mod:`~robustbench_fm.methods.candor.influence`; ``codes`` the patients' codes, ``influence`` (2,
+    n_codes))."""
     ids = np.union1d(queries, scored)
     at_q, at_s = np.searchsorted(ids, queries), np.searchsorted(ids, scored)
     query, d, d_all = np.zeros(len(ids), bool), np.full(len(ids), np.nan), np.full(len(ids), np.nan)
@@ -505,7 +518,9 @@ def _items(t: ct.Task, group: str, sample_ids, cluster_ids, queries, disc, disc_
     score[at_s], label[at_s] = margin, labels
     return pd.DataFrame({"sample_id": sample_ids[ids], "finding": t.finding, "target": t.target,
                          "acq_group": group, "cluster": cluster_ids[ids], "query": query, "discordant": d,
-                         "discordant_all": d_all, "margin": score, "label": label})
+                         "discordant_all": d_all, "margin": score, "label": label,
+                         **{f"discordant_bank_{h}": item_shares(influence[h], codes[ids]) for h in (0, 1)},
+                         **{f"discordant_all_bank_{h}": item_shares(influence_all[h], codes[ids]) for h in (0, 1)}})
 
 
 def _neighbour_frame(columns: dict | None = None) -> pd.DataFrame:

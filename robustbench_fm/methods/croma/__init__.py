@@ -32,7 +32,7 @@ register(Method(
     pairing=Pairing(metrics=(Paired("ri", "ratio", "n_so", "n_typed", better="higher", not_compared=KNN_NOT_COMPARED),
                              Paired("mari", "ratio", "so_weight", "typed_weight", better="higher",
                                     not_compared=KNN_NOT_COMPARED),
-                             Paired("croma", "median", "croma", better="higher")), rows=("finding",),
+                             Paired("croma", "median", "croma", better="higher", bank="croma_bank")), rows=("finding",),
                     unit="slides")))
 register(Method(
     "shortcut", "PathoROB's confounder-biased linear probe: APD and nIPD", f"{__name__}.shortcut",

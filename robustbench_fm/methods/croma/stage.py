@@ -92,7 +92,9 @@ import torch
 from ...core.devices import resolve_device
 from ...core.neighbors import l2_normalize
 from ...core.results import Results
+from ...core.stats import cluster_halves
 from .. import missing_column
+from .influence import median_influence
 from .knn import ScopeNeighbours, scope_neighbours, tie_keys
 from .params import DEFAULT_K_GRID, DESIGNS, ON_INCOMPLETE, ON_SHORT, RI_TAIL_ALPHA, CromaParams  # noqa: F401
 from .params import grid as _grid
@@ -590,6 +592,24 @@ def neighbour_table(prep: Prepared, k: int, finding: str | None = None) -> pd.Da
     return out.reset_index(drop=True)
 
 
+def _bank_shares(prep: Prepared, features, per_sample: pd.DataFrame, m: int) -> pd.DataFrame:
+    """``croma_bank_0`` / ``croma_bank_1``: each unit's share of its slide's influence as a candidate on
+    the median CRoMa of the anchors of each half of the slides (:mod:`~robustbench_fm.methods.croma.influence`;
+    the paired comparisons' ``bank``), in ``per_sample``'s order."""
+    x = l2_normalize(features.cpu().numpy() if isinstance(features, torch.Tensor) else features, "croma: features",
+                     dtype=None)
+    ids = prep.clusters if prep.clusters is not None else prep.sample_ids
+    codes = pd.factorize(ids, sort=True)[0]
+    halves = cluster_halves(ids)
+    shares = np.zeros((len(x), 2))
+    for s in prep.scopes:
+        found = median_influence(x[s.rows], s.labels, s.confs, s.groups, codes[s.rows], halves[s.rows], m)
+        n = np.bincount(codes[s.rows], minlength=found.shape[1])
+        shares[s.rows] = (found[:, codes[s.rows]] / np.maximum(n[codes[s.rows]], 1)).T
+    at = np.sort(np.concatenate([s.rows for s in prep.scopes]))  # per_sample's rows: the scopes' by manifest row
+    return pd.DataFrame({"croma_bank_0": shares[at, 0], "croma_bank_1": shares[at, 1]}, index=per_sample.index)
+
+
 def run(features, manifest: pd.DataFrame, finding: str | None = None, **params) -> Results:
     """RI, MaRI and CRoMa of ``features`` (N, D; float32 or float64) aligned with ``manifest``;
     ``params``: :class:`~robustbench_fm.methods.croma.params.CromaParams`.
@@ -612,6 +632,7 @@ def run(features, manifest: pd.DataFrame, finding: str | None = None, **params) 
     if k is None:
         (k, bacc_by_k), k_source = select_k(prep), "selected"
     row, per_sample, tau_source = score(prep, int(k), m=m, alpha=alpha, tau=tau, on_short=on_short)
+    per_sample = per_sample.join(_bank_shares(prep, features, per_sample, m))
     if finding is not None:
         row = {"finding": finding, **row}
     params = dict(label_col=label_col, confounder_col=confounder_col, exclude_col=exclude_col, m=m,

@@ -20,7 +20,7 @@ from robustbench_fm import evaluate
 from robustbench_fm.methods.croma import stage
 
 #: per-sample columns for paired comparisons (stage docstring)
-PAIRING_COLUMNS = ["n_so", "n_typed", "so_weight", "typed_weight", "cluster"]
+PAIRING_COLUMNS = ["n_so", "n_typed", "so_weight", "typed_weight", "cluster", "croma_bank_0", "croma_bank_1"]
 
 GRID = list(stage.DEFAULT_K_GRID)
 reference_bacc = reference_neighbors._balanced_accuracy_by_k_from_prepared_neighbors

@@ -194,8 +194,9 @@ def test_results_save(tmp_path):
     x, manifest = cohort(slides_per_cell=2, tiles_per_slide=10)
     res = evaluate("croma", x, manifest)
     res.save(tmp_path)
-    # + undefined, and for paired comparisons n_so, n_typed, the two weights, cluster
-    assert pd.read_parquet(tmp_path / "per_sample.parquet").shape == (80, 12)
+    # + undefined, and for paired comparisons n_so, n_typed, the two weights, cluster and the slides' influence
+    # as candidates on each half's median (croma_bank_0 / _1)
+    assert pd.read_parquet(tmp_path / "per_sample.parquet").shape == (80, 14)
     assert pd.read_parquet(tmp_path / "summary.parquet")["k"].dtype == np.int64
 
 
