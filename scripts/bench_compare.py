@@ -1,6 +1,7 @@
 """Paired comparisons between encoders at a paper panel's scale (issue 58): 22 encoders scored by CANDOR
 on the same 20,000 queries (2 matched groups of 10,000 positives and 10,000 negatives; 2 images per
-patient), the per-item tables a CANDOR job saves (``items.parquet``), then ``report.comparisons.compare``
+patient), the per-item tables a CANDOR job saves (``items.parquet``, with the patients' bank-role columns),
+then ``report.comparisons.compare``
 with 1,000 resamples: D and D_all per group and pooled, 231 pairs each, the max-T family of each, the
 ranking with rank intervals and the verdict (the margin AUROC is not compared). The items are generated
 (each encoder's discordance indicators and margin scores drawn around its own rate), since what is timed
@@ -46,7 +47,10 @@ def write_run(root: Path, n_encoders: int, n_queries: int, groups: int, seed: in
         items = base.assign(margin=score,
                             discordant=np.where(base["query"], (rng.random(len(base)) < quality) * 1.0, np.nan),
                             discordant_all=np.where(base["query"], (rng.random(len(base)) < quality + 0.1) * 1.0,
-                                                    np.nan))
+                                                    np.nan),
+                            # the patients' bank role on each half's queries (methods/candor/influence.py)
+                            **{f"{m}_bank_{h}": 0.05 * rng.normal(size=len(base))
+                               for m in ("discordant", "discordant_all") for h in (0, 1)})
         folder = root / "results" / f"enc{e:02d}" / "bench" / "candor" / "finding"
         folder.mkdir(parents=True)
         items.to_parquet(folder / "items.parquet", index=False)

@@ -27,26 +27,32 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...core.neighbors import means_without_each, pair_without, topk_similarity
+from ...core.neighbors import Shortlist, means_without_each, pair_without, topk_similarity
 from ...core.stats import smoothed_density
 
 
 def without_each(feats: torch.Tensor, queries: np.ndarray, cands: np.ndarray, k: int, clusters: np.ndarray,
                  exclude_patient: bool = False, drops: np.ndarray | None = None, block_size: int = 4096,
-                 backend: str = "torch", vectors: np.ndarray | None = None):
+                 backend: str = "torch", vectors: np.ndarray | None = None, shortlist: Shortlist | None = None):
     """c(x) of every query on ``cands`` (the mean similarity of its k nearest, itself, its drop and,
     with ``exclude_patient``, its patient's images left out) and c(x) without each other patient among
-    those k (:func:`robustbench_fm.core.neighbors.means_without_each`'s result)."""
+    those k (:func:`robustbench_fm.core.neighbors.means_without_each`'s result). ``shortlist``: the
+    group's :class:`~robustbench_fm.core.neighbors.Shortlist` the stage scored from, which answers the
+    k + e nearest without a second similarity pass (default path only: no patient exclusion, no drops)."""
     queries, cands = np.asarray(queries, np.int64), np.asarray(cands, np.int64)
     per = np.bincount(clusters[cands], minlength=int(clusters.max()) + 1) if len(cands) else np.zeros(1, int)
     extra = 1 + int(drops is not None) + int(per.max()) * (2 if exclude_patient else 1)
     reach = min(k + extra, len(cands) - int(np.isin(queries, cands).any()))
     if not len(queries) or reach < k:
         return np.full(len(queries), np.nan), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
-    values, at = topk_similarity(feats, queries, cands, reach, block_size, backend=backend, vectors=vectors)
-    sims, rows = values.cpu().numpy().astype(np.float64), cands[at.cpu().numpy()]
-    who, own = clusters[rows], clusters[queries]
-    alive = rows != queries[:, None]
+    if shortlist is not None and not exclude_patient and drops is None:
+        _, found = shortlist.mean_topk(queries, cands, reach, neighbours=True)
+        rows, sims = found.rows, found.sims.astype(np.float64)
+    else:
+        values, at = topk_similarity(feats, queries, cands, reach, block_size, backend=backend, vectors=vectors)
+        sims, rows = values.cpu().numpy().astype(np.float64), cands[at.cpu().numpy()]
+    who, own = clusters[np.maximum(rows, 0)], clusters[queries]
+    alive = (rows != queries[:, None]) & (rows >= 0)
     if exclude_patient:
         alive &= who != own[:, None]
     if drops is not None:
@@ -57,7 +63,7 @@ def without_each(feats: torch.Tensor, queries: np.ndarray, cands: np.ndarray, k:
 def bank_influence(feats: torch.Tensor, queries: np.ndarray, cand_pos: np.ndarray, cand_neg: np.ndarray, k: int,
                    clusters: np.ndarray, halves: np.ndarray, exclude_patient: bool = False,
                    drops: np.ndarray | None = None, block_size: int = 4096, backend: str = "torch",
-                   vectors: np.ndarray | None = None) -> np.ndarray:
+                   vectors: np.ndarray | None = None, shortlist: Shortlist | None = None) -> np.ndarray:
     """Δ̃_p (module doc) of every patient (``clusters`` codes) for the discordance of ``queries``
     against the positive candidates ``cand_pos`` and the negative ``cand_neg`` (R±_s for D, all
     positives / negatives for D_all; ``drops``: the equal-size control's dropped negative per query),
@@ -65,8 +71,10 @@ def bank_influence(feats: torch.Tensor, queries: np.ndarray, cand_pos: np.ndarra
     row h the influence on the queries of half h. A removal that leaves fewer than k candidates
     counts nothing."""
     n_clusters = int(clusters.max()) + 1
-    pos = without_each(feats, queries, cand_pos, k, clusters, exclude_patient, None, block_size, backend, vectors)
-    neg = without_each(feats, queries, cand_neg, k, clusters, exclude_patient, drops, block_size, backend, vectors)
+    pos = without_each(feats, queries, cand_pos, k, clusters, exclude_patient, None, block_size, backend, vectors,
+                       shortlist)
+    neg = without_each(feats, queries, cand_neg, k, clusters, exclude_patient, drops, block_size, backend, vectors,
+                       shortlist)
     dm = neg[0] - pos[0]
     density = smoothed_density(dm)
     q, p, new_pos, new_neg = pair_without(pos, neg, n_clusters)

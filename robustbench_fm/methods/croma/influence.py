@@ -28,26 +28,51 @@ from ...core.stats import smoothed_density
 BLOCK = 1024
 
 
-def _typed_means(x: torch.Tensor, labels, confs, groups, clusters, m: int, same_label: bool):
-    """For every row: the mean similarity of its m nearest candidates of one type (SO: same label,
-    other confounder value; OS: the other way round), other groups (slides) only, and the means with
-    each cluster among them left out (:func:`~robustbench_fm.core.neighbors.means_without_each`)."""
-    n = len(labels)
-    width = min(n, m + int(np.bincount(clusters).max()))
+def _typed_lists(x: torch.Tensor, anchors: np.ndarray, labels, confs, groups, width: int):
+    """The ``width`` largest similarities of each anchor (rows ``anchors`` of the scope) to its SO
+    candidates (same label, other confounder value) and to its OS candidates (the other way round),
+    other groups (slides) only, descending, −inf past the candidates, with their rows: one product
+    per block of anchors serves both types. Returns ((SO sims, SO rows), (OS sims, OS rows))."""
     lab, con, grp = (torch.as_tensor(a, device=x.device) for a in (labels, confs, groups))
-    sims, rows = [], []
-    for start in range(0, n, BLOCK):
-        stop = min(start + BLOCK, n)
-        s = x[start:stop] @ x.T
-        same_l = lab[start:stop, None] == lab[None, :]
-        same_c = con[start:stop, None] == con[None, :]
-        typed = (same_l & ~same_c) if same_label else (~same_l & same_c)
-        typed &= grp[start:stop, None] != grp[None, :]
-        v, at = torch.topk(torch.where(typed, s, torch.full_like(s, -torch.inf)), width, dim=1)
-        sims.append(v.cpu().numpy().astype(np.float64))
-        rows.append(at.cpu().numpy())
-    sims, rows = np.concatenate(sims), np.concatenate(rows)
-    return means_without_each(sims, clusters[rows], np.isfinite(sims), m, clusters)
+    out = {True: ([], []), False: ([], [])}
+    for start in range(0, len(anchors), BLOCK):
+        at = torch.as_tensor(anchors[start:start + BLOCK], device=x.device)
+        s = x[at] @ x.T
+        same_l = lab[at, None] == lab[None, :]
+        same_c = con[at, None] == con[None, :]
+        other = grp[at, None] != grp[None, :]
+        for so, typed in ((True, same_l & ~same_c), (False, ~same_l & same_c)):
+            v, i = torch.topk(torch.where(typed & other, s, -torch.inf), width, dim=1)
+            out[so][0].append(v.cpu().numpy().astype(np.float64))
+            out[so][1].append(i.cpu().numpy())
+    return tuple((np.concatenate(out[so][0]), np.concatenate(out[so][1])) for so in (True, False))
+
+
+def _typed_means(x: torch.Tensor, labels, confs, groups, clusters, m: int):
+    """For every row and each type (SO, OS): the mean similarity of its m nearest candidates of that
+    type, and the means with each cluster among them left out
+    (:func:`~robustbench_fm.core.neighbors.means_without_each`).
+
+    Exact at a fraction of the widest search: the 4m nearest are searched first, and only the rows
+    where one cluster holds so many of them that fewer than m would remain are searched again with
+    the m + e nearest (e: the most rows one cluster has)."""
+    n = len(labels)
+    full = min(n, m + int(np.bincount(clusters).max()))
+    width = min(full, 4 * m)
+    found = [means_without_each(sims, clusters[rows], np.isfinite(sims), m, clusters)
+             for sims, rows in _typed_lists(x, np.arange(n), labels, confs, groups, width)]
+    redo = np.unique(np.concatenate([at[np.isnan(without)] for _, at, _, without in found])) if width < full \
+        else np.zeros(0, np.int64)
+    if not len(redo):
+        return found
+    # a cluster filled the short list of these rows: both types from the full width
+    again = [means_without_each(sims, clusters[rows], np.isfinite(sims), m, clusters[redo])
+             for sims, rows in _typed_lists(x, redo, labels, confs, groups, full)]
+    out = []
+    for (means, at, who, without), (_, at2, who2, without2) in zip(found, again):
+        keep = ~np.isin(at, redo)
+        out.append((means, np.r_[at[keep], redo[at2]], np.r_[who[keep], who2], np.r_[without[keep], without2]))
+    return out
 
 
 def median_influence(features: np.ndarray, labels, confs, groups, clusters, halves, m: int) -> np.ndarray:
@@ -58,8 +83,7 @@ def median_influence(features: np.ndarray, labels, confs, groups, clusters, halv
     clusters = np.asarray(clusters, np.int64)
     n_clusters = int(clusters.max()) + 1
     x = torch.as_tensor(np.ascontiguousarray(features))
-    so = _typed_means(x, labels, confs, groups, clusters, m, True)
-    os_ = _typed_means(x, labels, confs, groups, clusters, m, False)
+    so, os_ = _typed_means(x, labels, confs, groups, clusters, m)
 
     def margin(sim_so, sim_os):
         d_so, d_os = 1.0 - sim_so, 1.0 - sim_os
