@@ -27,13 +27,13 @@ mean s_i, its ``chance`` the mean c_i and its ``score``
 0 at chance, 1 when every neighbour shares the query's value (negative when neighbours avoid it). Its 95%
 interval is the percentile interval of ``n_boot`` patient-clustered bootstrap resamples of that ratio
 (:mod:`robustbench_fm.core.stats`; none from fewer than :data:`~robustbench_fm.core.stats.MIN_CLUSTERS`
-patients, the row's ``note`` says so). The graph is held fixed across resamples, so the interval ignores that
-an image's share depends on the others' values through the graph (mutual neighbours of two patients share one
-pair): on columns of random values (300 images of 150 patients, k = 10, random 16-d features, 200 draws; uniform
-over 3 values per image, per patient, and skewed 0.7 / 0.2 / 0.1) the 95% interval covered 0 in 0.83, 0.79 and
-0.94 of draws, while the mean score was 0.000 (sd 0.018) in each: the score is unbiased at chance, its interval
-somewhat narrow. Two corrections were tried and dropped: a dyadic cluster-robust variance (an edge in both
-patients' clusters: 0.90, 0.90, 1.00) and a two-sided patient bootstrap (0.90, 0.93, 0.99).
+patients, the row's ``note`` says so), each patient resampled in both roles: as queries, and as the other
+queries' neighbours (:func:`neighbour_role`: its images taken out of the graph, the next nearest take their
+places; kept per half of the queries' patients, ``core.stats.paired_bootstrap``'s ``bank``, docs/comparisons.md
+"Both roles of a patient"). On columns of random values (300 images of 150 patients, k = 10, random 16-d
+features, 200 draws; uniform over 3 values per image, per patient, and skewed 0.7 / 0.2 / 0.1) the 95%
+interval covers 0 in 0.95, 0.97 and 1.00 of draws (the mean score 0.000, sd 0.018, in each; with the graph
+held fixed it covered 0.83, 0.79 and 0.94).
 
 **Where it reduces to RI.** For a label column L and a confounder column C (a two-centre, two-label
 pathology cohort, patients = slides), a neighbour of the same label and another centre is CRoMa's SO
@@ -48,7 +48,8 @@ computes it from a scan; the tests check it against croma 1.0.1 and the croma st
 
 **Per-item table** (``per_sample``): one row per (column, query): ``finding`` (the column), ``sample_id``,
 ``cluster`` (its patient), ``value``, ``share`` (s_i), ``chance`` (c_i), ``excess`` = s_i − c_i and
-``headroom`` = 1 − c_i, so the score is the ``ratio`` Σ excess / Σ headroom that
+``headroom`` = 1 − c_i (and ``excess_bank_0`` / ``_1``, the query's share of its patient's neighbour role), so
+the score is the ``ratio`` Σ excess / Σ headroom that
 :mod:`robustbench_fm.report.comparisons` recomputes from it (declared not compared: a query's share
 depends on the other images through the graph, as RI's counts do).
 """
@@ -60,9 +61,9 @@ import torch
 
 from ...core.devices import resolve_device
 from ...core.errors import InvalidSetting
-from ...core.neighbors import RunningTopK, SameGroupMask, l2_normalize, symmetric_tiles
+from ...core.neighbors import RunningTopK, SameGroupMask, l2_normalize, means_without_each, symmetric_tiles
 from ...core.results import Results
-from ...core.stats import cluster_count_chunks, cluster_totals, few_clusters, summarize_bootstrap
+from ...core.stats import cluster_halves, few_clusters, paired_bootstrap, summarize_bootstrap
 from ...data.manifest import BOX_COLUMNS, SOURCE_COLUMN
 from .. import missing_column
 from .params import ConfounderParams
@@ -76,7 +77,8 @@ ID_COLUMNS = ("sample_id", "patient_id", "slide_id", "path", "study_id", "image_
 SUMMARY_COLUMNS = ["finding", "column", "kind", "binning", "n_values", "k", "n", "n_clusters", "observed", "chance",
                    "score", "score_sd", "score_ci_low", "score_ci_high", "note", "reason"]
 #: the per-item table's columns, in order
-ITEM_COLUMNS = ["finding", "sample_id", "cluster", "value", "share", "chance", "excess", "headroom"]
+ITEM_COLUMNS = ["finding", "sample_id", "cluster", "value", "share", "chance", "excess", "headroom", "excess_bank_0",
+                "excess_bank_1"]
 
 
 def is_id(column: str) -> bool:
@@ -194,8 +196,8 @@ def check_k(manifest: pd.DataFrame, k: int, cluster_col: str, exclude_patient: b
                              "stage.params.k")
 
 
-def neighbour_graph(features, patients: np.ndarray | None, k: int, device="auto", block_size: int = 4096
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def neighbour_graph(features, patients: np.ndarray | None, k: int, device="auto", block_size: int = 4096,
+                    width: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(indices [N, k], cosine similarities [N, k], most similar first) of every row's k nearest other
     rows, exact: the rows are L2-normalised (:func:`~robustbench_fm.core.neighbors.l2_normalize`; float64
     stays float64), ordered by patient, and one symmetric pass of ``block_size`` tiles
@@ -203,14 +205,16 @@ def neighbour_graph(features, patients: np.ndarray | None, k: int, device="auto"
     (:class:`~robustbench_fm.core.neighbors.RunningTopK`) after the row itself and, where ``patients``
     (integer codes) is given, every row of its patient is masked
     (:class:`~robustbench_fm.core.neighbors.SameGroupMask`). Ties between equal similarities go as
-    ``torch.topk`` breaks them (reproducible run to run)."""
+    ``torch.topk`` breaks them (reproducible run to run). ``width`` > k: that many nearest are kept (the
+    neighbours a patient's removal brings in, :func:`run`'s bank role), −inf similarity past a row's
+    candidates; the first k are the graph."""
     x = l2_normalize(features.cpu().numpy() if isinstance(features, torch.Tensor) else features,
                      "confounders: features", dtype=None)
     n = len(x)
     order = np.argsort(patients, kind="stable") if patients is not None else np.arange(n)
     feats = torch.as_tensor(x[order]).to(resolve_device(device))
     mask = SameGroupMask(np.asarray(patients)[order]) if patients is not None else None
-    best = RunningTopK(n, k, feats, filled=True)
+    best = RunningTopK(n, max(k, width), feats, filled=True)
     for a0, a1, b0, b1, sims in symmetric_tiles(feats, block_size):
         if mask is not None:
             mask.apply(sims, a0, a1, b0, b1)  # the row's patient, the row itself included
@@ -221,7 +225,7 @@ def neighbour_graph(features, patients: np.ndarray | None, k: int, device="auto"
             best.update(b0, sims.T, a0)
     values, idx = best.result()
     values, idx = values.double().cpu().numpy(), idx.cpu().numpy()
-    if not np.isfinite(values).all():
+    if not np.isfinite(values[:, :k]).all():
         raise InvalidSetting(f"confounders: k={k} exceeds the neighbours some image has; lower stage.params.k")
     out_idx, out_sim = np.empty_like(idx), np.empty_like(values)
     out_idx[order], out_sim[order] = order[idx], values
@@ -272,7 +276,10 @@ def run(features, manifest: pd.DataFrame, finding=None, **params) -> Results:
     check_k(manifest, p.k, p.cluster_col, p.exclude_patient)
     patients, patient_ids = patient_codes(manifest, p.cluster_col)
     excluded = patients if p.exclude_patient else None
-    neighbours, _ = neighbour_graph(features, excluded, p.k, p.device, p.block_size)
+    width = p.k + int(np.bincount(patients).max())  # enough for any one patient's images to leave a row's k
+    wide, sims = neighbour_graph(features, excluded, p.k, p.device, p.block_size, width)
+    neighbours, alive = wide[:, :p.k], np.isfinite(sims)
+    halves = cluster_halves(patient_ids[patients])
     rows, items, scored, constant = [], [], [], []
     for col, kind in columns:
         codes, labels, binning, reason = encode(manifest[col], p.max_values, p.bins)
@@ -293,11 +300,12 @@ def run(features, manifest: pd.DataFrame, finding=None, **params) -> Results:
         row.update(n_values=len(present), n=len(query), n_clusters=len(np.unique(patients[query])),
                    observed=float(share.mean()), chance=float(chance.mean()),
                    score=float((share - chance).sum() / (1 - chance).sum()))
+        bank = neighbour_role(codes, wide, alive, patients, halves, query, p.k)
         items.append(pd.DataFrame({"finding": col, "sample_id": manifest["sample_id"].to_numpy()[query],
                                    "cluster": patient_ids[patients[query]], "value": np.asarray(labels)[codes[query]],
                                    "share": share, "chance": chance, "excess": share - chance,
-                                   "headroom": 1.0 - chance}))
-        scored.append((row, patients[query], share - chance, 1.0 - chance))
+                                   "headroom": 1.0 - chance, "excess_bank_0": bank[0], "excess_bank_1": bank[1]}))
+        scored.append((row, patient_ids[patients[query]], share - chance, 1.0 - chance, bank))
     _intervals(scored, p)
     summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
     per_sample = pd.concat(items, ignore_index=True) if items else pd.DataFrame(columns=ITEM_COLUMNS)
@@ -306,29 +314,39 @@ def run(features, manifest: pd.DataFrame, finding=None, **params) -> Results:
                            "columns_constant": constant})
 
 
-def _intervals(scored: list[tuple[dict, np.ndarray, np.ndarray, np.ndarray]], p: ConfounderParams) -> None:
-    """Each scored row's patient-clustered bootstrap interval of Σ excess / Σ headroom (in place). Columns
-    whose queries come from the same patients share one set of resamples (drawn once from ``seed``: the
-    same resamples for every encoder of the same items); fewer than MIN_CLUSTERS patients: a note."""
-    groups: dict[bytes, list[int]] = {}
-    for i, (row, clusters, _, _) in enumerate(scored):
+def neighbour_role(codes: np.ndarray, wide: np.ndarray, alive: np.ndarray, patients: np.ndarray,
+                   halves: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
+    """Each query's share of its patient's role as the other queries' neighbour on their summed excess
+    (docs/comparisons.md "Both roles of a patient"): for every query i and every other patient p among
+    its k nearest, its share s_i once p's images have left the graph (the next nearest take their
+    places: :func:`~robustbench_fm.core.neighbors.means_without_each` over the ``wide`` graph), and
+    Δ_p = Σ_i (s_i − s_i^(−p)) per half of the queries' patients (``halves``), shared out over p's
+    queries: (2, len(query)). The chance levels' dependence on the other patients is left out (a
+    smooth function of the value counts, O(1/N) per patient)."""
+    same = (codes[wide[query]] == codes[query][:, None]).astype(np.float64)
+    own = patients[query]
+    _, at, who, without = means_without_each(same, patients[wide[query]], alive[query], k, own)
+    share = same[:, :k].mean(axis=1)
+    shift = np.where(np.isfinite(without), share[at] - without, 0.0)
+    n_clusters = int(patients.max()) + 1
+    half = halves[query][at]
+    per = np.stack([np.bincount(who, weights=np.where(half == h, shift, 0.0), minlength=n_clusters) for h in (0, 1)])
+    n_items = np.bincount(own, minlength=n_clusters)
+    return per[:, own] / n_items[own]
+
+
+def _intervals(scored: list[tuple], p: ConfounderParams) -> None:
+    """Each scored row's patient-clustered bootstrap interval of Σ excess / Σ headroom (in place), the
+    patients resampled in both roles: as queries and as the other queries' neighbours
+    (:func:`robustbench_fm.core.stats.paired_bootstrap` ``bank``, from :func:`neighbour_role`); seeded
+    by ``seed`` (the same resamples for every encoder of the same items); fewer than MIN_CLUSTERS
+    patients: a note."""
+    for row, clusters, excess, headroom, bank in scored:
         note = few_clusters(row["n_clusters"], p.cluster_col)
         if note:
             row["note"] = note
         elif p.n_boot:
-            groups.setdefault(np.unique(clusters).tobytes(), []).append(i)
-    for members in groups.values():
-        totals = []
-        for i in members:
-            _, clusters, excess, headroom = scored[i]
-            present, tot = cluster_totals(clusters, np.c_[excess, headroom])
-            totals.append(tot)
-        totals = np.concatenate(totals, axis=1)
-        rng = np.random.default_rng(p.seed)
-        sums = np.concatenate([counts.astype(np.float64) @ totals
-                               for counts in cluster_count_chunks(len(present), p.n_boot, rng)])
-        for j, i in enumerate(members):
-            with np.errstate(invalid="ignore", divide="ignore"):
-                boot = sums[:, 2 * j] / sums[:, 2 * j + 1]
-            ci = summarize_bootstrap(boot)
-            scored[i][0].update(score_sd=ci["sd"], score_ci_low=ci["ci_low"], score_ci_high=ci["ci_high"])
+            _, reps = paired_bootstrap("ratio", excess[None], clusters, p.n_boot, p.seed, other=headroom[None],
+                                       bank=(bank[0][None], bank[1][None]))
+            ci = summarize_bootstrap(reps[:, 0])
+            row.update(score_sd=ci["sd"], score_ci_low=ci["ci_low"], score_ci_high=ci["ci_high"])
