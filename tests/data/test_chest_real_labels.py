@@ -89,6 +89,11 @@ def test_nih_cxr14_equals_torchxrayvision(tmp_path):
     assert check(ours, load_card("nih_cxr14"), "nih") == []
     # NIH has no fracture, opacity or mediastinum label: unlabelled, not negative.
     assert ours[["fracture", "lung_opacity", "enlarged_cardiomediastinum"]].isna().all().all()
+    # issue 55 item 4: the demographics the confounder scan reads, equal to the file's own columns
+    table = pd.read_csv(csv)
+    assert ours["sex"].value_counts().to_dict() == {"male": int((table["Patient Gender"] == "M").sum()),
+                                                    "female": int((table["Patient Gender"] == "F").sum())}
+    np.testing.assert_array_equal(ours["age"].to_numpy(), table["Patient Age"].to_numpy(float))
 
 
 def test_chexpert_equals_torchxrayvision(tmp_path):
@@ -109,6 +114,12 @@ def test_chexpert_equals_torchxrayvision(tmp_path):
     # uncertain="nan" is torchxrayvision's policy (-1 -> NaN, No Finding -> 0): equal counts.
     _assert_same(ours, theirs, names)
     assert int((ours["pneumothorax"] == 1).sum()) == 19448
+    # issue 55 item 4: sex (CheXpert's Unknown is blank) and age, as train.csv has them
+    table = pd.read_csv(csv)
+    assert ours["sex"].value_counts(dropna=False).to_dict() == {
+        "male": int((table["Sex"] == "Male").sum()), "female": int((table["Sex"] == "Female").sum()),
+        np.nan: int((table["Sex"] == "Unknown").sum())}
+    np.testing.assert_array_equal(ours["age"].to_numpy(), table["Age"].to_numpy(float))
     # The other uncertain policies are checked value by value on the fixture (test_chest_adapters.py).
 
 

@@ -22,6 +22,7 @@ from .common import (
     ChestDataError,
     assemble,
     check_label_columns,
+    demographics,
     finding_sources,
     findings_from_columns,
     first_existing,
@@ -50,6 +51,7 @@ def _rows(csv: Path, split: str, uncertain: str) -> pd.DataFrame:
         "patient_id": parts["patient"],
         "view": normalise_views(table["AP/PA"].where(~lateral, "LATERAL")),
         "split": split,
+        **demographics(table, "Sex", "Age"),
     })
     return pd.concat([base, findings], axis=1)
 

@@ -83,6 +83,23 @@ def normalise_views(raw: pd.Series) -> pd.Series:
     return text.map(VIEW_SYNONYMS).fillna(text)
 
 
+#: a release's sex codes -> the manifest's ``sex`` (anything else, e.g. CheXpert's ``Unknown``, is blank)
+SEX_CODES = {"m": "male", "male": "male", "f": "female", "female": "female"}
+
+
+def demographics(table: pd.DataFrame, sex: str, age: str) -> dict[str, pd.Series]:
+    """The manifest's ``sex`` (``male`` / ``female``, blank otherwise) and ``age`` (years, a number; blank
+    where the release has none or a non-number) from the release's ``sex`` and ``age`` columns, where it
+    has them (the confounder scan reads them: docs/methods/confounders.md, "Where it runs")."""
+    out = {}
+    if sex in table.columns:
+        out["sex"] = table[sex].astype(str).str.strip().str.lower().map(SEX_CODES)
+    if age in table.columns:
+        years = pd.to_numeric(table[age], errors="coerce")
+        out["age"] = years.where((years >= 0) & (years < 130))
+    return out
+
+
 def findings_from_columns(table: pd.DataFrame, dataset: str, uncertain: str = "nan",
                           no_finding: str | None = None) -> pd.DataFrame:
     """The 12 finding columns from 1/0/-1/blank label columns (CheXpert labeler, VinDr 0/1).

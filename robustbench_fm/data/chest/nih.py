@@ -19,6 +19,7 @@ import pandas as pd
 from ..registry import Adapter, register
 from .common import (
     assemble,
+    demographics,
     finding_sources,
     findings_from_terms,
     first_existing,
@@ -59,6 +60,7 @@ def build_nih_cxr14(root: Path, views: list[str] | None = None) -> pd.DataFrame:
         "patient_id": table["Patient ID"].astype(str),
         "view": normalise_views(table["View Position"]),
         "split": _split(root, names),
+        **demographics(table, "Patient Gender", "Patient Age"),
     })
     return assemble(base, findings_from_terms(terms, "nih_cxr14"), "nih_cxr14", views)
 
