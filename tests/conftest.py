@@ -42,6 +42,39 @@ def pytest_unconfigure(config):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+#: the modules that take longest (seconds of one worker, ``--durations`` on the 2-core AMD EPYC host,
+#: fixtures included), longest first: they start first, so that on two xdist workers the last
+#: modules to finish are short ones (longest-first scheduling). With pytest-xdist's own order (scopes
+#: by number of tests, pyproject.toml's ``--no-loadscope-reorder`` turns it off) a one-test module of
+#: a minute (test_real_demo.py) started last and one worker idled while the other ran it.
+SLOWEST_FIRST = (
+    "tests/methods/spar/test_spar_demo.py",                # ~250 s: experiment=spar_demo as written
+    "tests/e2e/test_readme.py",                            # ~200 s: every command of the README and docs
+    "tests/methods/candor/test_candor_ablations_e2e.py",   # ~140 s
+    "tests/features/test_resume.py",                       # ~85 s
+    "tests/cli/test_experiment_unit.py",                   # ~70 s
+    "tests/cli/test_panel_jobs.py",                        # ~70 s
+    "tests/cli/test_prepared_images.py",                   # ~66 s
+    "tests/cli/test_demo.py",                              # ~65 s
+    "tests/cli/test_real_demo.py",                         # ~62 s
+    "tests/cli/test_sweeps.py",                            # ~50 s
+    "tests/cli/test_first_hour.py",                        # ~45 s
+    "tests/e2e/test_install.py",                           # ~40 s
+    "tests/methods/spar/test_spar_experiment_unit.py",     # ~38 s
+    "tests/methods/candor/test_real_images.py",            # ~35 s
+    "tests/methods/candor/test_chest_candor_e2e.py",       # ~31 s
+    "tests/e2e/test_bench_scripts.py",                     # ~30 s
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The modules of :data:`SLOWEST_FIRST` first, in its order; every other module after them in
+    collection order; the tests of a module stay together and in their order (module-scoped
+    fixtures are built once, as before)."""
+    rank = {module: i for i, module in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
 pytest_plugins = ["pathorob_roots"]  # PathoROB dataset roots (adapters, shortcut, CRoMa tests)
 
 
