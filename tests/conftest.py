@@ -48,6 +48,7 @@ def pytest_unconfigure(config):
 #: by number of tests, pyproject.toml's ``--no-loadscope-reorder`` turns it off) a one-test module of
 #: a minute (test_real_demo.py) started last and one worker idled while the other ran it.
 SLOWEST_FIRST = (
+    "tests/report/test_calibration.py",                    # ~330 s: four classes (designs), a scope each
     "tests/methods/spar/test_spar_demo.py",                # ~250 s: experiment=spar_demo as written
     "tests/e2e/test_readme.py",                            # ~200 s: every command of the README and docs
     "tests/methods/candor/test_candor_ablations_e2e.py",   # ~140 s
