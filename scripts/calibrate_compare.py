@@ -287,10 +287,15 @@ def _main(args) -> dict:
               "cpu_seconds": round(time.process_time() - cpu, 1), "load_average_at_start": round(load, 2),
               "cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
               "markdown": table}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(table)
+    return write_result(args.out, result)
+
+
+def write_result(out: str, result: dict) -> dict:
+    """``result`` as JSON at ``out`` (folders made), its markdown table printed; returns it."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(result["markdown"])
     return result
 
 

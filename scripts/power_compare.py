@@ -13,7 +13,6 @@ One core: the stages run with one torch thread.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -112,11 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"degrade": args.degrade, "cohorts": args.cohorts, "encoders": args.encoders, "n_boot": args.n_boot,
               "summary": summary, "wall_seconds": round(time.perf_counter() - start, 1), "cpus": os.cpu_count(),
               "machine": platform.machine(), "python": platform.python_version(), "markdown": table}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(table)
-    return result
+    return cal.write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -114,3 +114,30 @@ def test_bench_compare_counts_every_pair_metric_and_row(tmp_path):
     assert json.loads(out.read_text()) == result
     assert result["pairs"] == 6 * 2 * 3  # 6 pairs x (D, D_all; the margin AUROC is not compared) x (2 groups + pooled)
     assert result["verdict_lines"] == 1 and result["cpu"]
+
+
+def test_bench_influence_times_both_stages_with_and_without_the_banks_role(tmp_path):
+    out = tmp_path / "influence.json"
+    result = load("bench_influence").main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert result["candor"]["queries"] == 4000 and result["croma"]["tiles"] == 2400
+    for stage in ("candor", "croma"):
+        r = result[stage]
+        # the seconds are rounded to 0.01 s, the ratio is not
+        assert r["ratio_with_influence"] == pytest.approx(r["stage_seconds"] / r["stage_seconds_without_influence"],
+                                                          rel=0.1)
+    assert result["candor"]["influence_calls"] == 2  # one per group: the banks hold every image, D_all is D
+
+
+def test_power_compare_tallies_both_roles_and_the_query_role_alone(tmp_path):
+    out = tmp_path / "power.json"
+    result = load("power_compare").main(["--cohorts", "2", "--designs", "C", "--n-boot", "100", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    rows = {(s["metric"], s["row_type"], s["roles"]): s for s in result["summary"]}
+    assert set(rows) == {(m, r, roles) for m in ("d", "d_all") for r in ("pooled", "group")
+                         for roles in ("both", "queries only")}
+    # 2 cohorts x the worse encoder's 2 pairs (x 2 groups for the group rows)
+    assert rows[("d", "pooled", "both")]["n_pairs"] == 4 and rows[("d", "group", "both")]["n_pairs"] == 8
+    both, alone = rows[("d", "pooled", "both")], rows[("d", "pooled", "queries only")]
+    assert both["mean_difference"] == alone["mean_difference"] > 0  # the same estimates; enc0 is worse
+    assert "| C | d | pooled |" in result["markdown"]
