@@ -280,3 +280,22 @@ def test_error_detection_aurocs_are_not_compared(tmp_path):
                n_boot=0, epochs=3, n_members=2, k=3, bank_size=20)
     found = cmp.build(run, n_boot=50)
     assert found.empty and [n.split(":")[0] for n in found.notes] == ["error_detection auroc"]
+
+
+def test_items_saved_before_the_banks_role_are_not_compared_and_the_note_says_to_run_again():
+    """A results folder of an older version (CANDOR items without the ``*_bank_*`` columns): D and D_all
+    would be compared with the banks fixed, which under-covers (docs/comparisons.md), so they are not
+    compared, and one line per metric says why and what to do."""
+    rng = np.random.default_rng(0)
+    n = 40
+    items = pd.concat([pd.DataFrame({"sample_id": [f"s{i}" for i in range(n)], "cluster": [f"p{i}" for i in range(n)],
+                                     "finding": "f", "target": "f", "acq_group": "g", "query": True,
+                                     "discordant": (rng.random(n) < 0.3).astype(float),
+                                     "discordant_all": (rng.random(n) < 0.3).astype(float),
+                                     "margin": rng.normal(size=n), "label": 1.0, "encoder": e})
+                       for e in ("a", "b")], ignore_index=True)
+    found = cmp.compare_tables("candor", items)
+    assert found.empty
+    old = [n for n in found.notes if "run the stage again" in n]
+    assert [n.split(":")[0] for n in old] == ["candor d", "candor d_all"]
+    assert "no discordant_bank_0 / discordant_bank_1 columns" in old[0]
