@@ -93,6 +93,7 @@ class Report:
     which_notes: list[str] = field(default_factory=list)  # what was not compared, and why
     sections: list[tuple[str, list[str], pd.DataFrame]] = field(default_factory=list)  # :func:`sections`
     neighbours: neighbours_mod.Section | None = None  # CANDOR's neighbourhoods in thumbnails (.neighbours)
+    anchors: neighbours_mod.AnchorSection | None = None  # CRoMa's anchors with OS neighbours (.neighbours)
 
     @property
     def inline(self) -> bool:
@@ -467,7 +468,8 @@ def sweep_report(sweep_dir: Path, long: pd.DataFrame, tables: list[PaperTable], 
                   guide=how_to_read(stages, results.config), by_encoder=encoder_summary(long),
                   not_scored=not_scored(results, stages), no_interval=no_interval(results, stages),
                   experiment_notes=_experiment_notes(results.config, encoders), sections=sections(results, stages),
-                  **which_encoder(sweep_dir), neighbours=neighbours_mod.section(sweep_dir))
+                  **which_encoder(sweep_dir), neighbours=neighbours_mod.section(sweep_dir),
+                  anchors=neighbours_mod.anchor_section(sweep_dir))
 
 
 def which_encoder(folder: Path) -> dict:
@@ -501,7 +503,8 @@ def run_report(out_dir: Path, config_yaml: str, long: pd.DataFrame, seconds: flo
                   guide=how_to_read(stages, cfg), by_encoder=encoder_summary(long),
                   not_scored=not_scored(results, stages), no_interval=no_interval(results, stages),
                   experiment_notes=_experiment_notes(cfg, encoders), sections=sections(results, stages),
-                  **which_encoder(out_dir), neighbours=neighbours_mod.section(out_dir, manifest, image_root, no_images))
+                  **which_encoder(out_dir), neighbours=neighbours_mod.section(out_dir, manifest, image_root, no_images),
+                  anchors=neighbours_mod.anchor_section(out_dir, manifest, image_root, no_images))
 
 
 def console_summary(report: Report) -> str:

@@ -255,3 +255,130 @@ def section(folder: str | Path, manifest: pd.DataFrame | None = None, root: str 
                 out.append(QueryRow(images(q["query_id"], group), str(q["acq_group"]), strips))
             panels.append(Panel(finding, encoder, role, d, out, places))
     return Section(panels, k, note, shown) if panels else None
+
+
+# --- CRoMa: the anchors whose neighbours share the centre but not the label (issue 55 item 2) -----------------------
+
+#: the columns of an anchor-neighbourhood table (CRoMa's ``neighbours.parquet``)
+ANCHOR_COLUMNS = {"anchor_id", "label", "centre", "rank", "neighbour_id", "neighbour_label", "neighbour_centre",
+                  "type", "distance"}
+#: the metric the anchors' encoders are ranked by (CRoMa's median margin, higher is better)
+ANCHOR_METRIC = "croma"
+
+
+@dataclass
+class AnchorStrip:
+    """One anchor's k nearest cross-slide neighbours under one encoder, each with its pair type (SO: same
+    label, other centre; OS: other label, same centre; SS, OO) and distance, and its count of OS."""
+
+    encoder: str
+    n_os: int
+    neighbours: list[tuple[Thumb, str]] = field(default_factory=list)
+    missing: str = ""
+
+
+@dataclass
+class AnchorRow:
+    anchor: Thumb
+    strips: list[AnchorStrip]
+
+
+@dataclass
+class AnchorPanel:
+    """The anchors of one finding with the most OS neighbours under one encoder (``role``: best / worst
+    by CRoMa, or the only encoder) and its CRoMa."""
+
+    finding: str
+    encoder: str
+    role: str
+    croma: float
+    rows: list[AnchorRow]
+
+
+@dataclass
+class AnchorSection:
+    panels: list[AnchorPanel]
+    k: int
+    note: str = ""
+
+    @property
+    def images(self) -> bool:
+        return not self.note
+
+
+def read_anchor_neighbours(folder: str | Path) -> pd.DataFrame:
+    """Every anchor-neighbourhood ``neighbours.parquet`` (:data:`ANCHOR_COLUMNS`: CRoMa's) under ``folder``,
+    with its ``encoder``, ``stage`` and ``job``."""
+    try:
+        dirs = SweepResults(Path(folder)).job_dirs
+    except OSError:
+        return pd.DataFrame()
+    parts = []
+    for d in dirs:
+        for f in sorted((d / "results").glob(f"*/*/*/*/{FILE}")):
+            frame = pd.read_parquet(f)
+            if not ANCHOR_COLUMNS <= set(frame.columns):
+                continue
+            parts.append(frame.assign(encoder=f.parent.parent.parent.parent.name, stage=f.parent.parent.name,
+                                      job=d.name))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def _ranked_anchors(ranking: pd.DataFrame, finding: str, nbrs: pd.DataFrame) -> list[tuple[str, float]]:
+    """(encoder, CRoMa) from best to worst: the ranking's row of metric ``croma`` where the run has one,
+    else the share of SO among the typed neighbours saved (RI at k)."""
+    if len(ranking):
+        rows = which_mod.headline_rows(ranking)
+        rows = rows[(rows["metric"] == ANCHOR_METRIC) & (rows["finding"].astype(str) == finding)
+                    & rows["encoder"].isin(set(nbrs["encoder"]))]
+        if len(rows):
+            rows = rows.sort_values(["rank", "encoder"], kind="stable").drop_duplicates("encoder")
+            return list(zip(rows["encoder"], rows["estimate"].astype(float)))
+    typed = nbrs[nbrs["type"].isin(["SO", "OS"])]
+    ri = (typed["type"] == "SO").groupby(typed["encoder"]).mean().sort_values(ascending=False, kind="stable")
+    return list(zip(ri.index, ri.to_numpy(float)))
+
+
+def anchor_section(folder: str | Path, manifest: pd.DataFrame | None = None, root: str | Path | None = None,
+                   note: str = "") -> AnchorSection | None:
+    """The report's CRoMa part of the neighbourhoods: per finding, under the best and the worst encoder by
+    CRoMa, the :data:`TOP_QUERIES` anchors with the most OS neighbours (the centre shared, not the label:
+    croma_conventions.md A.2), each with its k nearest cross-slide neighbours under that encoder and the
+    other (None without any anchor table). Images as :func:`section`'s."""
+    nbrs = read_anchor_neighbours(folder)
+    if nbrs.empty:
+        return None
+    nbrs = nbrs[nbrs["job"] == nbrs.groupby("encoder")["job"].transform("first")]
+    note = "" if manifest is not None else note or NO_MANIFEST
+    images = _Images(None if note else manifest, root)
+    ranking = which_mod.read(folder).ranking
+    panels = []
+    for finding in list(dict.fromkeys(nbrs["finding"].astype(str)))[:MAX_FINDINGS]:
+        rows = nbrs[nbrs["finding"].astype(str) == finding]
+        ranked = _ranked_anchors(ranking, finding, rows)
+        if not ranked:
+            continue
+        chosen = [(ranked[0], "best"), (ranked[-1], "worst")] if len(ranked) > 1 else [(ranked[0], "only")]
+        encoders = [e for (e, _), _ in chosen]
+        by_anchor = {key: part.sort_values("rank") for key, part in rows.groupby(["anchor_id", "encoder"], sort=False)}
+        for (encoder, value), role in chosen:
+            mine = rows[rows["encoder"] == encoder]
+            n_os = (mine["type"] == "OS").groupby(mine["anchor_id"]).sum()
+            top = n_os[n_os > 0].sort_index().sort_values(ascending=False, kind="stable").head(TOP_QUERIES)
+            out = []
+            for anchor in top.index:
+                first = mine[mine["anchor_id"] == anchor].iloc[0]
+                strips = []
+                for other in [encoder] + [e for e in encoders if e != encoder]:
+                    part = by_anchor.get((anchor, other))
+                    if part is None:
+                        strips.append(AnchorStrip(other, 0, missing=f"not an anchor under {other}"))
+                        continue
+                    strips.append(AnchorStrip(other, int((part["type"] == "OS").sum()), [
+                        (images(nb["neighbour_id"], f"{nb['distance']:.3f}"), str(nb["type"]))
+                        for _, nb in part.iterrows()]))
+                out.append(AnchorRow(images(anchor, f"{first['label']} · {first['centre']}"), strips))
+            if out:
+                panels.append(AnchorPanel(finding, encoder, role, value, out))
+    k = int(nbrs["rank"].max()) if len(nbrs) else 0
+    return AnchorSection(panels, k, note) if panels else None

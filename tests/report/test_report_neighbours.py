@@ -143,3 +143,63 @@ def test_an_unreadable_image_costs_its_thumbnail_not_the_report(tmp_path):
     query = report.neighbours.panels[0].rows[0].query
     assert query.png == "" and query.error.startswith("UnidentifiedImageError")
     assert f"title='{query.sample_id}: UnidentifiedImageError" in html.to_html(report)
+
+
+CROMA_CONFIG = "dataset:\n  name: toy\nstage:\n  name: croma\n  findings: [bio_label]\n  params:\n    k: 4\n    m: 2\n"
+
+
+def test_croma_anchors_with_os_neighbours_are_shown_under_the_best_and_worst_encoder(tmp_path):
+    """Issue 55 item 2, CRoMa: the anchors with the most neighbours of the same centre and another label
+    (OS) under the best and the worst encoder by CRoMa, each with its k neighbours as neighbours.parquet
+    holds them (type, distance), the same anchor under the other encoder, and the thumbnails the images'."""
+    rng = np.random.default_rng(1)
+    root = tmp_path / "data"
+    (root / "tiles").mkdir(parents=True)
+    rows = []
+    for lab in range(2):
+        for centre in range(2):
+            for slide in range(3):
+                for t in range(4):
+                    i = len(rows)
+                    Image.fromarray((rng.random((40, 40)) * 255).astype(np.uint8)).save(root / "tiles" / f"t{i}.png")
+                    rows.append((f"t{i:03d}", f"tiles/t{i}.png", f"class{lab}", f"centre{centre}",
+                                 f"s{lab}{centre}{slide}"))
+    man = pd.DataFrame(rows, columns=["sample_id", "path", "bio_label", "site", "slide_id"])
+    lab = (man["bio_label"] == "class1").to_numpy(float)
+    site = (man["site"] == "centre1").to_numpy(float)
+    noise = rng.standard_normal((len(man), 8)).astype(np.float32)
+    biology, centre = noise * 0.3, noise * 0.3
+    biology[:, 0] += 2 * lab  # neighbours follow the label: CRoMa high
+    centre[:, 0] += 2 * site  # neighbours follow the centre: OS neighbours
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text(CROMA_CONFIG)
+    summaries = []
+    for name, feats in (("enc_centre", centre), ("enc_bio", biology)):
+        summaries += score_and_save("croma", feats, man, ["bio_label"], {"k": 4, "m": 2}, out, name, "toy")
+    which_mod.build(out, n_boot=100)
+    long = to_long(pd.concat(summaries, ignore_index=True), "croma", OmegaConf.create(CROMA_CONFIG), out.name)
+    report = html.run_report(out, CROMA_CONFIG, long, 1.0, manifest=man, image_root=root)
+    section = report.anchors
+    assert section is not None and section.k == 4 and section.images
+    assert [(p.encoder, p.role) for p in section.panels] == [("enc_bio", "best"), ("enc_centre", "worst")]
+    nbrs = {e: pd.read_parquet(out / "results" / e / "toy" / "croma" / "bio_label" / "neighbours.parquet")
+            for e in ("enc_bio", "enc_centre")}
+    worst = section.panels[1]
+    n_os = (nbrs["enc_centre"]["type"] == "OS").groupby(nbrs["enc_centre"]["anchor_id"]).sum()
+    assert [r.strips[0].n_os for r in worst.rows] == sorted(n_os, reverse=True)[:len(worst.rows)]
+    assert worst.rows[0].strips[0].n_os >= 3  # the centre encoder's anchors are surrounded by OS tiles
+    for row in worst.rows:
+        for strip in row.strips:
+            want = nbrs[strip.encoder][nbrs[strip.encoder]["anchor_id"] == row.anchor.sample_id].sort_values("rank")
+            got = [(t.sample_id, kind) for t, kind in strip.neighbours]
+            assert got == list(zip(want["neighbour_id"], want["type"]))
+            assert [t.caption for t, _ in strip.neighbours] == [f"{v:.3f}" for v in want["distance"]]
+    page = html.to_html(report)
+    assert "<h2>Neighbourhoods: anchors that follow the centre</h2>" in page
+    assert "## Neighbourhoods: anchors that follow the centre" in html.to_markdown(report, out)
+    shown = dict(IMG.findall(page[page.index("anchors that follow the centre"):]))
+    anchor = worst.rows[0].anchor.sample_id
+    got = np.asarray(Image.open(io.BytesIO(base64.b64decode(shown[anchor]))))
+    np.testing.assert_array_equal(got, expected_thumbnail(root, {"sample_id": anchor,
+                                                                **man.set_index("sample_id").loc[anchor].to_dict()}))
