@@ -156,7 +156,9 @@ class Method:
     None: its rows are not compared). ``report_section``: ``"module:function"`` giving the stage's own
     part of a report, ``function(results)`` -> ``(title, sentences, table)`` or None, from the run's or
     sweep's :class:`~robustbench_fm.core.tables.SweepResults` (:func:`robustbench_fm.report.html.sections`;
-    e.g. the confounder scan's "What the neighbourhoods follow").
+    e.g. the confounder scan's "What the neighbourhoods follow"). ``findings_optional``: the stage runs
+    without any finding (the confounder scan reads the manifest's other columns), so a ``dataset=csv``
+    without a 0/1 column is not refused for it.
     """
 
     name: str
@@ -179,6 +181,7 @@ class Method:
     findings: str | tuple[str, ...] = "${dataset.findings}"
     pairing: Pairing | None = None
     report_section: str | None = None
+    findings_optional: bool = False
 
     def __post_init__(self) -> None:
         headline = []

@@ -473,7 +473,7 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool
     stages.method(cfg.stage.name)  # the name; its module (torch) is imported when the stage runs
     _refuse_unknown_keys(cfg)  # +stage.parms.k=3 would run with the default k
     findings = list(cfg.stage.findings)
-    if not findings and not cfg.get("features_file"):
+    if not findings and not cfg.get("features_file") and not stages.method(cfg.stage.name).findings_optional:
         _refuse_no_findings(cfg)
     params = OmegaConf.to_container(cfg.stage.params, resolve=True)
     param_overrides = _param_overrides(cfg)

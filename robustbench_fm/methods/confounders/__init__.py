@@ -20,7 +20,7 @@ register(Method(
     "organises the kNN graph", f"{__name__}.stage", display_name="Confounder scan",
     # higher: the neighbourhoods follow the column more (wanted for a finding, a confounder for a site)
     headline=(("score", "higher"),), guide=f"{__name__}.guide:SCAN", param_columns=("k",),
-    integer_columns=("n_values", "n_clusters", "k"), multi_finding=True,
+    integer_columns=("n_values", "n_clusters", "k"), multi_finding=True, findings_optional=True,
     console_columns=("encoder", "column", "kind", "n_values", "n", "observed", "chance", "score", "score_ci_low",
                      "score_ci_high"),
     params=ConfounderParams, report_section=f"{__name__}.section:scan_section",

@@ -69,3 +69,27 @@ def test_the_report_says_what_each_encoders_neighbourhoods_follow(run):
     assert "## What the neighbourhoods follow" in md
     assert f"planted_blur: its neighbourhoods follow {shown} more than" in md
     assert "<h2>What the neighbourhoods follow</h2>" in page and "| column | kind | values | chance |" in md
+
+
+def test_a_csv_of_metadata_alone_is_scanned_without_a_finding(tmp_path):
+    """Issue 55 item 4: a manifest with no 0/1 column (the user's site and scanner only) is scanned, where a
+    stage that scores findings refuses it in one line."""
+    planted = generate_planted(tmp_path / "planted", n=40, size=64, seed=1)
+    labels = pd.read_csv(planted / "labels.csv")
+    rng = np.random.default_rng(1)
+    pd.DataFrame({"path": [f"planted/images/{f}" for f in labels["image"]],
+                  "patient_id": [f"p{v:02d}" for v in np.arange(40) // 2],
+                  "site": rng.choice(["west", "east"], 40), "scanner": rng.choice(["GE", "Philips", "Siemens"], 40)}
+                 ).to_csv(tmp_path / "meta.csv", index=False)
+    common = ["-m", "robustbench_fm", f"paths.root={tmp_path}", "dataset=csv",
+              f"dataset.manifest={tmp_path / 'meta.csv'}", "encoders=[planted_blur]"]
+    out = tmp_path / "run"
+    proc = cli_process.run([*common, "stage=confounders", "stage.params.n_boot=100", f"hydra.run.dir={out}"],
+                           cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = pd.read_parquet(out / "summary.parquet")
+    assert set(summary["column"]) == {"site", "scanner"} and set(summary["kind"]) == {"metadata"}
+    assert summary["reason"].eq("").all() and summary["score_ci_low"].notna().all()
+    refused = cli_process.run([*common, "stage=candor", f"hydra.run.dir={tmp_path / 'candor'}"], cwd=tmp_path,
+                              timeout=600)
+    assert refused.returncode == 2 and "meta.csv" in refused.stderr
