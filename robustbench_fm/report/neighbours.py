@@ -262,8 +262,6 @@ def section(folder: str | Path, manifest: pd.DataFrame | None = None, root: str 
 #: the columns of an anchor-neighbourhood table (CRoMa's ``neighbours.parquet``)
 ANCHOR_COLUMNS = {"anchor_id", "label", "centre", "rank", "neighbour_id", "neighbour_label", "neighbour_centre",
                   "type", "distance"}
-#: the metric the anchors' encoders are ranked by (CRoMa's median margin, higher is better)
-ANCHOR_METRIC = "croma"
 
 
 @dataclass
@@ -324,12 +322,21 @@ def read_anchor_neighbours(folder: str | Path) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
+def _compared_metric(stage: str) -> str:
+    """The first metric the stage's ``Pairing`` compares (CRoMa: its median margin), "" without one."""
+    method = methods.find(stage)
+    pairing = method.pairing if method is not None else None
+    return next((m.metric for m in (pairing.metrics if pairing else ()) if not m.not_compared), "")
+
+
 def _ranked_anchors(ranking: pd.DataFrame, finding: str, nbrs: pd.DataFrame) -> list[tuple[str, float]]:
-    """(encoder, CRoMa) from best to worst: the ranking's row of metric ``croma`` where the run has one,
-    else the share of SO among the typed neighbours saved (RI at k)."""
-    if len(ranking):
+    """(encoder, value) from best to worst: the ranking's row of the stage's first compared metric
+    (CRoMa's ``croma``) where the run has one, else the share of SO among the typed neighbours saved
+    (RI at k)."""
+    metric = _compared_metric(str(nbrs["stage"].iloc[0])) if len(nbrs) else ""
+    if len(ranking) and metric:
         rows = which_mod.headline_rows(ranking)
-        rows = rows[(rows["metric"] == ANCHOR_METRIC) & (rows["finding"].astype(str) == finding)
+        rows = rows[(rows["metric"] == metric) & (rows["finding"].astype(str) == finding)
                     & rows["encoder"].isin(set(nbrs["encoder"]))]
         if len(rows):
             rows = rows.sort_values(["rank", "encoder"], kind="stable").drop_duplicates("encoder")

@@ -199,7 +199,8 @@ def test_templates_ship_as_package_data():
     globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     folder = resources.files("robustbench_fm.report") / "templates"
     names = sorted(p.name for p in folder.iterdir() if p.name.endswith(".j2"))
-    assert names == ["neighbours.html.j2", "neighbours.md.j2", "report.html.j2", "report.md.j2"]
+    assert names == ["anchors.html.j2", "anchors.md.j2", "neighbours.html.j2", "neighbours.md.j2", "report.html.j2",
+                     "report.md.j2"]
     assert all(any(fnmatch.fnmatch(f"report/templates/{n}", g) for g in globs["robustbench_fm"]) for n in names)
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     assert {d.split(">")[0].split("=")[0] for d in deps} >= {"tabulate", "jinja2"}
