@@ -130,25 +130,30 @@ def png_base64(image: Image.Image) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def read_neighbours(folder: str | Path) -> pd.DataFrame:
-    """Every ``neighbours.parquet`` of query neighbourhoods (:data:`QUERY_COLUMNS`: CANDOR's) under
-    ``folder`` (a run, or a sweep's jobs), with the ``stage`` that wrote it."""
-    folder = Path(folder)
+def _read_tables(folder: str | Path, columns: set[str]) -> pd.DataFrame:
+    """Every ``neighbours.parquet`` under ``folder`` (a run, or a sweep's jobs) that has ``columns`` (one
+    stage's kind of neighbourhood), with its ``encoder`` (where the table has none), ``stage`` and ``job``."""
     try:
-        dirs = SweepResults(folder).job_dirs
+        dirs = SweepResults(Path(folder)).job_dirs
     except OSError:
         return pd.DataFrame()
     parts = []
     for d in dirs:
         for f in sorted((d / "results").glob(f"*/*/*/*/{FILE}")):
             frame = pd.read_parquet(f)
-            if not QUERY_COLUMNS <= set(frame.columns):
-                continue  # another stage's neighbours (e.g. CRoMa's anchors): not this section's
+            if not columns <= set(frame.columns):
+                continue  # another stage's kind of neighbourhood: not this section's
             frame["stage"] = f.parent.parent.name
             if "encoder" not in frame.columns:
                 frame.insert(0, "encoder", f.parent.parent.parent.parent.name)
             parts.append(frame.assign(job=d.name))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def read_neighbours(folder: str | Path) -> pd.DataFrame:
+    """Every ``neighbours.parquet`` of query neighbourhoods (:data:`QUERY_COLUMNS`: CANDOR's) under
+    ``folder`` (a run, or a sweep's jobs), with the ``stage`` that wrote it."""
+    return _read_tables(folder, QUERY_COLUMNS)
 
 
 def _ranked(ranking: pd.DataFrame, finding: str, queries: pd.DataFrame) -> list[tuple[str, float]]:
@@ -307,19 +312,7 @@ class AnchorSection:
 def read_anchor_neighbours(folder: str | Path) -> pd.DataFrame:
     """Every anchor-neighbourhood ``neighbours.parquet`` (:data:`ANCHOR_COLUMNS`: CRoMa's) under ``folder``,
     with its ``encoder``, ``stage`` and ``job``."""
-    try:
-        dirs = SweepResults(Path(folder)).job_dirs
-    except OSError:
-        return pd.DataFrame()
-    parts = []
-    for d in dirs:
-        for f in sorted((d / "results").glob(f"*/*/*/*/{FILE}")):
-            frame = pd.read_parquet(f)
-            if not ANCHOR_COLUMNS <= set(frame.columns):
-                continue
-            parts.append(frame.assign(encoder=f.parent.parent.parent.parent.name, stage=f.parent.parent.name,
-                                      job=d.name))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    return _read_tables(folder, ANCHOR_COLUMNS)
 
 
 def _compared_metric(stage: str) -> str:
