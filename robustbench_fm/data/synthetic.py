@@ -6,11 +6,18 @@ random field of large amplitude plus fine pixel noise); half of them also carry 
 disk at a uniformly random position. The marker is the only difference between the classes, so
 an encoder that cannot see it has the chance level D = 1/2 and one that sees it has D = 0.
 
+``site`` is the demo's acquisition confounder, for the confounder scan (issue 55): two sites whose
+scanners' tone curves differ, so that ``site_b``'s images have the more right-skewed grey-level
+histograms. It is read off the drawn backgrounds (the half of the images whose background, before any
+marker, has the largest skewness is ``site_b``) rather than painted on, so the pixels, and with them
+CANDOR's calibration, are those of version 1; it is independent of the marker, which is drawn after
+the background and placed by a separate label draw.
+
 Layout under ``root``::
 
     images/img_0000.png ...   8-bit grayscale PNG, size x size
     generator.json            the parameters the files were generated with
-    labels.csv                image,marker  (file name, 1 = marker planted, 0 = none)
+    labels.csv                image,marker,site  (file name, 1 = marker planted, 0 = none, site_a / site_b)
 
 ``labels.csv`` is written last (temp file + rename), so its presence with a matching
 ``generator.json`` means a complete dataset; a killed generation is simply redone.
@@ -28,8 +35,11 @@ from ..core.atomic import write_atomic, write_text_atomic
 from .files import DatasetError, DatasetFileMissing, UnknownOption
 from .registry import Adapter, register
 
-#: Bumped whenever the drawing procedure changes, so old folders are regenerated.
-PLANTED_VERSION = 1
+#: Bumped whenever the drawing procedure or labels.csv changes, so old folders are regenerated
+#: (2: the ``site`` column; the pixels are version 1's).
+PLANTED_VERSION = 2
+#: the ``site`` values: ``SITES[1]`` for the half of the images with the most skewed backgrounds
+SITES = ("site_a", "site_b")
 
 # Background and marker, in intensity units of [0, 1] (stored as 8-bit).
 _BG_MEAN = 0.40        # mean grey level
@@ -58,18 +68,26 @@ def _smooth_field(rng: np.random.Generator, size: int, sigma: float) -> np.ndarr
     return (field - field.mean()) / field.std()
 
 
-def _draw_image(rng: np.random.Generator, size: int, marker: bool) -> np.ndarray:
-    """One 8-bit image. The background draws come first and do not depend on ``marker``."""
+def _skewness(img: np.ndarray) -> float:
+    """The sample skewness of ``img``'s values, ``m3 / m2 ** 1.5`` (central moments)."""
+    centred = img - img.mean()
+    return float(np.mean(centred ** 3) / np.mean(centred ** 2) ** 1.5)
+
+
+def _draw_image(rng: np.random.Generator, size: int, marker: bool) -> tuple[np.ndarray, float]:
+    """One 8-bit image and its background's skewness (before any marker: what ``site`` is read off).
+    The background draws come first and do not depend on ``marker``."""
     scale = size / 224.0
     img = (_BG_MEAN + _BG_FIELD_STD * _smooth_field(rng, size, _BG_FIELD_SIGMA * scale)
            + _BG_NOISE_STD * rng.standard_normal((size, size)))
     margin = int(round(_MARKER_MARGIN * scale))
     cy, cx = rng.integers(margin, size - margin, size=2)  # drawn for every image
+    skew = _skewness(img)
     if marker:
         yy, xx = np.ogrid[:size, :size]
         disk = (yy - cy) ** 2 + (xx - cx) ** 2 <= (_MARKER_RADIUS * max(scale, 1.0)) ** 2
         img[disk] += _MARKER_AMPLITUDE
-    return np.clip(np.rint(img * 255.0), 0, 255).astype(np.uint8)
+    return np.clip(np.rint(img * 255.0), 0, 255).astype(np.uint8), skew
 
 
 def _is_complete(root: Path, params: dict) -> bool:
@@ -88,7 +106,8 @@ def generate_planted(root: str | Path, n: int = 200, size: int = 224, seed: int 
 
     Exactly ``round(n * marker_fraction)`` images carry the marker. Image ``i`` is drawn from
     its own child of ``SeedSequence(seed)``, so its background does not depend on the labels,
-    and the labels come from a separate child. Idempotent: a complete folder generated with the
+    and the labels come from a separate child. The ``n // 2`` images whose backgrounds are the
+    most skewed are ``site_b``, the others ``site_a`` (module doc). Idempotent: a complete folder generated with the
     same parameters is left untouched.
     """
     if n < 2 or size < 4 * _MARKER_MARGIN:
@@ -111,8 +130,9 @@ def generate_planted(root: str | Path, n: int = 200, size: int = 224, seed: int 
     labels[np.random.default_rng(label_ss).permutation(n)[:n_pos]] = 1
     width = max(4, len(str(n - 1)))
     names = [f"img_{i:0{width}d}.png" for i in range(n)]
-    for name, ss, lab in zip(names, image_ss, labels):
-        arr = _draw_image(np.random.default_rng(ss), size, bool(lab))
+    skews = np.empty(n)
+    for i, (name, ss, lab) in enumerate(zip(names, image_ss, labels)):
+        arr, skews[i] = _draw_image(np.random.default_rng(ss), size, bool(lab))
         write_atomic(images / name, lambda f: Image.fromarray(arr).save(f, format="PNG"))
     keep = set(names)
     for stale in images.glob("img_*.png"):
@@ -120,7 +140,9 @@ def generate_planted(root: str | Path, n: int = 200, size: int = 224, seed: int 
             stale.unlink()
 
     write_text_atomic(root / "generator.json", json.dumps(params, indent=1, sort_keys=True) + "\n")
-    table = pd.DataFrame({"image": names, "marker": labels})
+    site = np.full(n, SITES[0], dtype=object)
+    site[np.argsort(-skews, kind="stable")[:n // 2]] = SITES[1]
+    table = pd.DataFrame({"image": names, "marker": labels, "site": site})
     write_text_atomic(root / "labels.csv", table.to_csv(index=False))
     return root
 
@@ -157,7 +179,7 @@ def build_planted(root: str | Path, **expected) -> pd.DataFrame:
         "sample_id": stems,
         "path": "images/" + table["image"],
         "patient_id": stems,
-        "site": "synthetic",
+        "site": table["site"].astype(str) if "site" in table.columns else "synthetic",
         "view": "frontal",
         "acq_group": "planted",
         "split": "test",

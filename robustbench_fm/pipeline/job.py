@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # the feature engine imports torch: a plan, a dry run and its
 from .. import data, encoders, methods
 from .. import methods as stages
 from ..core.atomic import write_atomic, write_text_atomic
-from ..core.errors import InvalidSetting, UserError
+from ..core.errors import InvalidSetting, UserError, message
 from ..core.locking import FileLock, LockTimeout
 from ..core.redact import redacted_yaml
 from ..core.results import not_scored, to_markdown, without_interval, without_single_group_pools
@@ -529,6 +529,42 @@ def _naming_full_disk(job: Plan, out_dir: Path, writing: str = "the run folder")
         raise disk_full(exc, job, out_dir, writing) from exc
 
 
+#: the stage a single run's ``report.scan`` adds after its own (:func:`scan`)
+SCAN = "confounders"
+
+
+def scan(job: Plan, manifest: pd.DataFrame, sources, skipped: list[str], out_dir: Path) -> pd.DataFrame | None:
+    """The confounder scan of a single run (``report.scan: auto``, :class:`.plan.ReportOptions`):
+    stage ``confounders`` with its default parameters (the run's ``seed`` and ``device``) on the
+    features of every ``(encoder, cache entry or features file)`` of ``sources``, read again from
+    the cache (the stage may have overwritten its copy), over ``manifest`` less the ``skipped``
+    rows; its results are saved as a stage's (:func:`score_and_save`). None where it does not
+    apply: a sweep's job (a sweep scans as one of its stages), the scan itself, a stage that drives
+    its encoder (``run_job``), or a manifest with no column besides the findings to scan; a scan the
+    manifest cannot satisfy (k more images than it has) is left out with one logged line, after the
+    stage's own results are saved."""
+    if not job.report.scan or job.multirun or job.stage == SCAN or not sources:
+        return None
+    from ..methods.confounders.stage import metadata_columns  # lazy: the stage imports torch
+
+    if skipped:
+        manifest = manifest[~manifest["sample_id"].isin(skipped)].reset_index(drop=True)
+    columns = metadata_columns(manifest, job.findings)
+    if not columns:
+        return None
+    params = {"seed": int(job.seed if job.seed is not None else 0), "device": job.extract.device}
+    try:
+        stages.get(SCAN).check_manifest(manifest, job.findings, **params)
+    except UserError as exc:
+        log.warning("confounder scan of %s left out: %s (report.scan=false turns it off)", ", ".join(columns),
+                    message(exc))
+        return None
+    parts = []
+    for name, source in sources:
+        parts += score_and_save(SCAN, str(source), manifest, job.findings, params, out_dir, name, job.dataset)
+    return pd.concat(parts, ignore_index=True)
+
+
 def run_planned(job: Plan, out_dir: Path) -> pd.DataFrame:
     """The work of planned job ``job`` (:func:`plan`) under ``out_dir`` (held by :func:`recorded`); a
     full disk is one line naming the folder and the setting that moves it (:func:`disk_full`)."""
@@ -541,7 +577,9 @@ def _run_planned(job: Plan, out_dir: Path) -> pd.DataFrame:
     if job.cli_overrides:
         write_text_atomic(out_dir / "overrides.yaml", redacted_yaml(OmegaConf.create(list(job.cli_overrides))))
     started = time.perf_counter()
+    sources, skipped = [], []  # (encoder, its features) and the rows every encoder skipped, for the scan
     if job.features_file is not None:
+        sources = [(job.encoders[0], job.features_file)]
         manifest = read_manifest_file(job)
         _check_scorable(job, manifest)
         # entries.json names the user's features, so a collect step can re-score them (CRoMa's panel k)
@@ -562,14 +600,16 @@ def _run_planned(job: Plan, out_dir: Path) -> pd.DataFrame:
             if job.extract.num_shards > 1:
                 return _record_part(job, entries, out_dir)
             record_entries(out_dir, job, entries, cache)
+            sources = [(n, e) for n, e, _ in entries]
             summaries = run_stage_on_entries(job, manifest, [(n, e) for n, e, _ in entries], skipped, out_dir)
+    scanned = scan(job, manifest, sources, skipped, out_dir)  # report.scan: what else the neighbourhoods follow
     summary = pd.concat(summaries, ignore_index=True)
     write_atomic(out_dir / "summary.parquet", lambda f: summary.to_parquet(f, index=False))
     table = console_table(summary, job.stage)
     write_text_atomic(out_dir / "summary.md", table)
     comparisons = build_comparisons(out_dir)  # two or more encoders: which one, and is the difference real
     seconds = time.perf_counter() - started
-    report = _write_report(job, summary, out_dir, seconds, manifest)
+    report = _write_report(job, summary, out_dir, seconds, manifest, scanned)
     which = "".join(f"- {line}\n" for line in verdict(comparisons))
     print(f"\n{job.stage} on {job.dataset or job.features_file} ({seconds:.1f} s) -> {out_dir}\n\n{table}"
           + (f"\nWhich encoder (paired, {out_dir / 'comparisons.csv'}):\n{which}" if which else "")
@@ -643,12 +683,16 @@ def _refuse_all_blank(stage: str, summary: pd.DataFrame) -> None:
 
 
 def _write_report(job: Plan, summary: pd.DataFrame, out_dir: Path, seconds: float,
-                  manifest: pd.DataFrame | None = None) -> Path:
+                  manifest: pd.DataFrame | None = None, scanned: pd.DataFrame | None = None) -> Path:
     """``results_long.parquet``/``.csv`` (:mod:`.report.long_format`) and ``report.md`` /
-    ``report.html`` (:mod:`.report.html`) of this run, its images (``manifest`` under the dataset root)
-    in the neighbourhood section; returns the HTML path."""
+    ``report.html`` (:mod:`.report.html`) of this run (``scanned``: the confounder scan's summary,
+    :func:`scan`), its images (``manifest`` under the dataset root) in the neighbourhood section;
+    returns the HTML path."""
 
-    long = to_long(summary, job.stage, OmegaConf.create(job.config), out_dir.name)
+    config = OmegaConf.create(job.config)
+    long = to_long(summary, job.stage, config, out_dir.name)
+    if scanned is not None and len(scanned):
+        long = pd.concat([long, to_long(scanned, SCAN, config, out_dir.name)], ignore_index=True)
     write_atomic(out_dir / "results_long.parquet", lambda f: long.to_parquet(f, index=False))
     write_text_atomic(out_dir / "results_long.csv", long.to_csv(index=False))
     from_file = job.features_file is not None  # a features file: no images to show

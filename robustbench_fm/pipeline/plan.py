@@ -72,9 +72,11 @@ EncoderSettings = EncoderOptions
 
 @dataclass(frozen=True)
 class ReportOptions:
-    """What the report builds: the paper tables of ``report.tables``."""
+    """What the report builds: the paper tables of ``report.tables``; ``scan``: whether a single run
+    also scans the manifest's columns (``report.scan``: auto = True, false = False; :func:`.job.scan_stage`)."""
 
     tables: tuple[str, ...] = ()
+    scan: bool = False
 
 
 @dataclass(frozen=True)
@@ -460,6 +462,17 @@ def _missing_root(cfg: DictConfig, name: str, root: Path) -> MissingInput:
 
 # ------------------------------------------------------- the plan: the one reader of the config
 
+def _scan_option(cfg: DictConfig) -> bool:
+    """``report.scan``: ``auto`` (or absent: a config of an earlier release) is True, ``false`` False."""
+    value = OmegaConf.select(cfg, "report.scan", default="auto")
+    if value in ("auto", True):
+        return True
+    if value is False or value in ("false", "off"):
+        return False
+    raise InvalidSetting(f"report.scan={value!r} is not auto or false; set report.scan=auto (scan the manifest's "
+                         "columns after the stage) or report.scan=false")
+
+
 def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool = False,
          experiment: str | None = None, here: bool = True) -> Plan:
     """The job's typed run configuration: read ``cfg`` once, validating names and options
@@ -486,7 +499,7 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool
                   manifest_file=Path(str(cfg.manifest_file)) if cfg.get("manifest_file") else None,
                   swept_encoders=tuple(str(e) for e in (cfg.get("encoders") or [])),
                   report=ReportOptions(tuple(str(t) for t in (OmegaConf.select(cfg, "report.tables", default=None)
-                                                              or []))),
+                                                              or [])), _scan_option(cfg)),
                   paths=Paths(Path(str(cfg.paths.cache_dir)), resolved_prepared_dir(cfg)),
                   extract=_extract_options(cfg, here), cli_overrides=tuple(cli_overrides or ()))
     if cfg.get("features_file"):

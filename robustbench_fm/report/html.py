@@ -297,6 +297,13 @@ def report_title(experiment: str | None, stages, datasets, encoders, jobs: int |
     return f"{prefix + ': ' if prefix else ''}{what}{where} ({count})"
 
 
+def subject(stages) -> list:
+    """The stages a report is about: a stage that scans columns (``findings_optional``: the confounder
+    scan a single run adds, ``pipeline.job.scan``) names columns, not findings, and is left out of the
+    title and the findings line beside a stage that has findings."""
+    return [s for s in stages if not (s in methods.names() and methods.method(s).findings_optional)] or list(stages)
+
+
 def _overview(long: pd.DataFrame, cfg: DictConfig | None, folder: Path) -> tuple[list[str], list, list, list]:
     """The lines under the title (encoders, datasets, stages, findings, folder) and the
     stages, datasets and encoders they name."""
@@ -306,7 +313,8 @@ def _overview(long: pd.DataFrame, cfg: DictConfig | None, folder: Path) -> tuple
     encoders = list(dict.fromkeys(long["encoder"])) if len(long) else []
     if not encoders and cfg is not None:
         encoders = list(cfg.get("encoders") or [OmegaConf.select(cfg, "encoder.name", default="")])
-    tasks = [t for t in dict.fromkeys(long["task"]) if t and not str(t).startswith("__")] if len(long) else []
+    rows = long[long["stage"].isin(subject(stages))] if len(long) else long
+    tasks = [t for t in dict.fromkeys(rows["task"]) if t and not str(t).startswith("__")] if len(rows) else []
     shown = ", ".join(tasks) if len(tasks) <= 8 else f"{len(tasks)} ({', '.join(tasks[:6])}, ...)"
     lines = [f"Encoders ({len(encoders)}): {', '.join(encoders)}",
              f"Dataset{'s' if len(datasets) != 1 else ''}: {', '.join(datasets) or '-'} · "
@@ -496,7 +504,7 @@ def run_report(out_dir: Path, config_yaml: str, long: pd.DataFrame, seconds: flo
     cfg = OmegaConf.create(config_yaml) if config_yaml.strip() else None
     figs, notes = figures(results, long, out_dir) if len(long) else ([], [])
     overview, stages, datasets, encoders = _overview(long, cfg, out_dir)
-    return Report(title=report_title(experiment, stages, datasets, encoders), config_yaml=config_yaml,
+    return Report(title=report_title(experiment, subject(stages), datasets, encoders), config_yaml=config_yaml,
                   summary=summary_table(long), figures=figs, runtime_s=seconds, cache=cache_hits([out_dir]),
                   notes=read_notes(out_dir) + notes, overview=overview,
                   runtime_note="this run, from its start to this report",

@@ -88,6 +88,32 @@ def test_the_demo_says_which_encoder_first(demo):
     assert html.index("<h2>Which encoder</h2>") < html.index("<h2>How to read this</h2>")
 
 
+def test_the_demo_scans_its_planted_site(demo):
+    """Issue 55 item 4: the demo's run scans the manifest's columns after CANDOR (report.scan: auto).
+    Its planted ``site`` (the more right-skewed backgrounds, data/synthetic.py) organises the coarse
+    features of planted_blur and random_vit_s, not planted_sharp's local-contrast ones, whose
+    neighbourhoods follow the marker alone; the report says so per encoder and shows the scan table."""
+    run1 = demo[3]
+    score = {}
+    for enc in ("planted_blur", "planted_sharp", "random_vit_s"):
+        for col in ("site", "marker"):
+            row = pd.read_parquet(run1 / f"results/{enc}/planted/confounders/{col}/summary.parquet").iloc[0]
+            assert row["n"] == 200 and row["kind"] == ("finding" if col == "marker" else "metadata")
+            score[enc, col] = (row["score"], row["score_ci_low"], row["score_ci_high"])
+    assert score["planted_blur", "site"][1] > 0.4 and score["random_vit_s", "site"][1] > 0.3
+    assert score["planted_sharp", "site"][1] <= 0 <= score["planted_sharp", "site"][2]
+    assert score["planted_sharp", "marker"][0] == 1.0
+    assert all(score[e, "marker"][1] <= 0 <= score[e, "marker"][2] for e in ("planted_blur", "random_vit_s"))
+    report = (run1 / "report.md").read_text()
+    follows = report.split("## What the neighbourhoods follow\n\n", 1)[1]
+    assert follows.startswith("planted_blur: its neighbourhoods follow `site` (")
+    assert "planted_sharp: its neighbourhoods follow `marker` (1.00 [1.00, 1.00])" in follows
+    overview = next(line for line in report.splitlines() if line.startswith("Dataset:"))
+    assert overview.rstrip().endswith("stages: candor, confounders · finding: marker")  # a column is no finding
+    # the CANDOR table the README shows is the stage's alone
+    assert set(pd.read_parquet(run1 / "summary.parquet")["finding"]) == {"marker"}
+
+
 def test_second_run_hits_the_cache_with_zero_forwards(demo):
     out, first, second, run1, run2, _ = demo
     for name in ("planted_blur", "planted_sharp", "random_vit_s"):
@@ -111,6 +137,13 @@ def test_from_features_cli_matches_the_pipeline(demo, tmp_path):
     want = pd.read_parquet(run1 / "summary.parquet").query("encoder == 'planted_sharp'")
     cols = ["acq_group", "n_queries", "d", "d_sd", "d_all", "margin_auroc"]
     pd.testing.assert_frame_equal(got[cols].reset_index(drop=True), want[cols].reset_index(drop=True))
+    # a features file's run scans its manifest too, to the same numbers as the demo's (same features)
+    for col in ("site", "marker"):
+        scanned = sorted(latest_run(tmp_path).glob(f"results/*/*/confounders/{col}/summary.parquet"))
+        assert len(scanned) == 1, scanned
+        got, want = (pd.read_parquet(f).drop(columns=["encoder", "dataset"], errors="ignore") for f in
+                     (scanned[0], run1 / f"results/planted_sharp/planted/confounders/{col}/summary.parquet"))
+        pd.testing.assert_frame_equal(got, want)  # the names aside (the features file's: manifest)
 
 
 def test_multirun_over_encoders(demo, tmp_path):

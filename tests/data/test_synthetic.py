@@ -7,6 +7,7 @@ the package's stage, with k = 5 and the banks "all other positives" / "all negat
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pandas as pd
 import pytest
 import torch
 from PIL import Image
+from scipy import stats
 
 from robustbench_fm import encoders
 from robustbench_fm.data import build_manifest
@@ -125,10 +127,11 @@ def test_generator_is_deterministic(tmp_path):
 def test_files_are_real_pngs_and_csv(planted):
     root, _ = planted[0]
     labels = pd.read_csv(root / "labels.csv")
-    assert list(labels.columns) == ["image", "marker"]
+    assert list(labels.columns) == ["image", "marker", "site"]
     assert len(labels) == 200 and labels["image"].is_unique
     assert set(labels["marker"]) == {0, 1}
     assert int(labels["marker"].sum()) == 100
+    assert labels["site"].value_counts().to_dict() == {"site_a": 100, "site_b": 100}
     assert sorted(p.name for p in (root / "images").iterdir()) == sorted(labels["image"])
     for name in labels["image"].iloc[:5]:
         with Image.open(root / "images" / name) as im:
@@ -147,8 +150,10 @@ def test_exact_number_of_positives(tmp_path, n, fraction, expected):
 def test_marker_is_the_only_difference():
     """Same draws with and without the marker differ only inside one small disk."""
     seq = np.random.SeedSequence(7)
-    with_marker = _draw_image(np.random.default_rng(seq), 224, marker=True).astype(int)
-    without = _draw_image(np.random.default_rng(seq), 224, marker=False).astype(int)
+    with_marker, skew_with = _draw_image(np.random.default_rng(seq), 224, marker=True)
+    without, skew_without = _draw_image(np.random.default_rng(seq), 224, marker=False)
+    with_marker, without = with_marker.astype(int), without.astype(int)
+    assert skew_with == skew_without  # the site is read off the background, before the marker
     diff = np.argwhere(with_marker != without)
     assert 20 <= len(diff) <= 49  # a ~7 px disk
     assert np.ptp(diff, axis=0).max() <= 7
@@ -162,7 +167,7 @@ def test_adapter_builds_a_valid_manifest(planted):
     assert len(df) == 200 and df["sample_id"].is_unique
     assert df["sample_id"].iloc[0] == "img_0000" and df["path"].iloc[0] == "images/img_0000.png"
     assert (df["patient_id"] == df["sample_id"]).all()
-    assert set(df["site"]) == {"synthetic"} and set(df["view"]) == {"frontal"}
+    assert set(df["site"]) == {"site_a", "site_b"} and set(df["view"]) == {"frontal"}
     assert set(df["acq_group"]) == {"planted"} and set(df["split"]) == {"test"}
     assert df["marker"].dtype == float and df["marker"].sum() == 100
     assert all((root / p).is_file() for p in df["path"])
@@ -281,3 +286,18 @@ def test_bad_options_are_user_errors_naming_the_option(tmp_path):
     with pytest.raises(DatasetError) as err:
         generate_planted(tmp_path / "x", n=1, size=64)
     assert isinstance(err.value, ValueError) and "(got n=1, size=64); fix dataset.options.n" in str(err.value)
+
+
+def test_site_is_the_most_skewed_half_and_the_pixels_are_version_1s(planted):
+    """``site_b`` is the half of the images whose backgrounds are the most right-skewed (module doc),
+    recomputed here from the stored pixels of the negatives (no marker: their stored image is the
+    background, up to 8-bit rounding); the pixels are those version 1 drew (its digest, seed 0)."""
+    root, df = planted[0]
+    pixels = {s: np.asarray(Image.open(root / p), dtype=float) for s, p in zip(df["sample_id"], df["path"])}
+    digest = hashlib.sha256(b"".join(pixels[s].astype(np.uint8).tobytes() for s in sorted(pixels)))
+    assert digest.hexdigest() == "492fc8157a73e522a2981e0ca3560a03b71278e531be7df0aa4379b3f6c95dd3"
+    neg = df[df["marker"] == 0]
+    skew = np.array([stats.skew(pixels[s].ravel()) for s in neg["sample_id"]])
+    site_b = (neg["site"] == "site_b").to_numpy()
+    assert skew[site_b].min() > skew[~site_b].max() - 0.01  # one threshold splits them (rounding aside)
+    assert 35 <= site_b.sum() <= 65  # the marker's own draw does not decide the site

@@ -27,7 +27,7 @@ def test_the_plan_of_a_composed_config_holds_its_typed_values(tmp_path):
                                        num_shards=1, shard=0, device="cpu", allow_remote_code=False)
     assert p.encoder == EncoderSettings("planted_sharp", batch_size=3)
     assert p.swept_encoders == ("planted_blur", "planted_sharp", "random_vit_s")  # configs/panel/demo.yaml
-    assert p.report == ReportOptions(()) and p.cli_overrides == tuple(OVERRIDES) and p.manifest_file is None
+    assert p.report == ReportOptions((), scan=True) and p.cli_overrides == tuple(OVERRIDES) and p.manifest_file is None
     # config.yaml as it has always been written: the resolved config, secrets masked
     assert p.config == redact_config(cfg) and p.config_yaml == redacted_yaml(cfg)
     # re-planned from the config.yaml it writes (what a sweep's collect step does): the same plan

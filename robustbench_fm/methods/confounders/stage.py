@@ -249,6 +249,15 @@ def scan_columns(manifest: pd.DataFrame, findings: list[str], p: ConfounderParam
     return [(c, "finding" if c in findings else "metadata") for c in chosen]
 
 
+def metadata_columns(manifest: pd.DataFrame, findings) -> list[str]:
+    """The default columns besides ``findings`` a scan with default parameters would score: those
+    :func:`scan_columns` chooses that hold two or more distinct values (what a run's ``report.scan: auto``
+    asks before it scans)."""
+    findings = [str(f) for f in findings or ()]
+    return [c for c, kind in scan_columns(manifest, findings, PARAMS()) if kind == "metadata"
+            and manifest[c].dropna().nunique() >= 2]
+
+
 def check_manifest(manifest: pd.DataFrame, findings, **params) -> None:
     """Before any image is embedded: the named columns and findings exist and k leaves every image
     enough candidates (one line each)."""
