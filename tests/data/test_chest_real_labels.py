@@ -164,6 +164,13 @@ def test_padchest_equals_torchxrayvision(tmp_path):
     # torchxrayvision has no mediastinal-enlargement label: check it against the raw term.
     assert ((mine["enlarged_cardiomediastinum"] == 1).to_numpy()
             == text.str.contains("mediastinal enlargement'", regex=False).to_numpy()).all()
+    # issue 55 item 4: sex (O = other and the 4 blanks are blank), age = study year - birth year, manufacturer
+    meta = pd.read_csv(csv_gz, usecols=["PatientSex_DICOM", "PatientBirth", "StudyDate_DICOM", "Manufacturer_DICOM"])
+    assert ours["sex"].value_counts(dropna=False).to_dict() == {"male": 80920, "female": 79919, np.nan: 22}
+    np.testing.assert_array_equal(ours["age"].to_numpy(), (meta["StudyDate_DICOM"] // 10000 - meta["PatientBirth"]))
+    assert ours["age"].isna().sum() == 6 and ours["age"].min() == 0 and ours["age"].max() == 105
+    assert ours["manufacturer"].value_counts().to_dict() == {"PhilipsMedicalSystems": 81084,
+                                                              "ImagingDynamicsCompanyLtd": 79777}
 
 
 def test_rsna_pneumonia_equals_torchxrayvision(tmp_path):
@@ -186,6 +193,12 @@ def test_rsna_pneumonia_equals_torchxrayvision(tmp_path):
     row = ours.set_index("sample_id").loc[one["patientId"].iloc[0]]
     assert row["box_x0"] == pytest.approx(one["x"].min() / 1024)
     assert row["box_y1"] == pytest.approx((one["y"] + one["height"]).max() / 1024)
+    # issue 55 item 4: sex and age from the headers table; its 5 ages of 148-155 years are blank
+    head = pd.read_csv(headers).set_index("PatientID").loc[ours["sample_id"]]
+    assert ours["sex"].value_counts().to_dict() == {"male": 15166, "female": 11518}
+    assert (ours["sex"].to_numpy() == head["PatientSex"].map({"M": "male", "F": "female"}).to_numpy()).all()
+    np.testing.assert_array_equal(ours["age"].to_numpy(), head["PatientAge"].where(head["PatientAge"] < 130).to_numpy())
+    assert ours["age"].isna().sum() == 5
 
 
 def test_vindr_cxr_kaggle_equals_torchxrayvision(tmp_path):

@@ -85,6 +85,55 @@ def normalise_views(raw: pd.Series) -> pd.Series:
 
 #: a release's sex codes -> the manifest's ``sex`` (anything else, e.g. CheXpert's ``Unknown``, is blank)
 SEX_CODES = {"m": "male", "male": "male", "f": "female", "female": "female"}
+#: ages at or above this many years are blank (errors: RSNA's headers hold 148 to 155)
+MAX_AGE = 130
+#: DICOM Patient's Age (VR AS, PS3.5 section 6.2: ``nnnD``, ``nnnW``, ``nnnM``, ``nnnY``) unit -> years
+AGE_UNITS = {"D": 1 / 365.25, "W": 7 / 365.25, "M": 1 / 12, "Y": 1.0}
+
+
+def _text(values: pd.Series) -> pd.Series:
+    """``values`` as stripped text, missing ones as ``""``."""
+    values = pd.Series(values)
+    return values.astype(object).where(values.notna(), "").astype(str).str.strip()
+
+
+def sex_of(values: pd.Series) -> pd.Series:
+    """The manifest's ``sex`` from a release's codes: ``male`` / ``female`` (M, F, Male, Female, any
+    case), blank for anything else (DICOM's ``O`` = other, CheXpert's ``Unknown``, empty)."""
+    return _text(values).str.lower().map(SEX_CODES)
+
+
+def years_of(values: pd.Series) -> pd.Series:
+    """A number of years per row, blank where it is not a number or outside [0, :data:`MAX_AGE`)."""
+    years = pd.to_numeric(pd.Series(values), errors="coerce")
+    return years.where((years >= 0) & (years < MAX_AGE))
+
+
+def dicom_age(values: pd.Series, zero_is_blank: bool = True) -> pd.Series:
+    """Years from DICOM Patient's Age strings (VR AS: ``058Y`` -> 58, ``006M`` -> 0.5, ``010W``,
+    ``003D``, days as 1/365.25 year); a bare number (RSNA writes ``51``) is years. Blank where the
+    value is empty or not of that form, and, with ``zero_is_blank``, where it is zero in any unit
+    (``000Y``, ``000D``): in an adult release a zero can only stand for an unknown or removed age; a
+    paediatric one (newborns are imaged on their first day) passes ``False``."""
+    parts = _text(values).str.upper().str.extract(r"^(\d+(?:\.\d+)?)\s*([DWMY]?)$")
+    number = pd.to_numeric(parts[0], errors="coerce")
+    years = years_of(number * parts[1].replace("", "Y").map(AGE_UNITS).astype(float))
+    return years.mask(years == 0) if zero_is_blank else years
+
+
+def birth_year_age(birth_year: pd.Series, study_date: pd.Series) -> pd.Series:
+    """Age in whole years from a birth year (PadChest's ``PatientBirth``, ``1930.0``) and a ``YYYYMMDD``
+    study date: study year - birth year, the age reached in the study's calendar year (the birthday is
+    not released, so the true age is that or one less). Blank where either is missing or malformed."""
+    date = _text(study_date).str.replace(r"\.0$", "", regex=True)
+    year = pd.to_datetime(date.where(date.str.fullmatch(r"\d{8}")), format="%Y%m%d", errors="coerce").dt.year
+    return years_of(year.astype(float) - pd.to_numeric(pd.Series(birth_year), errors="coerce"))
+
+
+def text_of(values: pd.Series) -> pd.Series:
+    """Stripped text per row (a scanner's ``Manufacturer``), blank where missing or empty."""
+    text = _text(values)
+    return text.where(text != "")
 
 
 def demographics(table: pd.DataFrame, sex: str, age: str) -> dict[str, pd.Series]:
@@ -93,10 +142,9 @@ def demographics(table: pd.DataFrame, sex: str, age: str) -> dict[str, pd.Series
     has them (the confounder scan reads them: docs/methods/confounders.md, "Where it runs")."""
     out = {}
     if sex in table.columns:
-        out["sex"] = table[sex].astype(str).str.strip().str.lower().map(SEX_CODES)
+        out["sex"] = sex_of(table[sex])
     if age in table.columns:
-        years = pd.to_numeric(table[age], errors="coerce")
-        out["age"] = years.where((years >= 0) & (years < 130))
+        out["age"] = years_of(table[age])
     return out
 
 

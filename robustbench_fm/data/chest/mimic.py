@@ -12,6 +12,15 @@ takes its study's labels (studies without a labeler row stay unlabelled). ``No F
 findings negative, as the CheXpert labeler only sets it when nothing is positive or uncertain (torchxrayvision does
 the same).
 
+MIMIC-CXR-JPG releases no sex or age, so by default the manifest has no ``sex`` / ``age`` columns.
+The option ``patients`` (a path, absolute or under ``root``) names MIMIC-IV's ``hosp/patients.csv.gz``
+(a separate PhysioNet project; columns ``subject_id, gender, anchor_age, anchor_year``), which gives
+``sex`` (``gender`` M / F) and ``age`` = ``anchor_age`` + (the year of the metadata's ``StudyDate``
+- ``anchor_year``): MIMIC shifts a patient's dates by one offset, the same in MIMIC-IV and MIMIC-CXR, so
+the two years are on one time line (MIMIC-IV docs, ``patients``: anchor_age is the age in anchor_year).
+MIMIC-IV writes ``anchor_age`` 91 for everyone over 89, so those ages are at least the value given.
+Subjects the file lacks are blank. The confounder scan reads them (docs/methods/confounders.md).
+
 MS-CXR (catalog 1.1, "MS-CXR") ships annotations only: ``MS_CXR_Local_Alignment_v1.1.0.csv``
 (dicom_id, category_name, label_text, path, x, y, w, h, image_width, image_height, split), one row
 per box, ``path`` relative to the MIMIC-CXR-JPG root. Its ``root`` is therefore the MIMIC-CXR-JPG
@@ -38,27 +47,51 @@ from .common import (
     first_existing,
     normalise_views,
     read_table,
+    sex_of,
+    years_of,
 )
 
 SPLIT_NAMES = {"train": "train", "validate": "val", "val": "val", "test": "test"}
+#: the columns read from MIMIC-IV's hosp/patients.csv.gz (option ``patients``)
+PATIENT_COLUMNS = ["subject_id", "gender", "anchor_age", "anchor_year"]
 
 
 def _mimic_file(root: Path, stem: str) -> Path:
     return first_existing(root, [f"{stem}.csv.gz", f"{stem}.csv"], "mimic_cxr", f"'{stem}.csv.gz'")
 
 
-def _mimic_metadata(root: Path) -> pd.DataFrame:
+def _mimic_metadata(root: Path, extra: tuple[str, ...] = ()) -> pd.DataFrame:
     return read_table(_mimic_file(root, "mimic-cxr-2.0.0-metadata"), "mimic_cxr",
-                      ["dicom_id", "subject_id", "study_id", "ViewPosition"],
+                      ["dicom_id", "subject_id", "study_id", "ViewPosition", *extra],
                       dtype={"dicom_id": str, "ViewPosition": str})
 
 
-def build_mimic_cxr(root: Path, uncertain: str = "nan", labeler: str = "chexpert",
+def _demographics(root: Path, patients: str, meta: pd.DataFrame) -> dict[str, pd.Series]:
+    """``sex`` and ``age`` at the study per image from MIMIC-IV's patients table (option ``patients``)."""
+    path = Path(patients) if Path(patients).is_absolute() else root / patients
+    if not path.is_file():
+        raise ChestDataError(f"dataset 'mimic_cxr': option 'patients' '{path}' is not a file; point it at "
+                             "MIMIC-IV's hosp/patients.csv.gz (subject_id, gender, anchor_age, anchor_year)")
+    table = read_table(path, "mimic_cxr", PATIENT_COLUMNS,
+                       usecols=lambda c: str(c).strip() in PATIENT_COLUMNS)
+    twice = table["subject_id"][table["subject_id"].duplicated()]
+    if len(twice):
+        raise ChestDataError(f"dataset 'mimic_cxr': {path}: subject_id {twice.iloc[0]} has several rows; "
+                             "use MIMIC-IV's hosp/patients file unmodified")
+    row = meta[["subject_id"]].merge(table, on="subject_id", how="left")
+    study_year = pd.to_numeric(meta["StudyDate"], errors="coerce") // 10000
+    return {"sex": sex_of(row["gender"]),
+            "age": years_of(pd.to_numeric(row["anchor_age"], errors="coerce")
+                            + study_year - pd.to_numeric(row["anchor_year"], errors="coerce"))}
+
+
+def build_mimic_cxr(root: Path, uncertain: str = "nan", labeler: str = "chexpert", patients: str | None = None,
                     views: list[str] | None = None) -> pd.DataFrame:
-    """MIMIC-CXR-JPG manifest; ``labeler`` picks the chexpert or negbio label file."""
+    """MIMIC-CXR-JPG manifest; ``labeler`` picks the chexpert or negbio label file; ``patients``
+    (MIMIC-IV's patients table) adds ``sex`` and ``age``."""
     if labeler not in ("chexpert", "negbio"):
         raise ChestDataError(f"dataset 'mimic_cxr': option 'labeler' {labeler!r} is not chexpert or negbio")
-    meta = _mimic_metadata(root)
+    meta = _mimic_metadata(root, () if patients is None else ("StudyDate",))
     split_file = _mimic_file(root, "mimic-cxr-2.0.0-split")
     split = read_table(split_file, "mimic_cxr", ["dicom_id", "split"], dtype={"dicom_id": str})
     label_file = _mimic_file(root, f"mimic-cxr-2.0.0-{labeler}")
@@ -80,6 +113,9 @@ def build_mimic_cxr(root: Path, uncertain: str = "nan", labeler: str = "chexpert
         "split": table["dicom_id"].map(split_of),
         "study_id": table["study_id"].astype(str),
     })
+    if patients is not None:
+        for col, values in _demographics(root, patients, table).items():
+            base[col] = values.to_numpy()
     return assemble(base, findings, "mimic_cxr", views)
 
 

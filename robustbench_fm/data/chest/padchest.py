@@ -8,6 +8,12 @@
 ``ast.literal_eval`` and stripped; presence is positive, absence negative, and rows whose cell is
 empty are unlabelled (NaN). The view is ``Projection`` (``AP_horizontal`` = supine AP -> AP,
 ``L`` -> LATERAL; COSTAL, EXCLUDE keep their codes, UNK -> UNKNOWN). No official split.
+
+Metadata for the confounder scan (docs/methods/confounders.md, "Where it runs"), each where the
+file has its column (an older copy without one builds without that manifest column): ``sex`` from
+``PatientSex_DICOM`` (M / F; ``O`` and blank are blank), ``age`` = the study's year
+(``StudyDate_DICOM``, YYYYMMDD) - ``PatientBirth`` (a year: the true age or one less), and
+``manufacturer`` = ``Manufacturer_DICOM`` stripped (catalog 1.1, "PadChest").
 """
 from __future__ import annotations
 
@@ -20,14 +26,20 @@ from ..registry import Adapter, register
 from .common import (
     ChestDataError,
     assemble,
+    birth_year_age,
     finding_sources,
     findings_from_terms,
     first_existing,
     normalise_views,
     read_table,
+    sex_of,
+    text_of,
 )
 
 CSV_STEM = "PADCHEST_chest_x_ray_images_labels_160K_01.02.19.csv"
+COLUMNS = ["ImageID", "ImageDir", "PatientID", "Projection", "Labels"]
+#: the metadata columns read where the file has them
+METADATA = ["PatientSex_DICOM", "PatientBirth", "StudyDate_DICOM", "Manufacturer_DICOM"]
 
 
 def _parse_labels(cell, csv: Path, row: int) -> frozenset | None:
@@ -54,9 +66,10 @@ def _layout(root: Path, table: pd.DataFrame, layout: str) -> str:
 def build_padchest(root: Path, layout: str = "auto", views: list[str] | None = None) -> pd.DataFrame:
     """PadChest manifest; ``layout`` says whether images sit in their ImageDir folders."""
     csv = first_existing(root, [f"{CSV_STEM}.gz", CSV_STEM], "padchest", f"'{CSV_STEM}'")
-    table = read_table(csv, "padchest", ["ImageID", "ImageDir", "PatientID", "Projection", "Labels"],
-                       dtype={"ImageID": str, "PatientID": str, "Projection": str, "Labels": str},
-                       usecols=["ImageID", "ImageDir", "PatientID", "Projection", "Labels"])
+    table = read_table(csv, "padchest", COLUMNS,
+                       dtype={"ImageID": str, "PatientID": str, "Projection": str, "Labels": str,
+                              "PatientSex_DICOM": str, "StudyDate_DICOM": str, "Manufacturer_DICOM": str},
+                       usecols=lambda c: str(c).strip() in COLUMNS + METADATA)
     parsed = {c: _parse_labels(c, csv, i) for i, c in table["Labels"].drop_duplicates().items()}
     terms = table["Labels"].map(parsed)
     nested = _layout(root, table, layout) == "nested"
@@ -68,6 +81,12 @@ def build_padchest(root: Path, layout: str = "auto", views: list[str] | None = N
         "view": normalise_views(table["Projection"]),
         "split": pd.NA,
     })
+    if "PatientSex_DICOM" in table.columns:
+        base["sex"] = sex_of(table["PatientSex_DICOM"])
+    if {"PatientBirth", "StudyDate_DICOM"} <= set(table.columns):
+        base["age"] = birth_year_age(table["PatientBirth"], table["StudyDate_DICOM"])
+    if "Manufacturer_DICOM" in table.columns:
+        base["manufacturer"] = text_of(table["Manufacturer_DICOM"])
     return assemble(base, findings_from_terms(terms, "padchest"), "padchest", views)
 
 

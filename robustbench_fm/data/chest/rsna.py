@@ -9,6 +9,11 @@ boxes of an image are merged into their enclosing box, normalised by the DICOM `
 the headers of the files present, or from ``headers`` = a table with ``PatientID`` and
 ``ViewPosition`` columns (e.g. torchxrayvision's kaggle_stage_2_train_images_dicom_headers.csv.gz),
 so the manifest builds from label files alone; without either the view is UNKNOWN.
+
+The same headers give ``sex`` (DICOM ``PatientSex`` M / F) and ``age`` (``PatientAge``, years: the
+files write ``51``; ages of 130 and more, which the release has, are blank) for the confounder scan
+(docs/methods/confounders.md, "Where it runs"): always from the DICOM files (blank for a file that
+is absent), and from a ``headers`` table that has those columns.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from ..registry import Adapter, register
 from .common import (
     ChestDataError,
     assemble,
+    dicom_age,
     dicom_headers,
     enclosing_boxes,
     finding_sources,
@@ -28,10 +34,12 @@ from .common import (
     first_existing,
     normalise_views,
     read_table,
+    sex_of,
 )
 
 IMAGE_DIR = "stage_2_train_images"
 NATIVE_SIZE = 1024.0
+DEMOGRAPHICS = ["PatientSex", "PatientAge"]  # read where the headers have them
 
 
 def _headers(root: Path, ids: pd.Series, headers: str | None) -> pd.DataFrame:
@@ -46,9 +54,10 @@ def _headers(root: Path, ids: pd.Series, headers: str | None) -> pd.DataFrame:
         for col in ("Rows", "Columns"):
             if col not in table.columns:
                 table[col] = np.nan
-        return table.reindex(ids)[["ViewPosition", "Rows", "Columns"]]
+        return table.reindex(ids)[["ViewPosition", "Rows", "Columns",
+                                   *[c for c in DEMOGRAPHICS if c in table.columns]]]
     files = {i: root / IMAGE_DIR / f"{i}.dcm" for i in ids}
-    return dicom_headers(files, ["ViewPosition", "Rows", "Columns"]).reindex(ids)
+    return dicom_headers(files, ["ViewPosition", "Rows", "Columns", *DEMOGRAPHICS]).reindex(ids)
 
 
 def build_rsna_pneumonia(root: Path, headers: str | None = None, box_finding: str = "pneumonia",
@@ -70,6 +79,10 @@ def build_rsna_pneumonia(root: Path, headers: str | None = None, box_finding: st
         "view": normalise_views(head["ViewPosition"].reset_index(drop=True)),
         "split": "train",
     })
+    if "PatientSex" in head.columns:
+        base["sex"] = sex_of(head["PatientSex"]).to_numpy()
+    if "PatientAge" in head.columns:
+        base["age"] = dicom_age(head["PatientAge"]).to_numpy()
     boxed = raw[raw["Target"] == 1].dropna(subset=["x", "y", "width", "height"])
     size = head.reindex(boxed["patientId"])
     boxes = enclosing_boxes(pd.DataFrame({

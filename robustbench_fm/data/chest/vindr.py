@@ -13,6 +13,13 @@ The readers of an image are combined by ``readers="any"`` (positive if one reade
 torchxrayvision does) or ``"majority"`` (more than half). No patient id is released: one image
 is one patient. All films are PA. Boxes of ``box_finding`` (pixels) are merged into their enclosing
 box over readers and normalised by the DICOM ``Rows``/``Columns``; NaN when the DICOM is absent.
+
+Metadata for the confounder scan (docs/methods/confounders.md, "Where it runs") from the DICOM
+headers of the files present (one pass over the headers, no pixel data; blank for a file that is
+absent or lacks the tag): ``sex`` (``PatientSex`` M / F; ``O`` and blank are blank), ``age``
+(``PatientAge``, DICOM AS ``058Y`` / ``006M`` / ``010W`` / ``003D`` in years; a zero age such as
+``000Y`` is blank in VinDr-CXR, whose patients are adults, and kept in VinDr-PCXR, whose newborns can
+be 0 days old) and ``manufacturer`` (``Manufacturer`` stripped).
 """
 from __future__ import annotations
 
@@ -26,15 +33,20 @@ from .common import (
     assemble,
     box_sources,
     check_label_columns,
+    dicom_age,
     dicom_headers,
     enclosing_boxes,
     finding_sources,
     findings_from_columns,
     read_table,
+    sex_of,
+    text_of,
 )
 
 READER_COLUMNS = ("rad_id", "rad_ID", "Rad_ID")
 BOX_COLUMNS_PX = ["image_id", "class_name", "x_min", "y_min", "x_max", "y_max"]
+#: the header tags read from every DICOM present (image size for the boxes, metadata)
+HEADER_TAGS = ["Rows", "Columns", "PatientSex", "PatientAge", "Manufacturer"]
 
 
 def _combine(votes: pd.DataFrame, readers: str) -> pd.DataFrame:
@@ -78,15 +90,13 @@ def _kaggle(root: Path, readers: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     return labels, raw
 
 
-def _boxes(root: Path, dataset: str, ann: pd.DataFrame, base: pd.DataFrame, findings: pd.DataFrame,
-           finding: str) -> pd.DataFrame:
-    """Enclosing box of ``finding`` per positive image, normalised by its DICOM Rows/Columns."""
+def _boxes(dataset: str, ann: pd.DataFrame, base: pd.DataFrame, findings: pd.DataFrame,
+           finding: str, head: pd.DataFrame) -> pd.DataFrame:
+    """Enclosing box of ``finding`` per positive image, normalised by its DICOM Rows/Columns (``head``)."""
     names = {s.lower() for s in box_sources(dataset, finding)}
     boxed = ann[ann["class_name"].str.strip().str.lower().isin(names)].dropna(subset=BOX_COLUMNS_PX[2:])
     positives = base.loc[(findings[finding] == 1).to_numpy(), ["sample_id", "path"]]
     boxed = boxed[boxed["image_id"].isin(positives["sample_id"])]
-    files = dict(zip(positives["sample_id"], positives["path"]))
-    head = dicom_headers({i: root / files[i] for i in boxed["image_id"].unique()}, ["Rows", "Columns"])
     size = head.reindex(boxed["image_id"])
     return enclosing_boxes(pd.DataFrame({
         "sample_id": boxed["image_id"].to_numpy(),
@@ -123,7 +133,12 @@ def _build(root: Path, dataset: str, readers: str, box_finding: str | None, exte
         "view": "PA",
         "split": labels["split"],
     })
-    boxes = None if box_finding is None else _boxes(root, dataset, ann, base, findings, box_finding)
+    head = dicom_headers({i: root / path for i, path in zip(base["sample_id"], base["path"])}, HEADER_TAGS)
+    meta = head.reindex(base["sample_id"])
+    base["sex"] = sex_of(meta["PatientSex"]).to_numpy()
+    base["age"] = dicom_age(meta["PatientAge"], zero_is_blank=dataset == "vindr_cxr").to_numpy()
+    base["manufacturer"] = text_of(meta["Manufacturer"]).to_numpy()
+    boxes = None if box_finding is None else _boxes(dataset, ann, base, findings, box_finding, head)
     return assemble(base, findings, dataset, views, boxes)
 
 
