@@ -74,7 +74,12 @@ def _skewness(img: np.ndarray) -> float:
     return float(np.mean(centred ** 3) / np.mean(centred ** 2) ** 1.5)
 
 
-def _draw_image(rng: np.random.Generator, size: int, marker: bool) -> tuple[np.ndarray, float]:
+def _draw_image(rng: np.random.Generator, size: int, marker: bool) -> np.ndarray:
+    """One 8-bit image (:func:`_draw_image_and_skewness` without the skewness)."""
+    return _draw_image_and_skewness(rng, size, marker)[0]
+
+
+def _draw_image_and_skewness(rng: np.random.Generator, size: int, marker: bool) -> tuple[np.ndarray, float]:
     """One 8-bit image and its background's skewness (before any marker: what ``site`` is read off).
     The background draws come first and do not depend on ``marker``."""
     scale = size / 224.0
@@ -132,7 +137,7 @@ def generate_planted(root: str | Path, n: int = 200, size: int = 224, seed: int 
     names = [f"img_{i:0{width}d}.png" for i in range(n)]
     skews = np.empty(n)
     for i, (name, ss, lab) in enumerate(zip(names, image_ss, labels)):
-        arr, skews[i] = _draw_image(np.random.default_rng(ss), size, bool(lab))
+        arr, skews[i] = _draw_image_and_skewness(np.random.default_rng(ss), size, bool(lab))
         write_atomic(images / name, lambda f: Image.fromarray(arr).save(f, format="PNG"))
     keep = set(names)
     for stale in images.glob("img_*.png"):

@@ -22,7 +22,7 @@ from robustbench_fm import encoders
 from robustbench_fm.data import build_manifest
 from robustbench_fm.data import get as get_dataset
 from robustbench_fm.data import manifest as mf
-from robustbench_fm.data.synthetic import _draw_image, generate_planted
+from robustbench_fm.data.synthetic import _draw_image_and_skewness, generate_planted
 
 K = 5
 CALIBRATION_SEEDS = (0, 1, 2, 3, 4)
@@ -150,8 +150,8 @@ def test_exact_number_of_positives(tmp_path, n, fraction, expected):
 def test_marker_is_the_only_difference():
     """Same draws with and without the marker differ only inside one small disk."""
     seq = np.random.SeedSequence(7)
-    with_marker, skew_with = _draw_image(np.random.default_rng(seq), 224, marker=True)
-    without, skew_without = _draw_image(np.random.default_rng(seq), 224, marker=False)
+    with_marker, skew_with = _draw_image_and_skewness(np.random.default_rng(seq), 224, marker=True)
+    without, skew_without = _draw_image_and_skewness(np.random.default_rng(seq), 224, marker=False)
     with_marker, without = with_marker.astype(int), without.astype(int)
     assert skew_with == skew_without  # the site is read off the background, before the marker
     diff = np.argwhere(with_marker != without)
