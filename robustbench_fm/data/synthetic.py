@@ -68,12 +68,6 @@ def _smooth_field(rng: np.random.Generator, size: int, sigma: float) -> np.ndarr
     return (field - field.mean()) / field.std()
 
 
-def _skewness(img: np.ndarray) -> float:
-    """The sample skewness of ``img``'s values, ``m3 / m2 ** 1.5`` (central moments)."""
-    centred = img - img.mean()
-    return float(np.mean(centred ** 3) / np.mean(centred ** 2) ** 1.5)
-
-
 def _draw_image(rng: np.random.Generator, size: int, marker: bool) -> np.ndarray:
     """One 8-bit image (:func:`_draw_image_and_skewness` without the skewness)."""
     return _draw_image_and_skewness(rng, size, marker)[0]
@@ -82,12 +76,14 @@ def _draw_image(rng: np.random.Generator, size: int, marker: bool) -> np.ndarray
 def _draw_image_and_skewness(rng: np.random.Generator, size: int, marker: bool) -> tuple[np.ndarray, float]:
     """One 8-bit image and its background's skewness (before any marker: what ``site`` is read off).
     The background draws come first and do not depend on ``marker``."""
+    from scipy import stats  # lazy: importing the adapters stays light
+
     scale = size / 224.0
     img = (_BG_MEAN + _BG_FIELD_STD * _smooth_field(rng, size, _BG_FIELD_SIGMA * scale)
            + _BG_NOISE_STD * rng.standard_normal((size, size)))
     margin = int(round(_MARKER_MARGIN * scale))
     cy, cx = rng.integers(margin, size - margin, size=2)  # drawn for every image
-    skew = _skewness(img)
+    skew = float(stats.skew(img, axis=None))  # m3 / m2 ** 1.5 of the background's values
     if marker:
         yy, xx = np.ogrid[:size, :size]
         disk = (yy - cy) ** 2 + (xx - cx) ** 2 <= (_MARKER_RADIUS * max(scale, 1.0)) ** 2

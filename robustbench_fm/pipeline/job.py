@@ -552,7 +552,7 @@ def scan(job: Plan, manifest: pd.DataFrame, sources, skipped: list[str], out_dir
     columns = metadata_columns(manifest, job.findings)
     if not columns:
         return None
-    params = {"seed": int(job.seed if job.seed is not None else 0), "device": job.extract.device}
+    params = {"device": job.extract.device, **({} if job.seed is None else {"seed": int(job.seed)})}
     try:
         stages.get(SCAN).check_manifest(manifest, job.findings, **params)
     except UserError as exc:

@@ -73,7 +73,7 @@ EncoderSettings = EncoderOptions
 @dataclass(frozen=True)
 class ReportOptions:
     """What the report builds: the paper tables of ``report.tables``; ``scan``: whether a single run
-    also scans the manifest's columns (``report.scan``: auto = True, false = False; :func:`.job.scan_stage`)."""
+    also scans the manifest's columns (``report.scan``: auto = True, false = False; :func:`.job.scan`)."""
 
     tables: tuple[str, ...] = ()
     scan: bool = False
@@ -467,7 +467,7 @@ def _scan_option(cfg: DictConfig) -> bool:
     value = OmegaConf.select(cfg, "report.scan", default="auto")
     if value in ("auto", True):
         return True
-    if value is False or value in ("false", "off"):
+    if value is False or value == "false":
         return False
     raise InvalidSetting(f"report.scan={value!r} is not auto or false; set report.scan=auto (scan the manifest's "
                          "columns after the stage) or report.scan=false")

@@ -78,8 +78,7 @@ def uncertain_value(uncertain: str) -> float:
 
 def normalise_views(raw: pd.Series) -> pd.Series:
     """Canonical view per row: PA, AP, LATERAL, UNKNOWN (blank), else the raw code upper-cased."""
-    text = raw.astype(object).where(raw.notna(), "").astype(str).str.strip().str.upper()
-    text = text.str.replace(r"\s+", "_", regex=True)
+    text = _text(raw).str.upper().str.replace(r"\s+", "_", regex=True)
     return text.map(VIEW_SYNONYMS).fillna(text)
 
 
@@ -125,9 +124,15 @@ def birth_year_age(birth_year: pd.Series, study_date: pd.Series) -> pd.Series:
     """Age in whole years from a birth year (PadChest's ``PatientBirth``, ``1930.0``) and a ``YYYYMMDD``
     study date: study year - birth year, the age reached in the study's calendar year (the birthday is
     not released, so the true age is that or one less). Blank where either is missing or malformed."""
-    date = _text(study_date).str.replace(r"\.0$", "", regex=True)
-    year = pd.to_datetime(date.where(date.str.fullmatch(r"\d{8}")), format="%Y%m%d", errors="coerce").dt.year
-    return years_of(year.astype(float) - pd.to_numeric(pd.Series(birth_year), errors="coerce"))
+    return years_of(year_of(study_date) - pd.to_numeric(pd.Series(birth_year), errors="coerce"))
+
+
+def year_of(dates: pd.Series) -> pd.Series:
+    """The year (a float) of each ``YYYYMMDD`` date (DICOM's DA: PadChest's ``StudyDate_DICOM``,
+    MIMIC's shifted ``StudyDate``; text or a number), blank where missing or malformed."""
+    date = _text(dates).str.replace(r"\.0$", "", regex=True)
+    return pd.to_datetime(date.where(date.str.fullmatch(r"\d{8}")), format="%Y%m%d",
+                          errors="coerce").dt.year.astype(float)
 
 
 def text_of(values: pd.Series) -> pd.Series:

@@ -48,6 +48,7 @@ from .common import (
     normalise_views,
     read_table,
     sex_of,
+    year_of,
     years_of,
 )
 
@@ -79,7 +80,7 @@ def _demographics(root: Path, patients: str, meta: pd.DataFrame) -> dict[str, pd
         raise ChestDataError(f"dataset 'mimic_cxr': {path}: subject_id {twice.iloc[0]} has several rows; "
                              "use MIMIC-IV's hosp/patients file unmodified")
     row = meta[["subject_id"]].merge(table, on="subject_id", how="left")
-    study_year = pd.to_numeric(meta["StudyDate"], errors="coerce") // 10000
+    study_year = year_of(meta["StudyDate"])
     return {"sex": sex_of(row["gender"]),
             "age": years_of(pd.to_numeric(row["anchor_age"], errors="coerce")
                             + study_year - pd.to_numeric(row["anchor_year"], errors="coerce"))}
