@@ -95,8 +95,7 @@ def verify(path: str, manifest: str | None = None) -> int:
     from ..features import verify_cache, verify_entry  # lazy: imports torch
 
     target = Path(path)
-    reports = [verify_entry(target, manifest)] if manifest or (target / "meta.json").exists() \
-        else verify_cache(target)
+    reports = [verify_entry(target, manifest)] if manifest else verify_cache(target)  # an entry: itself
     if not reports:
         print(f"{target}: no cache entry found")
         return 1

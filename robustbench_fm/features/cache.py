@@ -1,4 +1,6 @@
-"""The parquet feature cache (docs/architecture.md, "Contracts").
+"""The parquet feature cache (docs/architecture.md, "Contracts"): :class:`FeatureCache`, the writer
+of a sharded entry. The entry format (file names, ``meta.json``, the readers) is
+:mod:`.entry`'s; this module writes it through :class:`.entry.ShardedMeta`.
 
 Layout of one entry::
 
@@ -52,14 +54,11 @@ once its shard is written; it is never read as features.
 from __future__ import annotations
 
 import contextlib
-import csv
 import errno
 import hashlib
-import io
 import json
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -70,152 +69,41 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.atomic import write_atomic
-from ..core.errors import InvalidSetting, UserError
+from ..core.errors import InvalidSetting
 from ..core.locking import FileLock
-from ..core.shards import (
-    META_NAME,
-    ShardedEntry,
-    checked_sha256,
-    file_sha256,
-    json_bytes,
-    parquet_bytes,
-    shard_index,
-)
+from ..core.shards import ShardedEntry, file_sha256, json_bytes, parquet_bytes
 from ..core.text import one_line
-from ..data import manifest as mf
-from .occlusion import OCCLUSION_COLUMNS
+from . import entry as fmt
+from .entry import (  # noqa: F401 (the entry format's names, as this module has always offered them)
+    CACHE_FORMAT,
+    PARQUET_META_KEY,
+    PARTIAL_NAME,
+    SKIPPED_COLUMNS,
+    SKIPPED_NAME,
+    TEMP_GLOB,
+    FeatureCacheError,
+    ShardedMeta,
+    ShardRecord,
+    check_shard_ids,
+    corrupted_shard,
+    parse_skipped_csv,
+    shard_mismatch,
+    skipped_csv_bytes,
+)
+from .entry import embedding_matrix as _embedding_matrix  # noqa: F401
+from .entry import manifest_ids as _manifest_ids
+from .entry import safe_name as _safe_name
+from .key import check_manifest
 from .recipe import canonical as _canonical
 from .recipe import fields_key as cache_key
-
-#: Manifest columns that locate an image's pixels: ``sample_id``, ``path`` and, on occluded rows
-#: (:mod:`robustbench_fm.features.occlusion`), the erased rectangle and its fill. A manifest without
-#: occlusion columns hashes exactly as before they existed.
-KEY_COLUMNS = (*mf.LOCATOR_COLUMNS, *OCCLUSION_COLUMNS)
-
-#: Bump when the on-disk layout of an entry changes.
-#: 2: per-shard SHA-256 and row counts in meta.json; skipped rows (NaN + skipped.csv).
-CACHE_FORMAT = 2
-
-
-def manifest_hash(manifest: pd.DataFrame) -> str:
-    """The hash of the manifest's :data:`KEY_COLUMNS` in row order (an entry's ``manifest_hash``)."""
-    return mf.content_hash(manifest, KEY_COLUMNS)
 
 log = logging.getLogger("robustbench_fm.features")
 
 DEFAULT_SHARD_SIZE = 1024
-SKIPPED_NAME = "skipped.csv"
-SKIPPED_COLUMNS = ("sample_id", "row", "path", "error")
-#: Parquet schema-metadata key holding the cache key fields (JSON).
-PARQUET_META_KEY = b"robustbench_fm.features"
-#: the partial file of shard ``i`` while it is being computed (``PARTIAL_NAME.format(i)``)
-PARTIAL_NAME = "shard-{:05d}.partial.npz"
-#: Temp files of :func:`robustbench_fm.core.atomic.write_atomic` (left behind by a killed write).
-TEMP_GLOB = ".*.tmp-*"
 #: Parquet writer settings; fixed so that the same rows always give the same bytes.
 _WRITE_OPTIONS = dict(compression={"sample_id": "zstd", "embedding": "none"}, use_dictionary=False,
                       write_statistics=False, version="2.6", data_page_version="1.0",
                       store_schema=True)
-
-
-class FeatureCacheError(UserError, RuntimeError):
-    """The cache is incomplete, corrupted or does not belong to the given manifest (one line)."""
-
-
-# --------------------------------------------------------------------------------------------
-# names and file formats
-
-
-def _safe_name(name: str) -> str:
-    """A folder name for an encoder name (``pathology/uni`` -> ``pathology__uni``)."""
-    return re.sub(r"[^A-Za-z0-9._+-]", "_", name.replace("/", "__")) or "encoder"
-
-
-def skipped_csv_bytes(records: dict[int, dict]) -> bytes:
-    """``skipped.csv`` for ``{row: {"sample_id", "path", "error"}}``, sorted by row."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(SKIPPED_COLUMNS)
-    for row in sorted(records):
-        r = records[row]
-        w.writerow([str(r["sample_id"]), int(row), one_line(r.get("path", "")), one_line(r.get("error", ""))])
-    return buf.getvalue().encode()
-
-
-def parse_skipped_csv(path: str | Path, n_rows: int | None = None) -> dict[int, dict]:
-    """Read a ``skipped.csv``: ``{row: {"sample_id", "row", "path", "error"}}``.
-
-    Raises :class:`FeatureCacheError` (one line, naming the file) on a malformed file.
-    """
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FeatureCacheError(f"{path}: unreadable ({one_line(exc)}); delete the cache entry folder "
-                                f"{path.parent} to rebuild it") from None
-    reader = csv.reader(io.StringIO(text))
-    header = next(reader, None)
-    if header is None or tuple(header) != SKIPPED_COLUMNS:
-        raise FeatureCacheError(f"{path}: header {header!r}, expected {','.join(SKIPPED_COLUMNS)}; the file "
-                                f"is corrupted, delete the cache entry folder {path.parent} to rebuild it")
-    out: dict[int, dict] = {}
-    for line_no, fields in enumerate(reader, start=2):
-        try:
-            sample_id, row, rel, error = fields
-            row = int(row)
-            if row < 0 or (n_rows is not None and row >= n_rows) or row in out:
-                raise ValueError(f"row {row} out of range or repeated")
-        except ValueError as exc:
-            raise FeatureCacheError(f"{path}: line {line_no} is malformed ({one_line(exc)}); the file is "
-                                    f"corrupted, delete the cache entry folder {path.parent} to rebuild it") from None
-        out[row] = {"sample_id": sample_id, "row": row, "path": rel, "error": error}
-    return out
-
-
-def shard_mismatch(path: str | Path, sha256: str | None) -> str | None:
-    """Why the shard file ``path`` is not the file ``meta.json`` recorded with SHA-256 ``sha256``
-    (flipped bytes, a truncated copy), else None; nothing recorded (None) is nothing to check. Hashed
-    once per process and file version (:func:`robustbench_fm.core.shards.checked_sha256`): 0.9-1.4
-    GB/s per core with SHA-NI (docs/outputs.md)."""
-    if not sha256:
-        return None
-    try:
-        got = checked_sha256(path)
-    except OSError as exc:
-        return f"unreadable ({one_line(exc)})"
-    if got != sha256:
-        return f"SHA-256 {got[:16]} is not {sha256[:16]} recorded in meta.json: corrupted or truncated"
-    return None
-
-
-def corrupted_shard(path: str | Path, why: str) -> FeatureCacheError:
-    """The one-line error of a shard that is not the file its entry recorded (:func:`shard_mismatch`)."""
-    return FeatureCacheError(f"{path}: corrupted cache shard ({why}); run the extraction again, which "
-                             "recomputes it, or delete the file")
-
-
-def _embedding_matrix(column: pa.ChunkedArray, path, dim: int | None = None) -> np.ndarray:
-    """A (fixed-size) list<float> column as an (n, D) float32 array."""
-    parts = []
-    for chunk in column.chunks:
-        if pa.types.is_fixed_size_list(chunk.type):
-            d = chunk.type.list_size
-        elif pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type):
-            lengths = chunk.value_lengths().to_numpy(zero_copy_only=False)
-            if len(lengths) and (lengths != lengths[0]).any():
-                raise FeatureCacheError(f"{path}: 'embedding' rows have different lengths "
-                                        f"({lengths.min()}..{lengths.max()}); store one vector length")
-            d = int(lengths[0]) if len(lengths) else (dim or 0)
-        else:
-            raise FeatureCacheError(f"{path}: column 'embedding' has type {chunk.type}; expected a list of floats")
-        if chunk.null_count:
-            raise FeatureCacheError(f"{path}: column 'embedding' has {chunk.null_count} null rows")
-        flat = chunk.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-        parts.append(flat.reshape(len(chunk), d))
-    arr = (parts[0] if len(parts) == 1 else np.concatenate(parts)) if parts else np.empty((0, dim or 0), np.float32)
-    if dim is not None and arr.shape[1] != dim:
-        raise FeatureCacheError(f"{path}: embeddings have {arr.shape[1]} dims, expected {dim}")
-    return arr
 
 
 @dataclass
@@ -260,12 +148,6 @@ def unwritable(exc: OSError, folder: Path) -> bool:
 # the cache
 
 
-def _manifest_ids(manifest: pd.DataFrame) -> np.ndarray:
-    if "sample_id" not in manifest.columns:
-        raise FeatureCacheError("manifest has no 'sample_id' column; validate it with manifest.validate")
-    return manifest["sample_id"].astype(str).to_numpy()
-
-
 class FeatureCache(ShardedEntry):
     """One cache entry ``root/<encoder name>/<key>/`` (see the module docstring).
 
@@ -282,18 +164,35 @@ class FeatureCache(ShardedEntry):
         # ``folder``: the entry lives there instead (a chunk of the per-image store, :mod:`.store`)
         self.path = Path(folder) if folder is not None else \
             self.root / _safe_name(str(self.fields.get("encoder", "encoder"))) / self.key
-        self.meta_path = self.path / META_NAME
+        self.meta_path = fmt.meta_path(self.path)
+        self._lay_out(shard_size, n_rows)
+
+    @classmethod
+    def to_fill(cls, root: str | Path, entry, shard_size: int | None = None,
+                n_rows: int | None = None) -> FeatureCache:
+        """The entry the extraction engine fills: the feature store's own object (a chunk it opened,
+        :meth:`.store.Recipe.chunk_cache`, so its writes land in the object the store reads; laid
+        out here with ``shard_size`` while nothing is on disk yet) or ``(folder, key fields)``
+        (folder None: the default folder of those fields under ``root``)."""
+        if isinstance(entry, FeatureCache):
+            entry._lay_out(shard_size, n_rows)
+            return entry
+        folder, fields = entry
+        return cls(root, fields, shard_size=shard_size, n_rows=n_rows, folder=folder)
+
+    def _lay_out(self, shard_size: int | None, n_rows: int | None) -> None:
+        """Layout from ``meta.json`` when there is one, else from the arguments (class docstring)."""
         meta = self._read_meta()
         if n_rows is None:
             n_rows = self.fields.get("n_rows")
         if meta is not None:
-            if shard_size is not None and int(shard_size) != int(meta["shard_size"]):
+            if shard_size is not None and int(shard_size) != meta.shard_size:
                 log.info("%s: keeping the entry's shard_size %d (asked for %d)",
-                            self.path, meta["shard_size"], shard_size)
-            if n_rows is not None and int(n_rows) != int(meta["n_rows"]):
-                raise FeatureCacheError(f"{self.meta_path}: entry holds {meta['n_rows']} rows but the "
+                            self.path, meta.shard_size, shard_size)
+            if n_rows is not None and int(n_rows) != meta.n_rows:
+                raise FeatureCacheError(f"{self.meta_path}: entry holds {meta.n_rows} rows but the "
                                         f"manifest has {n_rows}; delete the folder {self.path}")
-            shard_size, n_rows = meta["shard_size"], meta["n_rows"]
+            shard_size, n_rows = meta.shard_size, meta.n_rows
         if n_rows is None:
             raise ValueError("FeatureCache needs n_rows (or fields['n_rows']) for a new entry")
         self._set_layout(self.path, n_rows, shard_size or DEFAULT_SHARD_SIZE, "row")
@@ -406,34 +305,28 @@ class FeatureCache(ShardedEntry):
             return False
 
     # ---- meta -----------------------------------------------------------------------------
-    def _read_meta(self) -> dict | None:
-        if not self.meta_path.exists():
-            self._records = {}
-            return None
+    def _read_meta(self) -> ShardedMeta | None:
         try:
-            meta = json.loads(self.meta_path.read_text())
-            fmt = meta.get("format")
-        except (OSError, ValueError, AttributeError) as exc:
+            raw = fmt.read_meta(self.path)
+            form = None if raw is None else raw.get("format")
+        except (OSError, ValueError) as exc:
             raise FeatureCacheError(f"{self.meta_path}: unreadable ({one_line(exc)}); delete the folder "
                                     f"{self.path} to rebuild this entry") from None
-        if fmt != CACHE_FORMAT:
-            raise FeatureCacheError(f"{self.meta_path}: written in cache format {fmt!r}, this package uses "
+        self._records = {}
+        if raw is None:
+            return None
+        if form != CACHE_FORMAT:
+            raise FeatureCacheError(f"{self.meta_path}: written in cache format {form!r}, this package uses "
                                     f"format {CACHE_FORMAT}; not reusing it, delete the folder {self.path}")
-        if meta.get("key") != self.key or _canonical(meta.get("fields")) != self.fields:
+        if raw.get("key") != self.key or _canonical(raw.get("fields")) != self.fields:
             raise FeatureCacheError(f"{self.meta_path}: records other key fields than key {self.key}; "
                                     f"delete the folder {self.path} to rebuild this entry")
         try:
-            self._records = {}
-            for rec in meta.get("shards", []):
-                i = shard_index(rec["file"])
-                if i is None:
-                    raise ValueError(f"bad shard name {rec['file']!r}")
-                self._records[i] = {"file": rec["file"], "rows": int(rec["rows"]), "sha256": str(rec["sha256"]),
-                                    "skipped": int(rec.get("skipped", 0))}
-            int(meta["shard_size"]), int(meta["n_rows"])
-        except (KeyError, TypeError, ValueError) as exc:
+            meta = ShardedMeta.parse(raw)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise FeatureCacheError(f"{self.meta_path}: malformed ({one_line(exc)}); delete the folder "
                                     f"{self.path} to rebuild this entry") from None
+        self._records = {i: r.to_json() for i, r in meta.recorded().items()}
         return meta
 
     def _shard_records(self) -> list[dict]:
@@ -458,10 +351,13 @@ class FeatureCache(ShardedEntry):
         return [self._records[i] for i in sorted(self._records)]
 
     def meta(self, status: str | None = None) -> dict:
+        return self.as_meta(status).to_json()
+
+    def as_meta(self, status: str | None = None) -> ShardedMeta:
+        """This entry's ``meta.json`` as the entry format types it (:class:`.entry.ShardedMeta`)."""
         status = status or ("complete" if self.is_complete else "partial")
-        return {"format": CACHE_FORMAT, "key": self.key, "fields": self.fields,
-                "shard_size": self.shard_size, "n_rows": self.n_rows, "n_shards": self.n_shards,
-                "embed_dim": self.embed_dim, "status": status, "shards": self._shard_records()}
+        return ShardedMeta(self.key, self.fields, self.shard_size, self.n_rows, self.n_shards, self.embed_dim,
+                           status, tuple(ShardRecord(**r) for r in self._shard_records()), format=CACHE_FORMAT)
 
     def write_meta(self, status: str | None = None) -> None:
         """Write ``meta.json`` atomically (skipped when the bytes would not change).
@@ -567,19 +463,7 @@ class FeatureCache(ShardedEntry):
                                     "extraction to recompute it") from None
 
     def _check_ids(self, i: int, got: np.ndarray, manifest_ids: np.ndarray | None) -> None:
-        lo, hi = self.shard_bounds(i)
-        if len(got) != hi - lo:
-            raise FeatureCacheError(f"{self.shard_path(i)}: {len(got)} rows, expected {hi - lo} (manifest rows "
-                                    f"{lo}-{hi - 1}); delete this file and re-run extraction")
-        if manifest_ids is not None:
-            want = manifest_ids[lo:hi]
-            bad = np.flatnonzero(got != want)
-            if len(bad):
-                j = int(bad[0])
-                raise FeatureCacheError(
-                    f"{self.shard_path(i)}: row {lo + j} holds sample_id {str(got[j])!r} but the manifest "
-                    f"has {str(want[j])!r}; the file is corrupted or foreign, delete it and re-run extraction")
-
+        check_shard_ids(self.shard_path(i), *self.shard_bounds(i), got, manifest_ids)
 
     def bad_shards(self, shards: Iterable[int]) -> dict[int, str]:
         """``{i: why}`` for the present shards among ``shards`` that are not the file ``meta.json``
@@ -604,58 +488,16 @@ class FeatureCache(ShardedEntry):
             out.update(got.tolist())
         return out
 
-    def _check_manifest(self, manifest: pd.DataFrame) -> np.ndarray:
-        ids = _manifest_ids(manifest)
-        want = self.fields.get("manifest_hash")
-        got = manifest_hash(manifest)
-        if want is not None and got != want:
-            raise FeatureCacheError(f"{self.path}: this entry was built for manifest hash {want}, the given "
-                                    f"manifest hashes to {got} (rows added, removed, moved or reordered); "
-                                    "extract features for this manifest instead")
-        if len(ids) != self.n_rows:
-            raise FeatureCacheError(f"{self.path}: entry holds {self.n_rows} rows, manifest has {len(ids)}")
-        return ids
+    def as_entry(self) -> fmt.Sharded:
+        """This entry as the entry format reads it (:class:`.entry.Sharded`), with the shard
+        records this object holds."""
+        return fmt.Sharded(self.path, self.as_meta())
 
     def read(self, manifest: pd.DataFrame) -> np.ndarray:
-        """Features (N, D) float32, row ``j`` belonging to ``manifest`` row ``j``."""
-        ids = self._check_manifest(manifest)
-        missing = self.missing_shards()
-        if missing:
-            n_missing = sum(hi - lo for lo, hi in map(self.shard_bounds, missing))
-            names = ", ".join(self.shard_path(i).name for i in missing[:3]) + (", ..." if len(missing) > 3 else "")
-            raise FeatureCacheError(f"{self.path}: incomplete, {n_missing} of {self.n_rows} rows in "
-                                    f"{len(missing)} of {self.n_shards} shards missing ({names}); "
-                                    "run extraction again to resume")
-        skipped = self.read_skipped()
-        for i, why in self.bad_shards(range(self.n_shards)).items():
-            raise corrupted_shard(self.shard_path(i), why)
-        out = np.empty((self.n_rows, self.embed_dim), dtype=np.float32)
-        for i in range(self.n_shards):
-            lo, hi = self.shard_bounds(i)
-            table = self._read_shard(i)
-            self._check_ids(i, table.column("sample_id").to_numpy(zero_copy_only=False).astype(str), ids)
-            out[lo:hi] = _embedding_matrix(table.column("embedding"), self.shard_path(i), self.embed_dim)
-        self._check_skipped(out, ids, skipped)
-        return out
-
-    def _check_skipped(self, emb: np.ndarray, ids: np.ndarray, skipped: dict[int, dict]) -> None:
-        """Non-finite rows must be exactly the rows listed in ``skipped.csv`` (all-NaN)."""
-        for row, rec in skipped.items():
-            if rec["sample_id"] != ids[row]:
-                raise FeatureCacheError(f"{self.skipped_path}: row {row} lists sample_id {rec['sample_id']!r} but "
-                                        f"the manifest has {str(ids[row])!r}; delete the folder {self.path}")
-            if not np.isnan(emb[row]).all():
-                raise FeatureCacheError(f"{self.skipped_path}: lists row {row} (sample_id {rec['sample_id']!r}) "
-                                        f"but {self.shard_path(row // self.shard_size).name} holds features for "
-                                        f"it; delete the folder {self.path} to rebuild this entry")
-        bad = ~np.isfinite(emb).all(axis=1)
-        if skipped:
-            bad[list(skipped)] = False
-        if bad.any():
-            row = int(np.flatnonzero(bad)[0])
-            raise FeatureCacheError(f"{self.shard_path(row // self.shard_size)}: row {row} (sample_id "
-                                    f"{str(ids[row])!r}) holds non-finite features but is not listed in "
-                                    f"{SKIPPED_NAME}; the file is corrupted, delete it and re-run extraction")
+        """Features (N, D) float32, row ``j`` belonging to ``manifest`` row ``j``: the manifest checked
+        against the entry's key fields (:func:`.key.check_manifest`), then read strictly
+        (:meth:`.entry.Sharded.read_rows`)."""
+        return self.as_entry().read_rows(check_manifest(self.path, self.fields, self.n_rows, manifest))
 
     def __repr__(self) -> str:
         return (f"FeatureCache({str(self.path)!r}, rows={self.n_rows}, shards="

@@ -3,16 +3,24 @@
 layout): the recipe's encoder identity
 (:func:`.recipe.encoder_fields` and the recipe's decode field) plus the manifest's locator hash,
 image root, row count and the versions. New features are filed by recipe and image (:mod:`.store`).
+
+The pieces of that layout live here, beside its key: the manifest's locator hash
+(:func:`manifest_hash`) and the check that a keyed entry was built for a manifest
+(:func:`check_manifest`), the versions an entry of that layout records (:func:`legacy_versions`)
+and the bare ``<name>.npy`` frozen-token arrays of earlier releases (:func:`legacy_array`). The
+format of every entry, these included, is :mod:`.entry`'s.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from .cache import CACHE_FORMAT, manifest_hash
-from .cache import _safe_name as safe_name
+from ..data import manifest as mf
+from .entry import CACHE_FORMAT, FeatureCacheError, manifest_ids, read_meta
+from .entry import safe_name as safe_name
+from .occlusion import OCCLUSION_COLUMNS
 from .recipe import (
     DEFAULT_DECODE,
     canonical,
@@ -24,6 +32,47 @@ from .recipe import (
 )
 
 cache_key = fields_key  # the earlier layout's name of the same hash
+
+#: Manifest columns that locate an image's pixels: ``sample_id``, ``path`` and, on occluded rows
+#: (:mod:`robustbench_fm.features.occlusion`), the erased rectangle and its fill. A manifest without
+#: occlusion columns hashes exactly as before they existed.
+KEY_COLUMNS = (*mf.LOCATOR_COLUMNS, *OCCLUSION_COLUMNS)
+
+
+def manifest_hash(manifest: pd.DataFrame) -> str:
+    """The hash of the manifest's :data:`KEY_COLUMNS` in row order (an entry's ``manifest_hash``)."""
+    return mf.content_hash(manifest, KEY_COLUMNS)
+
+
+def check_manifest(path: Path, fields: dict, n_rows: int, manifest: pd.DataFrame) -> np.ndarray:
+    """The sample_ids of ``manifest`` once it is the manifest the keyed entry ``path`` (key fields
+    ``fields``, ``n_rows`` rows) was built for: its locator hash when the fields record one, its
+    row count; else a one-line :class:`~.entry.FeatureCacheError`."""
+    ids = manifest_ids(manifest)
+    want = fields.get("manifest_hash")
+    got = manifest_hash(manifest)
+    if want is not None and got != want:
+        raise FeatureCacheError(f"{path}: this entry was built for manifest hash {want}, the given "
+                                f"manifest hashes to {got} (rows added, removed, moved or reordered); "
+                                "extract features for this manifest instead")
+    if len(ids) != n_rows:
+        raise FeatureCacheError(f"{path}: entry holds {n_rows} rows, manifest has {len(ids)}")
+    return ids
+
+
+def legacy_versions(fields: dict) -> dict:
+    """What an entry's rows were made with: a chunk records ``made_with``; an entry of the
+    per-manifest layout (read as an adopted chunk) its key's package and library versions."""
+    if "made_with" in fields:
+        return fields["made_with"]
+    return canonical({"package": fields.get("package_version"), "libraries": fields.get("library_versions", {})})
+
+
+def legacy_array(folder: Path, name: str) -> Path | None:
+    """The frozen-token array ``<folder>/<name>.npy`` an earlier release wrote (no ``meta.json``: it
+    is read in place, never written; new arrays are entries of format "array", :mod:`.entry`)."""
+    path = Path(folder) / f"{name}.npy"
+    return path if path.is_file() else None
 
 
 def cache_key_fields(encoder, manifest: pd.DataFrame, image_root=None, decode: str = DEFAULT_DECODE) -> dict:
@@ -47,10 +96,12 @@ def cache_key_fields(encoder, manifest: pd.DataFrame, image_root=None, decode: s
 _VERSIONS = ("package_version", "library_versions")
 
 
-def _matches(meta_path: Path, want: dict, here: str | None, ignore: tuple) -> bool:
+def _matches(folder: Path, want: dict, here: str | None, ignore: tuple) -> bool:
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = read_meta(folder)
     except (OSError, ValueError):
+        return False
+    if meta is None:
         return False
     if meta.get("format") != CACHE_FORMAT or meta.get("status") != "complete":
         return False
@@ -70,9 +121,9 @@ def find_entry(encoder_dir: Path, want: dict, root) -> Path | None:
     and the image root, written from ``root`` or from a folder that no longer exists (a moved
     dataset); None without one."""
     here = str(Path(root).resolve())
-    for meta_path in sorted(Path(encoder_dir).glob("*/meta.json")):
-        if _matches(meta_path, want, here, (*_VERSIONS, "image_root")):
-            return meta_path.parent
+    for folder in sorted(p for p in Path(encoder_dir).glob("*") if p.is_dir()):
+        if _matches(folder, want, here, (*_VERSIONS, "image_root")):
+            return folder
     return None
 
 
@@ -85,11 +136,11 @@ def find_slide_entry(cache_dir: Path, want: dict, tile_encoder, tiles: pd.DataFr
     cache_dir = Path(cache_dir)
     tile_want = cache_key_fields(tile_encoder, tiles, root, decode)
     here = str(Path(root).resolve())
-    for meta_path in sorted((cache_dir / safe_name(str(want["encoder"]))).glob("*/meta.json")):
-        if not _matches(meta_path, want, None, (*_VERSIONS, "tile_entry")):
+    for folder in sorted(p for p in (cache_dir / safe_name(str(want["encoder"]))).glob("*") if p.is_dir()):
+        if not _matches(folder, want, None, (*_VERSIONS, "tile_entry")):
             continue
-        tile_entry = json.loads(meta_path.read_text())["fields"].get("tile_entry")
-        tile_meta = cache_dir / safe_name(str(tile_encoder.spec.name)) / str(tile_entry) / "meta.json"
-        if tile_entry and _matches(tile_meta, tile_want, here, (*_VERSIONS, "image_root")):
-            return meta_path.parent
+        tile_entry = (read_meta(folder) or {})["fields"].get("tile_entry")
+        tile_folder = cache_dir / safe_name(str(tile_encoder.spec.name)) / str(tile_entry)
+        if tile_entry and _matches(tile_folder, tile_want, here, (*_VERSIONS, "image_root")):
+            return folder
     return None

@@ -55,6 +55,7 @@ are relative to the encoder folder, so a moved or copied ``outputs/`` keeps ever
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -76,6 +77,7 @@ from ..core.atomic import replace_atomic, write_atomic, write_text_atomic
 from ..core.devices import usable_cores
 from ..core.errors import InvalidSetting
 from ..core.locking import FileLock
+from ..core.shards import file_sha256
 from ..core.text import one_line
 from ..core.versions import VERSION_POLICIES
 from ..data.images import (
@@ -98,13 +100,26 @@ from .cache import (
     skipped_csv_bytes,
     unwritable,
 )
-from .key import cache_key_fields, find_entry
+from .entry import (  # noqa: F401 (VIEW_FORMAT, VIEW_NAME, gather, read_view: the store's names)
+    ARRAY_NAME,
+    VIEW_FORMAT,
+    VIEW_NAME,
+    Array,
+    ArrayMeta,
+    ViewMeta,
+    gather,
+    is_entry,
+    open_entry,
+    read_view,
+    recorded_fields,
+    write_meta,
+)
+from .key import cache_key_fields, find_entry, legacy_array, legacy_versions
 from .load import READ_THREADS, missing_shards, read_skipped
 from .occlusion import OCCLUSION_COLUMNS
 from .recipe import RECIPE_VERSION, library_major, made_with, recipe_fields  # noqa: F401 (the store's names)
 from .recipe import canonical as _canonical
 from .recipe import fields_key as cache_key
-from .view import VIEW_FORMAT, VIEW_NAME, gather, is_view, read_view  # noqa: F401 (the store's names)
 
 log = logging.getLogger("robustbench_fm.features")
 
@@ -524,8 +539,7 @@ class Recipe:
         """The chunk's feature-cache entry (its recorded fields when it exists)."""
         if chunk._cache is None:
             folder = self.chunk_folder(chunk)
-            meta = _read_json(folder / "meta.json")
-            fields = meta["fields"] if meta is not None else self.chunk_fields(chunk.ids)
+            fields = recorded_fields(folder) or self.chunk_fields(chunk.ids)
             chunk._cache = FeatureCache(self.cache_dir, fields, folder=folder)
         return chunk._cache
 
@@ -537,10 +551,7 @@ class Recipe:
 
     def versions(self, chunk: Chunk) -> dict:
         """What the chunk's rows were made with (an adopted entry: its key's versions)."""
-        f = self.chunk_cache(chunk).fields
-        if "made_with" in f:
-            return f["made_with"]
-        return _canonical({"package": f.get("package_version"), "libraries": f.get("library_versions", {})})
+        return legacy_versions(self.chunk_cache(chunk).fields)
 
     def chunk_fields(self, ids) -> dict:
         """Key fields of a new chunk of images ``ids``: the recipe, the images, the versions now."""
@@ -571,10 +582,6 @@ class Recipe:
         rows = manifest.iloc[pos.to_numpy(int)].reset_index(drop=True).copy()
         rows["sample_id"] = list(chunk.ids)
         return rows
-
-    def refresh(self, chunk: Chunk) -> None:
-        """Read the chunk's entry again on next use (the engine has written shards to it)."""
-        chunk._cache = None
 
     # --- the per-manifest layout (cache format 2), read only
     def adopt(self, encoder, manifest: pd.DataFrame, root, ids: np.ndarray) -> Chunk | None:
@@ -614,13 +621,6 @@ def _ids_table(rows: pd.DataFrame, ids) -> pa.Table:
 
 def _write_parquet(path: Path, table: pa.Table) -> None:
     write_atomic(path, lambda f: pq.write_table(table, f, compression="zstd"))
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 # ------------------------------------------------------------------ planning a manifest
@@ -802,18 +802,17 @@ def write_view(p: Plan, manifest: pd.DataFrame) -> Path:
                       "image_id": pa.array([str(i) for i in p.ids], pa.string()),
                       "chunk": pa.array([names[k] for k in p.where[:, 0]], pa.string()),
                       "row": pa.array(p.where[:, 1], pa.int64())})
-    if (folder / VIEW_NAME).is_file() and (folder / "meta.json").is_file():
+    if (folder / VIEW_NAME).is_file() and is_entry(folder):
         try:
             if pq.read_table(folder / VIEW_NAME).equals(table):
                 return folder  # the same rows from the same chunks (a recompute points it at new ones)
         except (OSError, pa.ArrowException):
             pass  # unreadable: written again below
-    meta = {"format": VIEW_FORMAT, "key": folder.name, "fields": fields, "n_rows": int(len(p.ids)),
-            "recipe": p.view_recipe.folder.name, "chunks": sorted(set(names)), "status": "complete"}
+    meta = ViewMeta(folder.name, fields, int(len(p.ids)), p.view_recipe.folder.name, tuple(sorted(set(names))))
     try:
         folder.mkdir(parents=True, exist_ok=True)
         _write_parquet(folder / VIEW_NAME, table)
-        write_text_atomic(folder / "meta.json", json.dumps(meta, indent=1, sort_keys=True) + "\n")
+        write_meta(folder, meta)
         return folder
     except OSError as exc:
         tmp = Path(tempfile.mkdtemp(prefix="robustbench_fm-view-"))
@@ -821,7 +820,7 @@ def write_view(p: Plan, manifest: pd.DataFrame) -> Path:
         table = table.set_column(2, "chunk", pa.array([str(p.recipe.encoder_dir / n) for n in table["chunk"]
                                                         .to_pylist()], pa.string()))
         _write_parquet(tmp / VIEW_NAME, table)
-        write_text_atomic(tmp / "meta.json", json.dumps(meta, indent=1, sort_keys=True) + "\n")
+        write_meta(tmp, meta)
         return tmp
 
 
@@ -845,7 +844,8 @@ def write_view_skipped(folder: Path, table: pd.DataFrame) -> None:
 # ------------------------------------------------------------------ the store
 
 #: The extraction engine as the store calls it: ``backend(encoders, rows, root, entries, decode)``
-#: embeds ``rows`` (sample_id = image id) with each encoder into its entry ``(folder, key fields)``,
+#: embeds ``rows`` (sample_id = image id) with each encoder into its entry (the chunk's
+#: :class:`~.cache.FeatureCache`, the store's own object: :meth:`.cache.FeatureCache.to_fill`),
 #: reading JPEGs as the recipe's ``decode`` says, and returns one :class:`~.cache.FeatureSet` per
 #: encoder (:func:`robustbench_fm.features.engine.extract_panel` with the run's settings bound).
 Backend = Callable[[list, pd.DataFrame, Path, list, str], list]
@@ -987,7 +987,6 @@ class FeatureStore:
                     raise FeatureCacheError(f"{cache.shard_path(i)}: corrupted cache shard ({why}) in a cache this "
                                             f"run cannot write ({one_line(exc)}); delete the file, or set "
                                             "paths.cache_dir=<a writable folder>") from None
-                c.home.refresh(c)
         return bad
 
     # --- embed what is missing
@@ -1002,13 +1001,13 @@ class FeatureStore:
                 key = _hash(chunk.home.decode, list(rows["sample_id"]), list(rows["path"].astype(str)))
                 groups.setdefault(key, []).append((j, chunk, rows))
         for items in groups.values():
-            entries = [(c.home.chunk_folder(c), c.home.chunk_cache(c).fields) for _, c, _ in items]
+            # the chunks' own entries: the engine writes through the objects this store reads
+            entries = [c.home.chunk_cache(c) for _, c, _ in items]
             feats = backend([loaded[j] for j, _, _ in items], items[0][2], Path(root), entries,
                             items[0][1].home.decode)
-            for (j, c, _), f in zip(items, feats):
+            for (j, _, _), f in zip(items, feats):
                 counts[j][0] += f.n_forward
                 counts[j][1] += f.n_images_embedded
-                c.home.refresh(c)  # re-read its meta (now complete, or this part's shards)
         return [tuple(c) for c in counts]
 
     # --- write the view
@@ -1065,27 +1064,57 @@ class FeatureStore:
         return cache.path, len(missing)
 
     # --- arrays (SPAR's frozen token sequences)
-    def array(self, folder: str | Path, key: str, make: Callable[[Callable], np.ndarray]) -> np.ndarray:
-        """The array ``<folder>/<key>.npy`` (``folder`` relative to the cache, or absolute),
-        memory-mapped. Missing, it is made under ``<key>.lock``: ``make(alloc)`` calls
-        ``alloc(shape, dtype)`` once for the array to fill (a memory map of a temporary file beside
-        it, so the whole array is never held in memory) and fills it; the file then replaces the
-        name atomically (:func:`robustbench_fm.core.atomic.replace_atomic`). Another process making
-        the same array waits and reads it."""
-        path = self.cache_dir / folder / f"{key}.npy"
-        if path.is_file():
-            return np.load(path, mmap_mode="r")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(path.with_suffix(".lock"), timeout=None):
-            if not path.is_file():
-                with replace_atomic(path, suffix=".npy") as tmp:
-                    held: list = []
+    def array(self, folder: str | Path, key: dict | str, make: Callable[[Callable], np.ndarray]) -> np.ndarray:
+        """The array keyed by ``key`` under ``<cache>/<folder>`` (``folder`` relative to the cache, or
+        absolute), memory-mapped: an entry of format "array" (:mod:`.entry`) ``<folder>/<fields
+        key>/`` holding ``array.npy`` and a ``meta.json`` with the key fields, shape, dtype and the
+        file's SHA-256 (``verify`` checks it). ``key``: the key fields (SPAR's tokens: the encoder's
+        recipe and the inputs, :func:`robustbench_fm.methods.spar.run.token_fields`); a name (str) is
+        first looked up as the bare ``<folder>/<name>.npy`` an earlier release wrote
+        (:func:`.key.legacy_array`, read in place) and else keyed by ``{"array": name}``.
 
-                    def alloc(shape, dtype):
-                        held.append(np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=tuple(shape)))
-                        return held[-1]
-                    make(alloc)
-                    for a in held:
-                        a.flush()
-                    del held
-        return np.load(path, mmap_mode="r")
+        Missing, it is made under ``<fields key>.lock``: ``make(alloc)`` calls ``alloc(shape, dtype)``
+        once for the array to fill (a memory map of a temporary file beside it, so the whole array is
+        never held in memory) and fills it; the file then replaces the name atomically
+        (:func:`robustbench_fm.core.atomic.replace_atomic`) and ``meta.json`` is written last. Another
+        process making the same array waits and reads it."""
+        base = self.cache_dir / folder
+        if isinstance(key, str):
+            old = legacy_array(base, key)
+            if old is not None:
+                return Array(old, None).read_array()
+            key = {"array": key}
+        fields = _canonical(key)
+        name = cache_key(fields)
+        path = base / name
+        if is_entry(path):
+            return open_entry(path).read_array()
+        base.mkdir(parents=True, exist_ok=True)
+        with FileLock(base / f"{name}.lock", timeout=None):
+            if not is_entry(path):
+                self._make_array(path, name, fields, make)
+        return open_entry(path).read_array()
+
+    @staticmethod
+    def _make_array(path: Path, name: str, fields: dict, make: Callable[[Callable], np.ndarray]) -> None:
+        """Under the array's lock: ``array.npy`` from ``make`` (atomically), then its ``meta.json``; a
+        maker that fails leaves nothing behind."""
+        try:
+            with replace_atomic(path / ARRAY_NAME, suffix=".npy") as tmp:
+                held: list = []
+
+                def alloc(shape, dtype):
+                    held.append(np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=tuple(shape)))
+                    return held[-1]
+                make(alloc)
+                if not held:
+                    raise ValueError(f"{path}: make() allocated no array (alloc(shape, dtype) once)")
+                for a in held:
+                    a.flush()
+                shape, dtype = tuple(held[-1].shape), held[-1].dtype.str
+                held.clear()  # the memory maps closed before the file replaces the name
+        except BaseException:
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only when empty: nothing was made
+            raise
+        write_meta(path, ArrayMeta(name, fields, shape, dtype, file_sha256(path / ARRAY_NAME)))

@@ -24,7 +24,6 @@ from .. import methods as stages
 from ..core.devices import check_device
 from ..core.errors import InvalidSetting, MissingInput, UnknownName, message
 from ..core.redact import redact_config
-from ..core.shards import META_NAME
 from ..core.versions import VERSION_POLICIES
 from ..data import cards, prepared
 from ..data import manifest as mf
@@ -265,8 +264,10 @@ def _refuse_encoder_field(cfg: DictConfig, cli_overrides: list[str] | None) -> N
 def feature_set_name(path) -> str:
     """The name of a feature set: a feature-cache entry folder (``<cache>/<encoder>/<key>/``) is
     named by its encoder, a parquet file by its stem, another folder by its name."""
+    from ..features.entry import is_entry  # the entry format's one reader of meta.json (torch-free)
+
     p = Path(str(path))
-    if p.is_dir() and (p / META_NAME).exists():
+    if p.is_dir() and is_entry(p):
         return p.parent.name
     return p.stem if p.suffix == ".parquet" else p.name
 

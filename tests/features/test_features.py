@@ -161,7 +161,7 @@ def test_load_features_reads_a_folder_side_by_side_in_file_order(tmp_path, monke
     back in file order. An unreadable file is named as before: the first unreadable one in that order."""
     import threading
 
-    import robustbench_fm.features.load as load
+    import robustbench_fm.features.entry as load  # the parquet readers live with the entry format
 
     rng = np.random.default_rng(3)
     want_ids, want_emb = [], []
@@ -205,7 +205,7 @@ def test_load_features_decodes_a_file_batch_by_batch_into_one_writable_matrix(tm
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import robustbench_fm.features.load as load
+    import robustbench_fm.features.entry as load  # the parquet readers live with the entry format
 
     monkeypatch.setattr(load, "READ_BATCH_ROWS", 3)
     rng = np.random.default_rng(5)
@@ -233,7 +233,7 @@ def test_load_features_keeps_no_more_files_open_than_it_reads_at_once(tmp_path, 
     check and opened again to be read, so at most one per reading thread is open at a time."""
     import threading
 
-    import robustbench_fm.features.load as load
+    import robustbench_fm.features.entry as load  # the parquet readers live with the entry format
 
     rng = np.random.default_rng(7)
     want = []

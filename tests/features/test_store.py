@@ -257,11 +257,13 @@ def test_an_array_is_made_once_under_the_stores_lock_and_replaced_atomically(tmp
         t.join()
     want = np.arange(12, dtype=np.float16).reshape(3, 4)
     assert len(calls) == 1 and all(np.array_equal(g, want) for g in got)
-    assert sorted(p.name for p in (tmp_path / "tok").iterdir()) == ["k.npy"]
+    # an array entry (format "array", features/entry.py): its folder holds array.npy and meta.json
+    [entry] = list((tmp_path / "tok").iterdir())
+    assert sorted(p.name for p in entry.iterdir()) == ["array.npy", "meta.json"]
 
     def fail(alloc):
         alloc((2,), np.float32)
         raise RuntimeError("interrupted")
     with pytest.raises(RuntimeError):
         FeatureStore(tmp_path).array("tok", "other", fail)
-    assert sorted(p.name for p in (tmp_path / "tok").iterdir()) == ["k.npy"]
+    assert list((tmp_path / "tok").iterdir()) == [entry]

@@ -494,8 +494,9 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
     (:func:`split_transform`; the entry is keyed apart). ``_wait``: wait for busy entry locks
     (the call that finishes an encoder left out of a pass). ``_stats``: filled with the main
     process's seconds (waiting for decode chunks, collate + tail, forwards, shard writes).
-    ``entries`` (required): (folder, key fields) per encoder of the entries to fill, as the feature
-    store hands them (chunks of the per-image store, :mod:`..store`); with ``device_transform`` an
+    ``entries`` (required): per encoder the entry to fill, as the feature store hands it (a chunk of the
+    per-image store, :mod:`..store`: its own :class:`~..cache.FeatureCache`, written through) or
+    (folder, key fields) (:meth:`~..cache.FeatureCache.to_fill`); with ``device_transform`` an
     encoder whose transform runs on the device needs ``"transform": "device"`` in its key fields.
     ``decode``: ``"scaled"`` (default reader only): each encoder's JPEGs decoded at the DCT scale
     its own resize needs, once per distinct scale (module docstring), keyed (``"decode"`` in its
@@ -522,12 +523,12 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
                              "store hands its backend; to embed a manifest call robustbench_fm.features.extract_panel")
     jobs = []
     for j, (enc, bs) in enumerate(zip(encoders, sizes)):
-        folder, fields = entries[j]
+        # the store's own entry object (its writes land where the store reads), or (folder, key fields)
+        cache = FeatureCache.to_fill(cache_root, entries[j], shard_size=shard_size, n_rows=len(manifest))
         split = split_transform(enc.transform) if device_transform else None
-        if split is not None and fields.get("transform") != "device":
+        if split is not None and cache.fields.get("transform") != "device":
             raise InvalidSetting(f"extract_panel: '{enc.spec.name}' with device_transform=True fills an entry keyed "
                                  "apart; add \"transform\": \"device\" to its key fields")
-        cache = FeatureCache(cache_root, fields, shard_size=shard_size, n_rows=len(manifest), folder=folder)
         job = _Job(enc, bs, cache.fields, cache, set(cache.part_shards(num_shards, shard)))
         if split is not None:
             job.mode, job.device_tf = split

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import hashlib
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +24,7 @@ import pandas as pd
 import torch
 
 from ...core.devices import torch_threads
+from ...features.recipe import recipe_fields
 from ...features.store import FeatureStore
 from . import metrics
 from .heads import MAX_CLASSES, MLPHead, ProbeHeads, SparModel, TransformerHead, probe_losses
@@ -109,19 +108,31 @@ def view_images(samples: SparSamples, views: pd.DataFrame, rows: np.ndarray) -> 
                      for r in rows])
 
 
-def _cache_key(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+def token_fields(encoder, token_grid: int, cohort: str, tiles: bool, ids, views: pd.DataFrame | None) -> dict:
+    """The key fields of a cohort's cached frozen tokens, keyed like every other feature entry: the
+    encoder's recipe (:func:`robustbench_fm.features.recipe.recipe_fields`: identity, weights,
+    preprocessing, precision and the major versions of torch and of its library, not its
+    description), plus what the tokens are of: the token grid, the cohort, tiles or slice views,
+    the inputs' sample_ids and (slices) the views. SPAR's inputs are arrays, never a JPEG the
+    reader decodes, so the recipe is the exact-decode one (no decode field)."""
+    def digest(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    return {**recipe_fields(encoder, decode="exact"), "array": "spar_tokens", "token_grid": int(token_grid),
+            "cohort": str(cohort), "tiles": bool(tiles), "inputs": digest("\n".join(map(str, ids))),
+            "views": None if views is None else digest(views.to_json())}
 
 
 @torch.inference_mode()
-def cached_tokens(backbone, images, n: int, key: str, cache_dir: Path | None, batch: int,
+def cached_tokens(backbone, images, n: int, key: dict | str, cache_dir: Path | None, batch: int,
                   tiles: bool) -> np.ndarray:
-    """Frozen token sequences of ``n`` inputs (``images(rows) -> uint8 array``) as float16, kept in
-    ``<cache_dir>/<key>.npy`` when a cache folder is given (frozen heads read cached tokens; the
-    feature store makes it under its lock and writes it atomically,
-    :meth:`robustbench_fm.features.store.FeatureStore.array`) and then memory-mapped. Tiles
-    [n, T, N, D], slices [n, N, D]. Batches are written into the file as they come, so the whole
-    native-token array (RadDINO at Level 3: 1,370 tokens × 768 per view) is never held in memory
+    """Frozen token sequences of ``n`` inputs (``images(rows) -> uint8 array``) as float16, kept as
+    the array entry keyed by ``key`` (:func:`token_fields`; a name: an array an earlier release
+    wrote as ``<cache_dir>/<name>.npy``) under ``cache_dir`` when a cache folder is given (frozen
+    heads read cached tokens; the feature store makes it under its lock, writes it atomically and
+    records its SHA-256, :meth:`robustbench_fm.features.store.FeatureStore.array`) and then
+    memory-mapped. Tiles [n, T, N, D], slices [n, N, D]. Batches are written into the file as they
+    come, so the whole native-token array (RadDINO at Level 3: 1,370 tokens × 768 per view) is never held in memory
     at once."""
     backbone.eval()
     device = backbone.mean.device
@@ -372,12 +383,8 @@ class EncoderRun:
                 self._frozen[key] = (tokens, view_of, True)
                 return self._frozen[key]
             backbone = Backbone(self.encoder, self.setup.tile_token_grid if tiles else self.setup.token_grid)
-            ck = _cache_key(self.encoder.weights_id, dataclasses.asdict(self.encoder.spec), backbone.token_grid,
-                            name, tiles,
-                            hashlib.sha256("\n".join(map(str, ids)).encode()).hexdigest(),
-                            None if tiles else views.to_json())
-            tokens = cached_tokens(backbone, images, n, f"{self.encoder.spec.name}-{ck}", self.cache_dir,
-                                   self.setup.eval_batch_size, tiles)
+            fields = token_fields(self.encoder, backbone.token_grid, name, tiles, ids, None if tiles else views)
+            tokens = cached_tokens(backbone, images, n, fields, self.cache_dir, self.setup.eval_batch_size, tiles)
             self._frozen[key] = (tokens, view_of, backbone.has_cls)
         return self._frozen[key]
 

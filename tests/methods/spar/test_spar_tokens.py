@@ -8,6 +8,9 @@ import torch
 from store_cf22284.make_fixture import Tokens  # tokens = each image row's mean / 255 (a closed form), counting calls
 
 import robustbench_fm.encoders as enc
+import robustbench_fm.features.recipe as recipe_mod
+from robustbench_fm.features import entry as fmt
+from robustbench_fm.features import verify_cache
 from robustbench_fm.methods.spar.models import Backbone
 from robustbench_fm.methods.spar.params import SparParams
 from robustbench_fm.methods.spar.run import EncoderRun, Setup, cached_tokens
@@ -70,10 +73,60 @@ def test_cached_tokens_round_trip_exactly_and_are_read_back_without_the_backbone
     assert isinstance(on_disk, np.memmap) and net.calls == 2 * 5  # batches of 8 written as they come
     again = cached_tokens(net, lambda r: pytest.fail("read the images again"), 37, "k", tmp_path, 8, tiles=False)
     assert np.array_equal(again, want) and net.calls == 10
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.npy"]  # no temporary file left
+    # an array entry (features/entry.py, format "array"): array.npy and its meta.json, no temporary file left
+    [folder] = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert sorted(p.name for p in folder.iterdir()) == ["array.npy", "meta.json"]
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name]
 
 
 @pytest.mark.parametrize("bad", [{"token_grid": -1}, {"tile_token_grid": -2}, {"lr_search": [1e-3, 0.0]}])
 def test_bad_token_grid_and_lr_search_are_refused(bad):
     with pytest.raises(ValueError, match="stage.params"):
         SparParams.parse(bad)
+
+
+def _token_entries(cache) -> list[str]:
+    return sorted(p.name for p in cache.iterdir() if fmt.is_entry(p))
+
+
+def test_frozen_tokens_are_keyed_by_the_recipe_not_the_description(tmp_path, monkeypatch):
+    """Issue 56 item 2: the token cache is an array entry keyed by the encoder's recipe like every
+    feature entry. Editing an encoder's description keeps its cached tokens; a new major version of
+    torch (part of every recipe) makes new ones."""
+    s = _tile_samples(n=2)
+    spec = enc.get("vit_b32_in1k").replace(**VIT16)
+
+    def tokens(**changes):
+        run = EncoderRun(enc.load(spec.replace(**changes), device="cpu"), s, {}, Setup(), CPU, tmp_path, "word")
+        return np.asarray(run._frozen_source("localization", "word", s)[0])
+
+    first = tokens()
+    [key] = _token_entries(tmp_path)
+    fields = fmt.open_entry(tmp_path / key).meta.fields
+    assert fields["encoder"] == spec.name and fields["library_major"]["torch"] == recipe_mod.library_major("torch")
+    assert np.array_equal(tokens(description="edited: a new description"), first)
+    assert _token_entries(tmp_path) == [key]  # the same entry served
+    real = recipe_mod.library_versions
+    monkeypatch.setattr(recipe_mod, "library_versions", lambda: {**real(), "torch": "99.0.0"})
+    tokens()
+    assert len(_token_entries(tmp_path)) == 2 and key in _token_entries(tmp_path)
+
+
+def test_verify_reports_a_corrupted_token_file(tmp_path):
+    images = np.random.default_rng(1).integers(0, 255, (5, 6, 6), dtype=np.uint8)
+    cached_tokens(Tokens(), lambda r: images[r], 5, {"encoder": "tiny", "cohort": "c"}, tmp_path, 2, tiles=False)
+    [folder] = _token_entries(tmp_path)
+    array = tmp_path / folder / fmt.ARRAY_NAME
+    [rep] = verify_cache(tmp_path)
+    assert rep.ok and rep.path == tmp_path / folder and rep.n_rows == 5
+    data = bytearray(array.read_bytes())
+    data[-3] ^= 0x40  # a value of the last token: still a readable array
+    array.write_bytes(bytes(data))
+    [rep] = verify_cache(tmp_path)
+    assert not rep.ok and len(rep.problems) == 1
+    assert str(array) in rep.problems[0] and "does not match" in rep.problems[0] and "\n" not in rep.problems[0]
+    old = tmp_path / "old-name.npy"  # an array of the earlier layout (no meta.json), truncated
+    np.save(old, np.zeros((4, 3), np.float16))
+    old.write_bytes(old.read_bytes()[:-5])
+    [rep] = [r for r in verify_cache(tmp_path) if r.path == old]
+    assert not rep.ok and "truncated" in rep.problems[0]
