@@ -19,8 +19,8 @@ import pandas as pd
 
 from . import data
 from .core.errors import InvalidSetting
-from .data.images import DEFAULT_DECODE, check_decode
-from .encoders import ALLOW_REMOTE_CODE, generic
+from .encoders import generic
+from .features.options import DEFAULTS, ExtractOptions
 from .methods.run import evaluate
 from .pipeline.experiment import Outcome, run_experiment
 
@@ -47,11 +47,17 @@ def run(experiment: str = "demo", overrides: list[str] | tuple[str, ...] = (), *
 DEFAULT_CACHE = Path("outputs") / "cache" / "features"  # the command line's paths.cache_dir
 
 
+#: the extraction options :func:`embed` leaves at their defaults (:data:`DEFAULTS`): one call embeds
+#: every row of its manifest into a fresh or current cache entry (its other options are its keywords)
+EMBED_FIXED = ("shard_size", "num_shards", "shard", "on_version_change", "duplicates")
+
+
 def embed(manifest: pd.DataFrame | str | Path, encoder: str, root: str | Path | None = None, *,
           model: str | None = None, pretrained: str | None = None, weights: str | Path | None = None,
-          embedding: str | None = None, cache_dir: str | Path = DEFAULT_CACHE, device: str = "auto",
-          batch_size: int = 32, num_workers: int | str = 0, on_bad_image: str = "error",
-          allow_remote_code: bool = ALLOW_REMOTE_CODE, decode: str = DEFAULT_DECODE) -> FeatureSet:
+          embedding: str | None = None, cache_dir: str | Path = DEFAULT_CACHE, device: str = DEFAULTS.device,
+          batch_size: int = DEFAULTS.batch_size, num_workers: int | str = DEFAULTS.num_workers,
+          on_bad_image: str = DEFAULTS.on_bad_image, allow_remote_code: bool = DEFAULTS.allow_remote_code,
+          decode: str = DEFAULTS.decode) -> FeatureSet:
     """Embed every image of ``manifest`` with ``encoder`` through the feature cache.
 
     ``manifest``: a canonical manifest (``data.build_manifest``) or a CSV/parquet path read as
@@ -71,11 +77,17 @@ def embed(manifest: pd.DataFrame | str | Path, encoder: str, root: str | Path | 
     Returns a :class:`~robustbench_fm.features.engine.rows.FeatureSet`: ``embeddings`` (N, D) float32 in
     the manifest's row order (one row per ``sample_id``), ``sample_ids``, ``path`` (the cache
     entry), ``key``, ``n_forward`` (0 on a warm cache) and ``skipped`` (rows whose image could not be read, NaN rows).
+
+    ``device``, ``batch_size``, ``num_workers``, ``on_bad_image``, ``allow_remote_code`` and
+    ``decode`` make the call's :class:`~robustbench_fm.features.options.ExtractOptions` (checked
+    there, an error naming ``embed: <keyword>``); the others are at their defaults (:data:`EMBED_FIXED`).
     """
     from .features.embed import Embedder, EncoderOptions  # lazy: the feature engine imports torch
     from .features.load import load_features  # lazy: as above
 
-    check_decode(decode, "embed: decode")
+    extract = ExtractOptions.named(lambda name: f"embed: {name}", device=device, batch_size=batch_size,
+                                   num_workers=num_workers, on_bad_image=on_bad_image,
+                                   allow_remote_code=allow_remote_code, decode=decode)
     if not isinstance(manifest, pd.DataFrame):
         path = Path(manifest)
         root = Path(root) if root is not None else path.parent
@@ -91,9 +103,7 @@ def embed(manifest: pd.DataFrame | str | Path, encoder: str, root: str | Path | 
                                  f"({', '.join(generic.GENERIC)}); '{encoder}' is a registry entry")
         name = encoder
         options = EncoderOptions(weights=str(weights) if weights is not None else None, embedding=embedding)
-    service = Embedder(Path(cache_dir), device=device, batch_size=batch_size, num_workers=num_workers,
-                       on_bad_image=on_bad_image, allow_remote_code=allow_remote_code, options={name: options},
-                       decode=decode)
+    service = Embedder(Path(cache_dir), extract, options={name: options})
     images = manifest.drop_duplicates("sample_id")  # as the command line: paired designs list an image once
     feats = service.embed(images, root, name)
     ids, matrix = load_features(feats.path, images)

@@ -53,6 +53,10 @@ from robustbench_fm import encoders, evaluate
 from robustbench_fm.core.neighbors import Shortlist, l2_normalize, topk_similarity
 from robustbench_fm.features import extract
 from robustbench_fm.features.engine.panel import extract_panel, split_transform
+from robustbench_fm.features.options import ExtractOptions
+
+#: the engine's options of the device-transform comparison: 32 a batch, the device's default workers
+AUTO32 = ExtractOptions(batch_size=32, num_workers="auto")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark scripts
 import bench_candor  # noqa: E402
@@ -169,10 +173,10 @@ def device_transform_check(tmp: Path, device: str, n: int, size: int) -> dict:
     for label, amp in (("fp32", None), ("amp", "bfloat16")):
         enc = encoders.load("random_vit_s", device=device)
         enc.spec = enc.spec.replace(amp_dtype=amp)
-        (host_fs,) = extract_panel([enc], manifest, tmp / "films", tmp / f"c-host-{label}", batch_size=32,
-                                   num_workers="auto", progress=False, entries=[bench_panel.engine_entry(enc)])
-        (dev_fs,) = extract_panel([enc], manifest, tmp / "films", tmp / f"c-dev-{label}", batch_size=32,
-                                  num_workers="auto", progress=False, device_transform=True,
+        (host_fs,) = extract_panel([enc], manifest, tmp / "films", tmp / f"c-host-{label}", AUTO32,
+                                   progress=False, entries=[bench_panel.engine_entry(enc)])
+        (dev_fs,) = extract_panel([enc], manifest, tmp / "films", tmp / f"c-dev-{label}", AUTO32,
+                                  progress=False, device_transform=True,
                                   entries=[bench_panel.engine_entry(enc, device_transform=True)])
         out[label] = {"min_cosine_device_vs_host_transform": float(_cos(host_fs.embeddings, dev_fs.embeddings).min()),
                       "min_cosine_device_transform_vs_cpu": float(_cos(ref, dev_fs.embeddings).min()),
@@ -203,10 +207,11 @@ def extract_vs_forward(tmp: Path, device: str, n: int, batch_size: int, models=t
         enc = encoders.load(spec, device=device)
         bench_extract.forward_throughput(enc, batch_size, batch_size)  # warm-up
         fwd, _ = bench_extract.forward_throughput(enc, n, batch_size)
-        (host,) = extract_panel([enc], manifest, tmp / "jpeg224", tmp / f"cache-{label}-host", batch_size=batch_size,
-                                num_workers="auto", progress=False, read=False, entries=[bench_panel.engine_entry(enc)])
-        (dev,) = extract_panel([enc], manifest, tmp / "jpeg224", tmp / f"cache-{label}-dev", batch_size=batch_size,
-                               num_workers="auto", progress=False, read=False, device_transform=True,
+        options = ExtractOptions(batch_size=batch_size, num_workers="auto")
+        (host,) = extract_panel([enc], manifest, tmp / "jpeg224", tmp / f"cache-{label}-host", options,
+                                progress=False, read=False, entries=[bench_panel.engine_entry(enc)])
+        (dev,) = extract_panel([enc], manifest, tmp / "jpeg224", tmp / f"cache-{label}-dev", options,
+                               progress=False, read=False, device_transform=True,
                                entries=[bench_panel.engine_entry(enc, device_transform=True)])
         fwd_after, _ = bench_extract.forward_throughput(enc, n, batch_size)
         fwd = (fwd + fwd_after) / 2

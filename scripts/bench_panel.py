@@ -45,6 +45,7 @@ geometries, packing; the main process's wait, collate + tail, forwards, writes):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import multiprocessing
@@ -230,9 +231,11 @@ def main(argv=None) -> dict:
 
     from robustbench_fm import encoders
     from robustbench_fm.features.engine.panel import default_panel_workers, extract, extract_panel
+    from robustbench_fm.features.options import ExtractOptions
 
     device = encoders.resolve_device(args.device)
     workers = default_panel_workers(device) if args.num_workers == "auto" else int(args.num_workers)
+    options = ExtractOptions(batch_size=args.batch_size, num_workers=workers, shard_size=args.shard_size)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     result = {"n_images": args.n, "image_size": args.size, "image_format": "JPEG, grey (L), quality 90",
               "batch_size": args.batch_size, "num_workers": workers,
@@ -261,8 +264,8 @@ def main(argv=None) -> dict:
             dt = pass_seconds(manifest, root, enc.transform, args.batch_size, workers, nice)
             fwd = forward_seconds(enc, args.n, args.batch_size)
             t = time.perf_counter()
-            single = extract(enc, manifest, root, tmp / "single", batch_size=args.batch_size, num_workers=workers,
-                             shard_size=args.shard_size, progress=False, read=False, entry=engine_entry(enc))
+            single = extract(enc, manifest, root, tmp / "single", options, progress=False, read=False,
+                             entry=engine_entry(enc))
             per[name] = {"decode_transform_s": round(dt, 3), "transform_s": round(dt - sec["decode"], 3),
                          "forward_s": round(fwd, 3), "single_extract_s": round(time.perf_counter() - t, 3),
                          "entry": single.path}
@@ -270,8 +273,7 @@ def main(argv=None) -> dict:
                   f"{per[name]['single_extract_s']:.1f} s", flush=True)
         t = time.perf_counter()
         stats: dict = {}
-        feats = extract_panel(panel, manifest, root, tmp / "panel", batch_size=args.batch_size, num_workers=workers,
-                              shard_size=args.shard_size, progress=False, read=False, _stats=stats,
+        feats = extract_panel(panel, manifest, root, tmp / "panel", options, progress=False, read=False, _stats=stats,
                               entries=[engine_entry(e) for e in panel])
         sec["panel"] = time.perf_counter() - t
         print(f"panel: {sec['panel']:.1f} s ({workers} workers)", flush=True)
@@ -280,9 +282,8 @@ def main(argv=None) -> dict:
         by_workers = {workers: round(sec["panel"], 3)}
         for w in [int(v) for v in args.also_workers.split(",") if v.strip()]:
             t = time.perf_counter()
-            extract_panel(panel, manifest, root, tmp / f"panel-w{w}", batch_size=args.batch_size, num_workers=w,
-                          shard_size=args.shard_size, progress=False, read=False,
-                          entries=[engine_entry(e) for e in panel])
+            extract_panel(panel, manifest, root, tmp / f"panel-w{w}", dataclasses.replace(options, num_workers=w),
+                          progress=False, read=False, entries=[engine_entry(e) for e in panel])
             by_workers[w] = round(time.perf_counter() - t, 3)
             print(f"panel with {w} workers: {by_workers[w]:.1f} s", flush=True)
         identical = {}
@@ -337,9 +338,11 @@ def compare_decode(args) -> dict:
     from robustbench_fm import encoders
     from robustbench_fm.data import prepared
     from robustbench_fm.features.engine.panel import default_panel_workers, extract_panel
+    from robustbench_fm.features.options import ExtractOptions
 
     device = encoders.resolve_device(args.device)
     workers = default_panel_workers(device) if args.num_workers == "auto" else int(args.num_workers)
+    options = ExtractOptions(batch_size=args.batch_size, num_workers=workers, shard_size=args.shard_size)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     result = {"n_images": args.n, "image_size": args.size, "image_format": "JPEG, grey (L), quality 90",
               "models": names, "batch_size": args.batch_size, "num_workers": workers, "rounds": args.rounds,
@@ -359,8 +362,7 @@ def compare_decode(args) -> dict:
             for d in ("exact", "scaled"):
                 st: dict = {}
                 t = time.perf_counter()
-                extract_panel(panel, manifest, root, tmp / f"panel-{d}-{r}", batch_size=args.batch_size,
-                              num_workers=workers, shard_size=args.shard_size, progress=False, read=False,
+                extract_panel(panel, manifest, root, tmp / f"panel-{d}-{r}", options, progress=False, read=False,
                               _stats=st, decode=d, entries=[engine_entry(e, d) for e in panel])
                 times[f"panel_{d}"].append(time.perf_counter() - t)
                 for k, v in st.items():

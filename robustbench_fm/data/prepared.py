@@ -99,7 +99,6 @@ from ..core.locking import acquire_waiting
 from ..core.shards import META_NAME, SHARD_NAME, ShardedEntry, file_sha256, json_bytes, parquet_bytes
 from ..core.text import one_line
 from .images import (
-    BAD_IMAGE_POLICIES,
     CROP_COLUMNS,
     DEFAULT_DECODE,
     check_size,
@@ -377,12 +376,12 @@ def prepare(manifest: pd.DataFrame, image_root: str | Path, store_root: str | Pa
     ``decode``: ``"scaled"`` (a JPEG decoded at the largest DCT scale that leaves ``size`` px on
     its short side, :func:`robustbench_fm.data.images.draft_scale`) or ``"exact"`` (full-size
     decode, the pixels and key of a store made before scaled decoding); keyed, so the two never mix.
+    ``on_bad_image`` (``"error"`` or ``"skip"``) comes checked from the run's extraction options
+    (:class:`robustbench_fm.features.options.ExtractOptions`, the one check of it).
     """
     size = parse_resolution(size)
     if size is None:
         raise InvalidSetting("prepare needs a side in pixels; resolution=native reads the images as shipped")
-    if on_bad_image not in BAD_IMAGE_POLICIES:
-        raise InvalidSetting(f"on_bad_image must be one of {', '.join(BAD_IMAGE_POLICIES)}, got {on_bad_image!r}")
     manifest = manifest.reset_index(drop=True)
     sources, index = source_locators(manifest)
     image_root = Path(image_root)

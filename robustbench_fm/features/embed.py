@@ -30,10 +30,11 @@ import torch
 from .. import encoders
 from ..core.errors import InvalidSetting
 from ..data import prepared
-from ..data.images import CROP_COLUMNS, DECODE_MODES, DEFAULT_DECODE, Need, need_of
+from ..data.images import CROP_COLUMNS, DECODE_MODES, Need, need_of
 from ..encoders.options import EncoderOptions
 from . import engine
 from .cache import FeatureSet
+from .options import DEFAULTS, ExtractOptions
 from .slides import extract_slides
 from .store import FeatureStore, Identities
 
@@ -60,18 +61,13 @@ def _free_bytes(device: torch.device) -> int:
 
 @dataclass(frozen=True)
 class Embedder:
-    """Extraction settings of a run (``extract.*``, ``device``, ``paths.cache_dir``,
-    ``security.allow_remote_code``) and :class:`EncoderOptions` per encoder name."""
+    """A run's extraction: its options (:class:`~.options.ExtractOptions`, the plan's ``extract``,
+    held unchanged and handed to the store and the engine), the feature cache folder
+    (``paths.cache_dir``) and :class:`EncoderOptions` per encoder name."""
 
     cache_dir: Path
-    device: str = "auto"
-    batch_size: int = 32
-    num_workers: int | str = 0
-    shard_size: int = 1024
-    on_bad_image: str = "error"
-    num_shards: int = 1
-    shard: int = 0
-    allow_remote_code: bool = encoders.ALLOW_REMOTE_CODE  # hub code off unless asked (security.allow_remote_code)
+    #: ``extract.*``, ``device``, ``security.allow_remote_code``, ``cache.on_version_change``
+    extract: ExtractOptions = DEFAULTS
     options: dict[str, EncoderOptions] = field(default_factory=dict)
     #: side in pixels every image is stored at before the encoders read it; None: native
     resolution: int | None = None
@@ -79,10 +75,6 @@ class Embedder:
     prepared_dir: Path | None = None
     #: bytes the weights of one panel pass may take (None: :data:`PANEL_MEMORY_SHARE` of what is free)
     panel_memory: int | None = None
-    #: rows made with other package/library versions: reuse (one-line notice), warn, recompute
-    on_version_change: str = "reuse"
-    #: how JPEGs resized smaller are decoded (``extract.decode``: scaled or exact; data.images, keyed)
-    decode: str = DEFAULT_DECODE
 
     def _options(self, name: str) -> EncoderOptions:
         return self.options.get(name, EncoderOptions())
@@ -97,14 +89,14 @@ class Embedder:
 
     def batch_size_of(self, name: str) -> int:
         """The batch size of encoder ``name``: its own override, else the run's."""
-        return int(self._options(name).batch_size or self.batch_size)
+        return int(self._options(name).batch_size or self.extract.batch_size)
 
     def load(self, name: str, device: str | None = None, **changes):
         """Encoder ``name`` loaded with the user's weights and overrides (``changes`` replace spec
         fields, e.g. SPAR's per-encoder input size)."""
         return encoders.load(self.spec(name, **changes), weights=self._options(name).weights,
-                             device=self.device if device is None else device,
-                             allow_remote_code=self.allow_remote_code)
+                             device=self.extract.device if device is None else device,
+                             allow_remote_code=self.extract.allow_remote_code)
 
     @property
     def prepared_root(self) -> Path:
@@ -118,9 +110,10 @@ class Embedder:
         (:func:`.store.source_ids`): images an earlier entry holds are read from it, not decoded."""
         if self.resolution is None or root is None:
             return manifest, root
-        done = prepared.prepare(manifest, root, self.prepared_root, self.resolution, shard_size=self.shard_size,
-                                workers=self.num_workers, on_bad_image=self.on_bad_image, identities=identities,
-                                decode=self.decode)
+        x = self.extract
+        done = prepared.prepare(manifest, root, self.prepared_root, self.resolution, shard_size=x.shard_size,
+                                workers=x.num_workers, on_bad_image=x.on_bad_image, identities=identities,
+                                decode=x.decode)
         return done.manifest, done.root
 
     def embed(self, manifest: pd.DataFrame, root: str | Path | None, encoder, sharded: bool = False) -> FeatureSet:
@@ -137,7 +130,7 @@ class Embedder:
         ``specs``: the specs of encoders given loaded (by name), else the registry's."""
         budget = self.panel_memory
         if budget is None:
-            budget = int(PANEL_MEMORY_SHARE * _free_bytes(encoders.resolve_device(self.device)))
+            budget = int(PANEL_MEMORY_SHARE * _free_bytes(encoders.resolve_device(self.extract.device)))
         groups, used = [], 0
         for name in names:
             spec = (specs or {}).get(name) or self.spec(name)
@@ -160,13 +153,13 @@ class Embedder:
         FeatureSet per encoder, in order, whose ``path`` is the manifest's view (read by
         ``load_features``; ``read=False``)."""
         manifest = manifest.reset_index(drop=True)
-        _check_rows(manifest)
         if root is None:
             raise InvalidSetting("image_root is required (manifest paths are relative to it)")
         t0 = time.perf_counter()
         features = self.store()
         # an image's identity is its source file's, also when the encoders read a prepared copy
-        # (that copy's bytes depend on which manifest's store holds it; the prepared recipe does not)
+        # (that copy's bytes depend on which manifest's store holds it; the prepared recipe does not);
+        # the store checks the manifest's rows first (.store.check_rows)
         ids = features.identities(manifest, root, *self._prepared_recipes())
         source, source_root = manifest, root
         todo = [n if isinstance(n, str) else n.spec.name for n in names]
@@ -185,12 +178,12 @@ class Embedder:
 
     def store(self) -> FeatureStore:
         """The feature store this run's features are served from."""
-        return FeatureStore(self.cache_dir, self.on_version_change, self.on_bad_image, self.decode)
+        return FeatureStore(self.cache_dir, self.extract)
 
     def backend(self, sharded: bool = False):
-        """The extraction engine with this run's settings: the store's :data:`.store.Backend`."""
-        return engine.backend(self.cache_dir, self.batch_size_of, self.num_workers, self.shard_size,
-                              self.on_bad_image, self.num_shards if sharded else 1, self.shard if sharded else 0)
+        """The extraction engine with this run's options: the store's :data:`.store.Backend`
+        (``sharded``: only this run's part of each entry; else the whole entry, :meth:`.ExtractOptions.whole`)."""
+        return engine.backend(self.cache_dir, self.extract if sharded else self.extract.whole(), self.batch_size_of)
 
     def _prepared_recipes(self) -> tuple[dict | None, Need | None]:
         """The prepared-image store's recipe by decode mode and what its resize needs (None, None
@@ -231,20 +224,6 @@ class Embedder:
 
         opts = self._options(name)
         return extract_slides(name, manifest, root, self.cache_dir, weights=opts.weights,
-                              tile_weights=opts.tile_weights, device=self.device,
-                              batch_size=self.batch_size_of(name), num_workers=self.num_workers,
-                              shard_size=self.shard_size, on_bad_image=self.on_bad_image,
-                              allow_remote_code=self.allow_remote_code, decode=self.decode)
+                              tile_weights=opts.tile_weights, batch_size=self.batch_size_of(name),
+                              options=self.extract)
 
-
-def _check_rows(manifest: pd.DataFrame) -> None:
-    """What every served manifest needs: unique sample_ids and a path per row."""
-    for col in ("sample_id", "path"):
-        if col not in manifest.columns:
-            raise InvalidSetting(f"manifest has no '{col}' column; validate it with "
-                                 "robustbench_fm.data.manifest.validate")
-    ids = manifest["sample_id"].astype(str)
-    dup = ids.duplicated()
-    if dup.any():
-        j = int(dup.to_numpy().nonzero()[0][0])
-        raise InvalidSetting(f"manifest row {j}: duplicate sample_id {ids.iloc[j]!r}; one row per image")

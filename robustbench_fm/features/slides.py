@@ -21,6 +21,7 @@ a per-manifest entry) is read as it is (:func:`.key.find_slide_entry`).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from pathlib import Path
@@ -32,10 +33,10 @@ import torch
 from .. import encoders
 from ..core.errors import InvalidSetting
 from ..data import manifest as mf
-from ..data.images import DEFAULT_DECODE
 from . import engine
 from .cache import CACHE_FORMAT
 from .key import find_slide_entry
+from .options import ExtractOptions
 from .recipe import library_versions, package_version
 from .store import FeatureStore, gather, read_view, view_path
 
@@ -79,10 +80,8 @@ def slide_key_fields(slide_encoder, tile_key: str, slides: pd.DataFrame) -> dict
 
 def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir: str | Path,
                    tile_encoder=None, tiles: pd.DataFrame | None = None, tiles_dir: str = "tiles",
-                   weights=None, tile_weights=None, device="auto", batch_size: int = 32,
-                   num_workers: int | str = 0, shard_size: int = 1024, on_bad_image: str = "error",
-                   allow_remote_code: bool = encoders.ALLOW_REMOTE_CODE, progress: bool = True,
-                   decode: str = DEFAULT_DECODE) -> Path:
+                   weights=None, tile_weights=None, batch_size: int | None = None, progress: bool = True, *,
+                   options: ExtractOptions | None = None, **settings) -> Path:
     """Slide embeddings of every slide (``sample_id``) of ``manifest`` with slide encoder
     ``encoder`` (a registry name or a loaded :class:`~robustbench_fm.encoders.SlideEncoder`);
     returns the cache entry folder, whose rows follow the manifest's distinct sample_ids.
@@ -91,10 +90,15 @@ def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir:
     :func:`slide_tiles` under ``root/tiles_dir``. ``tile_encoder`` (name or loaded encoder)
     defaults to the slide encoder's own; the tiles are served by the feature store (only those
     it does not hold are embedded, with :func:`robustbench_fm.features.engine.extract`'s options). Tiles
-    skipped as unreadable (``on_bad_image="skip"``) are left out of their slide's bag. ``decode``:
-    how the tiles' JPEGs are decoded (``extract.decode``, part of the tiles' recipe, so of the
-    slide entry's key through the tiles' view).
+    skipped as unreadable (``on_bad_image="skip"``) are left out of their slide's bag. The
+    extraction options: ``options`` (:class:`~.options.ExtractOptions`: the run's) or ``settings``,
+    its fields by name, read as the store and engine read them (``decode``: how the tiles' JPEGs are
+    decoded, part of the tiles' recipe, so of the slide entry's key through the tiles' view; every
+    part of the tiles' entries: :meth:`~.options.ExtractOptions.whole`); ``batch_size``: the tile
+    batch size (default: the options').
     """
+    options = (ExtractOptions(**settings) if options is None else dataclasses.replace(options, **settings)).whole()
+    device, allow_remote_code, decode = options.device, options.allow_remote_code, options.decode
 
     slide_enc = encoder if isinstance(encoder, encoders.SlideEncoder) else encoders.load_slide(
         encoder, weights=weights, device=device, allow_remote_code=allow_remote_code)
@@ -113,7 +117,7 @@ def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir:
     if tile_enc.spec.name != spec.tile_encoder:
         raise InvalidSetting(f"slide encoder '{spec.name}' aggregates '{spec.tile_encoder}' tiles, "
                          f"not '{tile_enc.spec.name}'")
-    store = FeatureStore(cache_dir, on_bad_image=on_bad_image, decode=decode)
+    store = FeatureStore(cache_dir, options)
     tiles = tiles.reset_index(drop=True)
     ids = store.identities(tiles, root)
     # the tiles' view (where the store has them) names the slide entry; its shards are checked when read
@@ -132,7 +136,8 @@ def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir:
 
     def aggregate(lo: int, hi: int):
         if not view:  # the tiles are embedded (only those the store lacks) when a slide needs them
-            run = engine.backend(cache_dir, batch_size, num_workers, shard_size, on_bad_image, progress=progress)
+            run = engine.backend(cache_dir, options, None if batch_size is None else (lambda _name: int(batch_size)),
+                                 progress=progress)
             view.append(read_view(store.serve(tiles, root, [tile_enc], ids, run)[0].path))
         bag_rows = view[0].iloc[bounds[lo]:bounds[hi]].reset_index(drop=True)
         bags = gather(bag_rows) if len(bag_rows) else np.zeros((0, 0), np.float32)
@@ -145,7 +150,7 @@ def extract_slides(encoder, manifest: pd.DataFrame, root: str | Path, cache_dir:
                                                 torch.from_numpy(coords[keep])).cpu().numpy()
         return slides["sample_id"].astype(str)[lo:hi], out
 
-    entry, computed = store.entry(fields, len(slides), shard_size, aggregate)
+    entry, computed = store.entry(fields, len(slides), options.shard_size, aggregate)
     if computed:
         log.info("%s: %d slides aggregated from %d '%s' tiles (%d shards computed) -> %s", spec.name, len(slides),
                  len(tiles), spec.tile_encoder, computed, entry)

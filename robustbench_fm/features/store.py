@@ -85,7 +85,6 @@ from ..data.images import (
     DEFAULT_DECODE,
     HDF5_SUFFIXES,
     Need,
-    check_decode,
     draft_scale,
     file_orientation,
     locator_file,
@@ -117,6 +116,7 @@ from .entry import (  # noqa: F401 (VIEW_FORMAT, VIEW_NAME, gather, read_view: t
 from .key import cache_key_fields, find_entry, legacy_array, legacy_versions
 from .load import READ_THREADS, missing_shards, read_skipped
 from .occlusion import OCCLUSION_COLUMNS
+from .options import DEFAULTS, ExtractOptions, check_duplicates
 from .recipe import RECIPE_VERSION, library_major, made_with, recipe_fields  # noqa: F401 (the store's names)
 from .recipe import canonical as _canonical
 from .recipe import fields_key as cache_key
@@ -320,19 +320,18 @@ def derived_ids(ids: np.ndarray, recipe: dict) -> np.ndarray:
     return np.asarray([hashlib.sha256(f"{i}\x1f{tag}".encode()).hexdigest()[:32] for i in ids], dtype=object)
 
 
-#: what a run does with rows whose image is another row's under a different sample_id
-#: (``extract.duplicates``; :func:`duplicate_images`): refuse the run naming them, drop all but the
-#: first sample_id of each image, or keep them (a duplicate is its copy's nearest neighbour)
-DUPLICATE_POLICIES = ("refuse", "drop", "keep")
-DEFAULT_DUPLICATES = "refuse"
-
-
-def check_duplicates(policy: str, key: str = "extract.duplicates") -> str:
-    """``policy`` when it is one of :data:`DUPLICATE_POLICIES`, else a one-line error naming ``key``."""
-    if policy not in DUPLICATE_POLICIES:
-        raise InvalidSetting(f"{key}={policy!r}: use refuse (stop at an image listed under two sample_ids), drop "
-                             "(keep its first sample_id) or keep")
-    return policy
+def check_rows(manifest: pd.DataFrame) -> None:
+    """What every served manifest needs (the one check, :meth:`FeatureStore.identities`): a
+    ``sample_id`` and a ``path`` column and one row per sample_id (one line naming the first repeat)."""
+    for col in ("sample_id", "path"):
+        if col not in manifest.columns:
+            raise InvalidSetting(f"manifest has no '{col}' column; validate it with "
+                                 "robustbench_fm.data.manifest.validate")
+    ids = manifest["sample_id"].astype(str)
+    dup = ids.duplicated()
+    if dup.any():
+        j = int(dup.to_numpy().nonzero()[0][0])
+        raise InvalidSetting(f"manifest row {j}: duplicate sample_id {ids.iloc[j]!r}; one row per image")
 
 
 def duplicate_images(manifest: pd.DataFrame, root: str | Path, cache_dir: str | Path) -> list[np.ndarray]:
@@ -365,7 +364,7 @@ def _readable(file: Path) -> bool:
 
 def apply_duplicates(manifest: pd.DataFrame, root: str | Path, cache_dir: str | Path, policy: str,
                      source: str) -> pd.DataFrame:
-    """``manifest`` under ``extract.duplicates=policy`` (:data:`DUPLICATE_POLICIES`) given the images
+    """``manifest`` under ``extract.duplicates=policy`` (:data:`.options.DUPLICATE_POLICIES`) given the images
     :func:`duplicate_images` finds: none, it is returned as it is; ``refuse`` is one line naming the
     first image's rows (row, path, sample_id; ``source`` names the manifest) and the two options;
     ``drop`` keeps each image's first sample_id (its rows) and drops the rows of the others, in one
@@ -856,15 +855,26 @@ class FeatureStore:
     the engine, a :data:`Backend`) -> write the manifest's view; the entries a slide encoder
     aggregates (:meth:`entry`) and frozen-token arrays (:meth:`array`) go through it too, under
     its locks and atomic writes. Entries of the earlier per-manifest layout are read, never written.
-    ``decode`` (``extract.decode``: scaled or exact): how the images' JPEGs are decoded, part of
-    every recipe this store looks up and fills (:func:`.recipe.decode_fields`)."""
+    ``options``: the run's extraction options (:class:`.options.ExtractOptions`, checked where they
+    were made), of which the store reads ``decode`` (``extract.decode``: scaled or exact, how the
+    images' JPEGs are decoded, part of every recipe this store looks up and fills:
+    :func:`.recipe.decode_fields`), ``on_version_change`` and ``on_bad_image``."""
 
-    def __init__(self, cache_dir: str | Path, on_version_change: str = "reuse", on_bad_image: str = "error",
-                 decode: str = DEFAULT_DECODE):
+    def __init__(self, cache_dir: str | Path, options: ExtractOptions = DEFAULTS):
         self.cache_dir = Path(cache_dir)
-        self.on_version_change = on_version_change
-        self.on_bad_image = on_bad_image
-        self.decode = check_decode(decode)
+        self.options = options
+
+    @property
+    def on_version_change(self) -> str:
+        return self.options.on_version_change
+
+    @property
+    def on_bad_image(self) -> str:
+        return self.options.on_bad_image
+
+    @property
+    def decode(self) -> str:
+        return self.options.decode
 
     def recipe(self, encoder, extra: dict | None = None, decode: str | None = None) -> Recipe:
         """``encoder``'s recipe store under ``decode`` (default: this store's decode mode)."""
@@ -876,7 +886,9 @@ class FeatureStore:
         """Each row's image identities (:class:`Identities`: :func:`image_ids`; with the prepared
         recipes ``prepared`` = ``{decode mode: recipe}``, :func:`robustbench_fm.data.prepared.recipe`,
         the identities of its prepared copy by each mode, :func:`derived_ids`, and each row's source
-        identity, :func:`source_ids`; ``prepared_need``: what the prepared store's resize needs)."""
+        identity, :func:`source_ids`; ``prepared_need``: what the prepared store's resize needs).
+        Every served manifest's rows are checked here, first (:func:`check_rows`)."""
+        check_rows(manifest)
         hashes = FileHashes(self.cache_dir)
         ids = image_ids(manifest, root, hashes)
         sources = source_ids(manifest, root, hashes) if prepared is not None else None

@@ -4,8 +4,9 @@ and imports nothing heavy; the stage module is imported on first use, lm-eval-ha
 
 A stage's parameters are one frozen dataclass (:class:`~robustbench_fm.methods.params.StageParams`,
 in ``methods/<paper>/params.py``) holding every default; the stage module sets ``PARAMS`` to it and
-its ``run(features, manifest, finding, **params) -> Results`` parses them once
-(``PARAMS.parse(params)``); :func:`check` validates a config's parameters before any heavy work
+its ``run(features, manifest, finding, params=None, **kw) -> Results`` receives the typed object the
+plan built (``PARAMS.parse(params, **kw)`` returns it as it is; a Python caller's keywords are parsed;
+:func:`~robustbench_fm.methods.params.with_params`); :func:`check` validates a config's parameters before any heavy work
 (names, types and values, one line each) and the command line's ``stage`` configs are generated
 from the same class (:mod:`robustbench_fm.cli.configstore`). A stage module may add
 ``check_manifest`` (data checks before any image is embedded). A stage

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..features.embed import Embedder
+from .params import StageParams
 from .run import score_and_save
 
 
@@ -15,7 +16,9 @@ from .run import score_and_save
 class JobContext:
     """One job of a ``run_job`` stage.
 
-    ``params``: the stage's resolved parameters; ``embedder``: the run's extraction service (the
+    ``params``: the stage's parameters, the typed object the plan built
+    (:class:`~robustbench_fm.methods.params.StageParams`; ``PARAMS.parse(job.params)`` returns it
+    as it is), a mapping for a stage without a parameter class; ``embedder``: the run's extraction service (the
     user's encoder options applied); ``dataset_options`` / ``verify_images``: how the job's own
     manifest was built (for a stage that builds more manifests alike); ``overrides``: parameter ->
     the command-line key that sets it where that is not ``stage.params.<name>`` (error messages
@@ -28,7 +31,7 @@ class JobContext:
     root: Path | None
     encoders: list[str]
     findings: list[str]
-    params: dict
+    params: StageParams | dict
     manifest: pd.DataFrame
     out_dir: Path
     embedder: Embedder

@@ -101,7 +101,8 @@ class StageParams:
     @classmethod
     def parse(cls: type[P], params: dict | None = None, **more) -> P:
         """The parameters of a call or a config, checked: names, types, then :meth:`check`; a
-        tuple-typed field holds a tuple whatever sequence it was given (a config's list)."""
+        tuple-typed field holds a tuple whatever sequence it was given (a config's list). An object
+        of this class with nothing ``more`` is returned as it is (the plan's, already checked)."""
         if isinstance(params, cls) and not more:
             return params
         given = {**(dataclasses.asdict(params) if isinstance(params, StageParams) else params or {}), **more}
@@ -175,6 +176,36 @@ def field_docs(cls: type[StageParams]) -> dict[str, str]:
             doc = field_docs(f.metadata["shared_from"]).get(f.name, "")
         out[f.name] = doc
     return out
+
+
+def as_config(params: StageParams | Mapping) -> dict:
+    """The parameters as the stage's config node holds them: a typed object's command-line fields
+    (:func:`config_node`'s, in order; a tuple as a list), a mapping (a stage without a parameter
+    class) as it is. What the dry run prints and a ``run_job`` stage records (``params.json``)."""
+    if not isinstance(params, StageParams):
+        return dict(params)
+    out = {}
+    for f in dataclasses.fields(params):
+        if f.metadata.get("cli", True):
+            value = getattr(params, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def with_params(fn, params: StageParams | Mapping | None, *args, **kw):
+    """``fn(*args, params=params, **kw)``: a stage's ``run`` (and ``check_manifest``) receives the
+    typed parameters the plan built as its ``params`` argument, the object itself, parsed once
+    (:meth:`StageParams.parse` returns it unchanged). A mapping (a stage without a parameter class)
+    goes in as keywords, and so do the fields of a typed object for a function that declares only
+    ``**params`` (a plugin written to the earlier contract, which parses them itself)."""
+    if params is None:
+        return fn(*args, **kw)
+    if isinstance(params, StageParams):
+        declared = inspect.signature(fn).parameters.get("params")
+        if declared is not None and declared.kind is not inspect.Parameter.VAR_KEYWORD:
+            return fn(*args, params=params, **kw)
+        return fn(*args, **params.to_dict(), **kw)
+    return fn(*args, **params, **kw)
 
 
 #: metadata of a field set from the top-level ``seed`` / ``device`` on the command line

@@ -13,15 +13,18 @@ from ..core.handover import HandedOver, hand_over
 from ..core.results import Results
 from ..data import manifest as mf
 from . import get, method
+from .params import StageParams, with_params
 
 
-def evaluate(stage: str, features, manifest, **params) -> Results:
+def evaluate(stage: str, features, manifest, params: StageParams | dict | None = None, **kw) -> Results:
     """Run metric ``stage`` on ``features`` aligned row-for-row with ``manifest``.
 
     ``features``: an (N, D) array/tensor in manifest order, or the path of a feature parquet
     (a cache shard, a cache folder, or any parquet with ``sample_id`` + ``embedding``), then
     aligned to the manifest by ``sample_id``. ``manifest``: a DataFrame or a CSV/parquet path.
-    ``params`` are the stage's parameters (see the stage module's docstring). An in-memory
+    ``kw`` are the stage's parameters (see the stage module's docstring) and ``finding``; ``params``:
+    its typed parameters instead (the plan's :class:`~robustbench_fm.methods.params.StageParams`,
+    handed to the stage's ``run`` unchanged: :func:`~robustbench_fm.methods.params.with_params`). An in-memory
     float64 matrix is passed on as float64, anything else as float32. A stage declared
     ``overwrites_features`` may overwrite features read from a path, or a matrix marked with
     :func:`~robustbench_fm.core.handover.hand_over`; any other matrix is left as it is.
@@ -48,13 +51,14 @@ def evaluate(stage: str, features, manifest, **params) -> Results:
                              f"{len(manifest)} rows; pass an (N, D) matrix aligned with the manifest")
     if handed_over and method(stage).overwrites_features:
         features = hand_over(features)
-    return module.run(features, manifest, **params)
+    return with_params(module.run, params, features, manifest, **kw)
 
 
-def score_and_save(stage: str, features, manifest: pd.DataFrame, findings, params: dict, out: Path,
+def score_and_save(stage: str, features, manifest: pd.DataFrame, findings, params: StageParams | dict, out: Path,
                    encoder: str, dataset: str, handed_over: bool = False) -> list[pd.DataFrame]:
     """Run ``stage`` for every finding and save ``results/<encoder>/<dataset>/<stage>/<finding>/``.
 
+    ``params``: the stage's parameters, the plan's typed object (passed on unchanged) or a mapping.
     ``handed_over``: the caller will not read an in-memory ``features`` again, so the stage's last
     call may overwrite it (:func:`evaluate`).
 
@@ -65,7 +69,7 @@ def score_and_save(stage: str, features, manifest: pd.DataFrame, findings, param
     findings = [str(f) for f in findings]
     last = hand_over(features) if handed_over and isinstance(features, np.ndarray) else features
     if method(stage).multi_finding:
-        res = evaluate(stage, last, manifest, finding=findings, **params)
+        res = evaluate(stage, last, manifest, params, finding=findings)
         # rows pooled across findings (e.g. CANDOR's severity-weighted chest rate) keep their own name
         findings = findings + sorted(set(res.summary["finding"].astype(str)) - set(findings))
         parts = [(f, Results(summary=res.summary[res.summary["finding"] == f].reset_index(drop=True),
@@ -77,7 +81,7 @@ def score_and_save(stage: str, features, manifest: pd.DataFrame, findings, param
                              neighbours=None if res.neighbours is None else
                              res.neighbours[res.neighbours["finding"] == f].reset_index(drop=True))) for f in findings]
     else:
-        parts = [(f, evaluate(stage, last if i == len(findings) - 1 else features, manifest, finding=f, **params))
+        parts = [(f, evaluate(stage, last if i == len(findings) - 1 else features, manifest, params, finding=f))
                  for i, f in enumerate(findings)]
     summaries = []
     for finding, res in parts:

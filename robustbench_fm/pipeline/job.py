@@ -42,6 +42,7 @@ from ..data import manifest as mf
 from ..data.sample import fixed_sample
 from ..encoders.options import EncoderOptions
 from ..features.store import apply_duplicates
+from ..methods.params import as_config, with_params
 from ..methods.run import score_and_save
 from ..report.comparisons import build as build_comparisons
 from ..report.comparisons import verdict
@@ -101,17 +102,15 @@ def _stage_results(job: Plan, features, manifest: pd.DataFrame, out: Path, encod
 
 def embedder(job: Plan) -> Embedder:
     """The run's extraction service: the plan's extraction options (``extract.*``, ``device``,
-    the remote-code policy), the feature cache folder, the options the user gave the chosen
+    the remote-code policy: :class:`robustbench_fm.features.options.ExtractOptions`, handed over
+    unchanged), the feature cache folder, the options the user gave the chosen
     encoder (``encoder.weights``, ...) and the ``resolution`` every image is stored at first (in
     ``paths.prepared_dir``)."""
     from ..features.embed import Embedder  # lazy: imports torch
 
     name, options = encoder_options(job)
-    x = job.extract
-    return Embedder(job.paths.cache_dir, device=x.device, batch_size=x.batch_size, num_workers=x.num_workers,
-                    shard_size=x.shard_size, on_bad_image=x.on_bad_image, num_shards=x.num_shards, shard=x.shard,
-                    allow_remote_code=x.allow_remote_code, options={name: options}, resolution=job.resolution,
-                    prepared_dir=job.paths.prepared_dir, on_version_change=x.on_version_change, decode=x.decode)
+    return Embedder(job.paths.cache_dir, job.extract, options={name: options}, resolution=job.resolution,
+                    prepared_dir=job.paths.prepared_dir)
 
 
 def encoder_options(job: Plan) -> tuple[str, EncoderOptions]:
@@ -157,7 +156,7 @@ def load_manifest(job: Plan) -> pd.DataFrame:
     per_class = job.fixed_sample
     if per_class is None:
         return manifest
-    group_col = str(job.params.get("group_col") or "acq_group")
+    group_col = str(as_config(job.params).get("group_col") or "acq_group")
     sampled = fixed_sample(manifest, [str(f) for f in job.findings], per_class, seed=int(job.seed),
                            group_col=group_col)
     log.info("fixed_sample=%d: %d of %d images (at most %d positives and %d negatives per %s and finding)",
@@ -653,12 +652,13 @@ def console_table(summary: pd.DataFrame, stage: str) -> str:
 
 
 def _check_scorable(job: Plan, manifest: pd.DataFrame) -> None:
-    """The stage's ``check_manifest(manifest, findings, **params)`` (CANDOR: a k no matched group
+    """The stage's ``check_manifest(manifest, findings, params)`` (the plan's typed parameters:
+    :func:`~robustbench_fm.methods.params.with_params`; CANDOR: a k no matched group
     can satisfy) refuses a run whose every row would be blank, before any image is read."""
 
     check = getattr(stages.get(job.stage), "check_manifest", None)
     if check is not None:
-        check(manifest, [str(f) for f in job.findings], **job.params)
+        with_params(check, job.params, manifest, [str(f) for f in job.findings])
 
 
 def _refuse_all_blank(stage: str, summary: pd.DataFrame) -> None:

@@ -24,14 +24,14 @@ from .. import methods as stages
 from ..core.devices import check_device
 from ..core.errors import InvalidSetting, MissingInput, UnknownName, message
 from ..core.redact import redact_config
-from ..core.versions import VERSION_POLICIES
+from ..core.shards import META_NAME
 from ..data import cards, prepared
 from ..data import manifest as mf
 from ..data.csv_manifest import no_findings_reason
-from ..data.images import BAD_IMAGE_POLICIES, DEFAULT_DECODE, check_decode
 from ..encoders import generic
 from ..encoders.options import EncoderOptions
-from ..features.store import DEFAULT_DUPLICATES, check_duplicates
+from ..features.options import CONFIG_KEYS, DEFAULTS, ExtractOptions
+from ..methods.params import StageParams, as_config
 
 # ----------------------------------------------------------------------------- the typed plan
 
@@ -43,26 +43,6 @@ class Paths:
 
     cache_dir: Path
     prepared_dir: Path
-
-
-@dataclass(frozen=True)
-class ExtractOptions:
-    """How the feature cache is filled: ``extract.*`` (batch size, decode workers, shard size,
-    the unreadable-image policy, the part of a sharded extraction), ``device`` and
-    ``security.allow_remote_code``."""
-
-    batch_size: int
-    num_workers: int | str
-    shard_size: int
-    on_bad_image: str
-    num_shards: int
-    shard: int
-    device: str
-    allow_remote_code: bool
-    on_version_change: str = "reuse"
-    decode: str = DEFAULT_DECODE  # ``extract.decode``: scaled or exact JPEG decoding (data.images)
-    #: ``extract.duplicates``: an image listed under two sample_ids: refuse, drop or keep (features.store)
-    duplicates: str = DEFAULT_DUPLICATES
 
 
 #: the options the user gave the job's ``encoder`` (one type with the Embedder's, torch-free)
@@ -87,8 +67,10 @@ class Plan:
     :func:`features_names`); ``encoders``: the panel (with ``features_file``: the feature set's
     name); ``multirun``: one job of a sweep or of an experiment run as a unit (its paper tables
     wait for the collect step); ``experiment``: the experiment's name for the report.
-    ``params``: the stage's resolved parameters (``param_overrides``: parameter -> the top-level
-    key that sets it, for error messages); ``manifest_file``: a manifest to read instead of the
+    ``params``: the stage's parameters, the typed object its parameter class parsed from the
+    config (:class:`robustbench_fm.methods.params.StageParams`, checked once here and handed to the
+    stage as it is; a mapping for a stage without a parameter class; ``param_overrides``: parameter
+    -> the top-level key that sets it, for error messages); ``manifest_file``: a manifest to read instead of the
     dataset's (``dataset_options``, ``generate``, ``verify_images``, ``card``: how the dataset's is
     built); ``fixed_sample`` and ``seed``: the fixed draw of :func:`.job.load_manifest`;
     ``swept_encoders``: the panel a ``-m`` sweep fans out (``encoders``); ``encoder``: the user's
@@ -107,7 +89,7 @@ class Plan:
     resolution: int | None = None  # every image stored at this side first (``resolution``); None: native
     multirun: bool = False
     experiment: str | None = None
-    params: dict = field(default_factory=dict)
+    params: StageParams | dict = field(default_factory=dict)
     param_overrides: dict[str, str] = field(default_factory=dict)
     seed: int | None = None
     manifest_file: Path | None = None
@@ -134,7 +116,7 @@ class Plan:
         rows = [("data", source),
                 ("encoders", f"{', '.join(self.encoders)} ({len(self.encoders)})" if self.encoders else "-"),
                 ("stage", f"{self.stage} on {', '.join(self.findings)}"),
-                ("params", ", ".join(f"{k}={v}" for k, v in self.params.items())),
+                ("params", ", ".join(f"{k}={v}" for k, v in as_config(self.params).items())),
                 ("images", "native (the files as shipped)" if self.resolution is None else
                  f"stored at {self.resolution} x {self.resolution} px once in {self.paths.prepared_dir}, then "
                  "each encoder's own resize (resolution=native reads the files as shipped)"),
@@ -329,38 +311,18 @@ def _encoder_settings(cfg: DictConfig) -> EncoderSettings:
 
 
 def _extract_options(cfg: DictConfig, here: bool = True) -> ExtractOptions:
-    """``extract.*``, ``device`` and the remote-code policy, each checked (one line naming the key;
-    ``here``: the job runs in this process, so a CUDA device must be here:
-    :func:`robustbench_fm.core.devices.check_device`)."""
-    x = cfg.extract
-
-    def count(key: str, value, least: int) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) and not str(value).strip().isdigit() \
-                or int(value) < least:
-            raise InvalidSetting(f"extract.{key}={value!r}: use a whole number >= {least}")
-        return int(value)
-
-    workers = x.num_workers
-    if str(workers) != "auto":
-        workers = count("num_workers", workers, 0)
-    policy = str(x.on_bad_image)
-    if policy not in BAD_IMAGE_POLICIES:
-        raise InvalidSetting(f"extract.on_bad_image={policy!r}: use {' or '.join(BAD_IMAGE_POLICIES)} (stop at an "
-                             "unreadable image, or leave it out and list it in skipped.csv)")
-    versions = str(OmegaConf.select(cfg, "cache.on_version_change", default="reuse"))
-    if versions not in VERSION_POLICIES:
-        raise InvalidSetting(f"cache.on_version_change={versions!r}: use {', '.join(VERSION_POLICIES)} (stored "
-                             "features made with other package or library versions: use them, use them with a "
-                             "warning, or embed again)")
-    return ExtractOptions(batch_size=count("batch_size", x.batch_size, 1), num_workers=workers,
-                          shard_size=count("shard_size", x.shard_size, 1), on_bad_image=policy,
-                          num_shards=count("num_shards", x.get("num_shards", 1), 1),
-                          shard=count("shard", x.get("shard", 0), 0),
-                          device=check_device(str(cfg.device)) if here else str(cfg.device),
-                          allow_remote_code=bool(cfg.security.allow_remote_code), on_version_change=versions,
-                          decode=check_decode(str(OmegaConf.select(cfg, "extract.decode", default=DEFAULT_DECODE))),
-                          duplicates=check_duplicates(str(OmegaConf.select(cfg, "extract.duplicates",
-                                                                           default=DEFAULT_DUPLICATES))))
+    """The run's extraction options (:class:`robustbench_fm.features.options.ExtractOptions`): each
+    field read from its config key (:data:`~robustbench_fm.features.options.CONFIG_KEYS`: ``extract.*``,
+    ``device``, ``security.allow_remote_code``, ``cache.on_version_change``; a key the config lacks
+    keeps the option's default) and checked by the options, an error naming the key. ``here``: the
+    job runs in this process, so a CUDA device must be here
+    (:func:`robustbench_fm.core.devices.check_device`)."""
+    given = {name: OmegaConf.select(cfg, key, default=getattr(DEFAULTS, name)) for name, key in CONFIG_KEYS.items()}
+    given["device"] = check_device(str(given["device"])) if here else str(given["device"])
+    given["allow_remote_code"] = bool(given["allow_remote_code"])
+    for name in ("on_bad_image", "on_version_change", "decode", "duplicates"):
+        given[name] = str(given[name])
+    return ExtractOptions.named(CONFIG_KEYS.__getitem__, **given)
 
 
 #: the keys of the ``stage`` node (:func:`robustbench_fm.cli.configstore.stage_node`); its ``params``
@@ -491,10 +453,12 @@ def plan(cfg: DictConfig, cli_overrides: list[str] | None = None, multirun: bool
         _refuse_no_findings(cfg)
     params = OmegaConf.to_container(cfg.stage.params, resolve=True)
     param_overrides = _param_overrides(cfg)
-    try:  # names, types (k=abc: one line naming the type) and values, once
-        stages.check(cfg.stage.name, params)
+    try:  # names, types (k=abc: one line naming the type) and values, once: the object the stage receives
+        typed = stages.check(cfg.stage.name, params)
     except InvalidSetting as exc:  # seed=abc names seed, the key typed, not stage.params.seed
         raise InvalidSetting(_typed_keys(message(exc), param_overrides)) from None
+    if typed is not None:
+        params = typed
     common = dict(multirun=multirun, experiment=experiment, params=params, param_overrides=param_overrides,
                   seed=int(cfg.seed) if cfg.get("seed") is not None else None,
                   manifest_file=Path(str(cfg.manifest_file)) if cfg.get("manifest_file") else None,

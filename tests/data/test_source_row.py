@@ -12,6 +12,7 @@ from robustbench_fm import data
 from robustbench_fm.data import prepared
 from robustbench_fm.features.embed import Embedder
 from robustbench_fm.features.engine.rows import ImageReadError
+from robustbench_fm.features.options import ExtractOptions
 
 
 def _images(root, n):
@@ -32,7 +33,8 @@ def _csv(root, name, paths):
 def test_the_bad_image_is_named_by_its_csv_row_when_the_other_rows_are_cached(tmp_path, resolution):
     root = tmp_path / "data"
     _images(root, 8)
-    service = Embedder(tmp_path / "cache", device="cpu", batch_size=4, shard_size=4, resolution=resolution)
+    service = Embedder(tmp_path / "cache", ExtractOptions(device="cpu", batch_size=4, shard_size=4),
+                       resolution=resolution)
     first = _csv(root, "first.csv", [f"imgs/{i}.png" for i in range(7)])
     service.embed(data.build_manifest("csv", root, manifest=first, finding_columns=["m"]), root, tiny_encoder())
     labels = _csv(root, "labels.csv", [f"imgs/{i}.png" for i in range(7)] + ["imgs/tiny.png", "imgs/7.png"])

@@ -192,9 +192,14 @@ def test_skipped_rows_are_the_only_nan_rows(data, tmp_path):
 
 
 def test_policy_is_checked(data, encoder, tmp_path):
+    """The policy is checked once, by the extraction options (features.options.ExtractOptions), for
+    every way in: the public extract() names the keyword it was given."""
+    from robustbench_fm.features import extract as served
+
     clean_root, manifest, _, _ = data
-    with pytest.raises(ValueError, match="on_bad_image must be one of error, skip"):
-        extract(encoder, manifest, clean_root, tmp_path, on_bad_image="ignore", progress=False)
+    with pytest.raises(ValueError, match=r"^on_bad_image='ignore': use error or skip \(stop at an unreadable"):
+        served(encoder, manifest, clean_root, tmp_path, on_bad_image="ignore", progress=False)
+    assert not any(tmp_path.iterdir())  # refused before any image is hashed or embedded
 
 
 @pytest.mark.parametrize("size", [(1, 1), (15, 40)])

@@ -15,6 +15,7 @@ from feature_fixtures import engine_extract, tiny_encoder, write_images
 
 from robustbench_fm.features import FeatureCacheError, load_features
 from robustbench_fm.features.embed import Embedder
+from robustbench_fm.features.options import ExtractOptions
 from robustbench_fm.features.store import FeatureStore
 
 SHARD_SIZE = 4
@@ -22,7 +23,7 @@ SHARD_SIZE = 4
 
 def _served(tmp_path, n: int = 10):
     manifest = write_images(tmp_path / "img", n=n)
-    embedder = Embedder(tmp_path / "cache", device="cpu", batch_size=4, shard_size=SHARD_SIZE)
+    embedder = Embedder(tmp_path / "cache", ExtractOptions(device="cpu", batch_size=4, shard_size=SHARD_SIZE))
     feats = embedder.embed(manifest, tmp_path / "img", tiny_encoder())
     return embedder, manifest, feats, load_features(feats.path, manifest)[1]
 

@@ -25,6 +25,7 @@ from store_cf22284 import make_fixture
 
 from robustbench_fm.features import CACHE_FORMAT, extract, load_features
 from robustbench_fm.features.embed import Embedder
+from robustbench_fm.features.options import ExtractOptions
 from robustbench_fm.features.slides import extract_slides
 from robustbench_fm.methods.spar.run import cached_tokens
 
@@ -62,9 +63,9 @@ def test_store_chunks_and_views_are_served_without_a_forward(tmp_path, resolutio
     root, mod, expected = _copy(tmp_path, "cf22284")
     calls: list = []
     manifest = pd.read_csv(root / "store.csv")
-    feats = Embedder(root / "cache", device="cpu", batch_size=4, shard_size=2, resolution=resolution,
-                     prepared_dir=root / "prepared", decode=decode).embed(manifest, root / "images",
-                                                                          mod.tile_encoder(calls))
+    feats = Embedder(root / "cache", ExtractOptions(device="cpu", batch_size=4, shard_size=2, decode=decode),
+                     resolution=resolution, prepared_dir=root / "prepared").embed(manifest, root / "images",
+                                                                                  mod.tile_encoder(calls))
     got = load_features(feats.path, manifest)[1]
     assert calls == [] and feats.n_forward == 0 and feats.n_images_embedded == 0
     assert _same(got, expected["store" if resolution is None else "store_16px"])
@@ -77,7 +78,7 @@ def test_a_per_manifest_entry_is_served_to_the_embedder_without_a_forward(fx, de
     root, mod, expected = fx
     calls: list = []
     manifest = pd.read_csv(root / "manifest.csv")
-    feats = Embedder(root / "cache", device="cpu", batch_size=4, shard_size=2, decode=decode).embed(
+    feats = Embedder(root / "cache", ExtractOptions(device="cpu", batch_size=4, shard_size=2, decode=decode)).embed(
         manifest, root / "images", mod.tile_encoder(calls))
     assert calls == [] and feats.n_forward == 0 and feats.n_images_embedded == 0
     assert _same(load_features(feats.path, manifest)[1], expected["manifest"])
@@ -129,9 +130,9 @@ def _ae38a5a(tmp_path):
 
 def _embed(root, cache: str, decode: str, resolution, calls: list):
     manifest = pd.read_csv(root / "store.csv")
-    feats = Embedder(root / cache, device="cpu", batch_size=4, shard_size=2, resolution=resolution, decode=decode,
-                     prepared_dir=root / "prepared").embed(manifest, root / "images",
-                                                           fixture_ae38a5a.tile_encoder(calls))
+    feats = Embedder(root / cache, ExtractOptions(device="cpu", batch_size=4, shard_size=2, decode=decode),
+                     resolution=resolution, prepared_dir=root / "prepared").embed(manifest, root / "images",
+                                                                                  fixture_ae38a5a.tile_encoder(calls))
     return feats, load_features(feats.path, manifest)[1]
 
 

@@ -259,6 +259,7 @@ def test_embedder_panel_decodes_once_and_fills_the_entries_embed_fills(data, tmp
     import importlib
 
     from robustbench_fm.features.embed import Embedder, EncoderOptions
+    from robustbench_fm.features.options import ExtractOptions
 
     extract_mod = importlib.import_module("robustbench_fm.features.engine.rows")  # the module, not the function
     root, manifests = data
@@ -269,10 +270,10 @@ def test_embedder_panel_decodes_once_and_fills_the_entries_embed_fills(data, tmp
                         lambda r, row, need=None: calls.append(row["path"]) or real(r, row, need))
     names = ["planted_blur", "planted_sharp"]
     opts = {"planted_sharp": EncoderOptions(batch_size=7)}
-    service = Embedder(tmp_path / "panel", device="cpu", batch_size=5, shard_size=SHARD, options=opts)
+    service = Embedder(tmp_path / "panel", ExtractOptions(device="cpu", batch_size=5, shard_size=SHARD), options=opts)
     got = service.embed_panel(manifest, root, names)
     assert sorted(calls) == sorted(manifest["path"])  # 40 decodes for two encoders
-    single = Embedder(tmp_path / "single", device="cpu", batch_size=5, shard_size=SHARD, options=opts)
+    single = Embedder(tmp_path / "single", ExtractOptions(device="cpu", batch_size=5, shard_size=SHARD), options=opts)
     for name, fs in zip(names, got):
         ref = single.embed(manifest, root, name)
         assert fs.path.parent.name == name and fs.key == ref.key
@@ -280,10 +281,10 @@ def test_embedder_panel_decodes_once_and_fills_the_entries_embed_fills(data, tmp
     assert len(calls) == 3 * N  # + one decode per encoder for the single runs
     # passes by fp32 weight bytes (params_m x 4 MB) within 100 MiB (104.9 MB): random_vit_s 86.8 +
     # planted_blur 0.28 fit; dinov3_s (86.4) would exceed it; so would densenet121_xrv (27.9) after it
-    tight = Embedder(tmp_path, device="cpu", panel_memory=100 << 20)
+    tight = Embedder(tmp_path, ExtractOptions(device="cpu"), panel_memory=100 << 20)
     assert tight.panel_groups(["random_vit_s", "planted_blur", "dinov3_s", "densenet121_xrv"]) == \
         [["random_vit_s", "planted_blur"], ["dinov3_s"], ["densenet121_xrv"]]
-    assert Embedder(tmp_path, device="cpu", panel_memory=1).panel_groups(names) == [[n] for n in names]
+    assert Embedder(tmp_path, ExtractOptions(device="cpu"), panel_memory=1).panel_groups(names) == [[n] for n in names]
 
 
 def test_grey_films_share_the_resize_and_stay_byte_identical(tmp_path):

@@ -19,6 +19,7 @@ from robustbench_fm.data.images import read_image
 from robustbench_fm.features.embed import Embedder
 from robustbench_fm.features.key import cache_key, cache_key_fields
 from robustbench_fm.features.load import load_features
+from robustbench_fm.features.options import ExtractOptions
 
 
 def _stored(store: Path) -> dict[str, Image.Image]:
@@ -134,7 +135,7 @@ def test_a_panel_prepares_once_and_each_encoder_transforms_the_stored_image(tmp_
     real_write = prepared.PreparedStore.write_shard
     monkeypatch.setattr(prepared.PreparedStore, "write_shard",
                         lambda self, i, *a: writes.append(i) or real_write(self, i, *a))
-    service = Embedder(tmp_path / "cache" / "features", num_workers=0, shard_size=5, resolution=64)
+    service = Embedder(tmp_path / "cache" / "features", ExtractOptions(num_workers=0, shard_size=5), resolution=64)
     one, two = tiny_encoder(), tiny_encoder(name="tiny2", weights_id="other")
     f1 = service.embed(m, tmp_path / "src", one)
     assert (len(calls), writes) == (12, [0, 1, 2])
@@ -150,7 +151,7 @@ def test_a_panel_prepares_once_and_each_encoder_transforms_the_stored_image(tmp_
         (ref_root / rel).parent.mkdir(parents=True, exist_ok=True)
         with Image.open(tmp_path / "src" / rel) as im:
             im.convert("RGB").resize((64, 64), Image.Resampling.BICUBIC).save(ref_root / rel)
-    native = Embedder(tmp_path / "cache2", num_workers=0, shard_size=5)  # the same batches
+    native = Embedder(tmp_path / "cache2", ExtractOptions(num_workers=0, shard_size=5))  # the same batches
     for enc, feats in ((one, f1), (two, f2)):
         ref = native.embed(m, ref_root, enc)
         np.testing.assert_array_equal(load_features(feats.path, m)[1], load_features(ref.path, m)[1])
@@ -178,7 +179,7 @@ def test_keys_follow_the_settings_and_native_differs(tmp_path, monkeypatch):
     enc = tiny_encoder()
     keys = {}
     for res in (None, 224, 512):
-        service = Embedder(tmp_path / "cache", num_workers=0, resolution=res)
+        service = Embedder(tmp_path / "cache", ExtractOptions(num_workers=0), resolution=res)
         man, root = service.prepare(m, tmp_path / "src")
         keys[res] = cache_key(cache_key_fields(enc, man, root))
     assert len(set(keys.values())) == 3  # native, 224 and 512 never share a feature-cache entry
@@ -200,7 +201,8 @@ def test_unreadable_images_stop_or_are_skipped_and_retried(tmp_path):
     (tmp_path / "src" / "img" / "002.png").write_bytes(b"not a png")
     with pytest.raises(prepared.PreparedImageError, match=r"002.png \(manifest row 2, sample_id 's002'\)"):
         prepared.prepare(m, tmp_path / "src", tmp_path / "store", 32, shard_size=2, progress=False)
-    service = Embedder(tmp_path / "cache", num_workers=0, shard_size=2, resolution=32, on_bad_image="skip")
+    service = Embedder(tmp_path / "cache", ExtractOptions(num_workers=0, shard_size=2, on_bad_image="skip"),
+                       resolution=32)
     feats = service.embed(m, tmp_path / "src", tiny_encoder())
     assert feats.skipped == ["s002"]
     assert "UnidentifiedImageError" in pd.read_csv(feats.path / "skipped.csv")["error"].iloc[0]
@@ -276,7 +278,7 @@ def test_a_retention_style_run_decodes_each_source_once(tmp_path, monkeypatch):
     source pixels) are read from the prepared entry of the first run: no source decoded twice."""
     m = write_images(tmp_path / "src", n=6)
     calls = _count_decodes(monkeypatch)
-    service = Embedder(tmp_path / "cache", num_workers=0, shard_size=4, resolution=32)
+    service = Embedder(tmp_path / "cache", ExtractOptions(num_workers=0, shard_size=4), resolution=32)
     enc = tiny_encoder()
     service.embed(m, tmp_path / "src", enc)
     assert len(calls) == 6
@@ -284,7 +286,7 @@ def test_a_retention_style_run_decodes_each_source_once(tmp_path, monkeypatch):
                                       occlude_y1=0.5, occlude_fill="image_mean").reset_index(drop=True)
     feats = service.embed(occluded, tmp_path / "src", enc)
     assert len(calls) == 6 and feats.n_images_embedded == 2
-    ref = Embedder(tmp_path / "cache_ref", num_workers=0, shard_size=4, resolution=32).embed(
+    ref = Embedder(tmp_path / "cache_ref", ExtractOptions(num_workers=0, shard_size=4), resolution=32).embed(
         occluded, tmp_path / "src", enc)
     np.testing.assert_array_equal(load_features(feats.path, occluded)[1], load_features(ref.path, occluded)[1])
 

@@ -22,6 +22,7 @@ from robustbench_fm.data import prepared
 from robustbench_fm.data.images import Need, need_of, read_image
 from robustbench_fm.features.embed import Embedder
 from robustbench_fm.features.key import cache_key_fields
+from robustbench_fm.features.options import ExtractOptions
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "prepared_cf22284"
 
@@ -88,11 +89,13 @@ def test_the_embedder_keys_the_decode_and_exact_reads_full_size(tmp_path):
     each path's features are the encoder's transform of the image read at that path's scale."""
     m = _films(tmp_path / "d")
     enc = tiny_encoder(input_size=48, resize="squash")
-    a = Embedder(tmp_path / "cache", device="cpu", batch_size=4).embed(m, tmp_path / "d", enc)
-    b = Embedder(tmp_path / "cache", device="cpu", batch_size=4, decode="exact").embed(m, tmp_path / "d", enc)
+    a = Embedder(tmp_path / "cache", ExtractOptions(device="cpu", batch_size=4)).embed(m, tmp_path / "d", enc)
+    b = Embedder(tmp_path / "cache", ExtractOptions(device="cpu", batch_size=4, decode="exact")).embed(
+        m, tmp_path / "d", enc)
     assert a.n_images_embedded == b.n_images_embedded == len(m)
     assert a.fields["recipe"]["decode"] == "scaled" and "decode" not in b.fields["recipe"]
-    again = Embedder(tmp_path / "cache", device="cpu", batch_size=4, decode="exact").embed(m, tmp_path / "d", enc)
+    again = Embedder(tmp_path / "cache", ExtractOptions(device="cpu", batch_size=4, decode="exact")).embed(
+        m, tmp_path / "d", enc)
     assert again.n_images_embedded == 0
     from robustbench_fm.features.load import load_features
 
@@ -167,7 +170,8 @@ def test_a_per_manifest_entry_is_adopted_only_by_a_request_of_its_decode(tmp_pat
     enc = tiny_encoder(input_size=48, resize="squash")
     old = extract(enc, m, tmp_path / "d", tmp_path / "cache", batch_size=4, progress=False)
     assert old.fields["decode"] == "scaled"
-    exact = Embedder(tmp_path / "cache", device="cpu", batch_size=4, decode="exact").embed(m, tmp_path / "d", enc)
+    exact = Embedder(tmp_path / "cache", ExtractOptions(device="cpu", batch_size=4, decode="exact")).embed(
+        m, tmp_path / "d", enc)
     assert exact.n_images_embedded == len(m)
-    scaled = Embedder(tmp_path / "cache", device="cpu", batch_size=4).embed(m, tmp_path / "d", enc)
+    scaled = Embedder(tmp_path / "cache", ExtractOptions(device="cpu", batch_size=4)).embed(m, tmp_path / "d", enc)
     assert scaled.n_images_embedded == 0

@@ -19,6 +19,7 @@ from robustbench_fm.core.errors import InvalidSetting
 from robustbench_fm.features import CACHE_FORMAT, extract, extract_panel, load_features
 from robustbench_fm.features import engine as engine_mod
 from robustbench_fm.features.embed import Embedder
+from robustbench_fm.features.options import ExtractOptions
 
 N, SHARD, BATCH = 12, 4, 3
 
@@ -52,11 +53,11 @@ def test_extract_writes_no_per_manifest_entry_and_gives_the_stores_values(data, 
         "images", "v"]
     assert _same(load_features(fs.path, manifest)[1], fs.embeddings)
     # the same values as the store serves a run (another cache: embedded again, byte for byte)
-    run = Embedder(tmp_path / "other", device="cpu", batch_size=BATCH, shard_size=SHARD).embed(
+    run = Embedder(tmp_path / "other", ExtractOptions(device="cpu", batch_size=BATCH, shard_size=SHARD)).embed(
         manifest, root, tiny_encoder())
     assert run.n_images_embedded == N and _same(load_features(run.path, manifest)[1], fs.embeddings)
     # ... and the Embedder on the same cache embeds nothing: one store
-    again = Embedder(tmp_path / "cache", device="cpu", batch_size=BATCH, shard_size=SHARD).embed(
+    again = Embedder(tmp_path / "cache", ExtractOptions(device="cpu", batch_size=BATCH, shard_size=SHARD)).embed(
         manifest, root, tiny_encoder())
     assert again.n_images_embedded == 0 and again.path == fs.path
 

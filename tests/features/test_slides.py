@@ -14,6 +14,7 @@ from store_cf22284.make_fixture import slide_encoder  # a seeded linear aggregat
 from robustbench_fm.api import evaluate
 from robustbench_fm.features import load_features
 from robustbench_fm.features.embed import Embedder
+from robustbench_fm.features.options import ExtractOptions
 from robustbench_fm.features.slides import extract_slides, slide_tiles
 
 
@@ -48,7 +49,7 @@ def test_slide_embeddings_equal_the_aggregator_on_cached_tiles(slides, tmp_path)
     assert ids.tolist() == manifest["sample_id"].tolist() and emb.shape == (16, 4)
     tiles = slide_tiles(manifest, root)
     assert len(tiles) == 4 * sum(range(2, 6)) and tiles["x"].max() == 224 * 4
-    direct_tiles = Embedder(tmp_path, device="cpu").embed(tiles[["sample_id", "path"]], root, tile_enc)
+    direct_tiles = Embedder(tmp_path, ExtractOptions(device="cpu")).embed(tiles[["sample_id", "path"]], root, tile_enc)
     assert direct_tiles.n_forward == 0  # the tiles extract_slides had the store embed are reused
     tile_emb = load_features(direct_tiles.path, tiles)[1]
     for i, slide in enumerate(manifest["sample_id"]):

@@ -3,6 +3,7 @@ looking up its images, so a reorder, a subset, a pool, an added image, a moved f
 bump costs only the images no chunk holds, with features byte-identical to a fresh extraction;
 entries of the earlier per-manifest layout (written by 45a9efd's code) are read without
 re-embedding."""
+import dataclasses
 import json
 import logging
 import shutil
@@ -15,6 +16,7 @@ from PIL import Image
 
 from robustbench_fm.features import load_features, skipped_ids, store, verify_cache
 from robustbench_fm.features.embed import Embedder
+from robustbench_fm.features.options import ExtractOptions
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "cache_45a9efd"
 
@@ -41,7 +43,9 @@ def encoder():
 
 
 def _embed(cache, manifest, root, enc, **kw):
-    service = Embedder(cache, device="cpu", batch_size=4, shard_size=4, **kw)
+    """``kw``: extraction options (fields of ExtractOptions) and the Embedder's own (resolution, ...)."""
+    options = {k: kw.pop(k) for k in list(kw) if k in {f.name for f in dataclasses.fields(ExtractOptions)}}
+    service = Embedder(cache, ExtractOptions(device="cpu", batch_size=4, shard_size=4, **options), **kw)
     feats = service.embed(manifest, root, enc)
     return feats, load_features(feats.path, manifest)[1]
 

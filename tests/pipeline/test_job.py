@@ -18,14 +18,17 @@ from robustbench_fm.pipeline.plan import Plan, plan
 def test_the_extraction_service_and_the_stage_context_are_built_from_the_plan_alone(tmp_path):
     p = plan(compose_job(tmp_path), OVERRIDES)
     service = job.embedder(p)
-    assert (service.cache_dir, service.device, service.batch_size, service.on_bad_image) == (
+    assert service.extract is p.extract  # the plan's options, handed over unchanged (issue 56)
+    assert (service.cache_dir, service.extract.device, service.extract.batch_size, service.extract.on_bad_image) == (
         p.paths.cache_dir, "cpu", 7, "skip")
-    assert (service.resolution, service.prepared_dir, service.allow_remote_code) == (224, p.paths.prepared_dir, False)
+    assert (service.resolution, service.prepared_dir, service.extract.allow_remote_code) == (
+        224, p.paths.prepared_dir, False)
     assert service.batch_size_of("planted_sharp") == 3 and service.batch_size_of("planted_blur") == 7
     assert job.encoder_options(p)[0] == "planted_sharp"
-    assert service.decode == p.extract.decode == "scaled"  # configs/config.yaml: extract.decode
+    assert service.extract.decode == p.extract.decode == "scaled"  # configs/config.yaml: extract.decode
+    assert service.store().options is p.extract  # and on to the feature store
     exact = plan(compose_job(tmp_path, [*OVERRIDES, "extract.decode=exact"]), OVERRIDES)
-    assert exact.extract.decode == job.embedder(exact).decode == "exact"
+    assert exact.extract.decode == job.embedder(exact).extract.decode == "exact"
 
 
 #: the functions of pipeline/job.py that take a config: each hands it to plan() and nothing else

@@ -10,6 +10,7 @@ from plan_fixtures import OVERRIDES, compose_job
 
 from robustbench_fm.core.errors import InvalidSetting, MissingInput
 from robustbench_fm.core.redact import redact_config, redacted_yaml
+from robustbench_fm.methods.candor.params import CandorParams
 from robustbench_fm.pipeline.plan import EncoderSettings, ExtractOptions, Paths, ReportOptions, plan
 
 
@@ -20,7 +21,8 @@ def test_the_plan_of_a_composed_config_holds_its_typed_values(tmp_path):
     assert (p.dataset, p.root, p.encoders, p.stage, p.findings, p.features_file) == (
         "planted", out / "demo_data" / "planted", ["planted_sharp"], "candor", ["marker"], None)
     assert (p.resolution, p.fixed_sample, p.seed, p.multirun, p.experiment) == (224, 5, 3, True, "demo")
-    assert p.params == OmegaConf.to_container(cfg.stage.params, resolve=True) and p.params["k"] == 3
+    # the stage's typed parameters, parsed once from the config (issue 56: the object the stage receives)
+    assert p.params == CandorParams.parse(OmegaConf.to_container(cfg.stage.params, resolve=True)) and p.params.k == 3
     assert p.dataset_options == {"n": 40, "size": 224, "seed": 0} and p.generate and p.verify_images
     assert p.paths == Paths(out / "cache" / "features", out / "cache" / "prepared")
     assert p.extract == ExtractOptions(batch_size=7, num_workers="auto", shard_size=1024, on_bad_image="skip",

@@ -38,7 +38,7 @@ def test_a_key_nothing_reads_is_refused_in_plan_with_the_real_key(tmp_path, over
 
 def test_the_real_keys_still_plan(tmp_path):
     job = plan(tmp_path, "stage.params.k=3", "extract.batch_size=7", "dataset.options.n=20", "encoder.batch_size=2")
-    assert job.params["k"] == 3 and job.extract.batch_size == 7 and job.dataset_options["n"] == 20
+    assert job.params.k == 3 and job.extract.batch_size == 7 and job.dataset_options["n"] == 20
 
 
 @pytest.mark.parametrize("argv, line", [

@@ -13,9 +13,9 @@ the store.
 
 ``panel`` imports ``rows``; ``rows`` imports neither (tests/test_layers.py holds it).
 """
+from ...data.images import BAD_IMAGE_POLICIES
 from .panel import backend, default_panel_workers, extract, extract_panel
 from .rows import (
-    BAD_IMAGE_POLICIES,
     ExtractionInterrupted,
     FeatureSet,
     ImageReadError,

@@ -81,6 +81,7 @@ from ...data.images import DEFAULT_DECODE, check_decode, need_of, scale_groups
 from ...encoders.base import _LongestSidePad, _ToMode
 from ..cache import FeatureCache
 from ..occlusion import occlude_row
+from ..options import DEFAULTS, ExtractOptions
 from .rows import (
     FLUSH_SECONDS,
     PREFETCH_BYTES,
@@ -478,18 +479,18 @@ def default_panel_workers(device: torch.device | str) -> int:
 
 
 def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | Path | None,
-                  cache_root: str | Path, batch_size: int | Sequence[int] = 32, num_workers: int | str = 0,
-                  shard_size: int = 1024, progress: bool = True, reader: Reader | None = None,
-                  on_bad_image: str = "error", num_shards: int = 1, shard: int = 0, read: bool = True,
-                  flush_seconds: float | None = FLUSH_SECONDS, device_transform: bool = False,
-                  _wait: bool = False, _stats: dict | None = None,
-                  entries: Sequence[tuple[Path, dict]] | None = None, decode: str = DEFAULT_DECODE) -> list[FeatureSet]:
+                  cache_root: str | Path, options: ExtractOptions = DEFAULTS, *,
+                  batch_sizes: Sequence[int] | None = None, entries: Sequence[tuple[Path, dict]] | None = None,
+                  decode: str = DEFAULT_DECODE, progress: bool = True, reader: Reader | None = None,
+                  read: bool = True, flush_seconds: float | None = FLUSH_SECONDS, device_transform: bool = False,
+                  _wait: bool = False, _stats: dict | None = None, _workers: int | None = None) -> list[FeatureSet]:
     """Embed every manifest row with every encoder of ``encoders`` in one decode pass; one
     :class:`FeatureSet` per encoder, in order (see the module docstring).
 
     The arguments are :func:`~robustbench_fm.features.engine.extract`'s, but ``num_workers="auto"`` is
     :func:`default_panel_workers`;
-    ``batch_size`` is one per encoder or one for all.
+    ``batch_sizes``: one per encoder (default: ``options.batch_size`` for all).
+    ``_workers``: the decode workers already resolved (the one-encoder call, :func:`extract`).
     ``device_transform``: resize/normalise on the encoder's device where its transform allows
     (:func:`split_transform`; the entry is keyed apart). ``_wait``: wait for busy entry locks
     (the call that finishes an encoder left out of a pass). ``_stats``: filled with the main
@@ -508,16 +509,19 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
     encoders = list(encoders)
     if not encoders:
         return []
-    sizes = [int(batch_size)] * len(encoders) if isinstance(batch_size, int) else [int(b) for b in batch_size]
+    sizes = [options.batch_size] * len(encoders) if batch_sizes is None else [int(b) for b in batch_sizes]
     if len(sizes) != len(encoders):
         raise InvalidSetting(f"batch_size: {len(sizes)} values for {len(encoders)} encoders; give one per encoder")
+    num_workers = options.num_workers if _workers is None else _workers
     if num_workers == "auto":
         num_workers = default_panel_workers(encoders[0].device)
+    shard_size, on_bad_image, num_shards, shard = (options.shard_size, options.on_bad_image, options.num_shards,
+                                                   options.shard)
     names = [e.spec.name for e in encoders]
     if len(set(names)) != len(names):
         raise InvalidSetting(f"extract_panel: encoder names repeat ({', '.join(names)}); one entry per encoder")
     manifest, ids, image_root, reader, num_workers = _check_inputs(manifest, image_root, reader, sizes,
-                                                                   on_bad_image, num_workers, encoders[0].device)
+                                                                   num_workers, encoders[0].device)
     if entries is None or len(entries) != len(encoders):
         raise InvalidSetting("extract_panel: give entries=[(folder, key fields)] per encoder, the entries the feature "
                              "store hands its backend; to embed a manifest call robustbench_fm.features.extract_panel")
@@ -590,10 +594,10 @@ def extract_panel(encoders: Sequence, manifest: pd.DataFrame, image_root: str | 
     out = []
     for j, job in enumerate(jobs):
         if job.waiting:
-            out.append(extract_panel([job.encoder], manifest, image_root, cache_root, job.batch_size, num_workers,
-                                     shard_size, progress, reader, on_bad_image, num_shards, shard, read,
-                                     flush_seconds, device_transform, _wait=True, entries=[entries[j]],
-                                     decode=decode)[0])
+            out.append(extract_panel([job.encoder], manifest, image_root, cache_root, options,
+                                     batch_sizes=[job.batch_size], entries=[entries[j]], decode=decode,
+                                     progress=progress, reader=reader, read=read, flush_seconds=flush_seconds,
+                                     device_transform=device_transform, _wait=True, _workers=num_workers)[0])
             continue
         out.append(_result(job.encoder, manifest, job.cache, job.fields, ids, job.skipped, job.n_forward,
                            job.n_images, t0, read, num_shards, shard))
@@ -767,27 +771,30 @@ def _on_device(job: _Job, items: list) -> list:
 
 
 def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cache_root: str | Path,
-            batch_size: int = 32, num_workers: int | str = 0, shard_size: int = 1024, progress: bool = True,
-            reader: Reader | None = None, on_bad_image: str = "error", num_shards: int = 1, shard: int = 0,
-            read: bool = True, flush_seconds: float | None = FLUSH_SECONDS,
-            entry: tuple[Path, dict] | None = None, decode: str = DEFAULT_DECODE) -> FeatureSet:
+            options: ExtractOptions = DEFAULTS, *, entry: tuple[Path, dict] | None = None,
+            batch_size: int | None = None, decode: str = DEFAULT_DECODE, progress: bool = True,
+            reader: Reader | None = None, read: bool = True,
+            flush_seconds: float | None = FLUSH_SECONDS) -> FeatureSet:
     """Embed every manifest row with ``encoder`` into the cache entry ``entry`` (reusing and filling it).
     The feature store hands the entry (a chunk of the per-image store, :mod:`..store`); to embed a
     manifest call :func:`robustbench_fm.features.extract`, which goes through the store.
 
+    ``options`` (:class:`~robustbench_fm.features.options.ExtractOptions`, checked where they were
+    made) are read, never checked again: ``batch_size`` (``batch_size`` here: this encoder's own),
+    ``num_workers`` (``"auto"``: :func:`default_num_workers` for the encoder's device),
+    ``shard_size`` (only for a new cache entry; an existing one keeps its layout), ``on_bad_image``
+    (``"error"`` or ``"skip"``, see the module docstring: skipped rows come back as NaN rows of
+    ``embeddings`` and are named in :attr:`FeatureSet.skipped`) and ``num_shards``/``shard``: compute
+    only part ``shard`` of ``num_shards`` of the entry (:meth:`FeatureCache.part_shards`), e.g. one
+    Slurm job per part; the parts fill the same content-keyed entry, which is complete when all
+    parts are. Each part holds its own lock, so parts run concurrently. ``embeddings`` is None
+    while the entry is incomplete, and with ``read=False`` (callers that read the entry later,
+    keeping memory flat).
+
     ``reader(image_root, row)`` returns a PIL image for a manifest row (default: open
     ``image_root / row['path']``); a row with occlusion columns has that rectangle filled
     (:func:`robustbench_fm.features.occlusion.occlude_row`), then the encoder's own ``transform`` is applied.
-    ``num_workers="auto"`` picks :func:`default_num_workers` for the encoder's device.
-    ``shard_size`` only applies to a new cache entry; an existing one keeps its layout.
-    ``on_bad_image``: ``"error"`` (default) or ``"skip"`` (see the module docstring); skipped
-    rows come back as NaN rows of ``embeddings`` and are named in :attr:`FeatureSet.skipped`.
-
-    ``num_shards``/``shard``: compute only part ``shard`` of ``num_shards`` of the entry
-    (:meth:`FeatureCache.part_shards`), e.g. one Slurm job per part; the parts fill the same
-    content-keyed entry, which is complete when all parts are. Each part holds its own lock, so
-    parts run concurrently. ``embeddings`` is None while the entry is incomplete, and with
-    ``read=False`` (callers that read the entry later, keeping memory flat).
+    ``decode``: how the entry's recipe decodes JPEGs (the store hands it with the entry).
 
     ``flush_seconds``: the shard in progress is flushed to a partial file this often (None:
     never), so a killed run loses seconds of work instead of up to a shard; the resume continues
@@ -802,31 +809,32 @@ def extract(encoder, manifest: pd.DataFrame, image_root: str | Path | None, cach
     if entry is None:
         raise InvalidSetting("engine extract: give entry=(folder, key fields), the entry the feature store hands its "
                              "backend; to embed a manifest call robustbench_fm.features.extract")
-    if num_workers == "auto":
-        num_workers = default_num_workers(encoder.device)
-    return extract_panel([encoder], manifest, image_root, cache_root, batch_size, num_workers, shard_size, progress,
-                         reader, on_bad_image, num_shards, shard, read, flush_seconds, _wait=True,
-                         entries=[entry], decode=decode)[0]
+    workers = options.num_workers
+    if workers == "auto":
+        workers = default_num_workers(encoder.device)
+    return extract_panel([encoder], manifest, image_root, cache_root, options,
+                         batch_sizes=None if batch_size is None else [batch_size], entries=[entry], decode=decode,
+                         progress=progress, reader=reader, read=read, flush_seconds=flush_seconds, _wait=True,
+                         _workers=workers)[0]
 
 
-def backend(cache_root: str | Path, batch_size=32, num_workers: int | str = 0, shard_size: int = 1024,
-            on_bad_image: str = "error", num_shards: int = 1, shard: int = 0, progress: bool = True,
+def backend(cache_root: str | Path, options: ExtractOptions = DEFAULTS, batch_size_of=None, progress: bool = True,
             reader: Reader | None = None, flush_seconds: float | None = FLUSH_SECONDS):
     """The engine as the feature store calls it (:data:`robustbench_fm.features.store.Backend`):
     ``run(encoders, rows, root, entries, decode)`` fills each encoder's entry ``(folder, key fields)``
     with ``rows`` (one encoder: :func:`extract`, which waits for a lock another process holds;
-    several: one :func:`extract_panel` pass), reading JPEGs as the store's recipe says (``decode``:
-    scaled or exact). ``batch_size``: an int or ``name -> int``; ``reader``: a custom row reader
-    (called as given), ``flush_seconds``: as :func:`extract`'s."""
-    size = batch_size if callable(batch_size) else (lambda _name: int(batch_size))
-    opts = dict(num_workers=num_workers, shard_size=shard_size, on_bad_image=on_bad_image, num_shards=num_shards,
-                shard=shard, progress=progress, read=False, reader=reader, flush_seconds=flush_seconds)
+    several: one :func:`extract_panel` pass) under the run's ``options``, reading JPEGs as the
+    store's recipe says (``decode``: scaled or exact). ``batch_size_of(name)``: an encoder's batch
+    size (default: ``options.batch_size``); ``reader``: a custom row reader (called as given),
+    ``flush_seconds``: as :func:`extract`'s."""
+    size = batch_size_of if batch_size_of is not None else (lambda _name: options.batch_size)
+    given = dict(progress=progress, read=False, reader=reader, flush_seconds=flush_seconds)
 
     def run(encs: list, rows: pd.DataFrame, root: Path, entries: list, decode: str = DEFAULT_DECODE
             ) -> list[FeatureSet]:
         if len(encs) == 1:
-            return [extract(encs[0], rows, root, cache_root, batch_size=size(encs[0].spec.name), entry=entries[0],
-                            decode=decode, **opts)]
-        return extract_panel(encs, rows, root, cache_root, batch_size=[size(e.spec.name) for e in encs],
-                             entries=entries, decode=decode, **opts)
+            return [extract(encs[0], rows, root, cache_root, options, batch_size=size(encs[0].spec.name),
+                            entry=entries[0], decode=decode, **given)]
+        return extract_panel(encs, rows, root, cache_root, options, batch_sizes=[size(e.spec.name) for e in encs],
+                             entries=entries, decode=decode, **given)
     return run

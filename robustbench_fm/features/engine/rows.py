@@ -35,7 +35,7 @@ from torch.utils.data import Dataset
 from ...core.devices import torch_threads, usable_cores
 from ...core.errors import InvalidSetting, UserError
 from ...core.text import one_line
-from ...data.images import BAD_IMAGE_POLICIES, check_size, read_image
+from ...data.images import check_size, read_image
 from ...data.manifest import SOURCE_COLUMN
 from ..cache import FeatureCache, FeatureCacheError, FeatureSet, unwritable
 from ..occlusion import occlude_row
@@ -297,15 +297,15 @@ class _ShardWriter:
         self.current, self.parts, self.bad, self.n_done = None, [], {}, 0
 
 
-def _check_inputs(manifest: pd.DataFrame, image_root, reader, batch_sizes, on_bad_image: str, num_workers,
+def _check_inputs(manifest: pd.DataFrame, image_root, reader, batch_sizes, num_workers,
                   device) -> tuple[pd.DataFrame, np.ndarray, Path | None, Reader, int]:
     """The arguments every extraction checks first; (manifest with a fresh index, its sample_ids,
-    image root, reader, number of decode workers)."""
+    image root, reader, number of decode workers). The run's options were checked where they were
+    made (:class:`~robustbench_fm.features.options.ExtractOptions`) and the manifest's sample_ids by
+    the store that hands the rows (:func:`robustbench_fm.features.store.check_rows`)."""
     for b in batch_sizes:
         if int(b) < 1:
             raise InvalidSetting(f"batch_size={b}: use a batch of at least 1 image")
-    if on_bad_image not in BAD_IMAGE_POLICIES:
-        raise InvalidSetting(f"on_bad_image must be one of {', '.join(BAD_IMAGE_POLICIES)}, got {on_bad_image!r}")
     if num_workers == "auto":
         num_workers = default_num_workers(device)
     num_workers = int(num_workers)
@@ -314,10 +314,6 @@ def _check_inputs(manifest: pd.DataFrame, image_root, reader, batch_sizes, on_ba
         raise InvalidSetting("manifest has no 'sample_id' column; validate it with "
                              "robustbench_fm.data.manifest.validate")
     ids = manifest["sample_id"].astype(str).to_numpy()
-    dup = pd.Index(ids).duplicated()
-    if dup.any():
-        j = int(np.flatnonzero(dup)[0])
-        raise InvalidSetting(f"manifest row {j}: duplicate sample_id {str(ids[j])!r}; one row per image")
     if reader is None:
         if "path" not in manifest.columns:
             raise InvalidSetting("manifest has no 'path' column; add one or pass reader=(image_root, row) -> PIL image")

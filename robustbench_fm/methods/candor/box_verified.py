@@ -54,10 +54,11 @@ def boxed(manifest: pd.DataFrame) -> np.ndarray:
     return manifest[list(BOX_COLUMNS)].notna().all(axis=1).to_numpy()
 
 
-def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], **params) -> Results:
+def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str],
+        params: BoxVerifiedParams | None = None, **kw) -> Results:
     """D of each arm's boxed positives and of the reference's own positives against the
     reference's candidate sets (module doc); ``params``: :class:`BoxVerifiedParams`."""
-    p = PARAMS.parse(params)
+    p = PARAMS.parse(params, **kw)
     findings = [finding] if isinstance(finding, str) else list(finding)
     for col, param in (("dataset", "reference"), (p.match_col, "match_col"), ("acq_group", "reference"),
                        (p.cluster_col, "cluster_col"), *((f, "finding") for f in findings)):

@@ -247,7 +247,8 @@ def _summary_row(finding: str, ps: pd.DataFrame, c: float, n_boot: int, seed: in
             "box_area": float(ps["box_area"].mean()) if len(ps) else float("nan")}
 
 
-def run(features: np.ndarray, manifest: pd.DataFrame, finding, **params) -> Results:
+def run(features: np.ndarray, manifest: pd.DataFrame, finding, params: RetentionParams | None = None,
+        **kw) -> Results:
     """Retention of ``finding`` (a name or a list) from features of the original and occluded rows;
     ``params``: :class:`~robustbench_fm.methods.candor.params.RetentionParams`.
 
@@ -255,7 +256,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding, **params) -> Resu
     bootstrap clusters by (``patient_id``; the original's sample_id when absent). ``fill`` and
     ``sources`` only matter to :func:`run_job` (they decide which images are embedded).
     """
-    p = PARAMS.parse(params)
+    p = PARAMS.parse(params, **kw)
     n_pairs, seed, n_boot, cluster_col = p.n_pairs, p.seed, p.n_boot, p.cluster_col
     findings = [finding] if isinstance(finding, str) else [str(f) for f in finding]
     for col in (VARIANT_COLUMN, OF_COLUMN, FINDING_COLUMN, *occ.OCCLUSION_BOX_COLUMNS):
@@ -284,7 +285,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding, **params) -> Resu
 
 def _sources(job: JobContext) -> list[dict]:
     """The ``sources`` parameter, or the job's own dataset."""
-    return list(job.params.get("sources") or [{"dataset": job.dataset}])
+    return list(PARAMS.parse(job.params).sources or [{"dataset": job.dataset}])
 
 
 def _override_value(value) -> str:
@@ -348,7 +349,7 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
     """Embed originals and occluded images of every source with every encoder of the job (through
     the job's embedder: the user's encoder options apply as in any run), score them with
     :func:`run` and save ``results/<encoder>/<dataset>/retention/<finding>/``."""
-    if job.embedder.num_shards > 1:
+    if job.embedder.extract.num_shards > 1:
         raise UserError("stage retention embeds its own occluded images; run it without extract.num_shards")
     p = PARAMS.parse(job.params)
     fill, seed, cluster_col = p.fill, p.seed, p.cluster_col

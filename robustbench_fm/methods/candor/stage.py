@@ -325,13 +325,14 @@ def _findings(finding: str | list[str]) -> list[str]:
     return findings
 
 
-def check_manifest(manifest: pd.DataFrame, finding: str | list[str], **params) -> None:
+def check_manifest(manifest: pd.DataFrame, finding: str | list[str], params: CandorParams | None = None,
+                   **kw) -> None:
     """Refuse, before any image is embedded, a ``k`` that no matched group of any binary finding
     can satisfy (every row would be blank): a task is scored in a group holding at least k+1
     positives and k+1 negatives (over all groups with ``unmatched``). The controls that drop
     labels (isolated, box_verified) only lower these counts, so this never refuses a run that
     could score; columns and class-name findings are left to :func:`run`."""
-    p = PARAMS.parse(params)
+    p = PARAMS.parse(params, **kw)
     k, group_col, task, unmatched = p.k, p.group_col, p.task, p.unmatched
     findings = _findings(finding)
     if group_col not in manifest.columns or any(f not in manifest.columns for f in findings):
@@ -356,7 +357,8 @@ def check_manifest(manifest: pd.DataFrame, finding: str | list[str], **params) -
                          f"every row would be blank: use {fix}")
 
 
-def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], **params) -> Results:
+def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str],
+        params: CandorParams | None = None, **kw) -> Results:
     """Discordance of the positives of ``finding`` (one column or a list) per matched group and
     pooled (see module doc); ``params``: :class:`~robustbench_fm.methods.candor.params.CandorParams`
     (their defaults are the paper's).
@@ -371,7 +373,7 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], 
     ``neighbour_path`` forces one); ``block_size`` bounds the similarity rows held at once,
     ``backend="faiss"`` sends the exact searches to faiss.
     """
-    p = PARAMS.parse(params)
+    p = PARAMS.parse(params, **kw)
     k, bank_size, max_group_sample, seed, n_boot = p.k, p.bank_size, p.max_group_sample, p.seed, p.n_boot
     group_col, cluster_col, task, queries, unmatched = p.group_col, p.cluster_col, p.task, p.queries, p.unmatched
     findings = _findings(finding)

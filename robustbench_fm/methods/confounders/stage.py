@@ -258,10 +258,10 @@ def metadata_columns(manifest: pd.DataFrame, findings) -> list[str]:
             and manifest[c].dropna().nunique() >= 2]
 
 
-def check_manifest(manifest: pd.DataFrame, findings, **params) -> None:
+def check_manifest(manifest: pd.DataFrame, findings, params: ConfounderParams | None = None, **kw) -> None:
     """Before any image is embedded: the named columns and findings exist and k leaves every image
     enough candidates (one line each)."""
-    p = PARAMS.parse(params)
+    p = PARAMS.parse(params, **kw)
     scan_columns(manifest, [str(f) for f in findings or ()], p)
     check_k(manifest, p.k, p.cluster_col, p.exclude_patient)
 
@@ -272,13 +272,14 @@ def _findings(finding) -> list[str]:
     return [str(finding)] if isinstance(finding, str) else [str(f) for f in finding]
 
 
-def run(features, manifest: pd.DataFrame, finding=None, **params) -> Results:
+def run(features, manifest: pd.DataFrame, finding=None, params: ConfounderParams | None = None,
+        **kw) -> Results:
     """Scan every chosen column of ``manifest`` (module doc) on the kNN graph of ``features`` (rows
     aligned with it). ``finding``: the finding columns (a name or a list; the command line passes the
     dataset's findings), scanned beside ``columns``. Returns one summary row per column
     (:data:`SUMMARY_COLUMNS`: ``finding`` and ``column`` both name it; a column that cannot be scanned has a
     ``reason``) and the per-item table (:data:`ITEM_COLUMNS`)."""
-    p = PARAMS.parse(params)
+    p = PARAMS.parse(params, **kw)
     findings = _findings(finding)
     manifest = manifest.reset_index(drop=True)
     columns = scan_columns(manifest, findings, p)

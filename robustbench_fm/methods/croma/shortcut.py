@@ -152,14 +152,15 @@ def _check_validation_rows(bm: sm.Benchmark, rps: int, chosen: bool) -> None:
                              f"rows_per_slide to at least {need} (the benchmark's is {bm.rows_per_slide})")
 
 
-def run(features: np.ndarray, manifest: pd.DataFrame, finding: str = "bio_label", **params) -> Results:
+def run(features: np.ndarray, manifest: pd.DataFrame, finding: str = "bio_label",
+        params: ShortcutParams | None = None, **kw) -> Results:
     """APD and nIPD of a confounder-biased probe sweep on ``features`` (see module doc);
     ``params``: :class:`~robustbench_fm.methods.croma.params.ShortcutParams`.
 
     ``finding`` is the manifest column holding the biological class the probe predicts;
     ``rows_per_slide`` defaults to the benchmark's (300 / 30 / 100).
     """
-    p = PARAMS.parse(params)
+    p = PARAMS.parse(params, **kw)
     benchmark, site_col, slide_col, iterations, seed = p.benchmark, p.site_col, p.slide_col, p.iterations, p.seed
     rows_per_slide = p.rows_per_slide
     bm = sm.benchmark(benchmark)

@@ -610,7 +610,8 @@ def _bank_shares(prep: Prepared, features, per_sample: pd.DataFrame, m: int) -> 
     return pd.DataFrame({"croma_bank_0": shares[at, 0], "croma_bank_1": shares[at, 1]}, index=per_sample.index)
 
 
-def run(features, manifest: pd.DataFrame, finding: str | None = None, **params) -> Results:
+def run(features, manifest: pd.DataFrame, finding: str | None = None, params: CromaParams | None = None,
+        **kw) -> Results:
     """RI, MaRI and CRoMa of ``features`` (N, D; float32 or float64) aligned with ``manifest``;
     ``params``: :class:`~robustbench_fm.methods.croma.params.CromaParams`.
 
@@ -618,7 +619,7 @@ def run(features, manifest: pd.DataFrame, finding: str | None = None, **params) 
     recorded as the summary's first column. ``device``: ``auto`` | ``cpu`` | ``cuda``;
     ``block_size``: edge of the similarity tiles (memory ≈ block_size² × 4–8 bytes per tile).
     """
-    p = PARAMS.parse(params)
+    p = PARAMS.parse(params, **kw)
     confounder_col, exclude_col, m, alpha, k_grid, k = p.confounder_col, p.exclude_col, p.m, p.alpha, p.k_grid, p.k
     tau, design, subset_col, on_short, device, block_size = p.tau, p.design, p.subset_col, p.on_short, p.device, \
         p.block_size

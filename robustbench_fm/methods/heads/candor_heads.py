@@ -135,10 +135,11 @@ def _summary_row(finding, fit, per, candor_summary) -> dict:
                 n_far=int(far.sum()), n=len(test), reason=fit.summary["reason"])
 
 
-def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str], **params) -> Results:
+def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str],
+        params: CandorHeadsParams | None = None, **kw) -> Results:
     """CANDOR and the head of every finding on the same rows, joined per sample (module doc);
     ``params``: :class:`~robustbench_fm.methods.heads.params.CandorHeadsParams`."""
-    p = PARAMS.parse(params)
+    p = PARAMS.parse(params, **kw)
     findings = [finding] if isinstance(finding, str) else list(finding)
     params = {"finding": finding, **{n: v for n, v in p.to_dict().items() if n != "device"}}
     c = p.candor_params()

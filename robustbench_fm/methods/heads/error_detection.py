@@ -162,10 +162,11 @@ def _stratum_rows(finding, stratum, error, scores: pd.DataFrame, clusters, n_boo
     return rows
 
 
-def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, **params) -> Results:
+def run(features: np.ndarray, manifest: pd.DataFrame, finding: str,
+        params: ErrorDetectionParams | None = None, **kw) -> Results:
     """Every detector's AUROC for the errors of the ``head`` of ``finding`` (module doc); ``params``:
     :class:`~robustbench_fm.methods.heads.params.ErrorDetectionParams`."""
-    p = PARAMS.parse(params)
+    p = PARAMS.parse(params, **kw)
     head, n_members, knn_k, k, bank_size, group_col = p.head, p.n_members, p.knn_k, p.k, p.bank_size, p.group_col
     stratify_col, max_train, max_test, seed, cluster_col = p.stratify_col, p.max_train, p.max_test, p.seed, \
         p.cluster_col

@@ -29,10 +29,11 @@ def check_params(**params) -> LogmeParams:
     return PARAMS.parse(params)
 
 
-def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, **params) -> Results:
+def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, params: LogmeParams | None = None,
+        **kw) -> Results:
     """LogME of ``finding`` on the drawn training rows (module doc); ``params``:
     :class:`~robustbench_fm.methods.heads.params.LogmeParams`."""
-    p = PARAMS.parse(params)
+    p = PARAMS.parse(params, **kw)
     params = {"finding": finding, **p.to_dict()}
     if finding not in manifest.columns:
         raise missing_column("logme", finding, "finding", manifest.columns)

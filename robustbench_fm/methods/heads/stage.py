@@ -38,11 +38,12 @@ def check_params(**params) -> HeadParams:
     return PARAMS.parse(params)
 
 
-def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, **params) -> Results:
+def run(features: np.ndarray, manifest: pd.DataFrame, finding: str, params: HeadParams | None = None,
+        **kw) -> Results:
     """The ``head`` of ``finding`` trained and tested on the shared rows (module doc); ``params``:
     :class:`~robustbench_fm.methods.heads.params.HeadParams` (``head`` defaults to linear here;
     ``stage=mlp_head`` sets mlp)."""
-    p = PARAMS.parse(params)
+    p = PARAMS.parse(params, **kw)
     head, max_train, max_test, seed, cluster_col = p.head, p.max_train, p.max_test, p.seed, p.cluster_col
     params = {"finding": finding, **{n: v for n, v in p.to_dict().items() if n != "device"}}
     if finding not in manifest.columns:

@@ -23,6 +23,7 @@ from ...core.errors import MissingInput, UserError
 from ...core.locking import FileLock
 from ...core.results import Results, write_notes
 from ..job import JobContext
+from ..params import as_config
 from .params import DEFAULT_LABELS, SparParams
 from .probes import L3_PROBES
 from .run import Setup, TrainConfig, configurations, run_encoder
@@ -190,7 +191,7 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
         for model in p.vqa_models:
             rows = run_vqa(model, samples, seeds=list(p.seeds), device=p.device, **(p.vqa or {}))
             rows["eval_dataset"] = job.dataset
-            summaries += _save(rows, model, job.dataset, out_dir, job.params)
+            summaries += _save(rows, model, job.dataset, out_dir, as_config(job.params))
         return summaries
     device = resolve_device(p.device)
     transfers = _transfer_samples(p.transfer or {}, cache_dir, int(job.seed))
@@ -220,5 +221,5 @@ def run_job(job: JobContext) -> list[pd.DataFrame]:
         names = [config_label(name, h, m, labels, p.scratch or []) for h, m in zip(rows["head"], rows["mode"])]
         rows.insert(0, "label", [n[0] for n in names])
         rows.insert(1, "section", [n[1] for n in names])
-        summaries += _save(rows, name, job.dataset, out_dir, job.params, items)
+        summaries += _save(rows, name, job.dataset, out_dir, as_config(job.params), items)
     return summaries

@@ -51,4 +51,4 @@ def test_a_missing_zero_shot_cohort_names_the_override_that_removes_it(tmp_path)
         kept = compose("config", overrides=[*base, "stage.params.transfer={}"])
         removed = compose("config", overrides=[*base, fix.strip("'")])
     assert "totalsegmentator" in kept.stage.params.transfer  # what the old advice did
-    assert plan(removed, [*base, fix.strip("'")]).params["transfer"] == {}
+    assert plan(removed, [*base, fix.strip("'")]).params.transfer == {}
