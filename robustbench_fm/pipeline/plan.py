@@ -24,7 +24,6 @@ from .. import methods as stages
 from ..core.devices import check_device
 from ..core.errors import InvalidSetting, MissingInput, UnknownName, message
 from ..core.redact import redact_config
-from ..core.shards import META_NAME
 from ..data import cards, prepared
 from ..data import manifest as mf
 from ..data.csv_manifest import no_findings_reason
