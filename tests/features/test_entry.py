@@ -21,6 +21,7 @@ import robustbench_fm
 from robustbench_fm.core.shards import json_bytes
 from robustbench_fm.features import FeatureCache, FeatureCacheError, FeatureStore, engine, load_features
 from robustbench_fm.features import entry as fmt
+from robustbench_fm.features.options import ExtractOptions
 from robustbench_fm.features.verify import verify_entry
 
 PACKAGE = Path(robustbench_fm.__file__).parent
@@ -168,7 +169,7 @@ def test_the_engine_writes_through_the_stores_own_entry_object(tmp_path):
     p = store.look_up(encoder, manifest, ids, root)
     [(chunk, _)] = p.fill
     seen = []
-    run = engine.backend(tmp_path / "cache", 4, 0, 4, progress=False)
+    run = engine.backend(tmp_path / "cache", ExtractOptions(batch_size=4, num_workers=0, shard_size=4), progress=False)
 
     def spy(encs, rows, root_, entries, decode):
         seen.append(list(entries))
