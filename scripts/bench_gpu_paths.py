@@ -50,9 +50,10 @@ import pandas as pd
 import torch
 
 from robustbench_fm import encoders, evaluate
-from robustbench_fm.core.neighbors import Shortlist, l2_normalize, topk_similarity
+from robustbench_fm.core.neighbors import l2_normalize, topk_similarity
 from robustbench_fm.features import extract
 from robustbench_fm.features.engine.panel import extract_panel, split_transform
+from robustbench_fm.methods.candor.shortlist import Shortlist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark scripts
 import bench_candor  # noqa: E402
