@@ -50,10 +50,11 @@ import pandas as pd
 import torch
 
 from robustbench_fm import encoders, evaluate
-from robustbench_fm.core.neighbors import Shortlist, l2_normalize, topk_similarity
+from robustbench_fm.core.neighbors import l2_normalize, topk_similarity
 from robustbench_fm.features import extract
 from robustbench_fm.features.engine.panel import extract_panel, split_transform
 from robustbench_fm.features.options import ExtractOptions
+from robustbench_fm.methods.candor.shortlist import Shortlist
 
 #: the engine's options of the device-transform comparison: 32 a batch, the device's default workers
 AUTO32 = ExtractOptions(batch_size=32, num_workers="auto")

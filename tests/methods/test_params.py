@@ -166,7 +166,7 @@ def test_shared_parameters_have_one_home():
 
 def test_tables_read_the_structure():
     from robustbench_fm.methods.candor.tables import ABLATION_SETTINGS
-    from robustbench_fm.methods.croma.tables import _default_params
+    from robustbench_fm.methods.croma.rescore import _default_params
     from robustbench_fm.methods.spar.run import Setup
     from robustbench_fm.methods.spar.train import TrainConfig
 

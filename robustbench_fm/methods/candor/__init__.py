@@ -3,6 +3,8 @@
 * :mod:`.params`: the stage's parameters, one typed structure with the paper's defaults;
 * :mod:`.stage`: D, D_all, margin AUROC per matched group, the severity-weighted chest pool, the
   controls and ablations ("Implementation", "Reporting", "Ablation Studies");
+* :mod:`.shortlist`: one pass answers a matched group's neighbour questions; :mod:`.bootstrap`: the
+  patient bootstrap of every row's ± and interval ("Reporting");
 * :mod:`.tasks` (binary and one-vs-rest tasks, pools), :mod:`.sets` (consensus-blind sets,
   pairwise overlap tests), :mod:`.ranks` (rank associations), :mod:`.impurity`;
 * :mod:`.retention`: erasure (occlusion) retention ("Occlusion Retention"; v1 Eq. 4);

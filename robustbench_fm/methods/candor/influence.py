@@ -27,8 +27,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...core.neighbors import Shortlist, means_without_each, pair_without, topk_similarity
+from ...core.neighbors import means_without_each, pair_without, topk_similarity
 from ...core.stats import smoothed_density
+from .shortlist import Shortlist
 
 
 def without_each(feats: torch.Tensor, queries: np.ndarray, cands: np.ndarray, k: int, clusters: np.ndarray,
@@ -37,7 +38,7 @@ def without_each(feats: torch.Tensor, queries: np.ndarray, cands: np.ndarray, k:
     """c(x) of every query on ``cands`` (the mean similarity of its k nearest, itself, its drop and,
     with ``exclude_patient``, its patient's images left out) and c(x) without each other patient among
     those k (:func:`robustbench_fm.core.neighbors.means_without_each`'s result). ``shortlist``: the
-    group's :class:`~robustbench_fm.core.neighbors.Shortlist` the stage scored from, which answers the
+    group's :class:`~robustbench_fm.methods.candor.shortlist.Shortlist` the stage scored from, which answers the
     k + e nearest without a second similarity pass (default path only: no patient exclusion, no drops)."""
     queries, cands = np.asarray(queries, np.int64), np.asarray(cands, np.int64)
     per = np.bincount(clusters[cands], minlength=int(clusters.max()) + 1) if len(cands) else np.zeros(1, int)

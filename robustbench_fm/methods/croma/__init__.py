@@ -3,9 +3,10 @@
 * :mod:`.params`: the two stages' parameters, one typed structure each with the paper's defaults;
 * :mod:`.stage`: RI, MaRI, CRoMa with its F(0) / Q_alpha / LTM tail (§2.3-2.7), :mod:`.scores`;
 * :mod:`.panel`: the panel median-k protocol and the m / alpha sweeps (the collect step's k policy
-  and roster refusal live in :mod:`.tables`);
+  and roster refusal live in :mod:`.rescore`);
 * :mod:`.shortcut`, :mod:`.shortcut_metrics`: the confounder-biased linear probe (APD, nIPD);
-* :mod:`.tables`, :mod:`.plots`: the paper's tables and figures;
+* :mod:`.rescore`: the collect step's panel, every benchmark re-scored from the jobs' stored features;
+* :mod:`.tables`, :mod:`.plots`: the paper's tables and figures (row labels: :mod:`.labels`);
 * :mod:`.guide`: what each stage's numbers mean (a report's "How to read this").
 """
 from .. import Method, Paired, Pairing, register

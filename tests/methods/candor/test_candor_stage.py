@@ -5,6 +5,7 @@ import pytest
 
 import robustbench_fm
 from robustbench_fm.core import stats
+from robustbench_fm.methods.candor import bootstrap
 from robustbench_fm.methods.candor import stage as candor
 
 
@@ -235,8 +236,8 @@ def test_default_margin_auroc_interval_is_the_percentile_of_reranked_resamples()
     codes = stats.cluster_codes(man["patient_id"].to_numpy()[images])
     patients = np.arange(codes.max() + 1)  # the stage's global codes of g's patients are the first ones
     counts = np.concatenate(list(stats.cluster_count_chunks(
-        len(patients), n_boot, candor._patient_set_rng(42, patients), max_draws=max(candor.BOOT_CHUNK,
-                                                                                       64 * len(patients)))))
+        len(patients), n_boot, bootstrap.patient_set_rng(42, patients), max_draws=max(bootstrap.BOOT_CHUNK,
+                                                                                          64 * len(patients)))))
     reps = [roc_auc_score(y, margin, sample_weight=w[codes]) if w[codes][y == 1].sum() and w[codes][y == 0].sum()
             else np.nan for w in counts]
     lo, hi = stats.percentile_ci(reps)
@@ -325,7 +326,7 @@ def test_neighbour_paths_give_identical_results(monkeypatch):
     shortlist: read off the matrix), a 50% finding (first hits), D_all on all negatives. Features
     with exactly four ones scaled by 1/2 make every similarity a multiple of 1/4, so the float
     additions are exact in any order."""
-    from robustbench_fm.core import neighbors
+    from robustbench_fm.methods.candor import shortlist
 
     rng = np.random.default_rng(21)
     n = 600
@@ -339,7 +340,7 @@ def test_neighbour_paths_give_identical_results(monkeypatch):
     params = dict(finding=["finding", "rare"], k=4, bank_size=100, max_group_sample=200, n_boot=20)
     runs = {path: robustbench_fm.evaluate("candor", feats, man, neighbour_path=path, **params)
             for path in ("auto", "shortlist", "exact")}
-    monkeypatch.setattr(neighbors, "MATRIX_BYTES", 0)
+    monkeypatch.setattr(shortlist, "MATRIX_BYTES", 0)
     runs["tiles"] = robustbench_fm.evaluate("candor", feats, man, neighbour_path="shortlist", **params)
     for path, res in runs.items():
         pd.testing.assert_frame_equal(res.summary, runs["exact"].summary, check_exact=True, obj=path)
@@ -401,7 +402,7 @@ def test_groups_scored_side_by_side_equal_groups_scored_in_turn(monkeypatch):
     assert sum(name.startswith("candor_group") for name in names) == 8  # 4 groups × 2 findings in the pool
     assert names[-2:] == [threading.current_thread().name] * 2 and seen[-1][1] == 2  # the 5th: all threads
     assert all(threads == 1 for name, threads in seen if name.startswith("candor_group"))
-    monkeypatch.setattr(candor, "_group_aurocs", lambda *a: None)  # every AUROC resample in the bootstrap
+    monkeypatch.setattr(candor, "group_aurocs", lambda *a: None)  # every AUROC resample in the bootstrap
     afterwards = candor.run(feats, man, findings, **params)
     for other in (side_by_side, afterwards):
         for table in ("summary", "per_sample", "items"):
@@ -412,36 +413,3 @@ def test_groups_scored_side_by_side_equal_groups_scored_in_turn(monkeypatch):
     capped = candor.run(feats, man, findings, **params)
     assert {name for name, _ in seen} == {threading.current_thread().name} and all(t == 2 for _, t in seen)
     assert capped.items.equals(in_turn.items)
-
-
-def test_group_aurocs_are_the_bootstraps_own_resamples():
-    """The AUROC resamples a group takes for its rows (stored in each part under its patient set) are the
-    values the bootstrap draws for that set, part by part, whatever the parts beside it."""
-    rng = np.random.default_rng(31)
-    clusters = np.repeat(np.arange(60), 2)
-    parts = []
-    for task in range(3):
-        images = np.sort(rng.choice(120, 100, replace=False))
-        labels = (rng.random(100) < 0.3) * 1.0
-        parts.append(dict(task=task, row={"margin_auroc": 0.5}, queries=images[:10], images=images,
-                          margin=rng.normal(size=100) + labels, labels=labels))
-    candor._group_aurocs(parts, clusters, 50, 7, stats.ResampledAUROC)
-    for part in parts:
-        [(key, values)] = part["aurocs"].items()
-        patients = np.frombuffer(key, np.int64)
-        np.testing.assert_array_equal(patients, np.unique(clusters[part["images"]]))
-        alone = candor.resampled_aurocs([part], patients, clusters, 50, 7, stats.ResampledAUROC)[:, 0]
-        np.testing.assert_array_equal(values, alone)
-        counts = np.concatenate(list(stats.cluster_count_chunks(len(patients), 50, candor._patient_set_rng(7, patients),
-                                                                max(candor.BOOT_CHUNK, 64 * len(patients)))))
-        want = per_unit_aurocs(part, patients, clusters, counts)
-        np.testing.assert_array_equal(values, want)
-
-
-def per_unit_aurocs(part, patients, clusters, counts):
-    """The weighted Mann-Whitney AUROC of each resample written out pair by pair (ties ½)."""
-    w = counts[:, np.searchsorted(patients, clusters[part["images"]])].astype(np.int64)
-    pos, neg = part["labels"] == 1, part["labels"] == 0
-    s = part["margin"]
-    wins = (s[pos][:, None] > s[neg][None, :]) * 2 + (s[pos][:, None] == s[neg][None, :])
-    return np.array([int(r[pos] @ wins @ r[neg]) / (2.0 * int(r[pos].sum()) * int(r[neg].sum())) for r in w])

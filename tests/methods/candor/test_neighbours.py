@@ -15,9 +15,10 @@ import pytest
 import torch
 
 import robustbench_fm
-from robustbench_fm.core import neighbors
-from robustbench_fm.core.neighbors import Shortlist, l2_normalize
+from robustbench_fm.core.neighbors import l2_normalize
+from robustbench_fm.methods.candor import shortlist as csl
 from robustbench_fm.methods.candor import stage as candor
+from robustbench_fm.methods.candor.shortlist import Shortlist
 from robustbench_fm.methods.run import score_and_save
 
 K = 5
@@ -142,7 +143,7 @@ def test_neighbours_of_the_tile_pass_and_a_short_shortlist(monkeypatch):
                                     neighbour_path="shortlist", shortlist=K + 1)
     check_against_brute_force(feats, man, short, 60, 4000)
     check_means(short)
-    monkeypatch.setattr(neighbors, "MATRIX_BYTES", 0)
+    monkeypatch.setattr(csl, "MATRIX_BYTES", 0)
     tiles = robustbench_fm.evaluate("candor", feats, man, finding=FINDINGS, k=K, n_boot=0, bank_size=60,
                                     neighbour_path="shortlist")
     check_against_brute_force(feats, man, tiles, 60, 4000)
@@ -220,7 +221,7 @@ def test_shortlist_neighbours_on_every_branch(monkeypatch):
              (np.sort(rng.choice(rows, 12, replace=False)), rows[:60]),     # sparse, few rows: by rows
              (np.sort(rng.choice(rows, 300, replace=False)), rows)]         # dense: first hits
     shortlists = {"held": Shortlist(feats, rows, size=40, block_size=64)}
-    monkeypatch.setattr(neighbors, "MATRIX_BYTES", 0)
+    monkeypatch.setattr(csl, "MATRIX_BYTES", 0)
     shortlists["tiles"] = Shortlist(feats, rows, size=40, block_size=64)
     for name, shortlist in shortlists.items():
         for cands, queries in cases:
@@ -232,7 +233,7 @@ def test_shortlist_neighbours_on_every_branch(monkeypatch):
             np.testing.assert_allclose(found.sims.astype(np.float64).mean(axis=1), means, rtol=0, atol=1e-12)
             assert (np.diff(found.sims, axis=1) <= 0).all()
     held = shortlists["held"]
-    monkeypatch.setattr(neighbors, "topk_columns_keyed", lambda *a: None)  # the GPU's column path on the CPU
+    monkeypatch.setattr(csl, "topk_columns_keyed", lambda *a: None)  # the GPU's column path on the CPU
     cands, queries = cases[0]
     means, found = held.mean_topk(queries, cands, K, neighbours=True)
     np.testing.assert_array_equal(means, held.mean_topk(queries, cands, K))

@@ -16,6 +16,7 @@ from robustbench_fm.cli.sweeps import collect_and_report
 from robustbench_fm.core.errors import UserError
 from robustbench_fm.core.tables import SweepResults
 from robustbench_fm.data import build_manifest
+from robustbench_fm.methods.croma import rescore
 from robustbench_fm.methods.croma import tables as tc
 from robustbench_fm.methods.croma.panel import median_k
 from robustbench_fm.methods.croma.params import PUBLISHED_K
@@ -78,7 +79,7 @@ def test_the_median_is_taken_over_the_whole_panel_by_default(data, tmp_path):
     results = sweep(data, tmp_path)
     k_star = job_k_star(results)
     assert len(set(k_star.values())) > 1  # the encoders disagree, so the roster matters
-    summary = tc.croma_panel(results).summary
+    summary = rescore.croma_panel(results).summary
     assert set(summary["k"]) == {median_k(k_star.values())}
     assert summary["k_policy"].iloc[0] == f"k = {median_k(k_star.values())} (lower median of the k* of 4 encoders)"
 
@@ -101,7 +102,7 @@ def test_a_partial_roster_is_accepted_on_request(data, tmp_path):
     results = sweep(data, tmp_path, ["report.croma_partial_roster=true"], encoders=("uni", "phikon", "virchow2"),
                     failed=("conch",))
     k_star = job_k_star(results)
-    summary = tc.croma_panel(results).summary
+    summary = rescore.croma_panel(results).summary
     shared = median_k(k_star.values())
     assert set(summary["k"]) == {shared}
     assert summary["k_policy"].iloc[0] == f"k = {shared} (lower median of the k* of 3 encoders, partial roster: " \
@@ -112,28 +113,28 @@ def test_a_named_roster_sets_the_median_and_the_others_follow(data, tmp_path):
     k_star = job_k_star(sweep(data, tmp_path / "all"))
     low = sorted(k_star, key=k_star.get)[:2]  # the two smallest k*: their lower median is the smallest
     results = sweep(data, tmp_path, [f"report.croma_roster=[{','.join(low)}]"])
-    summary = tc.croma_panel(results).summary
+    summary = rescore.croma_panel(results).summary
     assert set(summary["k"]) == {min(k_star.values())} and len(summary) == 4
     named = sweep(data, tmp_path / "named", ["report.croma_roster=[uni,gpfm]"])
     with pytest.raises(UserError, match=r"1 of the 2 roster encoders have no result: gpfm \(no job in this sweep\)"):
-        tc.croma_panel(named)
+        rescore.croma_panel(named)
 
 
 def test_published_and_fixed_k(data, tmp_path):
     results = sweep(data, tmp_path / "published", ["report.croma_k=published"])
-    summary = tc.croma_panel(results).summary
+    summary = rescore.croma_panel(results).summary
     text = published.text_numbers()
     text = text[text["paper"] == "croma"]
     camelyon_k = text[text["quantity"].str.startswith("Camelyon operating k")]["value"].iloc[0]
     assert set(summary["k"]) == {PUBLISHED_K["pathorob_camelyon"]} == {int(camelyon_k)}
     (t3,) = tc.croma_table3(results)
     assert "k = 11 (the paper's published k)" in t3.caption
-    fixed = tc.croma_panel(sweep(data, tmp_path / "fixed", ["report.croma_k=7"])).summary
+    fixed = rescore.croma_panel(sweep(data, tmp_path / "fixed", ["report.croma_k=7"])).summary
     assert set(fixed["k"]) == {7} and fixed["k_policy"].iloc[0] == "k = 7 (fixed)"
-    kept = tc.croma_panel(sweep(data, tmp_path / "stage_k", ["stage.params.k=5"])).summary  # no longer dropped
+    kept = rescore.croma_panel(sweep(data, tmp_path / "stage_k", ["stage.params.k=5"])).summary  # no longer dropped
     assert set(kept["k"]) == {5}
     with pytest.raises(UserError, match="report.croma_k='mean' is unknown"):
-        tc.croma_panel(sweep(data, tmp_path / "bad", ["report.croma_k=mean"]))
+        rescore.croma_panel(sweep(data, tmp_path / "bad", ["report.croma_k=mean"]))
 
 
 def test_published_k_star_of_the_slide_panel(tmp_path):
@@ -150,7 +151,7 @@ def test_published_k_star_of_the_slide_panel(tmp_path):
         feats = {e: rng.standard_normal((manifest["sample_id"].nunique(), 8)).astype(np.float32)
                  for e in ("prism", "moozy")}
         fake_sweep(tmp_path / "sweep", cfg, manifest, feats, tmp_path / "cache", start=2 * n)
-    summary = tc.croma_panel(SweepResults(tmp_path / "sweep", load_manifest=job_manifest)).summary
+    summary = rescore.croma_panel(SweepResults(tmp_path / "sweep", load_manifest=job_manifest)).summary
     got = {(b, e): int(k) for b, e, k in zip(summary["benchmark"], summary["encoder"], summary["k"])}
     table = published.table("croma", 14, "")
     table = table[table["column"] == "k⋆"]

@@ -49,8 +49,8 @@ def test_table10_layout_and_values(monkeypatch, tmp_path, sites_from):
     panel_rows = per_sample if sites_from == "per_sample" else per_sample.drop(columns="site")
     monkeypatch.setattr(tc, "croma_panel", lambda results: tc.Panel(None, panel_rows, None, None))
     manifest = per_sample[["sample_id", "site"]].drop_duplicates("sample_id")
-    monkeypatch.setattr(tc, "_groups", lambda results: {KEY: {"cfg": None, "stage": "croma", "entries": {}}})
-    monkeypatch.setattr(tc, "_manifest", lambda results, cfg, entries: manifest)
+    monkeypatch.setattr(tc, "benchmark_groups", lambda results: {KEY: {"cfg": None, "stage": "croma", "entries": {}}})
+    monkeypatch.setattr(tc, "panel_manifest", lambda results, cfg, entries: manifest)
 
     (table,) = tc.croma_table10(SimpleNamespace(root=tmp_path))
     frame = table.frame
