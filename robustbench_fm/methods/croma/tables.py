@@ -50,7 +50,7 @@ from ...core.atomic import write_atomic, write_text_atomic
 from ...core.errors import UserError
 from ...core.stats import spearman
 from ...core.tables import PaperTable, SweepResults
-from ...report import published
+from ...paper import published
 from .params import CONTROLS, K_POLICIES, PUBLISHED_K, PUBLISHED_KSTAR_SECTION, CromaParams
 
 #: the three tile benchmarks Figure 5 averages ranks over (croma.md §3.4)

@@ -19,8 +19,8 @@ from robustbench_fm.data import build_manifest
 from robustbench_fm.methods.croma import tables as tc
 from robustbench_fm.methods.croma.panel import median_k
 from robustbench_fm.methods.croma.params import PUBLISHED_K
+from robustbench_fm.paper import published
 from robustbench_fm.pipeline.job import job_manifest
-from robustbench_fm.report import published
 
 
 def features_for(manifest, strengths, dim=16, seed=0):
