@@ -8,8 +8,9 @@ and the layers ranked below it, never above, at module top or inside a function:
 ``data`` and ``encoders`` are siblings (neither imports the other). Hydra (``hydra``) is the command
 line's: only ``cli`` imports it, except that ``pipeline`` reads the experiments' config files through
 Hydra's compose API (:data:`COMPOSE_API`: composing a config and expanding a sweep's job list, as
-the command line without ``-m`` and ``robustbench_fm.run`` do); never ``hydra.main``, the job's
-``HydraConfig``, callbacks or launchers. Methods may import one another but not the reports' collector
+the command line without ``-m`` and ``robustbench_fm.run`` do, with the generated options it stores
+in Hydra's ConfigStore and the resolvers, one of which reads a job's ``HydraConfig`` when one is set);
+never ``hydra.main``, callbacks or launchers. Methods may import one another but not the reports' collector
 or the command line. The import graph between modules (imports inside functions included) has no
 cycle. No module is exempt.
 
@@ -30,7 +31,9 @@ LEAVES = ("paper",)
 #: the Hydra modules ``pipeline`` may import: composing configs and the basic sweeper's job list
 COMPOSE_API = {"hydra", "hydra.compose", "hydra.initialize_config_dir", "hydra.core.global_hydra",
                "hydra.core.override_parser.overrides_parser", "hydra._internal.core_plugins.basic_sweeper",
-               "hydra._internal.config_repository"}  # the sweep's file cache (pipeline/experiment._FilesReadOnce)
+               "hydra._internal.config_repository",  # the sweep's file cache (pipeline/experiment._FilesReadOnce)
+               "hydra.core.config_store",  # the generated encoder= / stage= options (pipeline/configstore.register)
+               "hydra.core.hydra_config"}  # read by ${launch_dir:} inside a job (pipeline/resolvers.launch_dir)
 LAYERS = sorted(RANK, key=RANK.get)
 
 

@@ -7,7 +7,7 @@ in ``methods/<paper>/params.py``) holding every default; the stage module sets `
 its ``run(features, manifest, finding, **params) -> Results`` parses them once
 (``PARAMS.parse(params)``); :func:`check` validates a config's parameters before any heavy work
 (names, types and values, one line each) and the command line's ``stage`` configs are generated
-from the same class (:mod:`robustbench_fm.cli.configstore`). A stage module may add
+from the same class (:mod:`robustbench_fm.pipeline.configstore`). A stage module may add
 ``check_manifest`` (data checks before any image is embedded). A stage
 that drives the encoder itself (occluded re-extraction, token sequences) defines
 ``run_job(job: JobContext) -> list[pd.DataFrame]`` instead and asks ``job.embedder`` for images
