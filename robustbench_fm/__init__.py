@@ -16,11 +16,6 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 from .api import embed, evaluate, run  # noqa: E402
-from .cli import configstore as _configstore  # noqa: E402
-from .cli import resolvers as _resolvers  # noqa: E402
 from .core.results import Results  # noqa: E402
-
-_resolvers.register()  # ${launch_dir:} and ${sweep_values:...} of the shipped configs
-_configstore.register()  # the encoder= and stage= options, generated from the registries
 
 __all__ = ["Results", "embed", "evaluate", "run", "__version__"]

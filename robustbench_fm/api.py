@@ -22,12 +22,22 @@ from .core.errors import InvalidSetting
 from .encoders import generic
 from .features.options import DEFAULTS, ExtractOptions
 from .methods.run import evaluate
-from .pipeline.experiment import Outcome, run_experiment
 
-if TYPE_CHECKING:  # the feature engine imports torch; importing the package does not
+if TYPE_CHECKING:  # the feature engine imports torch, the pipeline Hydra; importing the package does neither
     from .features.engine import FeatureSet
+    from .pipeline.experiment import Outcome
 
 __all__ = ["Outcome", "embed", "evaluate", "run"]
+
+
+def __getattr__(name: str):
+    """``Outcome`` (what :func:`run` returns), imported on first use: it lives with the pipeline,
+    which imports Hydra, and importing the package does not."""
+    if name == "Outcome":
+        from .pipeline.experiment import Outcome  # lazy: the pipeline imports Hydra
+
+        return Outcome
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def run(experiment: str = "demo", overrides: list[str] | tuple[str, ...] = (), *,
@@ -42,6 +52,8 @@ def run(experiment: str = "demo", overrides: list[str] | tuple[str, ...] = (), *
     (name -> DataFrame, the files under ``<run_dir>/tables/``), ``summary`` (every job's summary
     rows) and ``errors`` (one line per job or table that failed; ``ok`` when none). Bad input
     raises :class:`~robustbench_fm.core.errors.UserError` with one line, before any job runs."""
+    from .pipeline.experiment import run_experiment  # lazy: composing the configs imports Hydra
+
     return run_experiment(experiment, list(overrides), config_dir=config_dir, run_dir=run_dir)
 
 DEFAULT_CACHE = Path("outputs") / "cache" / "features"  # the command line's paths.cache_dir

@@ -68,6 +68,16 @@ SLOWEST_FIRST = (
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _hydra_configs():
+    """Many tests compose the shipped configs with Hydra's API themselves (``initialize_config_dir`` +
+    ``compose``): the resolvers and the generated encoder= / stage= options are registered first, as
+    the command line and ``robustbench_fm.run`` do (importing the package registers nothing)."""
+    from robustbench_fm.pipeline import configstore
+
+    configstore.register()
+
+
 def pytest_collection_modifyitems(config, items):
     """The modules of :data:`SLOWEST_FIRST` first, in its order; every other module after them in
     collection order; the tests of a module stay together and in their order (module-scoped

@@ -53,3 +53,36 @@ def test_embed_decodes_jpegs_as_decode_says_and_keys_it(tmp_path):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert read_image(root, rows[0], need).size == (512, 512)  # the scaled path did decode at 1/2
     assert not np.array_equal(scaled.embeddings, exact.embeddings)
+
+
+IMPORT_THEN_RUN = """
+import sys
+import robustbench_fm
+from robustbench_fm.core.errors import UserError
+print(sorted(m for m in ("hydra", "omegaconf", "torch") if m in sys.modules))
+try:  # composes chest_candor (its stage= / encoder= options and ${launch_dir:}) and checks every job's data
+    robustbench_fm.run("chest_candor", ["encoders=[planted_blur,planted_sharp]", "stage=candor", "device=cpu"])
+except UserError as exc:
+    print(exc)
+print(robustbench_fm.api.Outcome.__name__)
+"""
+
+
+def test_importing_the_package_imports_no_hydra_and_run_registers_what_it_composes_with(tmp_path):
+    """Issue 56: ``import robustbench_fm`` imports neither Hydra nor OmegaConf and registers nothing;
+    ``robustbench_fm.run`` registers the configs' resolvers and generated options itself (a fresh
+    process, without the suite's registration): the shipped experiment composes, ``paths.root`` is
+    the folder it was run from, and every job's missing data is refused before anything runs."""
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", IMPORT_THEN_RUN], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    imported, refused, outcome = proc.stdout.strip().splitlines()
+    assert imported == "[]"
+    assert refused.startswith("nothing was run: 4 of 4 jobs fail their checks (2 distinct problems)")
+    assert f"root '{tmp_path}/data/mimic-cxr-jpg/2.1.0' does not exist" in refused
+    assert outcome == "Outcome"
+    assert not (tmp_path / "outputs").exists()

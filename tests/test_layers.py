@@ -3,34 +3,37 @@
 Each subpackage of ``robustbench_fm`` is a layer with a rank; a module may import its own layer
 and the layers ranked below it, never above, at module top or inside a function:
 
-    core  <  data, encoders  <  features  <  methods  <  report  <  pipeline  <  api  <  cli
+    core  <  data, encoders  <  features  <  paper  <  methods  <  report  <  pipeline  <  api  <  cli
 
 ``data`` and ``encoders`` are siblings (neither imports the other). Hydra (``hydra``) is the command
 line's: only ``cli`` imports it, except that ``pipeline`` reads the experiments' config files through
 Hydra's compose API (:data:`COMPOSE_API`: composing a config and expanding a sweep's job list, as
-the command line without ``-m`` and ``robustbench_fm.run`` do); never ``hydra.main``, the job's
-``HydraConfig``, callbacks or launchers. Methods may import one another but not the reports' collector
+the command line without ``-m`` and ``robustbench_fm.run`` do, with the generated options it stores
+in Hydra's ConfigStore and the resolvers, one of which reads a job's ``HydraConfig`` when one is set);
+never ``hydra.main``, callbacks or launchers. Methods may import one another but not the reports' collector
 or the command line. The import graph between modules (imports inside functions included) has no
-cycle.
+cycle. No module is exempt.
 
-Two modules of ``report`` are leaves the methods read (:data:`SHARED`): ``report.published`` (the
-papers' published values and model labels, package data) and ``report.figures`` (what every paper's
-figures share: the columns a figure needs, a figure written as PNG and PDF); they import nothing of
-ours above ``core``."""
+``paper`` is a leaf both the methods and the reports read: ``paper.published`` (the papers'
+published values and model labels, package data) and ``paper.figures`` (what every paper's figures
+share: the columns a figure needs, a figure written as PNG and PDF); of ours it imports ``core``
+only (:data:`LEAVES`)."""
 import ast
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "robustbench_fm"
-#: modules of a higher layer that a lower one may read: leaves importing nothing of ours above ``core``
-SHARED = {"robustbench_fm.report.published", "robustbench_fm.report.figures"}
-RANK = {"core": 0, "data": 1, "encoders": 1, "features": 2, "methods": 3, "report": 4, "pipeline": 5, "api": 6,
-        "cli": 7}
+RANK = {"core": 0, "data": 1, "encoders": 1, "features": 2, "paper": 3, "methods": 4, "report": 5, "pipeline": 6,
+        "api": 7, "cli": 8}
+#: layers that import nothing of ours but ``core``, whatever their rank
+LEAVES = ("paper",)
 #: the Hydra modules ``pipeline`` may import: composing configs and the basic sweeper's job list
 COMPOSE_API = {"hydra", "hydra.compose", "hydra.initialize_config_dir", "hydra.core.global_hydra",
                "hydra.core.override_parser.overrides_parser", "hydra._internal.core_plugins.basic_sweeper",
-               "hydra._internal.config_repository"}  # the sweep's file cache (pipeline/experiment._FilesReadOnce)
+               "hydra._internal.config_repository",  # the sweep's file cache (pipeline/experiment._FilesReadOnce)
+               "hydra.core.config_store",  # the generated encoder= / stage= options (pipeline/configstore.register)
+               "hydra.core.hydra_config"}  # read by ${launch_dir:} inside a job (pipeline/resolvers.launch_dir)
 LAYERS = sorted(RANK, key=RANK.get)
 
 
@@ -79,8 +82,6 @@ def test_no_layer_imports_upward(layer):
                     bad.append(f"{module} imports {name} (Hydra is the command line's)")
                 continue
             target = _layer(name)
-            if name in SHARED:
-                continue
             if target is not None and RANK[target] > RANK[layer]:
                 bad.append(f"{module} imports {name} ({target} is above {layer})")
             if layer == "data" and target == "encoders" or layer == "encoders" and target == "data":
@@ -129,23 +130,34 @@ def test_the_feature_store_calls_the_engine_and_the_embedder_calls_the_store():
     assert not private, "\n".join(private)
 
 
-def test_shared_modules_import_nothing_above_core():
-    """A module a lower layer may read (:data:`SHARED`) is a leaf: of ours it imports ``core``
-    only, at module top or inside a function, so reading it pulls no layer above the reader in."""
-    for name in SHARED:
-        assert name in MODULES, name
-        above = [n for n in _imports(MODULES[name]) if n.startswith("robustbench_fm") and _layer(n) != "core"]
-        assert above == [], f"{name} imports {', '.join(above)}"
+def test_the_leaf_layers_import_nothing_above_core():
+    """A leaf layer (:data:`LEAVES`: ``paper``, read by the methods and the reports) imports of ours
+    ``core`` only, at module top or inside a function, so reading it pulls no other layer in."""
+    for layer in LEAVES:
+        modules = [m for m in MODULES if _layer(m) == layer]
+        assert {f"robustbench_fm.{layer}.published", f"robustbench_fm.{layer}.figures"} <= set(modules)
+        for name in modules:
+            above = [n for n in _imports(MODULES[name]) if n.startswith("robustbench_fm") and _layer(n) not in
+                     ("core", layer)]
+            assert above == [], f"{name} imports {', '.join(above)}"
+
+
+def test_no_module_of_a_higher_layer_is_exempt():
+    """The rule has no whitelist: no module of ``methods`` reads one of ``report`` (the papers'
+    published values and the figures' helpers live in ``paper``, below both)."""
+    readers = [f"{m} imports {n}" for m, p in MODULES.items() if _layer(m) == "methods"
+               for n in _imports(p) if _layer(n) == "report"]
+    assert readers == [], "\n".join(readers)
 
 
 def test_the_methods_draw_their_figures_with_the_shared_helpers():
     """Every ``plots`` module of a method and the reports' heat maps (``report.comparisons``) save
-    their figures through ``report.figures``; no method imports another method's plots for them."""
+    their figures through ``paper.figures``; no method imports another method's plots for them."""
     users = [m for m in MODULES if m.startswith("robustbench_fm.methods.") and m.endswith(".plots")]
     assert len(users) >= 3
     for module in [*users, "robustbench_fm.report.comparisons"]:
         names = _imports(MODULES[module])
-        assert "robustbench_fm.report.figures" in names, module
+        assert "robustbench_fm.paper.figures" in names, module
         assert not [n for n in names if n.endswith(".plots")], module
 
 

@@ -1,5 +1,6 @@
 """Command line: ``python -m robustbench_fm [hydra overrides]`` runs a job (default
-``experiment=demo``); ``python -m robustbench_fm list [encoders|datasets|stages|experiments]``
+``experiment=demo``); a first word that is a subcommand (:func:`parser`, the one place they are
+declared) runs it instead: ``python -m robustbench_fm list [encoders|datasets|stages|experiments|panels]``
 lists what is registered; ``python -m robustbench_fm verify <cache entry or root> [manifest]``
 re-checks feature-cache shards against their checksums, row counts and the manifest;
 ``python -m robustbench_fm doctor [encoder ...]`` reports whether each encoder can run offline;
@@ -11,26 +12,28 @@ multirun ends) and with ``--compare`` prints its paper tables beside the publish
 (``comparisons.csv``, ``ranking.csv``) from finished results."""
 from __future__ import annotations
 
+import argparse
 import logging
+import re
 import sys
 from pathlib import Path
 
 from .. import data, encoders, methods
 from .. import methods as stages
-from ..core.errors import message
+from ..core.errors import UnknownName, message
 from ..core.redact import install_log_redaction, redacted_yaml
 from ..core.tables import SweepResults
 from ..data import cards
 from ..encoders import generic
+from ..pipeline import configstore
+from ..pipeline.configstore import GROUPS, group_options
 from ..pipeline.experiment import JobsRefused, bug_line, check_jobs, expand, is_unit, log_traceback, run_jobs
 from ..pipeline.plan import resolved_prepared_dir
 from ..report.compare import to_markdown, write_compare
 from ..report.comparisons import build as build_comparisons
 from ..report.comparisons import verdict
 from ..report.tables import get
-from . import configstore
-from .configstore import GROUPS, group_options
-from .sweeps import REFUSED_FOLDERS, collect_and_report, dry_run_sweep, register_resolvers
+from .sweeps import REFUSED_FOLDERS, collect_and_report, dry_run_sweep
 
 #: the shipped configs: the source tree's ``configs/`` or the installed package data (data.cards.config_dir)
 CONFIG_DIR = cards.CONFIG_DIR
@@ -65,9 +68,10 @@ SECTIONS = ("encoders", "datasets", "stages", "experiments", "panels")
 
 def listing(what: str | None = None) -> str:
     """Registered encoders, datasets, stages, shipped experiments and panels, aligned, one per
-    line with what each is. Imports no torch (the registries hold specs only)."""
+    line with what each is. Imports no torch (the registries hold specs only). An unknown
+    section is an :class:`~robustbench_fm.core.errors.UnknownName` naming the sections."""
     if what is not None and what not in SECTIONS:
-        raise SystemExit(f"error: list: unknown section '{what}'; choose one of {', '.join(SECTIONS)}")
+        raise UnknownName(f"list: unknown section '{what}'; choose one of {', '.join(SECTIONS)}")
 
     def encoder_rows():
         for n in encoders.names():
@@ -552,41 +556,118 @@ def stop_on_ctrl_c() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+PROG = "python -m robustbench_fm"
+#: a first word that can only be meant as a subcommand: no Hydra override (``key=value``, ``+key=``,
+#: ``~key``) and no flag (``-m``, ``--help``, ``-cd``) looks like it
+WORD = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the command line's one-line errors: ``error: <subcommand>: <what> (usage:
+    <its usage>)`` on stderr, exit 2 (a user error). ``subcommands``: the top parser's subcommand
+    parsers by name, in the order :func:`parser` declares them."""
+
+    subcommands: dict[str, argparse.ArgumentParser] = {}
+
+    def error(self, message: str):
+        name = self.prog.removeprefix(PROG).strip()
+        usage = " ".join(self.format_usage().split()).removeprefix("usage: ")
+        self.exit(2, f"error: {name + ': ' if name else ''}{message} (usage: {usage})\n")
+
+
+def _list(args) -> int:
+    try:
+        text = listing(args.section)
+    except UnknownName as exc:
+        print(f"error: {message(exc)}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
+def _collect(args) -> int:
+    sweep = args.sweep_dir or newest_sweep()
+    return collect(sweep, args.compare) if sweep else 2
+
+
+def parser() -> _Parser:
+    """The subcommands, each with its arguments, what it does and the function that runs it
+    (``handler``): the one place they are declared. ``python -m robustbench_fm <subcommand> --help``
+    prints one's help; the Hydra app's ``--help`` lists them all from here (:func:`subcommand_help`).
+    A command line whose first word is no subcommand is the Hydra app's (:func:`main`)."""
+    top = _Parser(prog=PROG, description="The subcommands; a run takes Hydra overrides instead "
+                  f"({PROG} --help).")
+    sub = top.add_subparsers(dest="command", metavar="<subcommand>", required=True, parser_class=_Parser)
+
+    def add(name: str, description: str, handler, *arguments: tuple[tuple, dict]) -> None:
+        command = sub.add_parser(name, help=description, description=description)
+        for names, options in arguments:
+            command.add_argument(*names, **options)
+        command.set_defaults(handler=handler)
+
+    add("list", "what is registered, one line each", _list,
+        (("section",), dict(nargs="?", metavar="|".join(SECTIONS), help="one section (default: all)")))
+    add("doctor", "can each encoder run offline here? (packages, weights, access)",
+        lambda a: doctor(a.encoders),
+        (("encoders",), dict(nargs="*", metavar="encoder", help="registry names (default: every entry)")))
+    add("verify", "re-hash cached feature shards (checksums, row counts, manifest)",
+        lambda a: verify(a.path, a.manifest),
+        (("path",), dict(metavar="<cache entry or cache root>")),
+        (("manifest",), dict(nargs="?", help="the manifest the entry should cover")))
+    add("collect", "merge a sweep again (default: the newest under outputs/multirun)", _collect,
+        (("sweep_dir",), dict(nargs="?", metavar="<sweep folder>")),
+        (("--compare",), dict(action="store_true", help="print its paper tables beside the published values")))
+    add("compare", "its paper tables beside the published values", lambda a: compare(a.sweep_dir),
+        (("sweep_dir",), dict(metavar="<sweep folder or run folder>")))
+    add("rank", "its encoders' paired comparisons and ranking, rebuilt from finished results",
+        lambda a: rank(a.folder), (("folder",), dict(metavar="<run folder or sweep folder>")))
+    top.subcommands = sub.choices
+    return top
+
+
+def subcommand_help() -> str:
+    """The subcommands as the Hydra app's ``--help`` lists them (``${subcommands:}`` in the help
+    template of configs/config.yaml): each one's usage and what it does, from :func:`parser`."""
+    rows = [(" ".join(p.format_usage().split()).removeprefix(f"usage: {PROG} ").replace(" [-h]", ""),
+             p.description) for p in parser().subcommands.values()]
+    width = max(len(usage) for usage, _ in rows)
+    return "\n".join(f"  {usage.ljust(width)}   {text}" for usage, text in rows)
+
+
+def run_subcommand(argv: list[str]) -> int:
+    """Parse ``argv`` (its first word a subcommand, or a word meant as one) and run it; the exit
+    code. An unknown word is one line with the closest subcommand, an argument the subcommand does
+    not take one line with its usage (exit 2)."""
+    import difflib
+
+    top = parser()
+    names = list(top.subcommands)
+    if argv[0] not in names:
+        close = difflib.get_close_matches(argv[0], names, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        top.exit(2, f"error: '{argv[0]}' is no subcommand; {hint}the subcommands: {', '.join(names)}; a run takes "
+                 "Hydra overrides (key=value)\n")
+    args, extra = top.parse_known_args(argv)
+    if extra:
+        top.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args.handler(args)
+
+
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "list":
-        print(listing(sys.argv[2] if len(sys.argv) > 2 else None))
-        return
-    if len(sys.argv) > 1 and sys.argv[1] == "doctor":
-        sys.exit(doctor(sys.argv[2:]))
-    if len(sys.argv) > 1 and sys.argv[1] == "collect":
-        args = [a for a in sys.argv[2:] if a != "--compare"]
-        if len(args) > 1:
-            raise SystemExit("usage: python -m robustbench_fm collect [<multirun sweep folder>] [--compare]")
-        sweep = args[0] if args else newest_sweep()
-        sys.exit(collect(sweep, "--compare" in sys.argv[2:]) if sweep else 2)
-    if len(sys.argv) > 1 and sys.argv[1] == "compare":
-        if len(sys.argv) != 3:
-            raise SystemExit("usage: python -m robustbench_fm compare <multirun sweep folder or run folder>")
-        sys.exit(compare(sys.argv[2]))
-    if len(sys.argv) > 1 and sys.argv[1] == "rank":
-        if len(sys.argv) != 3:
-            raise SystemExit("usage: python -m robustbench_fm rank <run folder or multirun sweep folder>")
-        sys.exit(rank(sys.argv[2]))
-    if len(sys.argv) > 1 and sys.argv[1] == "verify":
-        if len(sys.argv) not in (3, 4):
-            raise SystemExit("usage: python -m robustbench_fm verify <cache entry or cache root> [manifest]")
-        sys.exit(verify(*sys.argv[2:]))
+    # where Hydra is used: the configs' resolvers and the generated encoder= / stage= options (importing
+    # the package registers nothing); the subcommands read finished runs' configs with them too, as before
+    configstore.register()
+    if len(sys.argv) > 1 and WORD.fullmatch(sys.argv[1]):
+        sys.exit(run_subcommand(sys.argv[1:]))
     import traceback
 
     stop_on_ctrl_c()
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
-    from omegaconf import DictConfig
+    from omegaconf import DictConfig, OmegaConf
 
-
-    register_resolvers()
-    configstore.register()  # the generated group options (importing the package did it too)
+    OmegaConf.register_new_resolver("subcommands", subcommand_help, replace=True)  # ${subcommands:} of --help
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
     def _job(cfg: DictConfig) -> None:

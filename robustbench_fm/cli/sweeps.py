@@ -74,7 +74,7 @@ from ..pipeline.collect import (  # noqa: F401  (the collect step; importable fr
     job_state,
 )
 from ..pipeline.experiment import expand, is_unit, problem_lines  # noqa: F401  (importable from here)
-from .resolvers import register, sweep_values  # noqa: F401  (sweep_values: kept importable from here)
+from ..pipeline.resolvers import sweep_values  # noqa: F401  (kept importable from here)
 
 log = logging.getLogger("robustbench_fm")
 
@@ -82,14 +82,6 @@ log = logging.getLogger("robustbench_fm")
 #: ``hydra.sweep.dir``; :class:`robustbench_fm.pipeline.job.RunFolderTaken`): each such folder keeps
 #: the other run's results, so the sweep fails (:meth:`CollectCallback.on_multirun_end`)
 REFUSED_FOLDERS: list[str] = []
-
-
-
-def register_resolvers() -> None:
-    """The configs' resolvers (:mod:`.resolvers`; importing the package registers them too)."""
-    register()
-
-
 
 
 def plan_jobs(config: DictConfig, with_configs: bool = False) -> list[dict] | None:

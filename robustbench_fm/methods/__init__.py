@@ -8,7 +8,7 @@ its ``run(features, manifest, finding, params=None, **kw) -> Results`` receives 
 plan built (``PARAMS.parse(params, **kw)`` returns it as it is; a Python caller's keywords are parsed;
 :func:`~robustbench_fm.methods.params.with_params`); :func:`check` validates a config's parameters before any heavy work
 (names, types and values, one line each) and the command line's ``stage`` configs are generated
-from the same class (:mod:`robustbench_fm.cli.configstore`). A stage module may add
+from the same class (:mod:`robustbench_fm.pipeline.configstore`). A stage module may add
 ``check_manifest`` (data checks before any image is embedded). A stage
 that drives the encoder itself (occluded re-extraction, token sequences) defines
 ``run_job(job: JobContext) -> list[pd.DataFrame]`` instead and asks ``job.embedder`` for images

@@ -41,6 +41,7 @@ from ..core.errors import UserError, message
 from ..data.cards import CONFIG_DIR
 from ..report.comparisons import read as read_comparisons
 from ..report.comparisons import verdict
+from . import configstore
 from . import job as pipeline_job
 from .collect import JOBS_FILE, Collected, collect_and_report, job_state
 from .plan import plan
@@ -314,6 +315,7 @@ def run_experiment(experiment: str, overrides: list[str] | tuple[str, ...] = (),
     args = [f"experiment={experiment}", *overrides]
     if config_dir is not None:
         args.append(f"hydra.searchpath=[file://{Path(config_dir).resolve()}]")
+    configstore.register()  # the resolvers and the encoder= / stage= options (importing the package did not)
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         full = compose("config", overrides=args, return_hydra_config=True)

@@ -132,7 +132,7 @@ def job_context(job: Plan, manifest: pd.DataFrame, out_dir: Path) -> JobContext:
 
 def sweep_first(job: Plan) -> bool:
     """False in a multirun job whose encoder is not the first of the swept panel (``encoders``,
-    what ``-m`` fans out: ``robustbench_fm.cli.resolvers.sweep_values``); True otherwise."""
+    what ``-m`` fans out: ``robustbench_fm.pipeline.resolvers.sweep_values``); True otherwise."""
     if not job.multirun:
         return True
     swept = list(job.swept_encoders)

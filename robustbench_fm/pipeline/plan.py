@@ -324,11 +324,11 @@ def _extract_options(cfg: DictConfig, here: bool = True) -> ExtractOptions:
     return ExtractOptions.named(CONFIG_KEYS.__getitem__, **given)
 
 
-#: the keys of the ``stage`` node (:func:`robustbench_fm.cli.configstore.stage_node`); its ``params``
+#: the keys of the ``stage`` node (:func:`robustbench_fm.pipeline.configstore.stage_node`); its ``params``
 #: are checked by the stage's parameter class (:func:`robustbench_fm.methods.check`)
 STAGE_KEYS = ("name", "findings", "params")
 #: the keys an ``encoder`` node may hold: a registry entry's and a generic entry's (``model``,
-#: ``pretrained``; robustbench_fm/cli/configstore.py) and the options :class:`EncoderSettings` reads
+#: ``pretrained``; robustbench_fm/pipeline/configstore.py) and the options :class:`EncoderSettings` reads
 ENCODER_KEYS = ("name", "model", "pretrained", "weights", "tile_weights", "embedding", "batch_size")
 
 

@@ -10,10 +10,11 @@ package runs and renders them.
 * :mod:`.render`: markdown / LaTeX / CSV in the paper's layout, bold best, underlined second;
 * :mod:`.long_format`: every stage summary as (encoder, dataset, task, stage, group, metric, value, CI, n, seed,
   config_hash) rows;
-* :mod:`.published` (the papers' numbers, package data in ``published/``) and :mod:`.compare`
-  (ours, published, difference, flagged beyond the published interval);
+* :mod:`.compare`: ours beside the papers' numbers (:mod:`robustbench_fm.paper.published`):
+  ours, published, difference, flagged beyond the published interval;
 * :mod:`.html`: ``report.md`` and a self-contained ``report.html`` per run and per sweep (jinja2
   templates in ``templates/``).
-* :mod:`.figures`: what every paper's figures share (the columns a figure needs, a figure written
-  as PNG and PDF); a leaf the methods' ``plots`` modules read (tests/test_layers.py ``SHARED``).
+
+The papers' published numbers and the helpers every figure shares are a layer of their own below
+the methods, :mod:`robustbench_fm.paper`, which the methods and this package both read.
 """

@@ -1,16 +1,16 @@
 """Our paper tables beside the published numbers: ours, published, difference, and a flag where
 the difference exceeds the published value's interval.
 
-Matching rule (a :class:`~.tables.PaperTable` against ``report/published/``):
+Matching rule (a :class:`~robustbench_fm.core.tables.PaperTable` against ``paper/published/``):
 
 1. **Table**: the PaperTable's name ``<paper>[_v<k>]_table<N>[_<suffix>]`` names the published
-   table (:func:`.published.parse_table_name`; CANDOR without a version is v4). Other names
-   (e.g. ``croma_pareto``) have no published counterpart and are not compared.
+   table (:func:`robustbench_fm.paper.published.parse_table_name`; CANDOR without a version is
+   v4). Other names (e.g. ``croma_pareto``) have no published counterpart and are not compared.
 2. **Column**: a frame column is compared when its header equals a published ``column`` exactly
    (builders use the printed headers: ``AUROC Head``, ``D_all``, ``F(0)``, ``LTM10``).
 3. **Row**: the row-label column is the text column whose values name the most published rows.
    A value names a published row when equal to it, or through the alias map
-   ``report/published/aliases.csv`` (registry name -> the paper's model name, e.g.
+   ``paper/published/aliases.csv`` (registry name -> the paper's model name, e.g.
    ``uni2_h`` -> ``UNI2-h`` in CRoMa, ``UNI2`` in CANDOR).
 4. **Section**: if another text column (``group_by`` first) holds published section labels, a
    row's section must match: equal (case-insensitive), or equal to one " / "-separated part of it
@@ -37,8 +37,8 @@ import pandas as pd
 from ..core.atomic import write_text_atomic
 from ..core.results import to_markdown as frame_markdown
 from ..core.tables import PaperTable
-from . import published
-from .published import aliases
+from ..paper import published
+from ..paper.published import aliases
 
 COMPARE_COLUMNS = ["table", "section", "row", "column", "ours", "published", "difference", "tolerance",
                    "interval_low", "interval_high", "outside", "unit"]

@@ -44,7 +44,7 @@ from .. import methods
 from ..core.atomic import write_text_atomic
 from ..core.stats import FAMILY_ALPHA, MIN_CLUSTERS, max_t_family, paired_bootstrap, rank_intervals
 from ..core.tables import SweepResults
-from .figures import save_figure
+from ..paper.figures import save_figure
 
 #: the family-wise error rate of a comparison family (max-T), and the best set's threshold
 ALPHA = FAMILY_ALPHA

@@ -33,6 +33,18 @@ def test_help_lists_the_subcommands_and_groups():
     assert "planted_blur" in out and "chest_candor" in out  # the group options themselves
 
 
+def test_help_lists_each_subcommand_as_the_parser_declares_it():
+    """Issue 56: the Hydra app's --help lists the subcommands from the one parser (``rank`` too),
+    each with its usage and what it does."""
+    from robustbench_fm.cli.main import parser, subcommand_help
+
+    out = run("--help").stdout
+    assert subcommand_help() in out
+    for name in parser().subcommands:
+        assert re.search(rf"^  {name}\b", out, re.M), name
+    assert re.search(r"^  rank <run folder or sweep folder> +its encoders' paired comparisons", out, re.M)
+
+
 def test_list_imports_no_torch():
     code = ("import sys; from robustbench_fm.cli.main import listing; listing(); "
             "print(sorted(m for m in ('torch', 'torchvision', 'timm') if m in sys.modules))")

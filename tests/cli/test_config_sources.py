@@ -1,5 +1,5 @@
 """One home for each kind of config (issue 17): the ``encoder`` options are generated from the
-encoder registry (robustbench_fm/cli/configstore.py), a dataset's access/licence/citation live in
+encoder registry (robustbench_fm/pipeline/configstore.py), a dataset's access/licence/citation live in
 its card (configs/dataset/<name>.yaml) and the adapters read them from there, the eight CANDOR
 ablations on MIMIC-CXR + CheXpert share configs/candor_ablation_base.yaml (the box-verified and
 unmatched ones are one job over a pool of sites), and experiments choose their encoders only

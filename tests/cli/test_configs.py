@@ -10,9 +10,9 @@ from omegaconf import OmegaConf
 
 from robustbench_fm import data, encoders
 from robustbench_fm import methods as stages
-from robustbench_fm.cli import configstore
 from robustbench_fm.cli.main import CONFIG_DIR, listing
 from robustbench_fm.methods.params import config_node, field_docs
+from robustbench_fm.pipeline import configstore
 from robustbench_fm.pipeline.job import load_manifest
 from robustbench_fm.pipeline.plan import plan
 
@@ -42,7 +42,7 @@ def test_every_experiment_composes_and_plans(experiment, tmp_path):
 
 
 def test_group_options_match_the_registries():
-    # the encoder options are generated from the registry (robustbench_fm/cli/configstore.py): what
+    # the encoder options are generated from the registry (robustbench_fm/pipeline/configstore.py): what
     # Hydra offers for `encoder=` is the registry, and each option names its own entry
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         options = GlobalHydra.instance().config_loader().get_group_options("encoder")

@@ -12,9 +12,9 @@ import pytest
 from PIL import Image
 
 from robustbench_fm import data
-from robustbench_fm.cli.resolvers import csv_findings
 from robustbench_fm.data import csv_manifest
 from robustbench_fm.data.manifest import ManifestError
+from robustbench_fm.pipeline.resolvers import csv_findings
 
 CHEXPERT_STYLE = "path,Pneumothorax,male,age\na.png,1,1,30\nb.png,-1,0,40\nc.png,,1,50\nd.png,0,0,60\ne.png,-1,1,70\n"
 

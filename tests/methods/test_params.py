@@ -12,13 +12,13 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from robustbench_fm import methods
-from robustbench_fm.cli import configstore
 from robustbench_fm.cli.main import CONFIG_DIR
 from robustbench_fm.methods.candor import stage as candor_stage
 from robustbench_fm.methods.candor.params import CandorParams
 from robustbench_fm.methods.croma.params import CromaParams
 from robustbench_fm.methods.heads.params import CandorHeadsParams, ErrorDetectionParams, HeadParams, LogmeParams
 from robustbench_fm.methods.params import StageParams, config_node, field_docs
+from robustbench_fm.pipeline import configstore
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the hand-written configs/stage/*.yaml as they were at 5fcc8da, the last revision that had them

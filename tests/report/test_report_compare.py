@@ -10,7 +10,8 @@ from report_fixtures import candor_summary, job_config, write_job
 from robustbench_fm.core.tables import PaperTable, SweepResults
 from robustbench_fm.methods.candor.tables import CHEST_FINDINGS
 from robustbench_fm.methods.candor.tables import candor_table2 as build
-from robustbench_fm.report import compare, published
+from robustbench_fm.paper import published
+from robustbench_fm.report import compare
 
 REGISTRY = {"RAD-DINO": "rad_dino", "DenseNet-121": "densenet121_xrv", "Random ViT-L": "random_vit_l"}
 

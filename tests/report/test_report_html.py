@@ -12,9 +12,10 @@ import pytest
 
 from robustbench_fm.cli import main as cli
 from robustbench_fm.core.tables import PaperTable
+from robustbench_fm.paper import published
 from robustbench_fm.pipeline.job import record_entries
 from robustbench_fm.pipeline.plan import Plan
-from robustbench_fm.report import html, published
+from robustbench_fm.report import html
 
 EXTERNAL = re.compile(r"(?:src|href|url)\s*[=(]\s*['\"]?(?!data:)[a-z]+:", re.I)
 

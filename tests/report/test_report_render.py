@@ -9,7 +9,7 @@ import pytest
 from report_fixtures import ISSUE_TABLES
 
 from robustbench_fm.core.tables import PaperTable
-from robustbench_fm.report import published
+from robustbench_fm.paper import published
 from robustbench_fm.report.render import ranks, render, to_latex, to_markdown
 
 

@@ -1,6 +1,6 @@
 """CANDOR's ablation and control tables, each with the paper's number beside ours (candor.md v4,
 "Chest Encoders and the Choice of Candidate Sets", "Ablation Studies"; the published values from
-:func:`robustbench_fm.report.published.text_numbers`).
+:func:`robustbench_fm.paper.published.text_numbers`).
 
 * :func:`candor_box_verified` (``experiment=candor_ablation_box_verified``, stage
   ``candor_box_verified``): ablation (1), D of the box-verified positives and of all positives;
@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 from ... import encoders
 from ...core.tables import PaperTable, SweepResults
 from ...data.manifest import CHEST_FINDINGS
-from ...report.published import text_numbers
+from ...paper.published import text_numbers
 from .params import CandorParams
 from .tables import POOLED, _candor_rows, chest_rate, paper_name, pool_sites, with_target
 
@@ -42,7 +42,7 @@ RAD_DINO = "rad_dino"
 
 
 def published(where: str, quantity: str, version: str = "v4") -> float:
-    """One number of the paper's text (``report/published/candor_text_numbers.csv``)."""
+    """One number of the paper's text (``paper/published/candor_text_numbers.csv``)."""
     rows = text_numbers()
     hit = rows[(rows["paper"] == "candor") & (rows["version"] == version) & (rows["where"] == where)
                & (rows["quantity"] == quantity)]

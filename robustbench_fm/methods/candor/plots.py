@@ -10,7 +10,7 @@ Inputs are DataFrames with one row per (encoder, task), as the long-format colle
 * Figure 3 (:func:`retention_figure`): ``encoder``, ``d``, ``retention``: retention against D.
 
 Each ``*_figure`` draws on a fresh :class:`matplotlib.figure.Figure`; each ``plot_*`` writes
-``<stem>.png`` and ``<stem>.pdf`` (:func:`robustbench_fm.report.figures.save_figure`) and returns the paths.
+``<stem>.png`` and ``<stem>.pdf`` (:func:`robustbench_fm.paper.figures.save_figure`) and returns the paths.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from ...core.stats import spearman
-from ...report.figures import require_columns, save_figure
+from ...paper.figures import require_columns, save_figure
 
 CHANCE = 0.5
 MARKERS = "os^vD<>pP*Xh"

@@ -35,7 +35,7 @@ import pandas as pd
 from ... import encoders
 from ...core.tables import PaperTable, SweepResults
 from ...data.manifest import CHEST_FINDINGS
-from ...report.published import aliases, text_numbers
+from ...paper.published import aliases, text_numbers
 from .params import CandorParams
 from .ranks import MIN_TEST_N, association_family, spearman
 from .sets import overlap_summary, pairwise_overlaps

@@ -22,7 +22,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from scipy.stats import gaussian_kde, spearmanr, t
 
-from ...report.figures import require_columns, save_figure
+from ...paper.figures import require_columns, save_figure
 from .params import CONTROLS
 
 APD_COLUMNS = {"apd": "APD", "apd_id": "APD (in-domain)", "apd_ood": "APD (out-of-domain)"}

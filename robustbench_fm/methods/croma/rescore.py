@@ -48,7 +48,7 @@ from omegaconf import OmegaConf
 from ...core.atomic import write_atomic, write_text_atomic
 from ...core.errors import UserError
 from ...core.tables import SweepResults
-from ...report import published
+from ...paper import published
 from .labels import BENCHMARKS, SLIDE_LABELS, TILE_LABELS, label
 from .params import K_POLICIES, PUBLISHED_K, PUBLISHED_KSTAR_SECTION, CromaParams
 

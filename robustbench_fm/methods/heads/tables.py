@@ -29,8 +29,8 @@ from ...core.stats import (
     mantel_haenszel_rd,
 )
 from ...core.tables import PaperTable, SweepResults
-from ...report.published import table as published_table
-from ...report.published import text_numbers
+from ...paper.published import table as published_table
+from ...paper.published import text_numbers
 from ..candor.sets import consensus_blind_set
 from . import combine
 
@@ -117,7 +117,7 @@ _TEXT_VALUES = {("Miss rate 263", "oracle"): ("v1", "oracle selector miss rate o
 
 
 def published_text(version: str, quantity: str) -> float:
-    """A CANDOR number stated in the text (report/published/candor_text_numbers.csv)."""
+    """A CANDOR number stated in the text (paper/published/candor_text_numbers.csv)."""
     t = text_numbers()
     hit = t[(t["paper"] == "candor") & (t["version"] == version) & (t["quantity"] == quantity)]
     return float(hit["value"].iloc[0]) if len(hit) else np.nan

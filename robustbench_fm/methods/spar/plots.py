@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ...report.figures import require_columns, save_figure
+from ...paper.figures import require_columns, save_figure
 
 MARKERS = "os^vDP*Xh<>p"
 

@@ -12,7 +12,7 @@ import pytest
 from croma_sweeps import camelyon_root
 
 from robustbench_fm.methods.croma.panel import median_k
-from robustbench_fm.report import published
+from robustbench_fm.paper import published
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,8 @@ from robustbench_fm.methods.croma import rescore
 from robustbench_fm.methods.croma import tables as tc
 from robustbench_fm.methods.croma.panel import median_k
 from robustbench_fm.methods.croma.params import PUBLISHED_K
+from robustbench_fm.paper import published
 from robustbench_fm.pipeline.job import job_manifest
-from robustbench_fm.report import published
 
 
 def features_for(manifest, strengths, dim=16, seed=0):

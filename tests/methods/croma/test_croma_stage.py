@@ -9,8 +9,8 @@ from croma_cohorts import cohort, quartets
 from omegaconf import OmegaConf
 
 from robustbench_fm import evaluate
-from robustbench_fm.cli import configstore
 from robustbench_fm.methods.croma import stage
+from robustbench_fm.pipeline import configstore
 
 
 def best_time(x, manifest, repeats=3):

@@ -10,7 +10,7 @@ import pytest
 
 from robustbench_fm.core.errors import UserError
 from robustbench_fm.methods.croma import tables as tc
-from robustbench_fm.report import published
+from robustbench_fm.paper import published
 from robustbench_fm.report.compare import compare_table
 
 KEY = "pathorob_tolkach"

@@ -16,8 +16,8 @@ from robustbench_fm.core.tables import SweepResults
 from robustbench_fm.data import build_manifest
 from robustbench_fm.methods.croma import tables as tc
 from robustbench_fm.methods.croma.panel import median_k, typed_ranks
+from robustbench_fm.paper import published
 from robustbench_fm.pipeline.job import job_manifest
-from robustbench_fm.report import published
 
 SCORES = ["ri", "mari", "tau", "k", "support", "croma", "f0", "q_alpha", "ltm", "bio_knn_bacc", "conf_knn_bacc"]
 

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from robustbench_fm.data import build_manifest
 from robustbench_fm.data.cards import CONFIG_DIR
 from robustbench_fm.methods.heads.rows import draw_first, head_splits
-from robustbench_fm.report.published import text_numbers
+from robustbench_fm.paper.published import text_numbers
 
 pytestmark = pytest.mark.slow  # command-line subprocesses: the full suite runs them
 

@@ -18,7 +18,7 @@ ORACLE_PROBES = ("relative_position", "orientation", "kidney_symmetry", "liver_s
 
 
 def _published(n: int) -> pd.DataFrame:
-    from robustbench_fm.report import published
+    from robustbench_fm.paper import published
 
     return published.table("spar", n)
 

@@ -1,9 +1,9 @@
 """What every paper's figures share (the ``plots`` modules of :mod:`robustbench_fm.methods` and the
-reports' heat maps, :mod:`.comparisons`): the columns a figure needs, checked in one line, and a
+reports' heat maps, :mod:`robustbench_fm.report.comparisons`): the columns a figure needs, checked in one line, and a
 :class:`matplotlib.figure.Figure` written as PNG and PDF.
 
-A leaf module the methods may read (tests/test_layers.py ``SHARED``): it imports matplotlib, the
-standard library and :mod:`robustbench_fm.core` only."""
+A module of the leaf layer :mod:`robustbench_fm.paper`, which the methods and the reports both read
+(tests/test_layers.py): it imports matplotlib, the standard library and :mod:`robustbench_fm.core` only."""
 from __future__ import annotations
 
 from collections.abc import Iterable

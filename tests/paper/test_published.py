@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 from report_fixtures import ISSUE_TABLES
 
-from robustbench_fm.report import published
+from robustbench_fm.paper import published
 
 
 def readme_counts() -> dict[str, int]:
-    text = (resources.files("robustbench_fm.report") / "published" / "README.md").read_text()
+    text = (resources.files("robustbench_fm.paper") / "published" / "README.md").read_text()
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^\| `([^`]+\.csv)` \| (\d+) \|", text, re.M)}
 
 

@@ -1,4 +1,4 @@
-"""The papers' published numbers, shipped as package data (``report/published/``; its README
+"""The papers' published numbers, shipped as package data (``paper/published/``; its README
 says how every cell was transcribed and lists the ambiguous readings).
 
 * Table files ``<paper>[_<version>]_table<N>[_<topic>].csv``: columns ``paper, version, table,
@@ -8,9 +8,9 @@ says how every cell was transcribed and lists the ambiguous readings).
 
 :func:`tables` / :func:`text_numbers` read them with ``value`` parsed to a float and the printed
 precision kept in ``decimals`` (digits after the point of the value string; the half-unit
-tolerance of :mod:`.compare` is ``0.5 * 10**-decimals``). :func:`validate` checks the schema,
+tolerance of :mod:`robustbench_fm.report.compare` is ``0.5 * 10**-decimals``). :func:`validate` checks the schema,
 the unit vocabulary and that every value lies in its unit's range. :func:`parse_table_name`
-maps a :class:`~.tables.PaperTable` name (``croma_table3``, ``candor_v1_table4``,
+maps a :class:`~robustbench_fm.core.tables.PaperTable` name (``croma_table3``, ``candor_v1_table4``,
 ``spar_table1_word``) to its published table; CANDOR without a version means v4, the current
 arXiv version.
 """

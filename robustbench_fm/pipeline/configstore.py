@@ -19,10 +19,13 @@ id instead of a registry entry; a user makes one permanent with a YAML card in t
 folder (``encoder/<name>.yaml`` holding ``name: timm``, ``model: ...`` and the other keys of
 :func:`generic_node`; README, "Your own data and encoder").
 
-:func:`register` runs when the package is imported (``robustbench_fm/__init__.py``, next to the
-resolvers) and again in :func:`.main.main` before Hydra composes, so the Hydra app, the compose API
-(``initialize_config_dir`` + ``compose``) and the launchers' job processes (which get Hydra's
-singletons, the ConfigStore among them, and import the package) all see the same options.
+:func:`register` stores them, with the configs' resolvers (:mod:`.resolvers`), where Hydra is used
+and nowhere else (importing the package registers nothing): in :func:`robustbench_fm.cli.main.main`
+before Hydra composes (and again after ``plugins=[...]`` added stages) and in
+:func:`robustbench_fm.pipeline.experiment.run_experiment` (``robustbench_fm.run``) before it
+composes. The launchers' job processes get both from Hydra's singleton state (the ConfigStore and
+OmegaConf's resolvers), which the launcher hands each job. Code that composes the shipped configs
+with Hydra's API itself (``initialize_config_dir`` + ``compose``) calls :func:`register` first.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from pathlib import Path
 from .. import encoders, methods
 from ..encoders import generic
 from ..methods.params import config_node
+from . import resolvers
 
 #: the config groups whose options are generated here (no YAML folder under configs/)
 GROUPS = ("encoder", "stage")
@@ -73,10 +77,13 @@ def nodes(group: str) -> dict[str, dict]:
 
 
 def register() -> None:
-    """Store every generated option in Hydra's ConfigStore (idempotent: a second call re-stores
-    the same nodes)."""
-    from hydra.core.config_store import ConfigStore
+    """What composing the shipped configs needs: the configs' resolvers (:func:`.resolvers.register`)
+    and every generated option stored in Hydra's ConfigStore. Idempotent: a second call registers the
+    same resolvers and re-stores the same nodes (and stores the options of stages registered since,
+    a plugin's)."""
+    from hydra.core.config_store import ConfigStore  # lazy: Hydra only where a config is composed
 
+    resolvers.register()
     store = ConfigStore.instance()
     for group in GROUPS:
         for name, node in nodes(group).items():

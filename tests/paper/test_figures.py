@@ -1,10 +1,10 @@
-"""robustbench_fm.report.figures: the helpers every paper's figures share."""
+"""robustbench_fm.paper.figures: the helpers every paper's figures share."""
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 from PIL import Image
 
-from robustbench_fm.report.figures import require_columns, save_figure
+from robustbench_fm.paper.figures import require_columns, save_figure
 
 
 def test_a_missing_column_is_one_line_naming_it_and_what_the_table_holds():

@@ -1,6 +1,7 @@
-"""The OmegaConf resolvers of the shipped configs, registered when the package is imported, so the
-CLI, Hydra's compose API and the launchers' job processes (which unpickle package objects) all
-have them before anything is resolved.
+"""The OmegaConf resolvers of the shipped configs, registered with the generated config options
+(:func:`robustbench_fm.pipeline.configstore.register`) where Hydra is used: the command line before
+it composes, ``robustbench_fm.run`` before it composes; the launchers' job processes get them from
+Hydra's singleton state. Importing the package registers nothing.
 
 * ``${launch_dir:}``: the directory the command was run from (``paths.root``). Unlike
   ``${hydra:runtime.cwd}`` it also resolves where Hydra's job config is not set: when a multirun
@@ -27,11 +28,12 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..data.csv_manifest import finding_columns
+from .plan import feature_set_name
 
 
 def launch_dir() -> str:
     """Hydra's ``runtime.cwd`` when a Hydra job config is set, else the current directory."""
-    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.hydra_config import HydraConfig  # lazy: read only when it resolves (a job's runtime.cwd)
 
     if HydraConfig.initialized():
         cwd = HydraConfig.get().runtime.get("cwd")
@@ -58,8 +60,6 @@ def csv_findings(manifest) -> list[str]:
 def feature_set(features_file, name=None) -> str:
     """The name of a bring-your-own feature set: ``name`` when set, else its file's (a cache
     entry: its encoder folder; :func:`robustbench_fm.pipeline.plan.feature_set_name`)."""
-    from ..pipeline.plan import feature_set_name  # lazy: the resolvers load with the package, the pipeline later
-
     return str(name) if name else feature_set_name(features_file) if features_file else "features"
 
 
