@@ -10,10 +10,10 @@ import pytest
 from plan_fixtures import OVERRIDES, compose_job
 
 from robustbench_fm import methods
-from robustbench_fm.cli.configstore import stage_node
 from robustbench_fm.methods.candor.params import CandorParams
 from robustbench_fm.methods.params import as_config, with_params
 from robustbench_fm.pipeline import job
+from robustbench_fm.pipeline.configstore import stage_node
 from robustbench_fm.pipeline.plan import plan
 
 SHIPPED = [n for n in methods.names() if methods.method(n).params is not None
