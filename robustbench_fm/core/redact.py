@@ -7,8 +7,29 @@ import re
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 MASK = "***"
-#: Config keys whose values are secrets, whatever their nesting.
-SECRET_KEY = re.compile(r"(token|secret|password|passwd|api_?key|credential)", re.IGNORECASE)
+#: Config keys whose values are secrets, whatever their nesting: a key one of whose words (split at
+#: ``_``, ``-``, ``.`` or a case change) is a secret's name, or whose last word is ``token`` (``token``,
+#: ``hf_token``, ``hubToken``). A setting that merely mentions tokens (SPAR's ``token_grid``,
+#: ``max_tokens``) is a setting, kept as it is: config.yaml must re-run the experiment.
+SECRET_WORDS = frozenset({"secret", "secrets", "password", "passwd", "credential", "credentials", "apikey"})
+KEY_OWNERS = frozenset({"api", "secret", "private", "access"})
+
+
+def key_words(key: str) -> list[str]:
+    """The words of a config key, lower case: ``hf_token`` -> [hf, token], ``apiKey`` -> [api, key]."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", str(key))
+    return [w for w in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if w]
+
+
+def is_secret_key(key) -> bool:
+    """Whether config key ``key`` names a secret (:data:`SECRET_WORDS`, a last word ``token``, or
+    ``<api|secret|private|access> key`` as its last two words)."""
+    words = key_words(str(key))
+    if not words:
+        return False
+    if SECRET_WORDS.intersection(words) or words[-1] == "token":
+        return True
+    return words[-1] == "key" and len(words) > 1 and words[-2] in KEY_OWNERS
 #: Secret-looking strings anywhere in a message: Hugging Face tokens, bearer headers, key=value.
 SECRET_TEXT = re.compile(
     r"(hf_[A-Za-z0-9]{20,})"
@@ -30,7 +51,7 @@ def redact_config(cfg) -> dict | list:
 
     def walk(node, key=""):
         if isinstance(node, dict):
-            return {k: (MASK if SECRET_KEY.search(str(k)) and v is not None else walk(v, k))
+            return {k: (MASK if is_secret_key(k) and v is not None else walk(v, k))
                     for k, v in node.items()}
         if isinstance(node, list):
             return [walk(v, key) for v in node]

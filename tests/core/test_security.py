@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from robustbench_fm import encoders
-from robustbench_fm.core.redact import install_log_redaction
+from robustbench_fm.core.redact import install_log_redaction, is_secret_key, redact_config
 from robustbench_fm.data import manifest as mf
 from robustbench_fm.encoders.registry import SPECS
 
@@ -103,3 +103,15 @@ def test_importing_the_package_opens_no_connection():
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("key, secret", [
+    ("token", True), ("hf_token", True), ("hubToken", True), ("api_key", True), ("apiKey", True),
+    ("apikey", True), ("password", True), ("db_passwd", True), ("client_secret", True), ("aws_secret_access_key", True),
+    ("credentials", True),
+    ("token_grid", False), ("tile_token_grid", False), ("max_tokens", False), ("n_tokens", False),
+    ("keys", False), ("key", False), ("sort_key", False), ("cluster_col", False)])
+def test_a_key_is_masked_only_when_it_names_a_secret(key, secret):
+    """SPAR's token_grid is a setting (a saved config.yaml must re-run the experiment), hf_token a secret."""
+    assert is_secret_key(key) is secret
+    assert redact_config({"stage": {key: [4, 4]}})["stage"][key] == ("***" if secret else [4, 4])
