@@ -356,17 +356,21 @@ def scope_neighbours(feats: torch.Tensor, labels: np.ndarray, confs: np.ndarray,
     keep = typed_width > 0 and len(first) == n
     typed = _TypedLists(cell[order], n_conf, max(m, typed_width) if keep else m, vectors, indices=keep)
     far = _Farthest(torch.as_tensor(key, device=device), vectors) if drop_farthest else None
+    at_groups = groups[order]
     for r0, r1, c0, c1, sims, both in tiles.tiles():
         if far is not None:
             far.update(r0, r1, c0, c1, sims)
             if both:
                 far.update(c0, c1, r0, r1, sims.T)
-        sims.masked_fill_(grp[r0:r1, None] == grp[None, c0:c1], float("-inf"))  # self and same group
+        # self and same group; the rows come in (cell, group) order, so most tiles share no group
+        if np.intersect1d(at_groups[r0:r1], at_groups[c0:c1]).size:
+            sims.masked_fill_(grp[r0:r1, None] == grp[None, c0:c1], float("-inf"))
         best.update(r0, sims, c0)
         typed.update(r0, r1, c0, c1, sims)
-        if both:
-            best.update(c0, sims.T, r0)
-            typed.update(c0, c1, r0, r1, sims.T)
+        if both:  # the transposed tile as a copy: top-k along a transposed view's strided rows is ~1.5x slower
+            cols = sims.T.contiguous()
+            best.update(c0, cols, r0)
+            typed.update(c0, c1, r0, r1, cols)
     best_v, best_i = best.result()
     far_i, far_in = None, None
     if far is not None:
