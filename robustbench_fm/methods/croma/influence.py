@@ -78,21 +78,24 @@ def _given_lists(x: torch.Tensor, typed: tuple, width: int, m: int, labels, conf
     off the same products). Which of equally similar candidates ``torch.topk`` keeps follows its own
     order; it counts only where the tie straddles the m-th / (m + 1)-th or the ``width``-th /
     (``width`` + 1)-th place (which clusters are among the m nearest, which candidates are searched:
-    within the list, equal similarities sum alike whatever their order). The :data:`BLOCK` of rows
-    holding such a row is searched again as :func:`_typed_lists` searches it (the same product)."""
+    within the list, equal similarities sum alike whatever their order). Such rows are searched again
+    as :func:`_typed_lists` searches them, in products of at least :data:`SHARED_MIN_EDGE` rows (the
+    same entries, :func:`shares_products`; other rows fill a short product and are dropped)."""
     if min(sims.shape[1] for sims, _ in typed) <= width:
         raise ValueError(f"croma influence: the lists handed over need width + 1 = {width + 1} columns, they have "
                          f"{min(sims.shape[1] for sims, _ in typed)}; search them with typed_width={width + 1}")
-    cut = [c for c in (m, width) if c < typed[0][0].shape[1]]
-    tied = np.zeros(len(typed[0][0]), bool)
+    n = len(typed[0][0])
+    tied = np.zeros(n, bool)
     for sims, _ in typed:
-        for c in cut:
+        for c in (m, width):
             tied |= np.isfinite(sims[:, c]) & (sims[:, c - 1] == sims[:, c])
     out = [(sims[:, :width].copy(), rows[:, :width].copy()) for sims, rows in typed]
-    for start in np.unique(np.flatnonzero(tied) // BLOCK * BLOCK).tolist():
-        at = np.arange(start, min(start + BLOCK, len(tied)))
-        for (sims, rows), (again, where) in zip(out, _typed_lists(x, at, labels, confs, groups, width)):
-            sims[at], rows[at] = again, where
+    tied = np.flatnonzero(tied)
+    for start in range(0, len(tied), BLOCK):
+        at = tied[start:start + BLOCK]
+        fill = np.setdiff1d(np.arange(n), at)[:max(0, min(n, SHARED_MIN_EDGE) - len(at))]
+        for (sims, rows), (again, where) in zip(out, _typed_lists(x, np.r_[at, fill], labels, confs, groups, width)):
+            sims[at], rows[at] = again[:len(at)], where[:len(at)]
     return out
 
 
