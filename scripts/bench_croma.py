@@ -22,7 +22,9 @@ measured in one run is the figure that counts.
 The floor, measured in the "ours" child after the stage on the same device: one exact top-k
 pass (``core.neighbors.topk_similarity``, k = 91, the grid's largest) of every tile against
 every tile of the L2-normalised matrix; ``ratio_over_similarity_floor`` = stage wall / floor
-(the targets: at most 2 on CPU, 3 on a GPU).
+(the targets: at most 1.5 on CPU (issue 57), 3 on a GPU). The JSON records the CPU (``machine.cpu``,
+``machine.cpu_capability``) and the 1-minute load average before and after each case: the floor is
+a matrix product, the rest of the stage is not, so the ratio depends on both.
 """
 from __future__ import annotations
 
@@ -195,9 +197,13 @@ def main(argv=None) -> dict:
             else dict(tiles_per_slide=300, slides_per_cell=17, dim=1024))
     import torch
 
-    result = dict(machine=dict(platform=platform.platform(), cpus=os.cpu_count(), torch=torch.__version__,
+    from robustbench_fm.core.devices import cpu_model
+
+    result = dict(machine=dict(platform=platform.platform(), cpus=os.cpu_count(), cpu=cpu_model(),
+                               cpu_capability=torch.backends.cpu.get_cpu_capability(), torch=torch.__version__,
                                torch_threads=torch.get_num_threads(), device=args.device),
-                  targets=dict(ratio_max=0.1, peak_rss_mb_max=4096), quick=args.quick, cases={})
+                  targets=dict(ratio_max=0.1, peak_rss_mb_max=4096, ratio_over_similarity_floor_max=1.5),
+                  quick=args.quick, cases={})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for case in args.cases.split(","):

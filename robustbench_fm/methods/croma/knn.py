@@ -66,14 +66,19 @@ class ScopeNeighbours:
     count: np.ndarray
     so_dist: np.ndarray
     os_dist: np.ndarray
+    #: with ``typed_width``: ((SO similarities, SO rows), (OS similarities, OS rows)), each (n, typed_width),
+    #: similarities (float64) descending, −inf and row −1 past the candidates; rows in the scope's order
+    typed: tuple | None = None
 
 
 class _TypedLists:
     """Running ``m`` largest SO and OS similarities of every row (rows in processing order),
-    updated tile by tile: a top-m inside each label × confounder cell of the tile's columns, then a
-    merge of the typed cells into the rows of each anchor cell (conventions A.2)."""
+    updated tile by tile: inside each (anchor cell, candidate cell) block of the tile that is SO or
+    OS a top-m of the candidate cell's columns, then a merge of the typed cells into the rows of the
+    anchor cell (conventions A.2). ``indices``: the lists also keep the candidates' columns
+    (processing positions; −1 where absent)."""
 
-    def __init__(self, cell: np.ndarray, n_conf: int, m: int, like: torch.Tensor):
+    def __init__(self, cell: np.ndarray, n_conf: int, m: int, like: torch.Tensor, indices: bool = False):
         n, self.m, self.cell = len(cell), m, cell
         n_cells = int(cell.max()) + 1
         lab, con = np.arange(n_cells) // n_conf, np.arange(n_cells) % n_conf
@@ -81,6 +86,10 @@ class _TypedLists:
         self.os_cells = [[c for c in range(n_cells) if lab[c] != lab[a] and con[c] == con[a]] for a in range(n_cells)]
         self.so = torch.full((n, m), float("-inf"), dtype=like.dtype, device=like.device)
         self.os = torch.full((n, m), float("-inf"), dtype=like.dtype, device=like.device)
+        self.indices = indices
+        if indices:
+            self.so_i = torch.full((n, m), -1, dtype=torch.long, device=like.device)
+            self.os_i = torch.full((n, m), -1, dtype=torch.long, device=like.device)
         self.device = like.device
         self._columns: dict[tuple[int, int], tuple] = {}
 
@@ -102,17 +111,28 @@ class _TypedLists:
         perm, ranges = self._cells_of(c0, c1)
         if perm is not None:
             sims = sims[:, perm]
-        tops = {c: torch.topk(sims[:, lo:hi], min(self.m, hi - lo), dim=1).values for c, (lo, hi) in ranges.items()}
         rows_cells = self.cell[r0:r1]
         for a in np.unique(rows_cells).tolist():
             at = np.flatnonzero(rows_cells == a)
             local = slice(int(at[0]), int(at[-1]) + 1) if at[-1] - at[0] + 1 == len(at) else \
                 torch.as_tensor(at, device=self.device)
             rows = slice(r0 + local.start, r0 + local.stop) if isinstance(local, slice) else local + r0
-            for running, cells in ((self.so, self.so_cells[a]), (self.os, self.os_cells[a])):
-                found = [tops[c][local] for c in cells if c in tops]
-                if found:
-                    running[rows] = torch.topk(torch.cat([running[rows], *found], 1), self.m, dim=1).values
+            block = sims[local]
+            lists = ((self.so, self.so_cells[a], self.so_i if self.indices else None),
+                     (self.os, self.os_cells[a], self.os_i if self.indices else None))
+            for running, cells, running_i in lists:
+                found = [(torch.topk(block[:, lo:hi], min(self.m, hi - lo), dim=1), lo)
+                         for c, (lo, hi) in ((c, ranges[c]) for c in cells if c in ranges)]
+                if not found:
+                    continue
+                merged = torch.topk(torch.cat([running[rows], *(top.values for top, _ in found)], 1), self.m, dim=1)
+                running[rows] = merged.values
+                if running_i is not None:
+                    cols = [top.indices + lo for top, lo in found]
+                    if perm is not None:
+                        cols = [perm[c] for c in cols]
+                    running_i[rows] = torch.gather(torch.cat([running_i[rows], *(c + c0 for c in cols)], 1), 1,
+                                                   merged.indices)
 
 
 class _Farthest:
@@ -300,8 +320,8 @@ def _settle_boundary_ties(sim_out: np.ndarray, proc: np.ndarray, kmax: int, tile
 
 
 def scope_neighbours(feats: torch.Tensor, labels: np.ndarray, confs: np.ndarray, groups: np.ndarray,
-                     kmax: int, m: int, block_size: int = 4096, tie_key: np.ndarray | None = None
-                     ) -> ScopeNeighbours:
+                     kmax: int, m: int, block_size: int = 4096, tie_key: np.ndarray | None = None,
+                     typed_width: int = 0) -> ScopeNeighbours:
     """Cross-group top-``kmax`` lists and per-type ``m`` nearest distances of one scope.
 
     ``feats``: unit-norm rows of the scope (torch, on the compute device; float64 stays float64,
@@ -310,7 +330,11 @@ def scope_neighbours(feats: torch.Tensor, labels: np.ndarray, confs: np.ndarray,
     is no larger than ``kmax`` the reference fetches all but one row, so the unit never sees its
     single farthest other sample (conventions A.3, "tiny-N edge case"); the same sample is removed
     here (among equally far ones, the last in the tie rule's order). ``tie_key``: one integer per
-    row ordering candidates that tie (module doc; default: the row position).
+    row ordering candidates that tie (module doc; default: the row position). ``typed_width``: also
+    keep every row's ``typed_width`` nearest SO and OS candidates with their rows (``typed``; the
+    influence's search, :mod:`~robustbench_fm.methods.croma.influence`), read off the same tiles;
+    only where the scope has no identical rows (else ``typed`` is None: copies' similarities are
+    set to exactly 1 here, not taken from a product).
     """
     n = len(labels)
     key_in = np.arange(n) if tie_key is None else np.asarray(tie_key, dtype=np.int64)
@@ -329,19 +353,24 @@ def scope_neighbours(feats: torch.Tensor, labels: np.ndarray, confs: np.ndarray,
     group_size = np.bincount(groups)
     drop_farthest = bool((n - group_size[groups] <= kmax).any())
     best = RunningTopK(n, min(kmax + TIE_SLOTS + int(drop_farthest), n), vectors, filled=True)
-    typed = _TypedLists(cell[order], n_conf, m, vectors)
+    keep = typed_width > 0 and len(first) == n
+    typed = _TypedLists(cell[order], n_conf, max(m, typed_width) if keep else m, vectors, indices=keep)
     far = _Farthest(torch.as_tensor(key, device=device), vectors) if drop_farthest else None
+    at_groups = groups[order]
     for r0, r1, c0, c1, sims, both in tiles.tiles():
         if far is not None:
             far.update(r0, r1, c0, c1, sims)
             if both:
                 far.update(c0, c1, r0, r1, sims.T)
-        sims.masked_fill_(grp[r0:r1, None] == grp[None, c0:c1], float("-inf"))  # self and same group
+        # self and same group; the rows come in (cell, group) order, so most tiles share no group
+        if np.intersect1d(at_groups[r0:r1], at_groups[c0:c1]).size:
+            sims.masked_fill_(grp[r0:r1, None] == grp[None, c0:c1], float("-inf"))
         best.update(r0, sims, c0)
         typed.update(r0, r1, c0, c1, sims)
-        if both:
-            best.update(c0, sims.T, r0)
-            typed.update(c0, c1, r0, r1, sims.T)
+        if both:  # the transposed tile as a copy: top-k along a transposed view's strided rows is ~1.5x slower
+            cols = sims.T.contiguous()
+            best.update(c0, cols, r0)
+            typed.update(c0, c1, r0, r1, cols)
     best_v, best_i = best.result()
     far_i, far_in = None, None
     if far is not None:
@@ -359,7 +388,13 @@ def scope_neighbours(feats: torch.Tensor, labels: np.ndarray, confs: np.ndarray,
         pad = kmax - idx.shape[1]
         idx, sim_out = np.pad(idx, ((0, 0), (0, pad)), constant_values=-1), np.pad(
             sim_out, ((0, 0), (0, pad)), constant_values=-np.inf)
+    lists = None
+    if keep:  # processing positions -> scope rows, rows -1 where no candidate
+        lists = tuple((v[inverse], np.where(np.isfinite(v), order[i], -1)[inverse])
+                      for v, i in ((t.double().cpu().numpy(), j.cpu().numpy())
+                                   for t, j in ((typed.so, typed.so_i), (typed.os, typed.os_i))))
     return ScopeNeighbours(idx=idx[inverse], dist=cosine_distance(sim_out, feats.dtype)[inverse],
                            count=valid.sum(axis=1)[inverse],
-                           so_dist=cosine_distance(typed.so.double().cpu().numpy(), feats.dtype)[inverse],
-                           os_dist=cosine_distance(typed.os.double().cpu().numpy(), feats.dtype)[inverse])
+                           so_dist=cosine_distance(typed.so[:, :m].double().cpu().numpy(), feats.dtype)[inverse],
+                           os_dist=cosine_distance(typed.os[:, :m].double().cpu().numpy(), feats.dtype)[inverse],
+                           typed=lists)

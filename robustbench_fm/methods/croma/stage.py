@@ -94,7 +94,7 @@ from ...core.neighbors import l2_normalize
 from ...core.results import Results
 from ...core.stats import cluster_halves
 from .. import missing_column
-from .influence import median_influence
+from .influence import median_influence, search_widths, shares_products
 from .knn import ScopeNeighbours, scope_neighbours, tie_keys
 from .params import DEFAULT_K_GRID, DESIGNS, ON_INCOMPLETE, ON_SHORT, RI_TAIL_ALPHA, CromaParams  # noqa: F401
 from .params import grid as _grid
@@ -303,9 +303,14 @@ def sweep_range(prep: Prepared) -> str:
 def prepare(features, manifest: pd.DataFrame, label_col: str = "bio_label", confounder_col: str = "site",
             exclude_col: str = "slide_id", m: int = 5, k_grid=DEFAULT_K_GRID, k: int | None = None,
             design: str = "all", subset_col: str = "subset", on_short: str = "error", device="auto",
-            block_size: int = 4096, on_incomplete: str = "error", m_sweep: int = CromaParams.m_sweep) -> Prepared:
+            block_size: int = 4096, on_incomplete: str = "error", m_sweep: int = CromaParams.m_sweep,
+            bank_lists: bool = False) -> Prepared:
     """Scopes and their single neighbour pass (cross-group top-k_max + typed top-m_max, m_max =
-    :func:`sweep_end`)."""
+    :func:`sweep_end`). ``bank_lists``: the pass also keeps the typed lists the slides' influence
+    (:func:`_bank_shares`) searches first, with their rows, where their similarities are the very
+    products the influence would compute: float32 features on the CPU, every tile edge of both passes
+    at least 64 (:func:`~robustbench_fm.methods.croma.influence.shares_products`), no identical rows (the
+    pass sets a copy's similarity to 1); the influence then needs no second pass over the scope."""
     check_params(m=m, k_grid=k_grid, k=k, design=design, on_short=on_short, block_size=block_size,
                  on_incomplete=on_incomplete, m_sweep=m_sweep)
     x = l2_normalize(features.cpu().numpy() if isinstance(features, torch.Tensor) else features, "croma: features",
@@ -324,10 +329,13 @@ def prepare(features, manifest: pd.DataFrame, label_col: str = "bio_label", conf
     m_max = sweep_end(scopes, int(m), int(m_sweep))
     feats = torch.as_tensor(x).to(resolve_device(device))
     sample_ids = manifest["sample_id"].astype(str).to_numpy()
+    bank_lists = bank_lists and x.dtype == np.float32 and feats.device.type == "cpu"
     for s in scopes:
         rows = torch.as_tensor(s.rows, device=feats.device)
         s.nb = scope_neighbours(feats[rows], s.labels, s.confs, s.groups, k_max, m_max, block_size,
-                                tie_key=tie_keys(sample_ids[s.rows]))
+                                tie_key=tie_keys(sample_ids[s.rows]),
+                                typed_width=search_widths(s.size, int(m), s.groups)[0] + 1
+                                if bank_lists and shares_products(s.size, block_size) else 0)
     columns = dict(label_col=label_col, confounder_col=confounder_col, exclude_col=exclude_col)
     return Prepared(scopes, manifest["sample_id"].astype(str).to_numpy(), design, grid, m_max, columns,
                     x.dtype.type, int(x.shape[1]), k_max,
@@ -603,7 +611,8 @@ def _bank_shares(prep: Prepared, features, per_sample: pd.DataFrame, m: int) -> 
     halves = cluster_halves(ids)
     shares = np.zeros((len(x), 2))
     for s in prep.scopes:
-        found = median_influence(x[s.rows], s.labels, s.confs, s.groups, codes[s.rows], halves[s.rows], m)
+        found = median_influence(x[s.rows], s.labels, s.confs, s.groups, codes[s.rows], halves[s.rows], m,
+                                 typed=s.nb.typed)
         n = np.bincount(codes[s.rows], minlength=found.shape[1])
         shares[s.rows] = (found[:, codes[s.rows]] / np.maximum(n[codes[s.rows]], 1)).T
     at = np.sort(np.concatenate([s.rows for s in prep.scopes]))  # per_sample's rows: the scopes' by manifest row
@@ -628,7 +637,7 @@ def run(features, manifest: pd.DataFrame, finding: str | None = None, params: Cr
     prep = prepare(features, manifest, label_col=label_col, confounder_col=confounder_col,
                    exclude_col=exclude_col, m=m, k_grid=k_grid, k=k, design=design, subset_col=subset_col,
                    on_short=on_short, device=device, block_size=block_size, on_incomplete=on_incomplete,
-                   m_sweep=m_sweep)
+                   m_sweep=m_sweep, bank_lists=True)
     k_source, bacc_by_k = "fixed", {}
     if k is None:
         (k, bacc_by_k), k_source = select_k(prep), "selected"

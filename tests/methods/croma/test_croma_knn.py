@@ -55,3 +55,34 @@ def test_tiny_scope_drops_the_farthest_sample_and_pads():
         assert set(nb.idx[i, :c]) == set(pool) and (nb.idx[i, c:] == -1).all() and np.isinf(nb.dist[i, c:]).all()
         np.testing.assert_allclose(nb.dist[i, :c], np.sort(dist[i, pool]), rtol=0, atol=1e-15)
     assert dropped > 0  # the quirk really removed a cross-group candidate somewhere
+
+
+@pytest.mark.parametrize("block_size", [4096, 13])
+def test_typed_width_keeps_the_typed_candidates_with_their_rows(block_size):
+    """``typed_width`` (issue 57: the influence's first search read off the scope pass): each row's
+    typed_width nearest SO and OS candidates of other groups, similarities descending with their rows
+    (−inf / −1 past the candidates), the pass's float32 products; the m nearest distances unchanged.
+    None where the scope has identical rows."""
+    x, manifest = cohort(slides_per_cell=2, tiles_per_slide=7, dim=10, seed=3)  # float32
+    lab, con, grp = codes(manifest)
+    unit = torch.as_tensor(l2_normalize(x))
+    width, m = 25, 4
+    plain = scope_neighbours(unit, lab, con, grp, 11, m, block_size)
+    nb = scope_neighbours(unit, lab, con, grp, 11, m, block_size, typed_width=width)
+    assert plain.typed is None
+    np.testing.assert_array_equal(nb.so_dist, plain.so_dist)
+    np.testing.assert_array_equal(nb.os_dist, plain.os_dist)
+    sims = (unit.double() @ unit.double().T).numpy()
+    for (got, rows), same_lab in zip(nb.typed, (True, False)):
+        assert got.shape == rows.shape == (len(x), width)
+        for i in range(len(x)):
+            pool = np.flatnonzero((grp != grp[i]) & ((lab == lab[i]) == same_lab) & ((con == con[i]) != same_lab))
+            n = min(width, len(pool))
+            assert (np.diff(got[i, :n]) <= 0).all() and len(set(rows[i, :n])) == n and set(rows[i, :n]) <= set(pool)
+            np.testing.assert_allclose(got[i, :n], np.sort(sims[i, pool])[::-1][:n], rtol=0, atol=1e-6)
+            np.testing.assert_allclose(sims[i, rows[i, :n]], got[i, :n], rtol=0, atol=1e-6)
+            assert np.isneginf(got[i, n:]).all() and (rows[i, n:] == -1).all()
+    assert any(len(row[row >= 0]) < width for row in nb.typed[0][1])  # some rows have fewer than width
+    x[2] = x[9]
+    assert scope_neighbours(torch.as_tensor(l2_normalize(x)), lab, con, grp, 11, m, block_size,
+                            typed_width=width).typed is None
