@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import yaml
 
-import robustbench_fm.report
+import robustbench_fm.paper
 from robustbench_fm.core.stats import bh_adjust
 from robustbench_fm.core.tables import SweepResults
 from robustbench_fm.methods.candor.sets import overlap_test
@@ -22,7 +22,7 @@ from robustbench_fm.methods.candor.tables import (
     chest_retention,
 )
 
-PUBLISHED = Path(robustbench_fm.report.__file__).parent / "published"
+PUBLISHED = Path(robustbench_fm.paper.__file__).parent / "published"
 FINDINGS = ["pneumothorax", "edema", "fracture", "cardiomegaly", "atelectasis", "pleural_other"]  # weights 3, 2, 1
 CHEST = ["rad_dino", "densenet121_xrv", "dinov3_s", "random_vit_l"]
 

@@ -86,7 +86,7 @@ def test_chest_candor_multirun_writes_table2(tmp_path):
     assert (sweep / "missing.txt").read_text() == ""
 
     table = pd.read_csv(sweep / "tables" / "candor_table2.csv")
-    published = pd.read_csv(Path(__file__).resolve().parents[3] / "robustbench_fm" / "report" / "published"
+    published = pd.read_csv(Path(__file__).resolve().parents[3] / "robustbench_fm" / "paper" / "published"
                             / "candor_v4_table2.csv")
     assert list(table.columns) == ["Encoder", "Objective", *dict.fromkeys(published["column"])]
     assert sorted(table["Encoder"]) == ["planted_blur", "planted_sharp"]
