@@ -62,6 +62,10 @@ from .handover import HandedOver, hand_over  # noqa: F401  (hand_over: importabl
 
 #: bytes of one block of rows :func:`l2_normalize` checks and measures at a time: its working set
 NORMALIZE_BLOCK_BYTES = 64 << 20
+#: rows :func:`l2_normalize` measures and :func:`distinct_rows` hashes at a time inside a block, so that their
+#: temporaries stay in cache (256 rows of 1,024 floats: 1 MB, 2 MB as uint64): the hash of 88,000 × 1,024 0.09 s
+#: instead of 0.36-0.38 s on one thread (AMD EPYC), the same values (each row is reduced on its own)
+HASH_ROWS = 256
 
 
 def l2_normalize(x: np.ndarray, source: str = "features", dtype=np.float32) -> np.ndarray:
@@ -84,9 +88,12 @@ def l2_normalize(x: np.ndarray, source: str = "features", dtype=np.float32) -> n
     norms = np.empty((n, 1), dtype=x.dtype)
 
     def measure(lo: int, hi: int) -> np.ndarray:
-        block = x[lo:hi]
-        norms[lo:hi] = np.linalg.norm(block, axis=1, keepdims=True)
-        return lo + np.flatnonzero(~np.isfinite(block).all(axis=1))
+        bad = []
+        for r0 in range(lo, hi, HASH_ROWS):  # temporaries in cache; each row's norm is reduced alone (the same bits)
+            block = x[r0:min(hi, r0 + HASH_ROWS)]
+            norms[r0:r0 + len(block)] = np.linalg.norm(block, axis=1, keepdims=True)
+            bad.append(r0 + np.flatnonzero(~np.isfinite(block).all(axis=1)))
+        return np.concatenate(bad) if bad else np.zeros(0, np.int64)
 
     bad = np.concatenate(row_parallel(measure, n, _CPU, step) or [np.zeros(0, np.int64)])  # blocks side by side
     n_bad, first_bad = len(bad), (int(bad[0]) if len(bad) else None)
@@ -127,8 +134,10 @@ def distinct_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     keys = np.empty(len(x), np.uint64)
 
     def hash_rows(lo: int, hi: int) -> None:
-        block = np.ascontiguousarray(flat[lo:hi] + flat.dtype.type(0)).view(np.uint32).astype(np.uint64)
-        keys[lo:hi] = (block * weights).sum(axis=1)  # wraps modulo 2**64
+        for r0 in range(lo, hi, HASH_ROWS):  # temporaries in cache (the same keys: sums modulo 2**64 are exact)
+            r1 = min(hi, r0 + HASH_ROWS)
+            block = np.ascontiguousarray(flat[r0:r1] + flat.dtype.type(0)).view(np.uint32).astype(np.uint64)
+            keys[r0:r1] = (block * weights).sum(axis=1)  # wraps modulo 2**64
 
     row_parallel(hash_rows, len(x), _CPU, step)  # blocks side by side
     _, first, vid = np.unique(keys, return_index=True, return_inverse=True)

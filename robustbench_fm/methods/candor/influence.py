@@ -64,18 +64,31 @@ def without_each(feats: torch.Tensor, queries: np.ndarray, cands: np.ndarray, k:
 def bank_influence(feats: torch.Tensor, queries: np.ndarray, cand_pos: np.ndarray, cand_neg: np.ndarray, k: int,
                    clusters: np.ndarray, halves: np.ndarray, exclude_patient: bool = False,
                    drops: np.ndarray | None = None, block_size: int = 4096, backend: str = "torch",
-                   vectors: np.ndarray | None = None, shortlist: Shortlist | None = None) -> np.ndarray:
+                   vectors: np.ndarray | None = None, shortlist: Shortlist | None = None,
+                   memo: dict | None = None) -> np.ndarray:
     """Δ̃_p (module doc) of every patient (``clusters`` codes) for the discordance of ``queries``
     against the positive candidates ``cand_pos`` and the negative ``cand_neg`` (R±_s for D, all
     positives / negatives for D_all; ``drops``: the equal-size control's dropped negative per query),
     split by the half of the queries' patients (``halves``, 0/1 per feature row): (2, n_clusters),
     row h the influence on the queries of half h. A removal that leaves fewer than k candidates
-    counts nothing."""
+    counts nothing.
+
+    ``memo``: a dict shared by the calls about the same ``queries`` (and the other arguments), e.g. D's and
+    D_all's of one task whose positive bank holds every positive: a candidate set already answered
+    (without drops) is not searched again, its :func:`without_each` reused (the same values)."""
     n_clusters = int(clusters.max()) + 1
-    pos = without_each(feats, queries, cand_pos, k, clusters, exclude_patient, None, block_size, backend, vectors,
-                       shortlist)
-    neg = without_each(feats, queries, cand_neg, k, clusters, exclude_patient, drops, block_size, backend, vectors,
-                       shortlist)
+
+    def side(cands, side_drops):
+        if memo is None or side_drops is not None:
+            return without_each(feats, queries, cands, k, clusters, exclude_patient, side_drops, block_size, backend,
+                                vectors, shortlist)
+        key = np.asarray(cands, np.int64).tobytes()
+        if key not in memo:
+            memo[key] = without_each(feats, queries, cands, k, clusters, exclude_patient, None, block_size, backend,
+                                     vectors, shortlist)
+        return memo[key]
+
+    pos, neg = side(cand_pos, None), side(cand_neg, drops)
     dm = neg[0] - pos[0]
     density = smoothed_density(dm)
     q, p, new_pos, new_neg = pair_without(pos, neg, n_clusters)

@@ -445,13 +445,14 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str],
                 "c_pos_all": c_pos_all, "c_neg_all": c_neg_all, "dm_all": c_neg_all - c_pos_all,
                 "discordant_all": disc_all}))
             near = None if setting.exact else group_shortlist
+            memo = {}  # D's and D_all's influence share a candidate set's search (a bank holding all its class)
             infl = bank_influence(setting.feats, q, bank_pos, bank_neg, k, clusters, halves, p.exclude_patient,
                                   None if drops is None else drops[ok], p.block_size, p.backend, setting.vectors,
-                                  near)
+                                  near, memo)
             infl_all = infl if np.array_equal(bank_pos, cand_pos) and np.array_equal(bank_neg, cand_neg) and \
                 drops is None else bank_influence(setting.feats, q, cand_pos, cand_neg, k, clusters, halves,
                                                   p.exclude_patient, None, p.block_size, p.backend, setting.vectors,
-                                                  near)
+                                                  near, memo)
             group_items.append(_items(t, group, sample_ids, cluster_ids, q, disc, disc_all, everyone[scored],
                                       margin[scored], y[scored], clusters, infl, infl_all))
             group_neighbours.append((i, _neighbour_rows(t, group, id_array, q, ok, c_neg - c_pos,
