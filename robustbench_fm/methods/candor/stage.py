@@ -483,7 +483,9 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str],
     per = pd.concat(per_sample, ignore_index=True) if per_sample else pd.DataFrame(columns=PER_SAMPLE_COLUMNS)
     if len(tasks) > 1 and len(per):
         order = {(t.finding, t.target): i for i, t in enumerate(tasks)}
-        rank = np.array([order[ft] for ft in zip(per["finding"], per["target"])])
+        # each frame is one task's queries in one group: its rows' rank read once per frame, not per row
+        rank = np.concatenate([np.full(len(f), order[(f["finding"].iat[0], f["target"].iat[0])]) for f in per_sample
+                               if len(f)])
         per = per.iloc[np.argsort(rank, kind="stable")].reset_index(drop=True)
     # in per_sample's order: by task, then group (each frame is one task's in one group)
     neighbours = [frame for _, frame in sorted(neighbours, key=lambda part: part[0])]
