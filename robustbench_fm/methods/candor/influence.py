@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...core.neighbors import has_copies, means_without_each, pair_without, topk_similarity
+from ...core.neighbors import has_copies, means_without_each, pair_without, plain_topks, topk_similarity
 from ...core.stats import smoothed_density
 from .shortlist import Shortlist
 
@@ -44,31 +44,31 @@ def influence_reach(queries: np.ndarray, cands: np.ndarray, k: int, clusters: np
 
 class Searches:
     """One task's exact searches kept for its influence (issue 57): the stage's D_all search of the queries
-    among all positives / negatives is taken as wide as :func:`without_each` will ask (``wider``), so that the
-    influence reads it instead of a second pass over the same products. A search answers any narrower
-    request by its first columns: ``torch.topk``'s k largest, sorted, are the first k of its k + e largest
-    (the same values, bit for bit, so c(x) is unchanged). Only the plain torch search is kept: where
-    candidates share vectors (ties between copies) or faiss searches, every request searches anew."""
+    among all positives / negatives also keeps the k + e nearest :func:`without_each` will ask (``wider``),
+    from the same tiles of products (:func:`~robustbench_fm.core.neighbors.plain_topks`), so that the influence
+    reads it instead of a second pass over the same products. Each k's result is the one a search for it
+    alone returns (ties included). Only the plain torch search is kept: where candidates share vectors or
+    faiss searches, every request searches anew."""
 
     def __init__(self):
-        self._found: dict[tuple[bytes, bytes], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._found: dict[tuple[bytes, bytes, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def topk(self, feats: torch.Tensor, queries: np.ndarray, cands: np.ndarray, reach: int, block_size: int,
              backend: str, vectors: np.ndarray | None, wider: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`~robustbench_fm.core.neighbors.topk_similarity` (``reach`` nearest), from a kept search when one
-        is at least as wide, else searched ``max(reach, wider)`` wide and kept."""
+        """:func:`~robustbench_fm.core.neighbors.topk_similarity` (``reach`` nearest), kept from an earlier
+        request's pass when it took this one too, else searched (with the ``wider`` nearest besides, kept)."""
         queries, cands = np.asarray(queries, np.int64), np.asarray(cands, np.int64)
         if backend != "torch" or has_copies(vectors, np.r_[queries, cands]):
             return topk_similarity(feats, queries, cands, reach, block_size, backend=backend, vectors=vectors)
         key = (queries.tobytes(), cands.tobytes())
-        found = self._found.get(key)
-        if found is None or found[0].shape[1] < reach:
-            found = topk_similarity(feats, queries, cands, max(reach, wider), block_size, backend=backend,
-                                    vectors=vectors)
-            self._found[key] = found
-        if found[0].shape[1] == reach:
+        found = self._found.get((*key, reach))
+        if found is not None:
             return found
-        return found[0][:, :reach].contiguous(), found[1][:, :reach].contiguous()
+        wider = min(wider, len(cands) - int(np.isin(queries, cands).any()))  # at most the candidates available
+        if wider <= reach:
+            return topk_similarity(feats, queries, cands, reach, block_size, backend=backend, vectors=vectors)
+        found, self._found[(*key, wider)] = plain_topks(feats, queries, cands, (reach, wider), block_size)
+        return found
 
 
 def without_each(feats: torch.Tensor, queries: np.ndarray, cands: np.ndarray, k: int, clusters: np.ndarray,

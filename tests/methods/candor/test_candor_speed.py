@@ -22,14 +22,14 @@ def _cohort(n_groups=2, size=900, prevalence=0.5, dim=16, seed=3):
     return man, feats
 
 
-def _spy(monkeypatch, module, log):
-    real = module.topk_similarity
+def _spy(monkeypatch, module, log, name="topk_similarity"):
+    real = getattr(module, name)
 
     def search(feats, queries, cands, k, *a, **kw):
         log.append((np.asarray(queries).tobytes(), np.asarray(cands).tobytes(), k))
         return real(feats, queries, cands, k, *a, **kw)
 
-    monkeypatch.setattr(module, "topk_similarity", search)
+    monkeypatch.setattr(module, name, search, raising=False)
 
 
 def test_the_exact_path_searches_each_question_once_and_the_tables_stay(monkeypatch):
@@ -44,25 +44,28 @@ def test_the_exact_path_searches_each_question_once_and_the_tables_stay(monkeypa
     log = []
     _spy(monkeypatch, candor, log)
     _spy(monkeypatch, influence, log)
+    _spy(monkeypatch, influence, log, "plain_topks")
     shared = candor.run(feats, man, "finding", **params)
     pairs = [(q, c) for q, c, _ in log]
     assert len(pairs) == 2 * 6 and len(set(pairs)) == len(pairs)  # per group: 2 margin, 2 D_all, 2 influence banks
-    assert sorted({k for _, _, k in log}) == [5, 8]  # the D_all searches 5 + 1 (itself) + 2 (a patient's images)
+    # D_all's searches take k = 5 and, from the same products, 5 + 1 (itself) + 2 (a patient's images)
+    assert sorted({str(k) for _, _, k in log}) == ["(5, 8)", "5", "8"]
     for table in ("summary", "per_sample", "items", "neighbours"):
         pd.testing.assert_frame_equal(getattr(shared, table), getattr(alone, table), check_exact=True)
 
 
-def test_searches_answer_a_narrower_request_by_the_first_columns():
+def test_searches_keep_the_wider_search_of_the_same_products():
+    """A request for the k nearest with ``wider`` keeps the k + e nearest from the same tiles: each equals the
+    search for it alone (values and candidates); a narrower request is never cut from a wider one."""
     x = torch.as_tensor(np.random.default_rng(1).standard_normal((300, 8)).astype(np.float32))
     x = x / x.norm(dim=1, keepdim=True)
     queries, cands = np.arange(0, 40), np.arange(20, 300)
     searches = influence.Searches()
-    wide = searches.topk(x, queries, cands, 5, 4096, "torch", None, wider=9)
-    assert wide[0].shape == (40, 5)
-    again = searches.topk(x, queries, cands, 9, 4096, "torch", None)
-    direct = influence.topk_similarity(x, queries, cands, 5)
-    assert torch.equal(wide[0], direct[0]) and torch.equal(wide[1], direct[1])
-    assert torch.equal(again[0], influence.topk_similarity(x, queries, cands, 9)[0])
+    for k, wider in ((5, 9), (9, 0), (7, 0)):
+        got, direct = searches.topk(x, queries, cands, k, 4096, "torch", None, wider), \
+            influence.topk_similarity(x, queries, cands, k)
+        assert torch.equal(got[0], direct[0]) and torch.equal(got[1], direct[1])
+    assert sorted(k for *_, k in searches._found) == [9]  # 9 kept beside 5; 7 searched anew
 
 
 def test_the_influence_of_d_and_d_all_share_a_bank_that_holds_every_positive(monkeypatch):
