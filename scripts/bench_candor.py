@@ -23,7 +23,9 @@ Features are written as a feature parquet first; the timed part reads it back (m
 aligns it to the manifest and runs ``robustbench_fm.evaluate("candor", ...)`` on all the shape's
 findings at once. The JSON records per shape the wall time, its floor, their ratio
 (``ratio_over_similarity_floor``; goal at most 2 on CPU, 3 on a GPU), the CPU time of the process,
-the machine's load and the neighbour path each group took.
+the machine's load, the CPU time of the floor and the ratio of the two CPU times
+(``cpu_ratio_over_similarity_floor``: on a shared machine the wall times stretch unevenly) and the
+neighbour path each group took.
 
     python scripts/bench_candor.py --shapes half,prevalence,single --out benchmarks/cpu2/candor.json
     python scripts/bench_candor.py --device cuda --out outputs/bench/candor_gpu.json   # half only
@@ -97,15 +99,16 @@ def _sync(device: str) -> None:
 
 
 def similarity_floor(feats: np.ndarray, man: pd.DataFrame, sample: int, bank: int, device: str,
-                     findings=CHEST_FINDINGS, kind: str = "queries_x_banks", block_size: int = 4096) -> float:
-    """Seconds of the shape's floor (module docstring): ``queries_x_banks`` (half), ``group_pass``
-    (prevalence) or ``images_x_banks`` (single)."""
+                     findings=CHEST_FINDINGS, kind: str = "queries_x_banks", block_size: int = 4096
+                     ) -> tuple[float, float]:
+    """Wall and CPU seconds of the shape's floor (module docstring): ``queries_x_banks`` (half),
+    ``group_pass`` (prevalence) or ``images_x_banks`` (single)."""
     from robustbench_fm.core.neighbors import l2_normalize, topk_similarity
 
     x = torch.as_tensor(l2_normalize(feats), device=device)
     groups = [np.flatnonzero(man["acq_group"].to_numpy() == g) for g in man["acq_group"].unique()]
     _sync(device)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     if kind == "group_pass":
         for rows in groups:
             xg = x[torch.as_tensor(rows, device=device)]
@@ -119,7 +122,7 @@ def similarity_floor(feats: np.ndarray, man: pd.DataFrame, sample: int, bank: in
                 for value in (1, 0):
                     topk_similarity(x, queries, rows[label[rows] == value][:bank], 5)
     _sync(device)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - cpu0
 
 
 #: each shape's floor (module docstring)
@@ -142,8 +145,8 @@ def run_shape(shape: str, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "features.parquet"
         write_features(path, man["sample_id"].to_numpy(), feats)
-        floor = similarity_floor(feats, man, args.max_group_sample, args.bank_size, args.device, findings,
-                                 FLOORS[shape])
+        floor, floor_cpu = similarity_floor(feats, man, args.max_group_sample, args.bank_size, args.device,
+                                            findings, FLOORS[shape])
         del feats
         stage.group_path = spy
         try:
@@ -164,6 +167,11 @@ def run_shape(shape: str, args) -> dict:
         "auroc_bootstrap": args.auroc_bootstrap, "floor": FLOORS[shape],
         "similarity_floor_seconds": round(floor, 6), "ratio_over_similarity_floor": round(seconds / floor, 2),
         "ratio_goal": goal, "meets_goal": seconds / floor <= goal,
+        # the same ratio in CPU seconds (all threads): on a machine shared with other jobs the wall times of
+        # the stage and its floor stretch differently (the floor's products on all threads, the stage's groups
+        # a thread each), their CPU times far less
+        "similarity_floor_cpu_seconds": round(floor_cpu, 2),
+        "cpu_ratio_over_similarity_floor": round(cpu_seconds / floor_cpu, 2) if floor_cpu > 0 else None,
         "neighbour_paths": {p: paths.count(p) for p in sorted(set(paths))},
         "n_images": len(man), "n_groups": n_groups, "group_size": group_size, "n_findings": len(findings),
         "prevalences": [float(p) for p in prevalences], "dim": dim,

@@ -57,6 +57,8 @@ def test_bench_candor_measures_each_shape_with_its_floor(tmp_path):
         ratio = seconds / floor
         rounding = ratio * (5e-4 / seconds + 5e-7 / floor) + 0.005
         assert abs(shape["ratio_over_similarity_floor"] - ratio) <= rounding + 1e-9
+        # issue 57: the floor's CPU time beside the stage's, and their ratio (robust to other jobs' load)
+        assert shape["similarity_floor_cpu_seconds"] >= 0 and "cpu_ratio_over_similarity_floor" in shape
 
 
 def test_estimate_cost_counts_flops_and_schedules_longest_first():

@@ -86,7 +86,7 @@ from ...core.stats import LinearizedAUROC, ResampledAUROC, cluster_halves
 from .. import missing_column
 from . import tasks as ct
 from .bootstrap import METRICS, auroc_weights, group_aurocs, row_intervals
-from .influence import bank_influence, item_shares
+from .influence import Searches, bank_influence, influence_reach, item_shares
 from .params import AUROC_BOOTSTRAPS, QUERY_ROLES, CandorParams  # noqa: F401  (QUERY_ROLES: importable here)
 from .shortlist import MATRIX_BYTES, Shortlist
 
@@ -168,7 +168,8 @@ def equal_size_drops(queries: np.ndarray, bank_pos: np.ndarray, bank_neg: np.nda
 
 def masked_mean_topk(feats: torch.Tensor, queries, cands, k: int, clusters: np.ndarray | None = None,
                      drops: np.ndarray | None = None, block_size: int = 4096, backend: str = "torch",
-                     vectors: np.ndarray | None = None, neighbours: bool = False):
+                     vectors: np.ndarray | None = None, neighbours: bool = False, searches: Searches | None = None,
+                     wider: int = 0):
     """c(x) over the candidates minus the query itself, minus the query's cluster (``clusters``
     given: its patient's images) and minus ``drops[i]`` (≥ 0) for query i; NaN when fewer than
     k candidates remain.
@@ -176,7 +177,8 @@ def masked_mean_topk(feats: torch.Tensor, queries, cands, k: int, clusters: np.n
     Exact: the k + e nearest candidates are searched, e the most candidates one query can lose,
     and the k nearest survivors are kept (every candidate outside that list is no nearer).
     ``neighbours``: (c(x), the :class:`~robustbench_fm.core.neighbors.Neighbours` kept; rows −1
-    where fewer than k remain).
+    where fewer than k remain). ``searches``: the task's kept searches
+    (:class:`~robustbench_fm.methods.candor.influence.Searches`), this one taken ``wider`` wide for its influence.
     """
     queries, cands = np.asarray(queries, np.int64), np.asarray(cands, np.int64)
     extra = 0 if drops is None else 1
@@ -186,7 +188,10 @@ def masked_mean_topk(feats: torch.Tensor, queries, cands, k: int, clusters: np.n
     if reach < k or not len(queries):
         means = np.full(len(queries), np.nan)
         return (means, Neighbours.empty(len(queries), k, np.float32)) if neighbours else means
-    values, at = topk_similarity(feats, queries, cands, reach, block_size, backend=backend, vectors=vectors)
+    if searches is not None:
+        values, at = searches.topk(feats, queries, cands, reach, block_size, backend, vectors, wider)
+    else:
+        values, at = topk_similarity(feats, queries, cands, reach, block_size, backend=backend, vectors=vectors)
     raw = values.cpu().numpy()
     values, rows = raw.astype(np.float64), cands[at.cpu().numpy()]
     gone = np.zeros(values.shape, bool)
@@ -258,21 +263,27 @@ def shortlist_size(size: int, k: int, n_labelled: int, jobs) -> int:
     return max([k] + [w for w in widths if w <= size]) if size >= k else size
 
 
-def _neighbour_means(s: _Setting, shortlist, queries, cands, drops=None) -> tuple[np.ndarray, Neighbours]:
+def _neighbour_means(s: _Setting, shortlist, queries, cands, drops=None,
+                     searches=None) -> tuple[np.ndarray, Neighbours]:
     """c(x) of ``queries`` on ``cands`` and the neighbours each averaged: the shared shortlist, or an
     exact search when the group takes the exact path (``shortlist`` None) or a control changes the
-    candidate set per query."""
+    candidate set per query. ``searches``: the task's kept searches, this one taken as wide as the
+    influence will ask (:class:`~robustbench_fm.methods.candor.influence.Searches`)."""
     if s.exact or shortlist is None or drops is not None:
+        wider = 0 if searches is None else influence_reach(queries, cands, s.k, s.clusters)
         return masked_mean_topk(s.feats, queries, cands, s.k, s.clusters if s.exclude_patient else None,
-                                drops, s.block_size, s.backend, s.vectors, neighbours=True)
+                                drops, s.block_size, s.backend, s.vectors, neighbours=True, searches=searches,
+                                wider=wider)
     return shortlist.mean_topk(queries, cands, s.k, neighbours=True)
 
 
-def _score_group(s: _Setting, shortlist, pos, neg, queries, bank_pos, bank_neg, cand_pos, cand_neg, drops):
+def _score_group(s: _Setting, shortlist, pos, neg, queries, bank_pos, bank_neg, cand_pos, cand_neg, drops,
+                 searches=None):
     """c± of the queries on the banks and on all candidates, and the margin scores c+ − c− of the
     group's labelled images (the queries' c± on the banks are read off the margin's terms), with the
     neighbours every c± averaged (``found``: ``"bank"``, the banks' neighbours of every labelled image
-    in ``everyone`` order; ``"all"``, D_all's of the queries; each a (positive, negative) pair)."""
+    in ``everyone`` order; ``"all"``, D_all's of the queries; each a (positive, negative) pair).
+    ``searches``: D_all's exact searches kept for the task's influence (default exact path)."""
     everyone = np.concatenate([pos, neg])
     m_pos, n_pos = _neighbour_means(s, shortlist, everyone, bank_pos)
     m_neg, n_neg = _neighbour_means(s, shortlist, everyone, bank_neg)
@@ -287,11 +298,11 @@ def _score_group(s: _Setting, shortlist, pos, neg, queries, bank_pos, bank_neg, 
     if np.array_equal(bank_pos, cand_pos):
         c_pos_all, a_pos = m_pos[at], n_pos.take(at)
     else:
-        c_pos_all, a_pos = _neighbour_means(s, shortlist, queries, cand_pos)
+        c_pos_all, a_pos = _neighbour_means(s, shortlist, queries, cand_pos, searches=searches)
     if np.array_equal(bank_neg, cand_neg):
         c_neg_all, a_neg = m_neg[at], n_neg.take(at)
     else:
-        c_neg_all, a_neg = _neighbour_means(s, shortlist, queries, cand_neg)
+        c_neg_all, a_neg = _neighbour_means(s, shortlist, queries, cand_neg, searches=searches)
     labels = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
     found = {"bank": (n_pos, n_neg), "queries": (q_pos, q_neg), "all": (a_pos, a_neg)}
     return c_pos, c_neg, c_pos_all, c_neg_all, everyone, m_pos - m_neg, labels, found
@@ -424,8 +435,10 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str],
             t = tasks[i]
             drops = equal_size_drops(q, bank_pos, bank_neg, ct.task_rng(seed, group, t.target, "equal_size")) \
                 if p.equal_size else None
+            # the default exact path: D_all's searches kept, as wide as the influence asks, for it to read
+            searches = Searches() if group_shortlist is None and not p.exclude_patient and drops is None else None
             c_pos, c_neg, c_pos_all, c_neg_all, everyone, margin, y, found = _score_group(
-                setting, group_shortlist, pos, neg, q, bank_pos, bank_neg, cand_pos, cand_neg, drops)
+                setting, group_shortlist, pos, neg, q, bank_pos, bank_neg, cand_pos, cand_neg, drops, searches)
             ok = np.isfinite(c_pos) & np.isfinite(c_neg) & np.isfinite(c_pos_all) & np.isfinite(c_neg_all)
             q, c_pos, c_neg, c_pos_all, c_neg_all = q[ok], c_pos[ok], c_neg[ok], c_pos_all[ok], c_neg_all[ok]
             scored = np.isfinite(margin)
@@ -445,13 +458,14 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str],
                 "c_pos_all": c_pos_all, "c_neg_all": c_neg_all, "dm_all": c_neg_all - c_pos_all,
                 "discordant_all": disc_all}))
             near = None if setting.exact else group_shortlist
+            memo = {}  # D's and D_all's influence share a candidate set's search (a bank holding all its class)
             infl = bank_influence(setting.feats, q, bank_pos, bank_neg, k, clusters, halves, p.exclude_patient,
                                   None if drops is None else drops[ok], p.block_size, p.backend, setting.vectors,
-                                  near)
+                                  near, memo, searches)
             infl_all = infl if np.array_equal(bank_pos, cand_pos) and np.array_equal(bank_neg, cand_neg) and \
                 drops is None else bank_influence(setting.feats, q, cand_pos, cand_neg, k, clusters, halves,
                                                   p.exclude_patient, None, p.block_size, p.backend, setting.vectors,
-                                                  near)
+                                                  near, memo, searches)
             group_items.append(_items(t, group, sample_ids, cluster_ids, q, disc, disc_all, everyone[scored],
                                       margin[scored], y[scored], clusters, infl, infl_all))
             group_neighbours.append((i, _neighbour_rows(t, group, id_array, q, ok, c_neg - c_pos,
@@ -482,7 +496,9 @@ def run(features: np.ndarray, manifest: pd.DataFrame, finding: str | list[str],
     per = pd.concat(per_sample, ignore_index=True) if per_sample else pd.DataFrame(columns=PER_SAMPLE_COLUMNS)
     if len(tasks) > 1 and len(per):
         order = {(t.finding, t.target): i for i, t in enumerate(tasks)}
-        rank = np.array([order[ft] for ft in zip(per["finding"], per["target"])])
+        # each frame is one task's queries in one group: its rows' rank read once per frame, not per row
+        rank = np.concatenate([np.full(len(f), order[(f["finding"].iat[0], f["target"].iat[0])]) for f in per_sample
+                               if len(f)])
         per = per.iloc[np.argsort(rank, kind="stable")].reset_index(drop=True)
     # in per_sample's order: by task, then group (each frame is one task's in one group)
     neighbours = [frame for _, frame in sorted(neighbours, key=lambda part: part[0])]
