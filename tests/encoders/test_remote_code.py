@@ -72,9 +72,11 @@ def test_every_python_entry_point_defaults_to_no_hub_code():
     import inspect
 
     from robustbench_fm import api
-    from robustbench_fm.features import embed, slides
+    from robustbench_fm.features import embed, options, slides
 
     assert inspect.signature(api.embed).parameters["allow_remote_code"].default is False
-    assert inspect.signature(slides.extract_slides).parameters["allow_remote_code"].default is False
-    field = {f.name: f for f in dataclasses.fields(embed.Embedder)}["allow_remote_code"]
-    assert field.default is False
+    # the Embedder and the slide extractor take the one ExtractOptions (issue 56): its field's default
+    field = {f.name: f for f in dataclasses.fields(options.ExtractOptions)}["allow_remote_code"]
+    assert field.default is False and options.DEFAULTS.allow_remote_code is False
+    assert {f.name: f for f in dataclasses.fields(embed.Embedder)}["extract"].default is options.DEFAULTS
+    assert inspect.signature(slides.extract_slides).parameters["options"].default is None  # -> ExtractOptions()
