@@ -38,6 +38,20 @@ def shard_index(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def shard_bounds(i: int, shard_size: int, n_rows: int) -> tuple[int, int]:
+    """Rows [lo, hi) of shard ``i`` of ``n_rows`` rows cut ``shard_size`` at a time."""
+    return i * shard_size, min((i + 1) * shard_size, n_rows)
+
+
+def present_shards(folder: Path, n_shards: int) -> list[int]:
+    """Indices below ``n_shards`` of the shard files present in ``folder`` (temp files and stray
+    names are ignored; none when the folder does not exist)."""
+    if not folder.is_dir():
+        return []
+    found = (shard_index(p.name) for p in folder.iterdir())
+    return sorted(i for i in found if i is not None and i < n_shards)
+
+
 def json_bytes(obj) -> bytes:
     """The canonical bytes of a ``meta.json`` (sorted keys, indent 1, final newline)."""
     return (json.dumps(obj, sort_keys=True, indent=1) + "\n").encode()
@@ -107,17 +121,14 @@ class ShardedEntry:
         return -(-self.n_items // self.shard_size)
 
     def shard_bounds(self, i: int) -> tuple[int, int]:
-        return i * self.shard_size, min((i + 1) * self.shard_size, self.n_items)
+        return shard_bounds(i, self.shard_size, self.n_items)
 
     def shard_path(self, i: int) -> Path:
         return self.path / SHARD_NAME.format(i)
 
     def complete_shards(self) -> list[int]:
         """Indices of the shard files present (temp files and stray names are ignored)."""
-        if not self.path.is_dir():
-            return []
-        found = (shard_index(p.name) for p in self.path.iterdir())
-        return sorted(i for i in found if i is not None and i < self.n_shards)
+        return present_shards(self.path, self.n_shards)
 
     def missing_shards(self) -> list[int]:
         have = set(self.complete_shards())

@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 from ..core.atomic import write_atomic
 from ..core.devices import usable_cores
 from ..core.errors import UserError
-from ..core.shards import META_NAME, SHARD_NAME, checked_sha256, json_bytes, shard_index
+from ..core.shards import META_NAME, SHARD_NAME, checked_sha256, json_bytes, present_shards, shard_bounds, shard_index
 from ..core.text import one_line
 
 #: ``format`` of a sharded entry (a chunk or a keyed entry). Bump when its on-disk layout changes.
@@ -520,18 +520,14 @@ class Sharded(Entry):
         return self.path / SKIPPED_NAME
 
     def shard_bounds(self, i: int) -> tuple[int, int]:
-        size = self.meta.shard_size
-        return i * size, min((i + 1) * size, self.meta.n_rows)
+        return shard_bounds(i, self.meta.shard_size, self.meta.n_rows)
 
     def shard_path(self, i: int) -> Path:
         return self.path / SHARD_NAME.format(i)
 
     def present(self) -> list[int]:
         """Indices of the shard files present (temp files and stray names are ignored)."""
-        if not self.path.is_dir():
-            return []
-        found = (shard_index(p.name) for p in self.path.iterdir())
-        return sorted(i for i in found if i is not None and i < self.meta.n_shards)
+        return present_shards(self.path, self.meta.n_shards)
 
     def missing(self) -> list[int]:
         return [i for i in range(self.meta.n_shards) if not self.shard_path(i).exists()]
